@@ -1,0 +1,17 @@
+"""labkit: the helper package behind the Claim Lab workbook."""
+
+from .db import Database, connect
+from .errors import LabkitError
+from .lab import Lab, read_sql, schema_name
+from .sessions import Sessions, Step
+
+__version__ = "0.1.0"
+
+
+def lab(name: str, *, quiet: bool = False) -> Lab:
+    """Connect (saying to which server) and give back a fresh lab schema called ``name``."""
+    return connect(quiet=quiet).lab(name)
+
+
+__all__ = ["Database", "Lab", "LabkitError", "Sessions", "Step", "connect", "lab", "read_sql",
+           "schema_name", "__version__"]

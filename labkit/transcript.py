@@ -1,0 +1,179 @@
+"""A run of sessions, rendered: text (one row per event, one column per session),
+HTML (the same table, coloured) and a swimlane chart (holding vs waiting)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from .sessions import Sessions, Step
+
+
+@dataclass
+class Row:
+    n: str                 # "1", "2", ... ; a completion row reuses its step's number + "'"
+    session: str
+    text: str              # what goes in the session's column
+    note: str
+    locks: str
+    kind: str              # ok, error, waiting, completed
+
+
+class Transcript:
+    def __init__(self, names: list[str], rows: list[Row], steps: list[Step], show_locks: bool):
+        self.names = names
+        self.rows = rows
+        self.steps = steps
+        self.show_locks = show_locks
+
+    @classmethod
+    def from_run(cls, run: Sessions, *, show_locks: bool | None = None) -> "Transcript":
+        rows: list[Row] = []
+        locks_known = run.track_locks if show_locks is None else show_locks
+        for step in run.steps:
+            if step.waited:
+                blockers = ", ".join(step.blocked_by) or "?"
+                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  <waiting ...>",
+                                f"BLOCKS (waits for {blockers})", _locks(step, run.names), "waiting"))
+            else:
+                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  → {step.outcome()}",
+                                _note(step), _locks(step, run.names), "error" if step.error else "ok"))
+            # waiting steps that moved on to wait behind someone else after this step
+            for other in run.steps:
+                for after, blockers in other.rewaits:
+                    if after == step.index:
+                        rows[-1].note = _join(rows[-1].note,
+                                              f"{other.session} now waits for {', '.join(blockers)}")
+            # steps that this one let through (or that finished while the script waited)
+            for other in run.steps:
+                if other.waited and other.completed_after == step.index and other is not step:
+                    if other.script_waited:
+                        note = _join(_note(other), "the script waited for it")
+                    else:
+                        rows[-1].note = _join(rows[-1].note, f"unblocks {other.session}")
+                        note = _note(other)
+                    rows.append(Row(f"{other.index + 1}'", other.session,
+                                    f"<... completed> → {other.outcome()}", note, "",
+                                    "error" if other.error else "completed"))
+        return cls(run.names, rows, run.steps, locks_known)
+
+    # -- text ------------------------------------------------------------------------
+    def to_text(self, width: int = 40) -> str:
+        cols = ["#"] + self.names + ["note"] + (["locked rows"] if self.show_locks else [])
+        table = []
+        for r in self.rows:
+            cells = [r.n] + [_clip(r.text, width) if r.session == s else "" for s in self.names] + [r.note]
+            if self.show_locks:
+                cells.append(r.locks)
+            table.append(cells)
+        widths = [max(len(c[i]) for c in table + [cols]) for i in range(len(cols))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
+        lines.append("  ".join("-" * w for w in widths))
+        for cells in table:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def print(self) -> None:
+        print(self.to_text())
+
+    # -- HTML ------------------------------------------------------------------------
+    def to_html(self) -> str:
+        colours = {"waiting": "#f6e3a1", "error": "#f4b6b6", "completed": "#cfe8cf", "ok": "#ffffff"}
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in
+                       ["#"] + self.names + ["note"] + (["locked rows"] if self.show_locks else []))
+        body = []
+        for r in self.rows:
+            cells = [f"<td>{html.escape(r.n)}</td>"]
+            for s in self.names:
+                if s == r.session:
+                    cells.append(f'<td style="background:{colours[r.kind]};font-family:monospace">'
+                                 f"{html.escape(r.text)}</td>")
+                else:
+                    cells.append("<td></td>")
+            cells.append(f"<td>{html.escape(r.note)}</td>")
+            if self.show_locks:
+                cells.append(f'<td style="font-family:monospace">{html.escape(r.locks)}</td>')
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        return ('<table class="labkit-transcript" style="border-collapse:collapse">'
+                f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.to_text())
+
+    # -- swimlane ----------------------------------------------------------------------
+    def swimlane(self, ax=None, title: str = "Who holds, who waits"):
+        """Per session: spans where it holds row locks (solid) and waits (hatched), by step."""
+        import matplotlib.pyplot as plt
+
+        from .plots import PALETTE
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(8, 0.8 + 0.6 * len(self.names)))
+        n = len(self.steps)
+        for lane, name in enumerate(self.names):
+            y = len(self.names) - 1 - lane
+            holds = [bool(st.locks_after.get(name)) for st in self.steps]
+            spans = _spans(holds)
+            ax.broken_barh([(a + 0.5, b - a) for a, b in spans], (y - 0.3, 0.6),
+                           facecolors=PALETTE[0], label="holds row locks" if lane == 0 else None)
+            for st in self.steps:
+                if st.session == name and st.waited:
+                    end = st.completed_after if st.completed_after is not None else n - 1
+                    ax.broken_barh([(st.index + 0.5, end - st.index + 1)], (y - 0.3, 0.6),
+                                   facecolors="none", edgecolors=PALETTE[1], hatch="///",
+                                   label="waits for a lock" if not ax.get_legend_handles_labels()[1].count(
+                                       "waits for a lock") else None)
+                if st.session == name and st.error:
+                    ax.plot(st.index + 1, y, marker="x", color=PALETTE[2], markersize=10,
+                            label="error" if not ax.get_legend_handles_labels()[1].count("error") else None)
+        ax.set_yticks(range(len(self.names)))
+        ax.set_yticklabels(list(reversed(self.names)))
+        ax.set_xlim(0.5, n + 0.5)
+        ax.set_xticks(range(1, n + 1))
+        ax.set_xlabel("step of the script")
+        ax.set_title(title)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        return ax
+
+
+def _spans(flags: list[bool]) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, f in enumerate(flags + [False]):
+        if f and start is None:
+            start = i
+        elif not f and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _note(step: Step) -> str:
+    if step.error:
+        kind = {"nowait": "NOWAIT: fails at once", "lock_timeout": "lock_timeout expired",
+                "statement_timeout": "statement_timeout expired",
+                "deadlock": "deadlock detected"}.get(step.error.kind, "")
+        return kind
+    return ""
+
+
+def _locks(step: Step, names: list[str]) -> str:
+    parts = []
+    for name in names:
+        held = step.locks_after.get(name)
+        if held:
+            parts.append(f"{name}:{','.join(str(k) for k in held)}")
+    return " ".join(parts)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
