@@ -31,7 +31,9 @@ def redact(dsn: str) -> str:
     try:
         parts = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn).replace("password=", "password=***")
+        # Unparseable: hide anything that could be a password, URL or key=value form.
+        out = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", out, flags=re.I)
     if "password" in parts:
         parts["password"] = "***"
     return make_conninfo(**parts)

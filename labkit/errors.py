@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 
 class LabkitError(RuntimeError):
     """A problem the user can fix.  The message always names the fix."""
@@ -14,8 +12,8 @@ class LabkitError(RuntimeError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        body = f"{self.what} Fix: {self.fix}"
-        return textwrap.fill(body, width=100)
+        # One paragraph: what happened, then what to do.
+        return f"{self.what} Fix: {self.fix}"
 
 
 class ServerError(LabkitError):

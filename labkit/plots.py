@@ -7,8 +7,13 @@ PALETTE = ["#0072B2", "#E69F00", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#F
 
 
 def setup_matplotlib() -> None:
-    """Large fonts and the colour-blind-safe palette, for screens and projectors."""
+    """Large fonts and the colour-blind-safe palette, for screens and projectors;
+    tables wide enough not to wrap."""
     import matplotlib as mpl
+    import pandas as pd
+
+    pd.set_option("display.width", 140)
+    pd.set_option("display.max_colwidth", 80)
     from cycler import cycler
 
     mpl.rcParams.update({

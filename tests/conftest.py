@@ -1,0 +1,30 @@
+"""Fixtures: a real PostgreSQL every time (embedded by default, LABKIT_DSN if set)."""
+
+import os
+import re
+
+import pytest
+
+import labkit
+
+
+@pytest.fixture(scope="session")
+def db():
+    return labkit.connect(quiet=True)
+
+
+@pytest.fixture
+def lab(db, request):
+    # One schema per test, named after it, so tests never see each other's rows.
+    name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + f"_{os.getpid()}"
+    lab = db.lab(name)
+    yield lab
+    lab.drop()
+
+
+def backends_of(db, pattern: str) -> list[tuple]:
+    """(pid, application_name, state) of live backends whose application_name matches."""
+    with db.connect() as conn:
+        return conn.execute(
+            "SELECT pid, application_name, state FROM pg_stat_activity "
+            "WHERE application_name LIKE %s AND pid <> pg_backend_pid()", (pattern,)).fetchall()

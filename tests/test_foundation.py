@@ -1,0 +1,236 @@
+"""Finding a server, and every way of getting it wrong, provoked for real."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+import labkit
+from labkit import db as dbmod
+from labkit.errors import BackendError, LabkitError, ServerError
+from labkit.server import EmbeddedServer
+
+
+def test_connect_says_which_server_in_one_line(capsys):
+    db = labkit.connect()
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith(f"PostgreSQL {db.version} · {db.backend}")
+    assert db.version_num >= 120000
+
+
+def test_backend_follows_the_environment(monkeypatch):
+    db = labkit.connect(quiet=True)
+    assert db.backend == ("dsn" if os.environ.get("LABKIT_DSN") else "embedded")
+
+
+def test_a_server_older_than_the_minimum_is_refused(db):
+    # No PostgreSQL 11 is at hand, so raise the bar above the real server instead.
+    with pytest.raises(ServerError, match=r"labkit needs 99 or newer") as err:
+        dbmod._check_version(dbmod.Database(db.dsn, db.backend, db.where), minimum=990000)
+    assert "LABKIT_DSN" in str(err.value)
+
+
+def test_unreachable_dsn_names_the_fix_and_hides_the_password(monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("LABKIT_DSN", f"postgresql://alice:s3cret-pw@127.0.0.1:{port}/nowhere")
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    with pytest.raises(ServerError) as err:
+        labkit.connect(quiet=True)
+    msg = str(err.value)
+    assert "s3cret-pw" not in msg
+    assert "Fix:" in msg and "LABKIT_DSN" in msg
+
+
+def test_mistyped_dsn_is_reported_without_the_password(monkeypatch):
+    monkeypatch.setenv("LABKIT_DSN", "host=127.0.0.1 password=s3cret-pw dbname")
+    with pytest.raises(BackendError, match="not a valid connection string") as err:
+        labkit.connect(quiet=True)
+    assert "s3cret-pw" not in str(err.value)
+
+
+def test_unknown_backend_and_dsn_backend_without_dsn(monkeypatch):
+    monkeypatch.setenv("LABKIT_BACKEND", "oracle")
+    with pytest.raises(BackendError, match="not a backend"):
+        labkit.connect(quiet=True)
+    monkeypatch.setenv("LABKIT_BACKEND", "dsn")
+    monkeypatch.delenv("LABKIT_DSN", raising=False)
+    with pytest.raises(BackendError, match="LABKIT_DSN is not set"):
+        labkit.connect(quiet=True)
+
+
+def test_docker_backend_without_an_engine_says_so(monkeypatch):
+    monkeypatch.setenv("LABKIT_BACKEND", "docker")
+    ok, _ = dbmod.docker_available()
+    if ok:  # a machine with Docker: the backend must then really work
+        db = labkit.connect(quiet=True, fresh=True)
+        assert db.backend == "docker" and db.version_num >= 120000
+        return
+    with pytest.raises(BackendError) as err:
+        labkit.connect(quiet=True)
+    assert "needs a running Docker engine" in str(err.value)
+    assert "unset LABKIT_BACKEND" in str(err.value)
+
+
+def test_two_labs_never_see_each_others_rows_or_locks(db):
+    a, b = db.lab("iso_one"), db.lab("iso_two")
+    try:
+        a.create_jobs(3)
+        b.create_jobs(1)
+        assert a.schema != b.schema
+        assert len(a.jobs()) == 3 and len(b.jobs()) == 1
+        with a.connect() as ca:
+            ca.execute("BEGIN")
+            ca.execute("SELECT id FROM job WHERE id = 1 FOR UPDATE")
+            # the same-named row in the other lab is free
+            assert b.execute("SELECT id FROM job WHERE id = 1 FOR UPDATE NOWAIT") == [(1,)]
+    finally:
+        a.drop()
+        b.drop()
+
+
+def test_reset_ends_sessions_left_holding_locks(db):
+    lab = db.lab("reset_me")
+    lab.create_jobs(1)
+    stray = lab.connect(role="stray")
+    stray.execute("BEGIN")
+    stray.execute("SELECT * FROM job FOR UPDATE")
+    lab.reset()  # would block on the stray lock without ending that session
+    assert lab.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (lab.schema,)) == [(1,)]
+    assert stray.closed or stray.broken or _is_dead(stray)
+    lab.drop()
+
+
+def _is_dead(conn) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except psycopg.OperationalError:
+        return True
+    return False
+
+
+def test_schema_names_are_quoted_identifiers(db):
+    lab = db.lab('Weird "name"; DROP')
+    try:
+        assert lab.schema.startswith("lab_weird_name_drop")
+        lab.create_jobs(1)
+        assert len(lab.jobs()) == 1
+    finally:
+        lab.drop()
+
+
+# -- the embedded server, each test in a data directory of its own -----------------------
+
+
+@pytest.fixture
+def scratch_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "pg"))
+    monkeypatch.delenv("LABKIT_DSN", raising=False)
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
+    server = EmbeddedServer()
+    yield server
+    try:
+        server.stop()
+    except LabkitError:
+        pass
+
+
+def test_embedded_server_starts_cold_and_is_shared(scratch_server):
+    t0 = time.monotonic()
+    st = scratch_server.start()
+    cold = time.monotonic() - t0
+    assert st.running and st.port and st.pid
+    # A second process finds the same server, it does not start another.
+    out = subprocess.run([sys.executable, "-m", "labkit.cli", "server", "status"],
+                         capture_output=True, text=True, env=os.environ.copy())
+    assert out.returncode == 0 and f"pid {st.pid}" in out.stdout
+    assert scratch_server.start().pid == st.pid
+    assert cold < 60
+    assert not scratch_server.stop().running
+
+
+def test_cli_server_start_stop_status_url(scratch_server):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "labkit.cli", "server", *args],
+                              capture_output=True, text=True, env=os.environ.copy())
+    assert "running" in cli("start").stdout
+    url = cli("url").stdout.strip()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert cli("stop").returncode == 0
+    st = cli("status")
+    assert st.returncode == 3 and "stopped" in st.stdout
+
+
+def test_damaged_data_directory_names_reset(scratch_server):
+    data = scratch_server.pgdata
+    data.mkdir(parents=True)
+    (data / "junk").write_text("not a cluster")
+    with pytest.raises(ServerError, match="labkit server reset"):
+        scratch_server.start()
+    scratch_server.reset()
+    assert scratch_server.start().running
+
+
+def test_port_in_use_names_the_fix(scratch_server, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
+        with pytest.raises(ServerError, match="already in use") as err:
+            scratch_server.start()
+        assert "LABKIT_PG_PORT" in str(err.value)
+    assert not scratch_server.status().running
+
+
+def test_data_directory_in_use_by_another_server(scratch_server):
+    st = scratch_server.start()
+    # Make labkit believe its server listens elsewhere: the running postmaster then
+    # looks like somebody else's server holding the data directory.
+    scratch_server._write_state(port=st.port + 1 if st.port < 65535 else st.port - 1)
+    with pytest.raises(ServerError, match="in use by another PostgreSQL server") as err:
+        scratch_server.start()
+    assert f"pid {st.pid}" in str(err.value)
+    scratch_server._write_state(port=st.port)
+
+
+def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatch):
+    st = scratch_server.start()
+    db = labkit.connect(quiet=True)
+    assert db.backend == "embedded" and str(st.port) in db.where
+    lab = db.lab("killed")
+    lab.create_jobs(2)
+    os.kill(st.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while scratch_server._pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ServerError) as err:
+        lab.execute("SELECT count(*) FROM job")
+        lab.execute("SELECT count(*) FROM job")
+    assert "labkit server start" in str(err.value)
+    # the next connect() starts the server again; the lab's rows survived the crash
+    _wait_for_children_to_exit(scratch_server)
+    db = labkit.connect(quiet=True)
+    lab = db.lab("killed", reset=False)
+    assert lab.execute("SELECT count(*) FROM job") == [(2,)]
+    lab.drop()
+
+
+def _wait_for_children_to_exit(server, timeout=15):
+    """Backends notice their postmaster died and exit on their own; wait for that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["pgrep", "-f", str(server.pgdata)], capture_output=True, text=True)
+        if not out.stdout.strip():
+            return
+        time.sleep(0.1)

@@ -1,0 +1,32 @@
+"""Committed notebooks are executed top to bottom, carry outputs and no widget state."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.nbtools import problems
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
+
+
+def test_there_are_notebooks():
+    names = [p.name for p in NOTEBOOKS]
+    assert "00_start_here.ipynb" in names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_executed_and_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    assert problems(nb) == []
+    assert nb.metadata.get("claimlab", {}).get("minutes"), "map metadata (title, minutes) missing"
+
+
+def test_problems_are_found_in_a_stale_notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"state": {}}
+    nb.cells = [nbformat.v4.new_code_cell("1 + 1"), nbformat.v4.new_code_cell("2")]
+    nb.cells[1].execution_count = 1
+    found = problems(nb)
+    assert "carries widget state metadata" in found
+    assert "cell 0 was never executed" in found

@@ -1,0 +1,143 @@
+"""The session engine against a real server: blocking, errors, guards, cleanup."""
+
+import time
+
+import pytest
+
+import labkit
+from labkit.errors import LabkitError
+from conftest import backends_of
+
+CLAIM = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE"
+
+
+@pytest.fixture
+def jobs(lab):
+    lab.create_jobs(5)
+    return lab
+
+
+def test_blocked_step_is_detected_from_the_server_and_completes_after_commit(jobs):
+    with labkit.Sessions(jobs, "A", "B", watch={"job": "id"}) as s:
+        s.A("BEGIN")
+        a = s.A(CLAIM)
+        s.B("BEGIN")
+        t0 = time.monotonic()
+        b = s.B(CLAIM)
+        detect_s = time.monotonic() - t0
+        assert a.rows == [(1,)]
+        assert b.waited and not b.done
+        assert b.blocked_by == ["A"]
+        assert b.wait_event.startswith("Lock:")
+        # Detected long before any guard could fire (lock_timeout is 5 s).
+        assert detect_s < 2.0
+        assert b.locks_after == {"A": [1], "B": []}
+        s.A("UPDATE job SET status = 'DONE' WHERE id = 1")
+        commit = s.A("COMMIT")
+        # B re-checked row 1, found it no longer PENDING, and took the next one.
+        assert b.done and b.completed_after == commit.index
+        assert b.rows == [(2,)]
+        text = s.transcript().to_text()
+        assert "BLOCKS (waits for A)" in text and "unblocks B" in text
+        s.B("COMMIT")
+
+
+def test_nowait_and_lock_timeout_share_55P03_but_are_told_apart(jobs):
+    with labkit.Sessions(jobs, "A", "B", "C") as s:
+        s.A("BEGIN")
+        s.A(CLAIM)
+        nowait = s.B(CLAIM + " NOWAIT")
+        s.C("SET lock_timeout = '100ms'")
+        timed = s.C(CLAIM)
+        assert timed.waited  # it waits first: lock_timeout has not fired yet
+        assert s.wait("C") is timed
+    assert nowait.error.sqlstate == timed.error.sqlstate == "55P03"
+    assert nowait.error.kind == "nowait"
+    assert 'could not obtain lock on row in relation "job"' in nowait.error.message
+    assert timed.error.kind == "lock_timeout"
+    assert "lock timeout" in timed.error.message
+    assert not nowait.waited
+
+
+def test_skip_locked_gives_three_sessions_three_disjoint_rows(jobs):
+    with labkit.Sessions(jobs, "A", "B", "C", watch={"job": "id"}) as s:
+        got = {}
+        for name in "ABC":
+            s.step(name, "BEGIN")
+            got[name] = s.step(name, CLAIM + " SKIP LOCKED").rows
+        assert got == {"A": [(1,)], "B": [(2,)], "C": [(3,)]}
+        assert s.locked_rows() == {"A": [1], "B": [2], "C": [3]}
+
+
+def test_statement_timeout_guard_ends_a_runaway_step(jobs):
+    with labkit.Sessions(jobs, "A", statement_timeout="200ms") as s:
+        st = s.A("SELECT pg_sleep(30)")
+    assert st.error.kind == "statement_timeout"
+    assert st.elapsed_ms < 5000
+
+
+def test_step_to_a_waiting_session_waits_for_it_within_the_guard(jobs):
+    # B waits for A, which never commits: giving B another step cannot hang;
+    # lock_timeout (the guard) ends B's wait and the script goes on.
+    with labkit.Sessions(jobs, "A", "B", lock_timeout="300ms") as s:
+        s.A("BEGIN")
+        s.A(CLAIM)
+        s.B("BEGIN")
+        b = s.B(CLAIM)
+        assert b.waited
+        nxt = s.B("ROLLBACK")
+        assert b.error.kind == "lock_timeout" and b.script_waited
+        assert nxt.done and not nxt.error
+
+
+def test_sql_errors_are_captured_not_raised(jobs):
+    with labkit.Sessions(jobs, "A") as s:
+        st = s.A("SELEC 1")
+    assert st.error.sqlstate == "42601"
+
+
+def test_unknown_session_and_bad_names_get_clear_errors(jobs):
+    with pytest.raises(LabkitError, match="No session named"):
+        with labkit.Sessions(jobs, "A") as s:
+            s.step("Z", "SELECT 1")
+    with pytest.raises(LabkitError, match="must differ"):
+        labkit.Sessions(jobs, "A", "A")
+
+
+@pytest.mark.parametrize("how", ["exit", "interrupt"])
+def test_closing_a_run_releases_every_lock_and_connection(jobs, db, how):
+    try:
+        with labkit.Sessions(jobs, "A", "B") as s:
+            s.A("BEGIN")
+            s.A(CLAIM)
+            s.B("BEGIN")
+            assert s.B(CLAIM).waited
+            if how == "interrupt":
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    left = [b for b in backends_of(db, jobs.app_name + ":%") if not b[1].endswith(":admin")]
+    assert left == []
+    # Nothing holds row 1 any more: a NOWAIT claim gets it at once.
+    assert jobs.execute(CLAIM + " NOWAIT") == [(1,)]
+
+
+def test_transcript_renders_text_html_and_swimlane(jobs):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    with labkit.Sessions(jobs, "A", "B", watch={"job": "id"}) as s:
+        s.A("BEGIN")
+        s.A(CLAIM, label="claim")
+        s.B("BEGIN")
+        s.B(CLAIM + " NOWAIT", label="claim NOWAIT")
+        s.A("COMMIT")
+        t = s.transcript()
+    text = t.to_text()
+    assert text.splitlines()[0].split() == ["#", "A", "B", "note", "locked", "rows"]
+    assert "ERROR 55P03" in text and "NOWAIT: fails at once" in text
+    assert "A:1" in text
+    html = t.to_html()
+    assert html.count("<tr>") == len(t.rows) + 1
+    ax = t.swimlane()
+    assert [tick.get_text() for tick in ax.get_yticklabels()] == ["B", "A"]
