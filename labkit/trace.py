@@ -1,0 +1,126 @@
+"""Step-by-step traces: what happened, in order, with the state after each step.
+
+A trace is a list of steps.  Each step says who acted, what it did, a one-line
+explanation, and a snapshot taken from the real systems afterwards (database
+rows, locks from ``pg_locks``, the broker's messages...).  It renders as a text
+transcript (for static readers, nbval and handouts), as a step-through widget
+(Play + slider) that prints the same text, and as a swimlane.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TraceStep:
+    actor: str                    # who acted: "relay 1", "drain", "reaper", "clock"...
+    action: str                   # what it did, short: "claim 100 rows", "SIGKILL"
+    explain: str                  # one line: why this matters
+    state: dict[str, Any] = field(default_factory=dict)   # snapshot after the step
+    kind: str = "step"            # step, crash, error, check
+
+    def state_line(self) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in self.state.items())
+
+
+@dataclass
+class Trace:
+    title: str
+    steps: list[TraceStep] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    actors: list[str] = field(default_factory=list)
+
+    def add(self, actor: str, action: str, explain: str, state: dict | None = None,
+            kind: str = "step") -> TraceStep:
+        if actor not in self.actors:
+            self.actors.append(actor)
+        st = TraceStep(actor, action, explain, dict(state or {}), kind)
+        self.steps.append(st)
+        return st
+
+    # -- text ---------------------------------------------------------------------
+    def step_text(self, i: int) -> str:
+        st = self.steps[i]
+        mark = {"crash": "  ✗ CRASH", "error": "  ! ERROR"}.get(st.kind, "")
+        lines = [f"step {i + 1}/{len(self.steps)} · {st.actor}: {st.action}{mark}",
+                 f"    {st.explain}"]
+        if st.state:
+            lines.append(f"    state: {st.state_line()}")
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        out = [self.title, "=" * len(self.title)]
+        out += [self.step_text(i) for i in range(len(self.steps))]
+        if self.summary:
+            out.append("summary: " + ", ".join(f"{k}={_fmt(v)}" for k, v in self.summary.items()))
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def print(self) -> None:
+        print(self.to_text())
+
+    def to_json(self) -> str:
+        return json.dumps({"title": self.title, "steps": [asdict(s) for s in self.steps],
+                           "summary": self.summary}, indent=1, default=str)
+
+    # -- widget -------------------------------------------------------------------
+    def replay(self, interval_ms: int = 1200, print_text: bool = True):
+        """A Play + slider step-through.  The whole trace is printed as text too, so a
+        static reader (GitHub, nbval, a printed handout) sees everything."""
+        import ipywidgets as widgets
+        from IPython.display import display
+
+        if print_text:
+            print(self.to_text())
+        n = len(self.steps)
+        play = widgets.Play(min=0, max=max(n - 1, 0), interval=interval_ms, description="play")
+        slider = widgets.IntSlider(min=0, max=max(n - 1, 0), description="step",
+                                   continuous_update=True)
+        widgets.jslink((play, "value"), (slider, "value"))
+        out = widgets.Output(layout={"border": "1px solid #ccc", "padding": "4px"})
+
+        def show(change=None):
+            out.clear_output(wait=True)
+            with out:
+                print(self.step_text(slider.value))
+
+        slider.observe(show, names="value")
+        show()
+        box = widgets.VBox([widgets.HBox([play, slider]), out])
+        display(box)
+        return box
+
+    # -- swimlane -------------------------------------------------------------------
+    def swimlane(self, ax=None, title: str | None = None):
+        """One lane per actor; a mark per step; crashes and errors stand out."""
+        import matplotlib.pyplot as plt
+
+        from .plots import PALETTE
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(9, 0.8 + 0.55 * len(self.actors)))
+        lanes = {a: len(self.actors) - 1 - i for i, a in enumerate(self.actors)}
+        for i, st in enumerate(self.steps):
+            y = lanes[st.actor]
+            colour = {"crash": PALETTE[2], "error": PALETTE[1]}.get(st.kind, PALETTE[0])
+            marker = {"crash": "X", "error": "s"}.get(st.kind, "o")
+            ax.plot(i + 1, y, marker=marker, color=colour, markersize=11 if st.kind != "step" else 8)
+        ax.set_yticks(list(lanes.values()))
+        ax.set_yticklabels(list(lanes.keys()))
+        ax.set_xticks(range(1, len(self.steps) + 1))
+        ax.set_xlim(0.5, len(self.steps) + 0.5)
+        ax.set_ylim(-0.7, len(self.actors) - 0.3)
+        ax.set_xlabel("step")
+        ax.set_title(title or self.title)
+        return ax
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return f"[{', '.join(map(str, v[:3]))}, … {len(v)} items]"
+    return str(v)

@@ -1,0 +1,68 @@
+"""Worker processes: events, scripted pauses, and a real SIGKILL the server notices."""
+
+import time
+
+import pytest
+
+from labkit.errors import LabkitError
+from labkit.procs import Worker
+
+
+def hold_lock_then_pause(ctx, dsn, schema):
+    import psycopg
+
+    conn = psycopg.connect(dsn, options=f"-c search_path={schema}",
+                           application_name=f"labkit:{schema}:child")
+    conn.execute("SELECT id FROM job WHERE id = 1 FOR UPDATE")  # in a transaction (not autocommit)
+    ctx.emit("locked", pid=conn.info.backend_pid)
+    ctx.pause("holding")
+    conn.commit()
+    return "finished"
+
+
+def count_to(ctx, n):
+    for i in range(n):
+        ctx.emit("tick", i=i)
+    return n
+
+
+def boom(ctx):
+    raise ValueError("bad parameter")
+
+
+def test_events_and_result_come_back():
+    w = Worker(count_to, name="counter", n=5).start()
+    assert w.join(30)["result"] == 5
+    assert [e["i"] for e in w.events if e["kind"] == "tick"] == [0, 1, 2, 3, 4]
+
+
+def test_a_failing_child_is_reported_with_its_error():
+    w = Worker(boom, name="boom").start()
+    with pytest.raises(LabkitError, match="ValueError: bad parameter"):
+        w.join(30)
+
+
+def test_sigkill_at_a_scripted_point_releases_the_servers_locks(lab):
+    lab.create_jobs(2)
+    w = Worker(hold_lock_then_pause, name="holder", dsn=lab.db.dsn, schema=lab.schema).start()
+    backend = w.wait_for("locked", timeout=30)["pid"]
+    w.wait_for("paused", tag="holding")
+    # the child's transaction holds row 1
+    with pytest.raises(Exception):
+        lab.execute("SELECT id FROM job WHERE id = 1 FOR UPDATE NOWAIT")
+    w.kill()
+    assert not w.alive and w.exitcode == -9
+    # the server notices the dead connection and its locks are gone
+    deadline = time.monotonic() + 10
+    while lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert lab.execute("SELECT id FROM job WHERE id = 1 FOR UPDATE NOWAIT") == [(1,)]
+
+
+def test_resume_lets_the_child_finish(lab):
+    lab.create_jobs(1)
+    with Worker(hold_lock_then_pause, name="holder", dsn=lab.db.dsn, schema=lab.schema) as w:
+        w.wait_for("paused", timeout=30)
+        w.resume()
+        assert w.join(30)["result"] == "finished"
