@@ -188,6 +188,9 @@ class EmbeddedServer:
     @staticmethod
     def _port_free(port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # PostgreSQL binds with SO_REUSEADDR, so connections of a killed server
+            # lingering in TIME_WAIT do not keep it from starting; test the same way.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((HOST, port))
             except OSError:
@@ -274,14 +277,25 @@ class EmbeddedServer:
         self._prepare_root()
         port = self._choose_port()
         self._write_state(port=port)
-        proc = self._run([str(bin_dir() / "pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
-                          "-o", f"-p {port}", "-w", "-t", str(int(timeout)), "start"], timeout=timeout + 10)
-        if proc.returncode != 0:
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self._run([str(bin_dir() / "pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
+                              "-o", f"-p {port}", "-w", "-t", str(int(timeout)), "start"],
+                             timeout=timeout + 10)
             log_tail = ""
-            try:
-                log_tail = "\n".join(self.log_file.read_text().splitlines()[-8:])
-            except OSError:
-                pass
+            if proc.returncode != 0:
+                try:
+                    log_tail = "\n".join(self.log_file.read_text().splitlines()[-8:])
+                except OSError:
+                    pass
+            # After a crash (the postmaster killed), its backends notice and exit within
+            # moments; until they have, the old shared memory is still attached.
+            if (proc.returncode != 0 and "shared memory block" in log_tail
+                    and time.monotonic() < deadline):
+                time.sleep(0.2)
+                continue
+            break
+        if proc.returncode != 0:
             hint = "run `labkit server reset` to re-create the data directory."
             if "lock file" in log_tail and "already exists" in log_tail:
                 hint = ("another server is using this data directory; stop it, or set "
@@ -291,7 +305,6 @@ class EmbeddedServer:
             raise ServerError(
                 f"The embedded PostgreSQL server did not start (data directory {self.pgdata}).\n"
                 f"{proc.stderr.strip()}\n{log_tail}", hint)
-        deadline = time.monotonic() + timeout
         while not self._accepts_connections():
             if time.monotonic() > deadline:
                 raise ServerError("The embedded server started but does not accept connections.",
