@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# Extra arguments for jupyter lab, e.g. make lab JUPYTER_ARGS="--no-browser --port 8899"
+JUPYTER_ARGS ?=
 # JupyterLab refuses to run as root unless told it may.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -22,7 +24,7 @@ setup: $(STAMP)
 
 lab: setup
 	@if [ -z "$$LABKIT_DSN" ] && [ -z "$$LABKIT_BACKEND" ]; then $(BIN)/labkit server start; fi
-	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) notebooks/00_start_here.ipynb
 
 test: setup
 	$(BIN)/pytest tests notebooks $(NBVAL)

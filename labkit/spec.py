@@ -1,0 +1,958 @@
+"""PostgreSQL isolation-tester specs, run on a lab and printed the tester's way.
+
+A spec (``src/test/isolation/specs/*.spec`` in PostgreSQL) names sessions, the
+steps each session may take, and the orders ("permutations") to try them in::
+
+    setup    { CREATE TABLE job (...); }      # run before every permutation
+    teardown { DROP TABLE job; }              # run after every permutation
+
+    session s1
+    setup      { BEGIN; }                     # this session, before the steps
+    step s1a   { SELECT ... FOR UPDATE; }
+    step s1c   { COMMIT; }
+
+    session s2
+    ...
+
+    permutation s1a s2a s1c s2c               # or none: every interleaving
+
+``run()`` plays every permutation on a real server through :class:`Sessions`
+and returns the text PostgreSQL's ``isolationtester`` prints, byte for byte:
+``step s2a: SQL <waiting ...>`` when a step blocks on a lock, ``step s2a: <...
+completed>`` when it later finishes, result sets the way libpq's ``PQprint``
+lays them out, ``ERROR:  message`` for failures and ``s1: NOTICE:  ...`` for
+notices.  So a spec's output can be compared with the ``.out`` file PostgreSQL
+expects for it.
+
+Command line (wired in ``labkit/cli.py``)::
+
+    labkit spec run FILE.spec [FILE2.spec ...] [--diff EXPECTED.out ...]
+    labkit spec permutations FILE.spec
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from psycopg import pq
+
+from .errors import LabkitError, SpecError
+from .sessions import Sessions
+
+__all__ = ["Blocker", "Permutation", "PermutationStep", "Session", "Spec", "Step",
+           "format_result", "main", "parse", "parse_file", "run", "run_file"]
+
+# ======================================================================================
+# The spec, as data
+# ======================================================================================
+
+
+@dataclass
+class Step:
+    name: str
+    sql: str                 # as written between the braces, edges trimmed like the tester does
+    session: str
+    line: int = 0
+    column: int = 0
+
+
+@dataclass
+class Session:
+    name: str
+    steps: list[Step]
+    setup: str | None = None
+    teardown: str | None = None
+    conninfo: str | None = None
+    line: int = 0
+    column: int = 0
+
+
+@dataclass
+class Blocker:
+    """One annotation inside ``step(...)`` in a permutation line.
+
+    ``kind`` is ``"once"`` for ``(*)`` (report the step as waiting once, even if it
+    finished at once), ``"step"`` for ``(other)`` (do not report it complete while step
+    ``other`` is still running) or ``"notices"`` for ``(other notices N)`` (not before
+    ``other``'s session has sent N more notices).
+    """
+
+    kind: str
+    step: str | None = None
+    notices: int | None = None
+    line: int = 0
+    column: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "once":
+            return "*"
+        if self.kind == "notices":
+            return f"{self.step} notices {self.notices}"
+        return str(self.step)
+
+
+@dataclass
+class PermutationStep:
+    name: str
+    blockers: list[Blocker] = field(default_factory=list)
+    line: int = 0
+    column: int = 0
+
+    def __str__(self) -> str:
+        if not self.blockers:
+            return self.name
+        return f"{self.name}({', '.join(str(b) for b in self.blockers)})"
+
+
+@dataclass
+class Permutation:
+    steps: list[PermutationStep]
+    line: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+
+@dataclass
+class Spec:
+    sessions: list[Session]
+    setup: list[str] = field(default_factory=list)
+    teardown: str | None = None
+    permutations: list[Permutation] = field(default_factory=list)
+    conninfo: str | None = None
+    filename: str = "<spec>"
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[Step]:
+        return [st for s in self.sessions for st in s.steps]
+
+    def step(self, name: str) -> Step:
+        for st in self.steps:
+            if st.name == name:
+                return st
+        raise KeyError(name)
+
+    def all_permutations(self) -> Iterator[Permutation]:
+        """Every interleaving of the sessions' steps, each session's steps in order.
+
+        The order is the tester's: take the next step of the first session that has
+        one left, recurse, then try the next session instead (depth first).
+        """
+        piles = [0] * len(self.sessions)
+        chosen: list[Step] = []
+        total = sum(len(s.steps) for s in self.sessions)
+
+        def recurse() -> Iterator[Permutation]:
+            if len(chosen) == total:
+                yield Permutation([PermutationStep(st.name) for st in chosen])
+                return
+            for i, sess in enumerate(self.sessions):
+                if piles[i] < len(sess.steps):
+                    chosen.append(sess.steps[piles[i]])
+                    piles[i] += 1
+                    yield from recurse()
+                    piles[i] -= 1
+                    chosen.pop()
+
+        yield from recurse()
+
+    def permutations_to_run(self) -> Iterator[Permutation]:
+        """The permutation lines, or every interleaving when there are none."""
+        if self.permutations:
+            yield from self.permutations
+        else:
+            yield from self.all_permutations()
+
+
+# ======================================================================================
+# Scanner (PostgreSQL's specscanner.l, with positions)
+# ======================================================================================
+
+KEYWORDS = {"conninfo", "notices", "permutation", "session", "setup", "step", "teardown"}
+_SPACE = " \t\r\f"        # the scanner's {space}: note that a newline is not one
+
+
+@dataclass
+class _Tok:
+    kind: str     # keyword text, "ident", "int", "sql", one of "(),*", or "eof"
+    value: str
+    line: int
+    column: int
+
+    def describe(self) -> str:
+        if self.kind == "eof":
+            return "the end of the file"
+        if self.kind == "sql":
+            return "an SQL block { ... }"
+        if self.kind == "ident":
+            return f"the name {self.value!r}"
+        if self.kind == "int":
+            return f"the number {self.value}"
+        if self.kind in KEYWORDS:
+            return f"the keyword {self.kind!r}"
+        return repr(self.value)
+
+
+def _error(filename: str, line: int, column: int, what: str, fix: str) -> SpecError:
+    err = SpecError(f"{filename}:{line}:{column}: {what}", fix)
+    err.filename, err.line, err.column = filename, line, column
+    return err
+
+
+def _tokenize(text: str, filename: str) -> list[_Tok]:
+    toks: list[_Tok] = []
+    i, n = 0, len(text)
+    line, col = 1, 1
+
+    def advance(k: int) -> None:
+        nonlocal i, line, col
+        for _ in range(k):
+            if text[i] == "\n":
+                line += 1
+                col = 1
+            else:
+                col += 1
+            i += 1
+
+    while i < n:
+        c = text[i]
+        if c == "\n" or c in _SPACE:
+            advance(1)
+        elif c == "#":
+            while i < n and text[i] not in "\n\r":
+                advance(1)
+        elif c.isascii() and (c.isalpha() or c == "_"):
+            start, l0, c0 = i, line, col
+            while i < n and text[i].isascii() and (text[i].isalnum() or text[i] == "_"):
+                advance(1)
+            word = text[start:i]
+            toks.append(_Tok(word if word in KEYWORDS else "ident", word, l0, c0))
+        elif c.isascii() and c.isdigit():
+            start, l0, c0 = i, line, col
+            while i < n and text[i].isascii() and text[i].isdigit():
+                advance(1)
+            toks.append(_Tok("int", text[start:i], l0, c0))
+        elif c == '"':
+            l0, c0 = line, col
+            advance(1)
+            buf: list[str] = []
+            while True:
+                if i >= n:
+                    raise _error(filename, l0, c0, "unterminated quoted name (the closing \" is missing).",
+                                 "end the name with a double quote on the same line.")
+                ch = text[i]
+                if ch == "\n":
+                    raise _error(filename, l0, c0, "a quoted name runs past the end of its line.",
+                                 "end the name with a double quote on the same line.")
+                if ch == '"':
+                    if i + 1 < n and text[i + 1] == '"':      # "" stands for one "
+                        buf.append('"')
+                        advance(2)
+                        continue
+                    advance(1)
+                    break
+                buf.append(ch)
+                advance(1)
+            toks.append(_Tok("ident", "".join(buf), l0, c0))
+        elif c == "{":
+            l0, c0 = line, col
+            advance(1)
+            while i < n and text[i] in _SPACE:
+                advance(1)
+            start = i
+            while i < n and text[i] != "}":
+                if text[i] == "{":
+                    # PostgreSQL's scanner would read on to the next block's }, and then
+                    # fail somewhere later; the real mistake is the missing } here.
+                    raise _error(filename, l0, c0,
+                                 f"unterminated SQL block: this {{ is not closed before the "
+                                 f"next {{ at line {line}, column {col}.",
+                                 "close the block with }. (As in PostgreSQL's tester, a block "
+                                 "ends at the first }, so its SQL cannot contain braces.)")
+                advance(1)
+            if i >= n:
+                raise _error(filename, l0, c0, "unterminated SQL block: this { has no closing }.",
+                             "close the block with }. (As in PostgreSQL's tester, the first } "
+                             "ends a block, so a step's SQL cannot contain one.)")
+            body = text[start:i].rstrip(_SPACE)
+            advance(1)
+            toks.append(_Tok("sql", body, l0, c0))
+        elif c in "(),*":
+            toks.append(_Tok(c, c, line, col))
+            advance(1)
+        else:
+            raise _error(filename, line, col, f"unexpected character {c!r}.",
+                         "a spec holds only keywords, names, { SQL } blocks, # comments and, "
+                         "in permutation lines, ( , * ) for blocker annotations.")
+    toks.append(_Tok("eof", "", line, col))
+    return toks
+
+
+# ======================================================================================
+# Parser (PostgreSQL's specparse.y grammar)
+# ======================================================================================
+
+class _Parser:
+    def __init__(self, toks: list[_Tok], filename: str):
+        self.toks = toks
+        self.pos = 0
+        self.filename = filename
+
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.pos]
+
+    def take(self) -> _Tok:
+        t = self.toks[self.pos]
+        self.pos += 1
+        return t
+
+    def fail(self, tok: _Tok, expected: str, fix: str | None = None) -> SpecError:
+        what = f"expected {expected}, found {tok.describe()}."
+        if tok.kind == "ident" and any(f"'{kw}'" in expected for kw in KEYWORDS):
+            what = f"unknown keyword {tok.value!r}: {what}"
+            close = difflib.get_close_matches(tok.value.lower(), sorted(KEYWORDS), n=1, cutoff=0.6)
+            if close and not fix:
+                fix = f"did you mean {close[0]!r}? (Keywords are lower case.)"
+        return _error(self.filename, tok.line, tok.column, what, fix or (
+            "a spec is: setup { } blocks, an optional teardown { }, one or more "
+            "`session NAME` (optional setup { }, `step NAME { SQL }` lines, optional "
+            "teardown { }), then optional `permutation step step ...` lines."))
+
+    def expect(self, kind: str, expected: str) -> _Tok:
+        if self.tok.kind != kind:
+            raise self.fail(self.tok, expected)
+        return self.take()
+
+    def name(self, what: str) -> _Tok:
+        return self.expect("ident", what)
+
+    def sql(self, after: str) -> str:
+        return self.expect("sql", f"an SQL block {{ ... }} after {after!r}").value
+
+    def parse(self) -> Spec:
+        spec = Spec(sessions=[], filename=self.filename)
+        if self.tok.kind == "conninfo":
+            self.take()
+            spec.conninfo = self.name("a connection string after 'conninfo'").value
+        while self.tok.kind == "setup":
+            self.take()
+            spec.setup.append(self.sql("setup"))
+        if self.tok.kind == "teardown":
+            self.take()
+            spec.teardown = self.sql("teardown")
+        while self.tok.kind == "session":
+            spec.sessions.append(self.session())
+        if not spec.sessions:
+            if self.tok.kind == "eof":
+                raise _error(self.filename, self.tok.line, self.tok.column,
+                             "the spec defines no session.",
+                             "add at least one `session NAME` with one or more `step NAME { SQL }`.")
+            expected = ("a keyword ('setup', 'teardown' or 'session')" if not spec.setup and
+                        spec.teardown is None else
+                        "a keyword ('session'" + (")" if spec.teardown is not None else
+                                                  ", 'setup' or 'teardown')"))
+            raise self.fail(self.tok, expected)
+        while self.tok.kind == "permutation":
+            spec.permutations.append(self.permutation())
+        if self.tok.kind != "eof":
+            if spec.permutations:
+                expected = "'permutation' or the end of the file"
+            elif spec.sessions[-1].teardown is not None:
+                expected = "'session', 'permutation' or the end of the file"
+            else:
+                expected = "'step', 'teardown', 'session', 'permutation' or the end of the file"
+            raise self.fail(self.tok, expected)
+        return spec
+
+    def session(self) -> Session:
+        kw = self.take()
+        name = self.name("a session name after 'session'")
+        sess = Session(name.value, [], line=kw.line, column=kw.column)
+        if self.tok.kind == "conninfo":
+            self.take()
+            sess.conninfo = self.name("a connection string after 'conninfo'").value
+        if self.tok.kind == "setup":
+            self.take()
+            sess.setup = self.sql("setup")
+        while self.tok.kind == "step":
+            kw = self.take()
+            sname = self.name("a step name after 'step'")
+            sess.steps.append(Step(sname.value, self.sql(f"step {sname.value}"), sess.name,
+                                   sname.line, sname.column))
+        if not sess.steps:
+            raise self.fail(self.tok, f"'step' (session {sess.name} needs at least one step)")
+        if self.tok.kind == "teardown":
+            self.take()
+            sess.teardown = self.sql("teardown")
+        return sess
+
+    def permutation(self) -> Permutation:
+        kw = self.take()
+        perm = Permutation([], line=kw.line)
+        while self.tok.kind == "ident":
+            t = self.take()
+            ps = PermutationStep(t.value, line=t.line, column=t.column)
+            if self.tok.kind == "(":
+                self.take()
+                while True:
+                    ps.blockers.append(self.blocker())
+                    if self.tok.kind == ",":
+                        self.take()
+                        continue
+                    self.expect(")", "',' or ')' in the blocker list")
+                    break
+            perm.steps.append(ps)
+        if not perm.steps:
+            raise self.fail(self.tok, "a step name after 'permutation'")
+        return perm
+
+    def blocker(self) -> Blocker:
+        t = self.tok
+        if t.kind == "*":
+            self.take()
+            return Blocker("once", line=t.line, column=t.column)
+        name = self.name("a step name or * inside ( )")
+        if self.tok.kind == "notices":
+            self.take()
+            count = self.expect("int", "a number after 'notices'")
+            return Blocker("notices", name.value, int(count.value), name.line, name.column)
+        return Blocker("step", name.value, line=name.line, column=name.column)
+
+
+def _check(spec: Spec) -> None:
+    """The tester's post-parse checks (check_testspec), with positions."""
+    f = spec.filename
+    seen_sessions: dict[str, Session] = {}
+    for sess in spec.sessions:
+        if sess.name in seen_sessions:
+            raise _error(f, sess.line, sess.column, f"duplicate session name {sess.name!r}.",
+                         "give each session its own name.")
+        seen_sessions[sess.name] = sess
+    seen: dict[str, Step] = {}
+    for st in spec.steps:
+        if st.name in seen:
+            first = seen[st.name]
+            raise _error(f, st.line, st.column,
+                         f"duplicate step name {st.name!r} (first defined at line {first.line}).",
+                         "step names are global to the spec: rename one of them.")
+        seen[st.name] = st
+    used: set[str] = set()
+    for perm in spec.permutations:
+        names = set(perm.names)
+        for ps in perm.steps:
+            if ps.name not in seen:
+                raise _error(f, ps.line, ps.column,
+                             f"undefined step {ps.name!r} specified in permutation.",
+                             f"use one of the defined steps: {', '.join(sorted(seen))}.")
+            used.add(ps.name)
+        for ps in perm.steps:
+            for b in ps.blockers:
+                if b.kind == "once":
+                    continue
+                if b.step not in names:
+                    raise _error(f, b.line, b.column,
+                                 f"undefined blocking step {b.step!r} referenced in permutation "
+                                 f"step {ps.name!r}.",
+                                 "a blocker must name a step of the same permutation line.")
+                if seen[b.step].session == seen[ps.name].session:
+                    raise _error(f, b.line, b.column,
+                                 f"permutation step {ps.name!r} cannot block on its own session.",
+                                 "name a step of another session inside the ( ).")
+    if spec.permutations:
+        for st in sorted(seen):
+            if st not in used:
+                spec.warnings.append(f"unused step name: {st}")
+
+
+def parse(text: str, filename: str = "<spec>") -> Spec:
+    """Parse spec text; raise :class:`SpecError` (with file, line and column) if malformed."""
+    spec = _Parser(_tokenize(text, filename), filename).parse()
+    _check(spec)
+    return spec
+
+
+def parse_file(path: str | os.PathLike) -> Spec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"Cannot read the spec {p}: {exc.strerror or exc}.",
+                        "check the file name.") from None
+    return parse(text, str(path))
+
+
+# ======================================================================================
+# Output formatting (libpq's PQprint with header, align and fieldSep "|")
+# ======================================================================================
+
+def _blen(s: str) -> int:
+    # PQprint measures and pads in bytes (printf's %-*s), not characters.
+    return len(s.encode("utf-8"))
+
+
+def _not_numeric(value: str) -> bool:
+    """fe-print.c's test, applied to one non-empty value of a column."""
+    last = "0"
+    for ch in value:
+        last = ch
+        if not (("0" <= ch <= "9") or ch in ".Ee -"):
+            return True
+    return value[0] in "Ee" or not ("0" <= last <= "9")
+
+
+def format_result(columns: list[str], rows: list[tuple]) -> str:
+    """A result set as ``PQprint`` prints it for the isolation tester.
+
+    A column is right-aligned unless one of its non-empty values looks non-numeric
+    (PQprint decides from the text, not the type); NULLs print as empty cells.
+    """
+    if not columns:
+        return ""           # PQprint prints nothing for a result without fields
+    width = [_blen(c) for c in columns]
+    notnum = [False] * len(columns)
+    for row in rows:
+        for j, v in enumerate(row):
+            if not v:
+                continue
+            if not notnum[j] and _not_numeric(v):
+                notnum[j] = True
+            width[j] = max(width[j], _blen(v))
+
+    def cell(j: int, v: str | None) -> str:
+        v = v or ""
+        pad = " " * max(0, width[j] - _blen(v))
+        return v + pad if notnum[j] else pad + v
+
+    lines = ["|".join(cell(j, c) for j, c in enumerate(columns)),
+             "+".join("-" * w for w in width)]
+    lines += ["|".join(cell(j, v) for j, v in enumerate(row)) for row in rows]
+    n = len(rows)
+    return "\n".join(lines) + f"\n({n} row{'' if n == 1 else 's'})\n\n"
+
+
+def _pgresult_text(res) -> str:
+    nf, nt = res.nfields, res.ntuples
+    cols = [(res.fname(j) or b"").decode() for j in range(nf)]
+    rows = [tuple(None if res.get_value(i, j) is None else res.get_value(i, j).decode()
+                  for j in range(nf)) for i in range(nt)]
+    return format_result(cols, rows)
+
+
+def _notice_text(diag) -> str:
+    # libpq's default verbosity for a notice: severity and message, then DETAIL and HINT.
+    sev = diag.severity or "NOTICE"
+    text = f"{sev}:  {diag.message_primary or ''}\n"
+    if diag.message_detail:
+        text += f"DETAIL:  {diag.message_detail}\n"
+    if diag.message_hint:
+        text += f"HINT:  {diag.message_hint}\n"
+    return text
+
+
+def _severity(err) -> str:
+    # The engine's StepError keeps the SQLSTATE and the message but not the severity;
+    # errors that end the backend are FATAL, every other failed step is an ERROR.
+    return "FATAL" if err.sqlstate in ("57P01", "57P02", "57P03") else "ERROR"
+
+
+# ======================================================================================
+# Running
+# ======================================================================================
+
+NONBLOCK = 1     # return as soon as the step waits for a lock
+RETRY = 2        # a later look at a step already reported as waiting
+
+_BLOCKED_SQL = "SELECT pg_catalog.pg_isolation_test_session_is_blocked(%s, %s)"
+
+
+@dataclass
+class _Active:
+    """A permutation step that has been sent (the engine's Step is ``step``)."""
+
+    ps: PermutationStep
+    session: str
+    sql: str
+    step: object
+    targets: dict[int, int] = field(default_factory=dict)   # blocker index -> notices needed
+
+
+class _Runner:
+    def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err):
+        self.spec = spec
+        self.lab = lab
+        self.timeout = timeout
+        self.out = out
+        self.err = err
+        self.session_of = {st.name: st.session for st in spec.steps}
+        self.sql_of = {st.name: st.sql for st in spec.steps}
+
+    # -- output -----------------------------------------------------------------------
+    def emit(self, text: str) -> None:
+        self.out.append(text)
+
+    def warn(self, text: str) -> None:
+        print(text, file=self.err)
+
+    def flush_notices(self, session: str | None = None) -> None:
+        keep = []
+        for name, text in self.notices:
+            if session is None or name == session:
+                self.emit(f"{name}: {text}")
+            else:
+                keep.append((name, text))
+        self.notices = keep
+
+    # -- whole spec -------------------------------------------------------------------------
+    def run(self) -> None:
+        spec = self.spec
+        if spec.conninfo or any(s.conninfo for s in spec.sessions):
+            raise SpecError(f"{spec.filename}: 'conninfo' is not supported by labkit's runner.",
+                            "remove the conninfo lines: every session runs on the lab's server.")
+        self.emit(f"Parsed test spec with {len(spec.sessions)} sessions\n")
+        self.control = self.lab.connect(role="spec-control")   # notices here are dropped
+        try:
+            for perm in spec.permutations_to_run():
+                self.run_permutation(perm)
+        finally:
+            self.control.close()
+
+    def exec_control(self, sql: str, what: str) -> None:
+        res = self.control.pgconn.exec_(sql.encode())
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            self.emit(_pgresult_text(res))
+        elif res.status != pq.ExecStatus.COMMAND_OK and res.status != pq.ExecStatus.EMPTY_QUERY:
+            msg = (res.error_message or b"").decode(errors="replace").strip()
+            if what == "teardown":
+                self.warn(f"teardown failed: {msg}")     # the tester carries on
+                return
+            raise SpecError(f"{self.spec.filename}: {what} failed: {msg}",
+                            "fix the SQL of the spec's setup block.")
+
+    def exec_session(self, name: str, sql: str, what: str) -> None:
+        s = self.engine.sessions[name]
+        res = s.pgconn.exec_(sql.encode())
+        self.flush_notices(name)
+        if res.status == pq.ExecStatus.TUPLES_OK:
+            self.emit(_pgresult_text(res))
+        elif res.status != pq.ExecStatus.COMMAND_OK and res.status != pq.ExecStatus.EMPTY_QUERY:
+            msg = (res.error_message or b"").decode(errors="replace").strip()
+            if what == "teardown":
+                self.warn(f"teardown of session {name} failed: {msg}")
+                return
+            raise SpecError(f"{self.spec.filename}: setup of session {name} failed: {msg}",
+                            f"fix the SQL of session {name}'s setup block.")
+
+    # -- one permutation -------------------------------------------------------------------
+    def run_permutation(self, perm: Permutation) -> None:
+        spec = self.spec
+        self.emit("\nstarting permutation: " + " ".join(perm.names) + "\n")
+        for sql in spec.setup:
+            self.exec_control(sql, "setup")
+
+        names = [s.name for s in spec.sessions]
+        # The tester sets no timeouts: lock_timeout 0 is the server's default.  The
+        # engine's statement_timeout guard stays, at twice the step timeout, so that
+        # our own cancel (after ``timeout``, reported like the tester's) comes first.
+        self.engine = Sessions(self.lab, *names, lock_timeout="0",
+                               statement_timeout=f"{int(self.timeout * 2000)}ms",
+                               track_locks=False)
+        self.notices: list[tuple[str, str]] = []
+        self.total_notices = {n: 0 for n in names}
+        self.new_notice = False
+        self.active: dict[str, _Active | None] = {n: None for n in names}
+        self.pid_names = {s.pid: n for n, s in self.engine.sessions.items()}
+        try:
+            for name, s in self.engine.sessions.items():
+                s.conn.add_notice_handler(self._notice_handler(name))
+            for sess in spec.sessions:
+                if sess.setup:
+                    self.exec_session(sess.name, sess.setup, "setup")
+            self.run_steps(perm)
+            self.flush_notices()
+            for sess in spec.sessions:
+                if sess.teardown:
+                    self.exec_session(sess.name, sess.teardown, "teardown")
+            self.flush_notices()
+        finally:
+            self.engine.close()
+        if spec.teardown:
+            self.exec_control(spec.teardown, "teardown")
+
+    def _notice_handler(self, name: str):
+        def handler(diag) -> None:
+            self.notices.append((name, _notice_text(diag)))
+            self.total_notices[name] += 1
+            self.new_notice = True
+        return handler
+
+    def run_steps(self, perm: Permutation) -> None:
+        waiting: list[_Active] = []
+        for ps in perm.steps:
+            name = self.session_of[ps.name]
+            if self.active[name] is not None:
+                # The session is still busy with an earlier step: wait for it to finish.
+                start = time.monotonic()
+                while self.active[name] is not None:
+                    old = self.active[name]
+                    if not self.try_complete(old, RETRY):
+                        waiting.remove(old)
+                    waiting = self.try_complete_steps(waiting, NONBLOCK | RETRY)
+                    if self.active[name] is not None:
+                        if time.monotonic() - start > 2 * self.timeout:
+                            raise LabkitError(
+                                f"{self.spec.filename}: step {old.ps.name} did not complete "
+                                f"within {2 * self.timeout:.0f} s (active steps: "
+                                f"{' '.join(a.ps.name for a in self.active.values() if a)}).",
+                                "check the permutation's blocker annotations.")
+                        time.sleep(0.005)
+            sql = self.sql_of[ps.name]
+            step = self.engine.step(name, sql, label=ps.name)
+            act = _Active(ps, name, sql, step)
+            self.active[name] = act
+            for k, b in enumerate(ps.blockers):
+                if b.kind == "notices":
+                    act.targets[k] = b.notices + self.total_notices[self.session_of[b.step]]
+            mustwait = self.try_complete(act, NONBLOCK)
+            waiting = self.try_complete_steps(waiting, NONBLOCK | RETRY)
+            if mustwait:
+                waiting.append(act)
+        waiting = self.try_complete_steps(waiting, RETRY)
+        if waiting:
+            raise LabkitError(
+                f"{self.spec.filename}: failed to complete permutation due to mutually-blocking "
+                f"steps ({' '.join(a.ps.name for a in waiting)}).",
+                "check the permutation: every waiting step needs a later step that releases it.")
+
+    def try_complete_steps(self, waiting: list[_Active], flags: int) -> list[_Active]:
+        while True:
+            self.new_notice = False
+            before = len(waiting)
+            have_blocker = False
+            still = []
+            for act in waiting:
+                if self.try_complete(act, flags):
+                    if act.ps.blockers:
+                        have_blocker = True
+                    still.append(act)
+            waiting = still
+            # A completion or a notice may have released a blocker annotation checked
+            # earlier in the list: look again until nothing moves.
+            if not (have_blocker and (len(waiting) < before or self.new_notice)):
+                return waiting
+
+    def try_complete(self, act: _Active, flags: int) -> bool:
+        """Report ``act`` if it is complete; True while it still counts as waiting."""
+        if not flags & RETRY and any(b.kind == "once" for b in act.ps.blockers):
+            self._waiting_line(act)
+            return True
+        if not act.step.done:
+            if flags & NONBLOCK:
+                if not self._settle(act):
+                    if not flags & RETRY:
+                        self._waiting_line(act)
+                    return True
+            else:
+                self._await(act)
+        if self._has_blocker(act):
+            if not flags & RETRY:
+                self._waiting_line(act)
+            return True
+        self._completed(act, retry=bool(flags & RETRY))
+        self.active[act.session] = None
+        return False
+
+    def _waiting_line(self, act: _Active) -> None:
+        self.flush_notices(act.session)
+        self.emit(f"step {act.ps.name}: {act.sql} <waiting ...>\n")
+
+    def _completed(self, act: _Active, retry: bool) -> None:
+        self.flush_notices(act.session)
+        if retry:
+            self.emit(f"step {act.ps.name}: <... completed>\n")
+        else:
+            self.emit(f"step {act.ps.name}: {act.sql}\n")
+        step = act.step
+        for r in step.results:
+            if r.columns:
+                self.emit(format_result(r.columns, r.text_rows))
+        if step.error is not None:
+            self.emit(f"{_severity(step.error)}:  {step.error.message}\n")
+        # NOTIFY messages that reached this session
+        pgconn = self.engine.sessions[act.session].pgconn
+        pgconn.consume_input()
+        while (n := pgconn.notifies()) is not None:
+            sender = self.pid_names.get(n.be_pid, f"PID {n.be_pid}")
+            self.emit(f'{act.session}: NOTIFY "{n.relname.decode()}" with payload '
+                      f'"{n.extra.decode()}" from {sender}\n')
+            pgconn.consume_input()
+
+    def _has_blocker(self, act: _Active) -> bool:
+        for k, b in enumerate(act.ps.blockers):
+            if b.kind == "step":
+                other = self.active[self.session_of[b.step]]
+                if other is not None and other.ps.name == b.step:
+                    return True
+            elif b.kind == "notices":
+                if self.total_notices[self.session_of[b.step]] < act.targets[k]:
+                    return True
+        return False
+
+    # -- waiting on the engine's sessions -------------------------------------------------
+    # Sessions.step() already settles a new step (finished, or waiting for a lock) and
+    # re-checks the steps waiting in other sessions.  These two cover the tester's other
+    # looks at a running step: "finished or still blocked?" and "wait until finished".
+    def _blocked(self, name: str) -> bool:
+        s = self.engine.sessions[name]
+        row = self.engine.monitor.execute(_BLOCKED_SQL, (s.pid, list(self.pid_names))).fetchone()
+        return bool(row and row[0])
+
+    def _settle(self, act: _Active) -> bool:
+        """Wait until the step finishes (True) or waits for a lock (False)."""
+        s = self.engine.sessions[act.session]
+        start = time.monotonic()
+        canceled = False
+        while s.pending is act.step:
+            if s.poll(0.002):
+                break
+            if self._blocked(act.session):
+                return s.poll(0)      # messages may have arrived while we asked
+            canceled = self._guard(act, start, canceled)
+        return True
+
+    def _await(self, act: _Active) -> None:
+        s = self.engine.sessions[act.session]
+        start = time.monotonic()
+        canceled = False
+        while s.pending is act.step:
+            if s.poll(0.01):
+                break
+            canceled = self._guard(act, start, canceled)
+
+    def _guard(self, act: _Active, start: float, canceled: bool) -> bool:
+        elapsed = time.monotonic() - start
+        if elapsed > self.timeout and not canceled:
+            self.engine.sessions[act.session].conn.cancel()
+            self.emit(f"isolationtester: canceling step {act.ps.name} after {int(elapsed)} seconds\n")
+            return True
+        if elapsed > 2 * self.timeout:
+            raise LabkitError(f"{self.spec.filename}: step {act.ps.name} timed out after "
+                              f"{int(elapsed)} seconds.",
+                              "check the permutation: the step waits for something that never "
+                              "happens.")
+        return canceled
+
+
+def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
+        stderr=None) -> str:
+    """Run every permutation of a spec; return what isolationtester would print.
+
+    ``spec_or_path`` is a :class:`Spec` or the path of a ``.spec`` file.  Without a
+    ``lab``, a throw-away lab ``spec_<pid>`` is made (and dropped afterwards); a given
+    lab is reset first unless ``reset=False``.  ``timeout`` (seconds) bounds one step: after it
+    the step is cancelled, as the tester does after PGISOLATIONTIMEOUT.  Messages the
+    tester writes to stderr (unused steps, failed teardown) go to ``stderr`` (default
+    ``sys.stderr``).
+    """
+    spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
+    stderr = sys.stderr if stderr is None else stderr
+    for w in spec.warnings:
+        print(w, file=stderr)
+    own = lab is None
+    if own:
+        from . import lab as make_lab
+
+        # One lab per process, so that runs in parallel never reset each other's schema.
+        lab = make_lab(f"spec_{os.getpid()}", quiet=True)
+    elif reset:
+        lab.reset()
+    out: list[str] = []
+    try:
+        _Runner(spec, lab, timeout, out, stderr).run()
+    finally:
+        if own:
+            try:
+                lab.drop()
+            except Exception:
+                pass
+    return "".join(out)
+
+
+def run_file(path: str | os.PathLike, lab=None, **kw) -> str:
+    return run(parse_file(path), lab, **kw)
+
+
+# ======================================================================================
+# Command line
+# ======================================================================================
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="labkit spec",
+        description="Run PostgreSQL isolation-tester specs and print the tester's output.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run specs and print (or compare) their output")
+    r.add_argument("specs", nargs="+", metavar="FILE.spec")
+    r.add_argument("--diff", action="append", metavar="EXPECTED.out",
+                   help="compare with this expected output (once per spec, in order); "
+                        "exit 1 and show a unified diff on a mismatch")
+    r.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="cancel a step that has not finished after this long (default 60)")
+    q = sub.add_parser("permutations", help="parse specs and list the permutations they run")
+    q.add_argument("specs", nargs="+", metavar="FILE.spec")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "spec":
+        argv = argv[1:]
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "permutations":
+            for path in args.specs:
+                spec = parse_file(path)
+                for w in spec.warnings:
+                    print(w, file=sys.stderr)
+                for perm in spec.permutations_to_run():
+                    print("permutation " + " ".join(str(ps) for ps in perm.steps))
+            return 0
+        if args.diff and len(args.diff) != len(args.specs):
+            print(f"labkit spec: give one --diff per spec ({len(args.specs)} specs, "
+                  f"{len(args.diff)} --diff).", file=sys.stderr)
+            return 2
+        status = 0
+        for k, path in enumerate(args.specs):
+            output = run_file(path, timeout=args.timeout)
+            if not args.diff:
+                sys.stdout.write(output)
+                continue
+            expected_path = args.diff[k]
+            expected = Path(expected_path).read_text(encoding="utf-8")
+            if output == expected:
+                print(f"ok: {path} matches {expected_path}")
+            else:
+                status = 1
+                sys.stdout.writelines(difflib.unified_diff(
+                    expected.splitlines(keepends=True), output.splitlines(keepends=True),
+                    fromfile=str(expected_path), tofile=f"{path} (this run)"))
+        return status
+    except LabkitError as exc:
+        print(f"labkit spec: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"labkit spec: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
