@@ -73,6 +73,10 @@ def doctor(out=print) -> int:
         schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
     out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
                                          if schemas else ""))
+    stray = [s for s in schemas if s.startswith("lab_t_")]
+    if stray:
+        out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
+            f"{' …' if len(stray) > 4 else ''}); `labkit clean --schemas` drops every lab schema")
     if leftovers:
         problems += 1
         out(f"PROBLEM: {len(leftovers)} labkit session(s) left idle in a transaction (they hold locks):")
@@ -84,16 +88,18 @@ def doctor(out=print) -> int:
     return 1 if problems else 0
 
 
-def clean(drop_schemas: bool, out=print) -> int:
+def clean(drop_schemas: bool, every: bool = False, out=print) -> int:
     from . import db as dbmod
 
     database = dbmod.connect(quiet=True)
     with database.connect() as conn:
+        idle_only = "" if every else (
+            "AND state IN ('idle in transaction', 'idle in transaction (aborted)') ")
         ended = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE application_name LIKE 'labkit:%%' AND pid <> pg_backend_pid() "
-            "AND usename = current_user").fetchall()
-        out(f"ended {len(ended)} labkit session(s)")
+            "AND usename = current_user " + idle_only).fetchall()
+        out(f"ended {len(ended)} labkit session(s)" + ("" if every else " left idle in a transaction"))
         if drop_schemas:
             from psycopg import sql
 
@@ -110,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     p_server = sub.add_parser("server", help="manage the embedded PostgreSQL server")
     p_server.add_argument("action", choices=["start", "stop", "status", "url", "reset"])
     sub.add_parser("doctor", help="show backend, versions and leftovers; exit 1 on a problem")
-    p_clean = sub.add_parser("clean", help="end leftover labkit sessions (and drop lab schemas)")
+    p_clean = sub.add_parser("clean", help="end labkit sessions left in a transaction (and drop lab schemas)")
     p_clean.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
+    p_clean.add_argument("--all", action="store_true",
+                         help="end every labkit session, not only those idle in a transaction")
     p_spec = sub.add_parser("spec", help="run PostgreSQL isolation-tester specs")
     p_spec.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -121,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "doctor":
             return doctor()
         if args.cmd == "clean":
-            return clean(args.schemas)
+            return clean(args.schemas, args.all)
         if args.cmd == "spec":
             from . import spec
 
