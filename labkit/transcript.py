@@ -125,8 +125,9 @@ class Transcript:
                            facecolors=PALETTE[0], label="holds row locks" if lane == 0 else None)
             for st in self.steps:
                 if st.session == name and st.waited:
-                    end = st.completed_after if st.completed_after is not None else n - 1
-                    ax.broken_barh([(st.index + 0.5, end - st.index + 1)], (y - 0.3, 0.6),
+                    # from its own step's column up to the step that let it through
+                    end = st.completed_after if st.completed_after is not None else n
+                    ax.broken_barh([(st.index + 0.5, max(end - st.index, 1))], (y - 0.3, 0.6),
                                    facecolors="none", edgecolors=PALETTE[1], hatch="///",
                                    label="waits for a lock" if not ax.get_legend_handles_labels()[1].count(
                                        "waits for a lock") else None)
