@@ -12,8 +12,30 @@ from pathlib import Path
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
+def slide_type(cell) -> str:
+    """Where a cell goes in the slide deck: headings start slides, the interview box and
+    exercises get a slide of their own, everything else follows on the current slide."""
+    first = cell.source.lstrip().split("\n", 1)[0] if cell.source.strip() else ""
+    if cell.cell_type == "markdown":
+        if first.startswith(("# ", "## ")):
+            return "slide"
+        if first.startswith("### ") or first.startswith("> **Say it in an interview"):
+            return "subslide"
+        if first.startswith("**Exercise"):
+            return "subslide"
+    return "-"
+
+
+def add_slide_metadata(nb) -> None:
+    """Give every cell slideshow metadata (an author's own choice is kept)."""
+    for cell in nb.cells:
+        cell.metadata.setdefault("slideshow", {"slide_type": slide_type(cell)})
+
+
 def clean(nb) -> None:
-    """Drop widget state and per-cell execution timing (both change on every run)."""
+    """Drop widget state and per-cell execution timing (both change on every run), and
+    make sure every cell carries slide metadata."""
+    add_slide_metadata(nb)
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
@@ -40,6 +62,8 @@ def problems(nb) -> list[str]:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 found.append(f"cell {i} ends in an error ({out.get('ename')})")
+    if any("slideshow" not in c.metadata for c in nb.cells):
+        found.append("cells without slide metadata (run labkit.nbtools on it)")
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     if counts and counts != list(range(1, len(counts) + 1)):
         found.append("cells were not run top to bottom in one fresh kernel")
