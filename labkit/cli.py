@@ -110,7 +110,48 @@ def clean(drop_schemas: bool, every: bool = False, out=print) -> int:
     return 0
 
 
+# Subcommands whose parsers live in their own modules: name -> (module, passes its own name)
+DELEGATED = {
+    "spec": ("labkit.spec", False),
+    "slides": ("labkit.training", True),
+    "book": ("labkit.training", True),
+    "student": ("labkit.training", True),
+}
+
+USAGE = """usage: labkit COMMAND ...
+
+commands:
+  server start|stop|status|url|reset   the embedded PostgreSQL server
+  doctor                               backend, versions, leftovers; exit 1 on a problem
+  clean [--schemas] [--all]            end lab sessions left in a transaction
+  spec run FILE.spec ...               run PostgreSQL isolation-tester specs
+  slides [NOTEBOOK ...]                offline reveal.js decks into build/slides
+  book [NOTEBOOK ...] [--no-execute]   execute notebooks into an HTML handout set in build/book
+  student [--check]                    student copies of the exercise notebooks (no solutions)
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    try:
+        if argv[0] in DELEGATED:
+            import importlib
+
+            module, keep_name = DELEGATED[argv[0]]
+            return importlib.import_module(module).main(argv if keep_name else argv[1:])
+        return _own(argv)
+    except LabkitError as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _own(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="labkit", description="Claim Lab's helper commands.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_server = sub.add_parser("server", help="manage the embedded PostgreSQL server")
@@ -120,27 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     p_clean.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
     p_clean.add_argument("--all", action="store_true",
                          help="end every labkit session, not only those idle in a transaction")
-    p_spec = sub.add_parser("spec", help="run PostgreSQL isolation-tester specs")
-    p_spec.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    try:
-        if args.cmd == "server":
-            return _server_cmd(args)
-        if args.cmd == "doctor":
-            return doctor()
-        if args.cmd == "clean":
-            return clean(args.schemas, args.all)
-        if args.cmd == "spec":
-            from . import spec
-
-            return spec.main(args.rest)
-    except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("labkit: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    if args.cmd == "server":
+        return _server_cmd(args)
+    if args.cmd == "doctor":
+        return doctor()
+    return clean(args.schemas, args.all)
 
 
 if __name__ == "__main__":
