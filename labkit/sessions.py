@@ -216,6 +216,10 @@ class Sessions:
                               "name the sessions, for example Sessions(lab, 'A', 'B').")
         if len(set(names)) != len(names):
             raise LabkitError(f"Session names must differ: {names}.", "give each session its own name.")
+        for name in names:
+            if not name.isidentifier() or hasattr(type(self), name):
+                raise LabkitError(f"{name!r} cannot name a session (it must be a Python name and not "
+                                  "one of the run's own methods).", "use names such as 'A', 'B', 'worker1'.")
         self.lab = lab
         self.names = list(names)
         self.watch = dict(watch or {})
@@ -227,6 +231,14 @@ class Sessions:
         self._closed = False
         self.monitor = lab.connect(role="monitor")
         try:
+            for table, key in self.watch.items():
+                found = self.monitor.execute(
+                    "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s "
+                    "AND NOT attisdropped", (table, key)).fetchone()
+                if not found:
+                    raise LabkitError(f"watch={{{table!r}: {key!r}}} names a table or column that does not "
+                                      "exist in the lab.",
+                                      "create the table first, or fix the table or column name in watch=.")
             for name in names:
                 conn = lab.connect(role=name)
                 conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(lock_timeout)))
@@ -401,14 +413,24 @@ class Sessions:
             return held
         by_xid = {x: self._pids[p] for p, x in xids.items()}
         for table, key in self.watch.items():
-            rows = self.monitor.execute(
-                sql.SQL("SELECT {key}, xmax::text FROM {table} WHERE xmax::text = ANY(%s) ORDER BY 1").format(
-                    key=sql.Identifier(key), table=sql.Identifier(table)),
-                (list(by_xid),),
-            ).fetchall()
+            try:
+                rows = self._watched(table, key, by_xid)
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+                raise LabkitError(f"watch={{{table!r}: {key!r}}} names something that does not exist "
+                                  f"in the lab ({str(exc).splitlines()[0]}).",
+                                  "create the table first, or fix the table or column name in watch=.") from None
             for k, x in rows:
                 held[by_xid[x]].append(k)
         return held
+
+    def _watched(self, table: str, key: str, by_xid: dict) -> list[tuple]:
+        # A row's xmax is the id of the transaction that locked (or updated) it; a
+        # session's open transaction id is its backend_xid.
+        return self.monitor.execute(
+            sql.SQL("SELECT {key}, xmax::text FROM {table} WHERE xmax::text = ANY(%s) ORDER BY 1").format(
+                key=sql.Identifier(key), table=sql.Identifier(table)),
+            (list(by_xid),),
+        ).fetchall()
 
     # -- rendering --------------------------------------------------------------------------
     def transcript(self, **kw):

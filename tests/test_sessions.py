@@ -141,3 +141,13 @@ def test_transcript_renders_text_html_and_swimlane(jobs):
     assert html.count("<tr>") == len(t.rows) + 1
     ax = t.swimlane()
     assert [tick.get_text() for tick in ax.get_yticklabels()] == ["B", "A"]
+
+
+def test_watching_a_missing_table_and_bad_session_names_are_explained(lab):
+    with pytest.raises(LabkitError, match="does not exist"):
+        labkit.Sessions(lab, "A", watch={"nope": "id"})
+    lab.create_jobs(1)
+    with pytest.raises(LabkitError, match="does not exist"):
+        labkit.Sessions(lab, "A", watch={"job": "no_such_column"})
+    with pytest.raises(LabkitError, match="cannot name a session"):
+        labkit.Sessions(lab, "A", "step")
