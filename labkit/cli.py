@@ -30,13 +30,17 @@ def _server_cmd(args) -> int:
     return 0
 
 
+# A labkit session idle in a transaction for a while holds its locks for nothing: a
+# kernel that was interrupted, or a cell that forgot COMMIT.  A session of a notebook
+# that is running right now is idle in a transaction only for moments.
 LEFTOVERS_SQL = """
-SELECT pid, application_name, state, now() - xact_start AS open_for,
+SELECT pid, application_name, state, date_trunc('second', clock_timestamp() - state_change) AS idle_for,
        (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted) AS locks
   FROM pg_stat_activity a
  WHERE application_name LIKE 'labkit:%%'
    AND pid <> pg_backend_pid()
    AND state IN ('idle in transaction', 'idle in transaction (aborted)')
+   AND state_change < clock_timestamp() - make_interval(secs => %(idle)s)
  ORDER BY pid
 """
 
@@ -45,7 +49,7 @@ SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lab\\_%%' ORDER BY 1
 """
 
 
-def doctor(out=print) -> int:
+def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
     from . import db as dbmod
     from .server import EmbeddedServer
@@ -69,7 +73,7 @@ def doctor(out=print) -> int:
         return 1
     out(database.describe())
     with database.connect() as conn:
-        leftovers = conn.execute(LEFTOVERS_SQL).fetchall()
+        leftovers = conn.execute(LEFTOVERS_SQL, {"idle": idle_s}).fetchall()
         schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
     out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
                                          if schemas else ""))
@@ -79,27 +83,31 @@ def doctor(out=print) -> int:
             f"{' …' if len(stray) > 4 else ''}); `labkit clean --schemas` drops every lab schema")
     if leftovers:
         problems += 1
-        out(f"PROBLEM: {len(leftovers)} labkit session(s) left idle in a transaction (they hold locks):")
-        for pid, app, state, open_for, locks in leftovers:
-            out(f"  pid {pid} {app} {state} for {open_for}, {locks} locks")
+        out(f"PROBLEM: {len(leftovers)} labkit session(s) idle in a transaction for over {idle_s:g} s "
+            "(they hold their locks for nothing):")
+        for pid, app, state, idle_for, locks in leftovers:
+            out(f"  pid {pid} {app}: {state} for {idle_for}, {locks} locks")
         out("  Fix: `labkit clean` ends them (or restart the kernel that opened them).")
     else:
-        out("no labkit session is left idle in a transaction")
+        out(f"no labkit session has been idle in a transaction for over {idle_s:g} s")
     return 1 if problems else 0
 
 
-def clean(drop_schemas: bool, every: bool = False, out=print) -> int:
+def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:
     from . import db as dbmod
 
     database = dbmod.connect(quiet=True)
     with database.connect() as conn:
-        idle_only = "" if every else (
-            "AND state IN ('idle in transaction', 'idle in transaction (aborted)') ")
-        ended = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name LIKE 'labkit:%%' AND pid <> pg_backend_pid() "
-            "AND usename = current_user " + idle_only).fetchall()
-        out(f"ended {len(ended)} labkit session(s)" + ("" if every else " left idle in a transaction"))
+        if every:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'labkit:%%' "
+                "AND pid <> pg_backend_pid() AND usename = current_user").fetchall()]
+        else:
+            pids = [r[0] for r in conn.execute(LEFTOVERS_SQL, {"idle": idle_s}).fetchall()]
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        out(f"ended {len(pids)} labkit session(s)" +
+            ("" if every else f" idle in a transaction for over {idle_s:g} s"))
         if drop_schemas:
             from psycopg import sql
 
@@ -116,18 +124,28 @@ DELEGATED = {
     "slides": ("labkit.training", True),
     "book": ("labkit.training", True),
     "student": ("labkit.training", True),
+    "convoy": ("labkit.convoy", False),
+}
+
+# labkit trace WHAT ...: which module replays which trace
+TRACES = {
+    "drain": "labkit.drain",
+    "zombie": "labkit.fencing",
 }
 
 USAGE = """usage: labkit COMMAND ...
 
 commands:
   server start|stop|status|url|reset   the embedded PostgreSQL server
-  doctor                               backend, versions, leftovers; exit 1 on a problem
-  clean [--schemas] [--all]            end lab sessions left in a transaction
+  doctor [--idle-seconds 60]           backend, versions, leftovers; exit 1 on a problem
+  clean [--schemas] [--all]            end lab sessions idle in a transaction over 60 s
   spec run FILE.spec ...               run PostgreSQL isolation-tester specs
   slides [NOTEBOOK ...]                offline reveal.js decks into build/slides
   book [NOTEBOOK ...] [--no-execute]   execute notebooks into an HTML handout set in build/book
   student [--check]                    student copies of the exercise notebooks (no solutions)
+  convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
+  trace drain [--batch 50 --crash-after 12] [--json]   the drain crashed mid-send, replayed
+  trace zombie --fence|--no-fence [--json]             a zombie worker's late write
 """
 
 
@@ -137,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     try:
+        if argv[0] == "trace":
+            import importlib
+
+            if len(argv) < 2 or argv[1] not in TRACES:
+                print(f"usage: labkit trace {{{'|'.join(TRACES)}}} ...", file=sys.stderr)
+                return 2
+            return importlib.import_module(TRACES[argv[1]]).main(argv[2:])
         if argv[0] in DELEGATED:
             import importlib
 
@@ -156,17 +181,21 @@ def _own(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_server = sub.add_parser("server", help="manage the embedded PostgreSQL server")
     p_server.add_argument("action", choices=["start", "stop", "status", "url", "reset"])
-    sub.add_parser("doctor", help="show backend, versions and leftovers; exit 1 on a problem")
+    p_doctor = sub.add_parser("doctor", help="show backend, versions and leftovers; exit 1 on a problem")
+    p_doctor.add_argument("--idle-seconds", type=float, default=60,
+                          help="a session idle in a transaction longer than this is a leftover")
     p_clean = sub.add_parser("clean", help="end labkit sessions left in a transaction (and drop lab schemas)")
     p_clean.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
     p_clean.add_argument("--all", action="store_true",
                          help="end every labkit session, not only those idle in a transaction")
+    p_clean.add_argument("--idle-seconds", type=float, default=60,
+                         help="end sessions idle in a transaction longer than this")
     args = parser.parse_args(argv)
     if args.cmd == "server":
         return _server_cmd(args)
     if args.cmd == "doctor":
-        return doctor()
-    return clean(args.schemas, args.all)
+        return doctor(args.idle_seconds)
+    return clean(args.schemas, args.all, args.idle_seconds)
 
 
 if __name__ == "__main__":

@@ -82,9 +82,27 @@ def _unreachable(db: Database, exc: Exception) -> ServerError:
             "run `labkit server start` in a terminal (or call labkit.connect() again), then "
             "re-run the cell.",
         )
+    text = str(exc)
+    refused = (
+        (r"password authentication failed",
+         "put the right user and password in LABKIT_DSN (or in a ~/.pgpass file)."),
+        (r'role ".*" does not exist',
+         "the user name in LABKIT_DSN does not exist on that server: fix it, or ask for an account."),
+        (r'database ".*" does not exist',
+         "the database name in LABKIT_DSN does not exist on that server: fix it, or create it "
+         "(createdb NAME)."),
+        (r"no pg_hba.conf entry",
+         "the server does not accept this user from this address: ask its owner, or use another server."),
+        (r"invalid integer value",
+         "a number in LABKIT_DSN (the port?) is not a number: fix it."),
+    )
+    for pattern, fix in refused:
+        if re.search(pattern, text):
+            return ServerError(f"The PostgreSQL server {db.where} refused the connection: "
+                               f"{_first_line(exc)}.", fix)
     return ServerError(
         f"Cannot reach the PostgreSQL server {db.where}: {_first_line(exc)}.",
-        "check that the server is up and that LABKIT_DSN is right.",
+        "check that the server is up and that the host and port in LABKIT_DSN are right.",
     )
 
 
@@ -192,10 +210,14 @@ def connect(*, backend: str | None = None, quiet: bool = False, fresh: bool = Fa
 
 
 def current_user_tag() -> str:
-    try:
-        name = getpass.getuser()
-    except Exception:
-        name = "user"
+    """Who the lab schemas belong to: LABKIT_USER, else the login name.  On a shared
+    server where trainees log in alike, each sets LABKIT_USER to tell them apart."""
+    name = os.environ.get("LABKIT_USER", "")
+    if not name:
+        try:
+            name = getpass.getuser()
+        except Exception:
+            name = "user"
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "user"
 
 

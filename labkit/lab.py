@@ -67,6 +67,8 @@ class Lab:
         try:
             cur = self.admin.execute(query, params)
         except psycopg.OperationalError as exc:
+            if not (self._admin is None or self._admin.broken or self._admin.closed):
+                raise  # a lock or timeout error (55P03, 57014, 40P01...): the server is fine
             self._admin = None
             raise ServerError(
                 f"The server stopped answering while running SQL for {self.schema} ({exc}).",

@@ -269,10 +269,22 @@ class Sessions:
         for s in self.sessions.values():
             try:
                 if s.pending is not None:
+                    # Cancel the waiting statement and collect its (error) result, so the
+                    # connection is free for the ROLLBACK below.
                     s.conn.cancel()
-                s.conn.close()
+                    s.poll(5)
+                    s.pending = None
+                # ROLLBACK returns only once the server has released the session's locks,
+                # so nothing is still locked when close() returns.
+                if s.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    s.conn.execute("ROLLBACK")
             except Exception:
                 pass
+            finally:
+                try:
+                    s.conn.close()
+                except Exception:
+                    pass
         try:
             self.monitor.close()
         except Exception:
@@ -282,21 +294,27 @@ class Sessions:
         sessions = self.__dict__.get("sessions", {})
         if name in sessions:
             return lambda sql_text, label=None: self.step(name, sql_text, label=label)
-        raise AttributeError(name)
+        if name.startswith("_") or not sessions:
+            raise AttributeError(name)
+        raise LabkitError(f"No session named {name!r} in this run (have {self.names}).",
+                          "use one of the names given to Sessions(...); they are case-sensitive.")
 
     # -- running steps ------------------------------------------------------------------
     def step(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
         """Run one step in ``session``; return it (done, failed or waiting)."""
         if self._closed:
             raise LabkitError("This run is closed.", "start a new Sessions(...) run.")
-        if session not in self.sessions:
-            raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
-                              "use one of the names given to Sessions(...).")
+        self._check_name(session)
         s = self.sessions[session]
         if s.pending is not None:
-            # The script gives a session that is still waiting another step: wait for
-            # the first one to finish (bounded by the guards), as psql would.
-            self._wait_for(s)
+            waiting = s.pending
+            raise LabkitError(
+                f"Session {session} is still waiting (step {waiting.index + 1}, {waiting.label!r}, "
+                f"blocked by {', '.join(waiting.blocked_by) or 'another session'}); it cannot run "
+                f"another statement until that step ends.",
+                f"end the blocker's transaction first (COMMIT or ROLLBACK in "
+                f"{', '.join(waiting.blocked_by) or 'the blocking session'}), or call "
+                f"run.wait({session!r}) to wait for it on purpose.")
         step = Step(len(self.steps), session, sql_text.strip(), label or _label(sql_text))
         self.steps.append(step)
         s.send(step)
@@ -308,6 +326,7 @@ class Sessions:
     def wait(self, session: str) -> Step | None:
         """Let a waiting step of ``session`` run to its end (its blocker going away, or a
         timeout firing); the script does nothing else meanwhile.  Returns that step."""
+        self._check_name(session)
         s = self.sessions[session]
         if s.pending is None:
             return None
@@ -315,6 +334,11 @@ class Sessions:
         self._wait_for(s)
         self._record_locks(self.steps[-1])
         return step
+
+    def _check_name(self, session: str) -> None:
+        if session not in self.sessions:
+            raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
+                              "use one of the names given to Sessions(...); they are case-sensitive.")
 
     def script(self, steps) -> "Sessions":
         """Run a list of ``(session, sql)`` or ``(session, sql, label)`` tuples in order."""

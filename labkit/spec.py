@@ -933,7 +933,12 @@ def main(argv: list[str] | None = None) -> int:
         status = 0
         for k, path in enumerate(args.specs):
             output = run_file(path, timeout=args.timeout)
+            if "isolationtester: canceling step" in output:
+                # a step never finished and had to be cancelled: say so in the exit code
+                status = max(status, 3)
             if not args.diff:
+                if len(args.specs) > 1:
+                    print(f"{'' if k == 0 else chr(10)}==> {path} <==")
                 sys.stdout.write(output)
                 continue
             expected_path = args.diff[k]

@@ -85,9 +85,11 @@ class Trace:
         out = widgets.Output(layout={"border": "1px solid #ccc", "padding": "4px"})
 
         def show(change=None):
-            out.clear_output(wait=True)
-            with out:
-                print(self.step_text(slider.value))
+            # Written into the widget's own model, not printed: a printed line would land
+            # in the cell's output under a kernel that does not capture into widgets
+            # (nbval), and the printed transcript above already has every step.
+            out.outputs = ()
+            out.append_stdout(self.step_text(slider.value) + "\n")
 
         slider.observe(show, names="value")
         show()

@@ -33,10 +33,11 @@ class Transcript:
         for step in run.steps:
             if step.waited:
                 blockers = ", ".join(step.blocked_by) or "?"
-                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  <waiting ...>",
+                rows.append(Row(str(step.index + 1), step.session, _cell(step.label, "<waiting ...>"),
                                 f"BLOCKS (waits for {blockers})", _locks(step, run.names), "waiting"))
             else:
-                rows.append(Row(str(step.index + 1), step.session, f"{step.label}  → {step.outcome(brief=True)}",
+                rows.append(Row(str(step.index + 1), step.session,
+                                _cell(step.label, "→ " + step.outcome(brief=True)),
                                 _note(step), _locks(step, run.names), "error" if step.error else "ok"))
             # waiting steps that moved on to wait behind someone else after this step
             for other in run.steps:
@@ -59,11 +60,11 @@ class Transcript:
         return cls(run.names, rows, run.steps, locks_known)
 
     # -- text ------------------------------------------------------------------------
-    def to_text(self, width: int = 56) -> str:
+    def to_text(self) -> str:
         cols = ["#"] + self.names + ["note"] + (["locked rows"] if self.show_locks else [])
         table = []
         for r in self.rows:
-            cells = [r.n] + [_clip(r.text, width) if r.session == s else "" for s in self.names] + [r.note]
+            cells = [r.n] + [r.text if r.session == s else "" for s in self.names] + [r.note]
             if self.show_locks:
                 cells.append(r.locks)
             table.append(cells)
@@ -90,7 +91,7 @@ class Transcript:
             cells = [f"<td>{html.escape(r.n)}</td>"]
             for s in self.names:
                 if s == r.session:
-                    cells.append(f'<td style="background:{colours[r.kind]};font-family:monospace">'
+                    cells.append(f'<td style="background:{colours[r.kind]};color:#000;font-family:monospace">'
                                  f"{html.escape(r.text)}</td>")
                 else:
                     cells.append("<td></td>")
@@ -157,11 +158,24 @@ def _spans(flags: list[bool]) -> list[tuple[int, int]]:
 
 def _note(step: Step) -> str:
     if step.error:
-        kind = {"nowait": "NOWAIT: fails at once", "lock_timeout": "lock_timeout expired",
+        if step.error.sqlstate == "25P02":
+            return "transaction already failed: every statement errors until ROLLBACK"
+        return {"nowait": "NOWAIT: fails at once", "lock_timeout": "lock_timeout expired",
                 "statement_timeout": "statement_timeout expired",
-                "deadlock": "deadlock detected"}.get(step.error.kind, "")
-        return kind
+                "deadlock": "deadlock detected"}.get(step.error.kind, "error: the transaction is aborted")
+    if step.done and step.results and step.results[-1].command == "ROLLBACK" and \
+            step.sql.strip().rstrip(";").upper() in ("COMMIT", "END", "COMMIT TRANSACTION"):
+        return "the transaction had failed: COMMIT rolled it back"
     return ""
+
+
+LABEL_WIDTH = 30
+OUTCOME_WIDTH = 50
+
+
+def _cell(label: str, outcome: str) -> str:
+    """A session's cell: the step's label (shortened first) and what it got."""
+    return f"{_clip(label, LABEL_WIDTH)}  {_clip(outcome, OUTCOME_WIDTH)}"
 
 
 def _locks(step: Step, names: list[str]) -> str:

@@ -224,3 +224,33 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
     assert lab.execute("SELECT count(*) FROM job") == [(2,)]
     lab.drop()
 
+
+
+@pytest.mark.parametrize("dsn_tail, says", [
+    ("nobody_at_all@127.0.0.1:{port}/{db}", "user name in LABKIT_DSN does not exist"),
+    ("{user}@127.0.0.1:{port}/no_such_database_x", "database name in LABKIT_DSN does not exist"),
+])
+def test_a_wrong_user_or_database_is_named_not_blamed_on_the_server(db, monkeypatch, dsn_tail, says):
+    info = psycopg.conninfo.conninfo_to_dict(db.dsn)
+    dsn = "postgresql://" + dsn_tail.format(port=info.get("port", 5432), db=info.get("dbname"),
+                                            user=info.get("user", "postgres"))
+    monkeypatch.setenv("LABKIT_DSN", dsn)
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    with pytest.raises(ServerError, match="refused the connection") as err:
+        labkit.connect(quiet=True)
+    assert says in str(err.value)
+
+
+def test_lock_errors_from_lab_execute_are_not_reported_as_a_dead_server(lab):
+    lab.create_jobs(1)
+    with lab.connect(role="holder") as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT id FROM job FOR UPDATE")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            lab.execute("SELECT id FROM job FOR UPDATE NOWAIT")
+    assert lab.execute("SELECT 1") == [(1,)]
+
+
+def test_labkit_user_separates_trainees_who_log_in_alike(db, monkeypatch):
+    monkeypatch.setenv("LABKIT_USER", "Trainee 7")
+    assert labkit.schema_name("01_one_lock").endswith("_trainee_7")

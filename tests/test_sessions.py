@@ -76,18 +76,28 @@ def test_statement_timeout_guard_ends_a_runaway_step(jobs):
     assert st.elapsed_ms < 5000
 
 
-def test_step_to_a_waiting_session_waits_for_it_within_the_guard(jobs):
-    # B waits for A, which never commits: giving B another step cannot hang;
-    # lock_timeout (the guard) ends B's wait and the script goes on.
+def test_a_step_for_a_waiting_session_is_refused_with_the_fix(jobs):
     with labkit.Sessions(jobs, "A", "B", lock_timeout="300ms") as s:
         s.A("BEGIN")
         s.A(CLAIM)
         s.B("BEGIN")
         b = s.B(CLAIM)
         assert b.waited
-        nxt = s.B("ROLLBACK")
+        with pytest.raises(LabkitError, match=r"still waiting .* blocked by A.*run.wait\('B'\)"):
+            s.B("ROLLBACK")
+        # waiting on purpose: the guard (lock_timeout) ends B's wait, and B goes on
+        assert s.wait("B") is b
         assert b.error.kind == "lock_timeout" and b.script_waited
+        nxt = s.B("ROLLBACK")
         assert nxt.done and not nxt.error
+
+
+def test_wrong_case_session_name_gets_the_same_clear_error(jobs):
+    with labkit.Sessions(jobs, "A") as s:
+        with pytest.raises(LabkitError, match="No session named 'a'"):
+            s.a("SELECT 1")
+        with pytest.raises(LabkitError, match="No session named 'Z'"):
+            s.wait("Z")
 
 
 def test_sql_errors_are_captured_not_raised(jobs):

@@ -34,8 +34,11 @@ def test_replay_prints_the_whole_trace_for_static_readers(capsys):
     play_row, out = box.children
     play, slider = play_row.children
     assert (play.max, slider.max) == (2, 2)
-    slider.value = 1  # moving the slider renders that step (outside a kernel: to stdout)
-    assert "step 2/3 · relay 1: SIGKILL" in capsys.readouterr().out
+    assert out.outputs[-1]["text"].startswith("step 1/3")
+    slider.value = 1  # moving the slider renders that step into the widget, printing nothing
+    assert out.outputs[-1]["text"].startswith("step 2/3 · relay 1: SIGKILL")
+    assert len(out.outputs) == 1
+    assert capsys.readouterr().out == ""
 
 
 def test_json_and_swimlane():
