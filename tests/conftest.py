@@ -28,3 +28,18 @@ def backends_of(db, pattern: str) -> list[tuple]:
         return conn.execute(
             "SELECT pid, application_name, state FROM pg_stat_activity "
             "WHERE application_name LIKE %s AND pid <> pg_backend_pid()", (pattern,)).fetchall()
+
+
+def backends_gone(db, pattern: str, timeout: float = 10.0) -> list[tuple]:
+    """Backends matching ``pattern`` still alive after waiting up to ``timeout`` s.
+
+    A client closing its connection returns at once; the server process exits a moment
+    later, so a test that checks for leftovers allows it that moment."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = backends_of(db, pattern)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

@@ -1,0 +1,917 @@
+"""The convoy: N workers claiming from one job table, measured.
+
+Each worker is a thread with its own connection.  All of them wait at a barrier
+and start together; they then loop *claim → job → finish* for a fixed time (or
+until a backlog is drained) and record one event per claim: when they asked,
+when they got the row, when the row lock was released and when the job was
+done, plus every NOWAIT error.  Threads are enough here: a worker spends its
+time waiting on the server or in ``sleep`` (the job), and psycopg releases the
+GIL while it waits.
+
+The model the measurements are compared with: with the row lock held for a job
+of ``d`` seconds, *wait* and *NOWAIT* complete ``1/d`` jobs per second whatever
+the number of workers (they all want the head of the queue, and only its holder
+works), while *SKIP LOCKED* completes ``N/d``.  With claim + mark + commit, the
+lock is held only for the claim, so every policy is modelled at ``N/d``.
+
+``sweep()`` returns a tidy DataFrame; ``main(argv)`` is ``labkit convoy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from .errors import LabkitError
+from .lab import read_sql
+
+POLICIES = {"wait": "", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
+POLICY_NAMES = {"wait": "wait (FOR UPDATE)", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
+# Guards: a worker never hangs a notebook, whatever goes wrong.
+WORKER_SETTINGS = {"lock_timeout": "10s", "statement_timeout": "30s",
+                   "idle_in_transaction_session_timeout": "60s"}
+MAX_WORKERS = 64
+MAX_JOBS = 400_000
+ROLE_PREFIX = "convoy-w"
+
+COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_per_s",
+           "model_jobs_per_s", "efficiency", "claim_wait_p50_ms", "claim_wait_p95_ms",
+           "claim_wait_p99_ms", "claim_wait_max_ms", "job_latency_p50_ms", "job_latency_p99_ms",
+           "errors", "errors_per_s", "errors_per_job", "busy_workers", "idle_workers", "top_worker_share",
+           "client_cpu_pct", "server_cpu_pct", "makespan_s", "model_makespan_s", "backlog"]
+
+
+# -- the SQL the workers send ----------------------------------------------------------
+
+def worker_sql() -> dict[str, list[str]]:
+    """The sections of ``convoy_worker.sql``: name → list of statements."""
+    sections: dict[str, list[str]] = {}
+    name = None
+    for line in read_sql("convoy_worker.sql").splitlines():
+        m = re.match(r"--\s*name:\s*(\w+)", line)
+        if m:
+            name = m.group(1)
+            sections[name] = [""]
+        elif name is not None and not line.startswith("--"):
+            sections[name][-1] += line + "\n"
+            if line.rstrip().endswith(";"):
+                sections[name].append("")
+    return {k: [s.strip().rstrip(";") for s in v if s.strip()] for k, v in sections.items()}
+
+
+def claim_sql(policy: str) -> sql.Composed:
+    """The claim statement for one policy (``wait``, ``nowait`` or ``skip``)."""
+    _check_policy(policy)
+    text = worker_sql()["claim"][0]
+    return sql.SQL(text.replace("{policy}", "{}")).format(sql.SQL(POLICIES[policy])) \
+        if "{policy}" in text else sql.SQL(text)
+
+
+# -- the model ---------------------------------------------------------------------------
+
+def model_jobs_per_s(policy: str, workers: int, job_ms: float, hold: bool = True) -> float:
+    """Predicted throughput: 1/d for wait and NOWAIT with the lock held for the job, N/d
+    otherwise."""
+    _check_policy(policy)
+    d = job_ms / 1000.0
+    if hold and policy in ("wait", "nowait"):
+        return 1.0 / d
+    return workers / d
+
+
+def model_makespan_s(policy: str, workers: int, job_ms: float, backlog: int, hold: bool = True) -> float:
+    """Predicted time to drain ``backlog`` jobs: M·d when only one worker can work at a
+    time, ceil(M/N)·d when all of them can."""
+    d = job_ms / 1000.0
+    if hold and policy in ("wait", "nowait"):
+        return backlog * d
+    return math.ceil(backlog / workers) * d
+
+
+# -- one measured run ------------------------------------------------------------------------
+
+@dataclass
+class Claim:
+    """One job, as one worker saw it (seconds since the start signal)."""
+
+    worker: int
+    job: int
+    asked: float        # started trying to claim (first attempt)
+    claimed: float      # the claim returned the row
+    released: float     # the row lock was released (commit)
+    done: float         # the job was recorded as done
+    errors: int         # NOWAIT errors before this claim succeeded
+
+
+@dataclass
+class WorkerLog:
+    worker: int
+    claims: list[Claim] = field(default_factory=list)
+    error_times: list[float] = field(default_factory=list)
+    errors: int = 0
+    open_ask: float | None = None     # still trying to claim when the window closed
+    ran_dry: bool = False
+    failure: BaseException | None = None
+    backend_pid: int | None = None
+
+
+@dataclass
+class ConvoyRun:
+    """The outcome of one run: parameters, per-claim events, and the numbers."""
+
+    policy: str
+    workers: int
+    job_ms: float
+    seconds: float | None
+    hold: bool
+    backoff: bool
+    backlog: int | None
+    logs: list[WorkerLog]
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float | None
+
+    # -- derived --------------------------------------------------------------------
+    @property
+    def variant(self) -> str:
+        parts = ["hold" if self.hold else "no-hold"]
+        if self.policy == "nowait":
+            parts.append("backoff" if self.backoff else "tight")
+        if self.backlog:
+            parts.append(f"drain {self.backlog}")
+        return ", ".join(parts)
+
+    @property
+    def claims(self) -> list[Claim]:
+        return sorted((c for log in self.logs for c in log.claims), key=lambda c: c.claimed)
+
+    def counted(self) -> list[Claim]:
+        """The jobs that count: done inside the measured window (all of them when draining)."""
+        if self.backlog:
+            return self.claims
+        return [c for c in self.claims if c.done <= self.seconds]
+
+    @property
+    def window_s(self) -> float:
+        if self.backlog:
+            return self.makespan_s
+        return float(self.seconds)
+
+    @property
+    def makespan_s(self) -> float:
+        claims = self.claims
+        return max(c.done for c in claims) if claims else 0.0
+
+    @property
+    def errors(self) -> int:
+        if self.backlog:
+            return sum(log.errors for log in self.logs)
+        return sum(1 for log in self.logs for t in log.error_times if t <= self.seconds)
+
+    def events(self):
+        """One row per claim: worker, job, and the times (ms) it asked, got the row, released
+        the lock and finished."""
+        import pandas as pd
+
+        rows = [{"worker": c.worker, "job": c.job, "asked_ms": c.asked * 1e3, "claimed_ms": c.claimed * 1e3,
+                 "released_ms": c.released * 1e3, "done_ms": c.done * 1e3, "errors": c.errors}
+                for c in self.claims]
+        return pd.DataFrame(rows, columns=["worker", "job", "asked_ms", "claimed_ms", "released_ms",
+                                           "done_ms", "errors"])
+
+    def row(self) -> dict:
+        """The tidy row this run contributes to a sweep."""
+        import numpy as np
+
+        counted = self.counted()
+        window = self.window_s or float("nan")
+        # a worker still waiting when the window closed has waited at least until then
+        waits = [(c.claimed - c.asked) * 1e3 for c in counted]
+        if not self.backlog:
+            waits += [(self.seconds - log.open_ask) * 1e3 for log in self.logs
+                      if log.open_ask is not None and log.open_ask < self.seconds]
+        waits = np.array(waits) if waits else np.array([np.nan])
+        latency = np.array([(c.done - c.asked) * 1e3 for c in counted]) if counted else np.array([np.nan])
+        model = model_jobs_per_s(self.policy, self.workers, self.job_ms, self.hold)
+        jobs_per_s = len(counted) / window if counted else 0.0
+        # how many workers are busy with a job on average (the convoy's width)
+        end = window
+        busy = sum(max(0.0, min(c.done, end) - c.claimed) for c in self.claims) / window if counted else 0.0
+        per_worker = [sum(1 for c in counted if c.worker == w) for w in range(self.workers)]
+        errors = self.errors
+        pct = lambda q: float(np.percentile(waits, q))  # noqa: E731
+        return {
+            "policy": self.policy, "workers": self.workers, "variant": self.variant,
+            "job_ms": self.job_ms, "seconds": self.seconds, "jobs": len(counted),
+            "jobs_per_s": jobs_per_s, "model_jobs_per_s": model,
+            "efficiency": jobs_per_s / model if model else float("nan"),
+            "claim_wait_p50_ms": pct(50), "claim_wait_p95_ms": pct(95), "claim_wait_p99_ms": pct(99),
+            "claim_wait_max_ms": float(np.max(waits)),
+            "job_latency_p50_ms": float(np.percentile(latency, 50)),
+            "job_latency_p99_ms": float(np.percentile(latency, 99)),
+            "errors": errors, "errors_per_s": errors / window,
+            "errors_per_job": errors / len(counted) if counted else float("nan"),
+            "busy_workers": busy,
+            "idle_workers": sum(1 for n in per_worker if n == 0),
+            "top_worker_share": max(per_worker) / len(counted) if counted else float("nan"),
+            "client_cpu_pct": 100.0 * self.client_cpu_s / self.wall_s,
+            "server_cpu_pct": (100.0 * self.server_cpu_s / self.wall_s
+                               if self.server_cpu_s is not None else float("nan")),
+            "makespan_s": self.makespan_s if self.backlog else float("nan"),
+            "model_makespan_s": (model_makespan_s(self.policy, self.workers, self.job_ms, self.backlog, self.hold)
+                                 if self.backlog else float("nan")),
+            "backlog": self.backlog or 0,
+        }
+
+    def summary(self) -> str:
+        """A few lines of plain text: what ran and what came out."""
+        r = self.row()
+        head = (f"{POLICY_NAMES[self.policy]}, {self.workers} worker(s), d = {self.job_ms:g} ms, "
+                f"{self.variant}")
+        lines = [head,
+                 f"  jobs/s {r['jobs_per_s']:.0f} (model {r['model_jobs_per_s']:.0f}, "
+                 f"efficiency {r['efficiency']:.2f}); busy workers on average {r['busy_workers']:.1f}, "
+                 f"workers that finished no job {r['idle_workers']}",
+                 f"  claim wait p50 {r['claim_wait_p50_ms']:.1f} ms, p99 {r['claim_wait_p99_ms']:.1f} ms, "
+                 f"max {r['claim_wait_max_ms']:.1f} ms; NOWAIT errors/s {r['errors_per_s']:.0f}"]
+        if self.backlog:
+            lines.append(f"  drained {self.backlog} jobs in {r['makespan_s']:.2f} s "
+                         f"(model {r['model_makespan_s']:.2f} s)")
+        return "\n".join(lines)
+
+    def timeline(self, ax=None, title: str | None = None, until_ms: float | None = None):
+        """One lane per worker: waiting for the claim (hatched), holding the row lock
+        (solid), running the job after the lock was released (light), NOWAIT errors (|)."""
+        return plot_timeline(self, ax=ax, title=title, until_ms=until_ms)
+
+
+def _check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise LabkitError(f"Unknown claim policy {policy!r}.",
+                          f"use one of {', '.join(POLICIES)}.")
+
+
+def _validate(policy, workers, job_ms, seconds, backlog) -> None:
+    _check_policy(policy)
+    if not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise LabkitError(f"A convoy run needs 1 to {MAX_WORKERS} workers, not {workers!r}.",
+                          "pass workers=1 or more (each worker is one connection to the server).")
+    if not (isinstance(job_ms, (int, float)) and job_ms > 0):
+        raise LabkitError(f"The job duration must be a positive number of milliseconds, not {job_ms!r}.",
+                          "pass job_ms=20, for instance.")
+    if backlog is None:
+        if not (isinstance(seconds, (int, float)) and seconds > 0):
+            raise LabkitError(f"A timed run needs a positive duration, not seconds={seconds!r}.",
+                              "pass seconds=1 (or drain a backlog with backlog=M).")
+    elif not (isinstance(backlog, int) and backlog >= 1):
+        raise LabkitError(f"A backlog to drain must be 1 job or more, not {backlog!r}.",
+                          "pass backlog=100, for instance, or backlog=None for a timed run.")
+
+
+def jobs_needed(workers: int, job_ms: float, seconds: float) -> int:
+    """Enough pending jobs that no policy can run out in ``seconds``."""
+    return int(math.ceil(workers * seconds * 1000.0 / job_ms * 1.3)) + 2 * workers + 16
+
+
+class WorkerPool:
+    """Worker connections, opened once and reused across the points of a sweep."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.conns: list[psycopg.Connection] = []
+
+    def get(self, n: int) -> list[psycopg.Connection]:
+        self.conns = [c for c in self.conns if not c.closed and not c.broken]
+        while len(self.conns) < n:
+            conn = self.lab.connect(autocommit=True, role=f"{ROLE_PREFIX}{len(self.conns)}")
+            for name, value in WORKER_SETTINGS.items():
+                conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+            conn.autocommit = False
+            self.conns.append(conn)
+        return self.conns[:n]
+
+    def cancel(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.cancel_safe(timeout=2)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        self.conns = []
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def prepare_queue(lab, n: int) -> None:
+    """Create the job table if needed and fill it with ``n`` fresh pending jobs."""
+    if n > MAX_JOBS:
+        raise LabkitError(f"This run would need {n} pending jobs (more than {MAX_JOBS}).",
+                          "use fewer workers, fewer seconds or a longer job_ms.")
+    if lab.execute("SELECT to_regclass('job')")[0][0] is None:
+        lab.run_file("job_table.sql")
+    for stmt in worker_sql()["refill"]:
+        lab.execute(stmt, {"n": n} if "%(n)s" in stmt else None)
+
+
+def _backend_cpu_s(pids: list[int]) -> float | None:
+    """CPU seconds the server spent in these backends, from /proc (same host only)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            return None
+    return total
+
+
+def _is_local(lab) -> bool:
+    dsn = lab.db.dsn
+    return any(h in dsn for h in ("127.0.0.1", "localhost", "host=/", "%2F")) or "@/" in dsn
+
+
+def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
+        hold: bool = True, backoff: bool = False, backlog: int | None = None,
+        backoff_base_ms: float = 1.0, backoff_cap_ms: float | None = None,
+        pool: WorkerPool | None = None, seed: int = 2026) -> ConvoyRun:
+    """Run ``workers`` workers with one claim ``policy`` against a fresh job table.
+
+    Timed (``seconds``): the queue never runs dry and the jobs done inside the window
+    count.  Draining (``backlog=M``): M jobs, and the run ends when they are all done.
+    ``hold``: the row lock is held while the job runs (the anti-pattern); otherwise
+    claim + mark + commit, job, then a second transaction marks it done.
+    ``backoff`` (NOWAIT only): after an error, sleep a random time up to
+    min(cap, base·2^attempt) instead of retrying at once.
+    """
+    _validate(policy, workers, job_ms, seconds, backlog)
+    if backoff_cap_ms is None:
+        backoff_cap_ms = float(job_ms)
+    if backoff_base_ms <= 0 or backoff_cap_ms <= 0:
+        raise LabkitError("Backoff times must be positive.", "pass backoff_base_ms=1, backoff_cap_ms=20.")
+    n_jobs = backlog if backlog else jobs_needed(workers, job_ms, seconds)
+    prepare_queue(lab, n_jobs)
+    own_pool = pool is None
+    pool = pool or WorkerPool(lab)
+    stmts = worker_sql()
+    claim = claim_sql(policy)
+    d = job_ms / 1000.0
+    deadline = float("inf") if backlog else float(seconds)
+    stop = threading.Event()
+    logs = [WorkerLog(w) for w in range(workers)]
+    t0_box: list[float] = []
+
+    def go() -> None:                      # the barrier's action: the start signal
+        t0_box.append(time.perf_counter())
+
+    barrier = threading.Barrier(workers + 1, action=go)
+
+    def work(w: int, conn: psycopg.Connection) -> None:
+        log = logs[w]
+        rng = random.Random(seed * 1000 + w)
+        me = f"w{w}"
+        try:
+            log.backend_pid = conn.info.backend_pid
+            barrier.wait(timeout=30)
+            t0 = t0_box[0]
+            now = lambda: time.perf_counter() - t0  # noqa: E731
+            while not stop.is_set() and now() < deadline:
+                asked, errors, attempt, row, answered = now(), 0, 0, None, False
+                while not stop.is_set():
+                    try:
+                        row = conn.execute(claim).fetchone()
+                        answered = True
+                        break
+                    except psycopg.errors.LockNotAvailable:
+                        conn.rollback()
+                        errors += 1
+                        log.errors += 1
+                        log.error_times.append(now())
+                        if now() >= deadline:
+                            break
+                        if backoff:
+                            time.sleep(rng.uniform(0, min(backoff_cap_ms, backoff_base_ms * 2 ** attempt)) / 1e3)
+                            attempt += 1
+                claimed = now()
+                if not answered:                  # stopped, or out of time while retrying
+                    log.open_ask = asked
+                    break
+                if row is None:                   # nothing left this worker could claim
+                    conn.rollback()
+                    log.ran_dry = not backlog
+                    break
+                if claimed >= deadline:
+                    conn.rollback()            # asked in time, got the row too late: hand it back
+                    log.open_ask = asked
+                    break
+                job = row[0]
+                params = {"id": job, "worker": me}
+                if hold:
+                    time.sleep(d)                                   # the job, row locked
+                    conn.execute(stmts["finish_holding"][0], params)
+                    conn.commit()
+                    released = done = now()
+                else:
+                    conn.execute(stmts["mark"][0], params)
+                    conn.commit()
+                    released = now()
+                    time.sleep(d)                                   # the job, no lock held
+                    conn.execute(stmts["finish"][0], params)
+                    conn.commit()
+                    done = now()
+                log.claims.append(Claim(w, job, asked, claimed, released, done, errors))
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as exc:  # recorded, re-raised in the caller
+            log.failure = exc
+            stop.set()
+        finally:
+            try:
+                conn.rollback()
+            except Exception:
+                pass
+
+    conns = pool.get(workers)
+    threads = [threading.Thread(target=work, args=(w, c), name=f"convoy-w{w}", daemon=True)
+               for w, c in enumerate(conns)]
+    local = _is_local(lab)
+    try:
+        for t in threads:
+            t.start()
+        pids = [c.info.backend_pid for c in conns]
+        cpu_server0 = _backend_cpu_s(pids) if local else None
+        cpu_client0 = time.process_time()
+        barrier.wait(timeout=30)
+        t_start = time.perf_counter()
+        limit = (deadline if not backlog else model_makespan_s(policy, 1, job_ms, backlog) * 3 + 30) + 30
+        # short joins, so that Ctrl-C (KeyboardInterrupt) is noticed at once
+        while any(t.is_alive() for t in threads) and time.perf_counter() - t_start < limit:
+            threads[[t.is_alive() for t in threads].index(True)].join(0.05)
+        wall = time.perf_counter() - t_start
+        cpu_client = time.process_time() - cpu_client0
+        cpu_server1 = _backend_cpu_s(pids) if cpu_server0 is not None else None
+        if any(t.is_alive() for t in threads):
+            raise LabkitError("Convoy workers did not finish in time (a lock held outside the run?).",
+                              "run `labkit doctor` to find the session holding the lock, then re-run.")
+    finally:
+        stop.set()
+        barrier.abort()
+        if any(t.is_alive() for t in threads):
+            pool.cancel()
+        for t in threads:
+            t.join(15)
+        if own_pool:
+            pool.close()
+    for log in logs:
+        if log.failure is not None:
+            exc = log.failure
+            raise LabkitError(f"Convoy worker {log.worker} failed: {type(exc).__name__}: {exc}",
+                              "check the server with `labkit doctor` and re-run.") from exc
+    if not backlog and any(log.ran_dry for log in logs):
+        raise LabkitError("The queue ran dry during a timed run, so the figures would be wrong.",
+                          "this is a labkit bug (jobs_needed); report it, or use a longer job_ms.")
+    return ConvoyRun(policy, workers, float(job_ms), None if backlog else float(seconds), hold, backoff,
+                     backlog, logs, wall, cpu_client,
+                     (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None)
+
+
+# -- a sweep -------------------------------------------------------------------------------------
+
+def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip"), job_ms: float = 20,
+          seconds: float | None = 2.0, *, hold: bool = True, backoff: bool = False, backlog: int | None = None,
+          progress: bool = False, keep_runs: bool = False):
+    """Every (policy, workers) point; a tidy DataFrame, one row per point (columns COLUMNS).
+    ``keep_runs=True`` also returns the ConvoyRun objects: ``(df, runs)``."""
+    import pandas as pd
+
+    workers = list(workers)
+    policies = list(policies)
+    if not workers or not policies:
+        raise LabkitError("A sweep needs at least one worker count and one policy.",
+                          "pass workers=(1, 2, 4) and policies=('wait', 'skip'), for instance.")
+    for p in policies:
+        _check_policy(p)
+    for n in workers:
+        _validate(policies[0], n, job_ms, seconds, backlog)
+    points = [(p, n) for p in policies for n in workers]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(points), desc="convoy", unit="point", file=sys.stderr, leave=False)
+    rows, runs = [], []
+    try:
+        with WorkerPool(lab) as pool:
+            for p, n in points:
+                if bar is not None:
+                    bar.set_postfix_str(f"{p} × {n}")
+                r = run(lab, p, n, job_ms, seconds, hold=hold, backoff=backoff, backlog=backlog, pool=pool)
+                rows.append(r.row())
+                if keep_runs:
+                    runs.append(r)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return (df, runs) if keep_runs else df
+
+
+# -- reference data ------------------------------------------------------------------------------
+
+def reference_path() -> str:
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parent.parent / "data" / "convoy_reference.csv")
+
+
+def load_reference(path: str | None = None):
+    """The reference sweep recorded with ``labkit convoy --format csv`` (data/)."""
+    import pandas as pd
+
+    path = path or reference_path()
+    if not os.path.exists(path):
+        raise LabkitError(f"No reference sweep at {path}.",
+                          "record one: `labkit convoy --format csv > data/convoy_reference.csv`.")
+    return pd.read_csv(path)
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+POLICY_COLOURS = {"wait": 2, "nowait": 1, "skip": 0}
+
+
+def _colour(policy: str) -> str:
+    from .plots import PALETTE
+
+    return PALETTE[POLICY_COLOURS[policy]]
+
+
+def _log2_workers(ax, workers) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(w) for w in workers))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def plot_throughput(df, reference=None, ax=None, title: str | None = None):
+    """Jobs per second against workers, per policy, with the model's lines (dashed) and,
+    if given, a reference sweep (faint)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 5))
+    job_ms = float(df["job_ms"].iloc[0])
+    hold = df["variant"].iloc[0].startswith("hold")
+    workers = sorted(set(df["workers"]) | (set(reference["workers"]) if reference is not None else set()))
+    grid = np.array(workers, dtype=float)
+    for policy in [p for p in POLICIES if p in set(df["policy"])]:
+        part = df[df["policy"] == policy].sort_values("workers")
+        colour = _colour(policy)
+        if reference is not None:
+            ref = reference[(reference["policy"] == policy)
+                            & reference["variant"].isin(set(part["variant"]))].sort_values("workers")
+            if len(ref):
+                ax.plot(ref["workers"], ref["jobs_per_s"], color=colour, alpha=0.35, lw=5,
+                        label=f"{POLICY_NAMES[policy]}, reference")
+        ax.plot(part["workers"], part["jobs_per_s"], "o-", color=colour, lw=2,
+                label=f"{POLICY_NAMES[policy]}, this run")
+    # the model, once per distinct line, in black
+    shown = set()
+    for policy in [p for p in POLICIES if p in set(df["policy"])]:
+        model = tuple(model_jobs_per_s(policy, int(n), job_ms, hold) for n in grid)
+        if model in shown:
+            continue
+        shown.add(model)
+        flat = model[0] == model[-1]
+        ax.plot(grid, model, ls="--" if flat else ":", color="black", lw=1.3,
+                label="model 1/d (wait, NOWAIT)" if flat else "model N/d")
+    _log2_workers(ax, workers)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("jobs per second (log)")
+    ax.set_title(title or f"Throughput against workers (d = {job_ms:g} ms, "
+                          f"{'lock held for the job' if hold else 'claim + mark + commit'})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def plot_claim_wait(df, ax=None, title: str | None = None):
+    """Claim-wait percentiles (p50 solid, p99 dashed) against workers, log scale."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 5))
+    for policy in [p for p in POLICIES if p in set(df["policy"])]:
+        part = df[df["policy"] == policy].sort_values("workers")
+        colour = _colour(policy)
+        ax.plot(part["workers"], part["claim_wait_p50_ms"].clip(lower=0.01), "o-", color=colour,
+                label=f"{POLICY_NAMES[policy]} p50")
+        ax.plot(part["workers"], part["claim_wait_p99_ms"].clip(lower=0.01), "s--", color=colour,
+                label=f"{POLICY_NAMES[policy]} p99")
+    _log2_workers(ax, df["workers"])
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("time to claim a job (ms, log)")
+    ax.set_title(title or f"Claim wait against workers (d = {float(df['job_ms'].iloc[0]):g} ms)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def plot_errors(df, ax=None, title: str | None = None):
+    """NOWAIT errors per second against workers, one line per variant."""
+    import matplotlib.pyplot as plt
+
+    from .plots import PALETTE
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    part = df[df["policy"] == "nowait"]
+    for i, (variant, rows) in enumerate(part.groupby("variant", sort=False)):
+        rows = rows.sort_values("workers")
+        ax.plot(rows["workers"], rows["errors_per_s"], "o-", color=PALETTE[(1 + 3 * i) % len(PALETTE)],
+                label=f"NOWAIT, {variant}")
+    _log2_workers(ax, part["workers"])
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("errors per second")
+    ax.set_title(title or "NOWAIT: errors per second against workers")
+    ax.legend(loc="upper left", frameon=False)
+    return ax
+
+
+def plot_makespan(df, ax=None, title: str | None = None):
+    """Time to drain a backlog against workers, per policy, with the model (dashed)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    for policy in [p for p in POLICIES if p in set(df["policy"])]:
+        part = df[df["policy"] == policy].sort_values("workers")
+        colour = _colour(policy)
+        ax.plot(part["workers"], part["makespan_s"], "o-", color=colour, label=f"{POLICY_NAMES[policy]}, measured")
+        ax.plot(part["workers"], part["model_makespan_s"], "--", color=colour, lw=1.2, label=f"{POLICY_NAMES[policy]}, model")
+    _log2_workers(ax, df["workers"])
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("time to drain the backlog (s, log)")
+    backlog = int(df["backlog"].iloc[0])
+    ax.set_title(title or f"Draining {backlog} jobs of {float(df['job_ms'].iloc[0]):g} ms")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def plot_timeline(r: ConvoyRun, ax=None, title: str | None = None, until_ms: float | None = None):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from .plots import PALETTE
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * r.workers))
+    until = until_ms if until_ms is not None else (r.window_s * 1e3)
+    for log in r.logs:
+        y = r.workers - 1 - log.worker
+        waits = [(c.asked * 1e3, (c.claimed - c.asked) * 1e3) for c in log.claims if c.asked * 1e3 < until]
+        holds = [(c.claimed * 1e3, (c.released - c.claimed) * 1e3) for c in log.claims if c.claimed * 1e3 < until]
+        free = [(c.released * 1e3, (c.done - c.released) * 1e3) for c in log.claims
+                if c.released * 1e3 < until and c.done > c.released]
+        ax.broken_barh(waits, (y - 0.35, 0.7), facecolors="none", edgecolors=PALETTE[1], hatch="///", lw=0.5)
+        ax.broken_barh(holds, (y - 0.35, 0.7), facecolors=PALETTE[0], edgecolors="white", lw=0.5)
+        if free:
+            ax.broken_barh(free, (y - 0.35, 0.7), facecolors=PALETTE[5], edgecolors="white", lw=0.5)
+        errs = [t * 1e3 for t in log.error_times if t * 1e3 < until]
+        if errs:
+            ax.plot(errs, [y] * len(errs), "|", color=PALETTE[2], markersize=12, alpha=0.6)
+    handles = [Patch(facecolor="none", edgecolor=PALETTE[1], hatch="///", label="waiting to claim"),
+               Patch(facecolor=PALETTE[0], label="job, row lock held")]
+    if not r.hold:
+        handles.append(Patch(facecolor=PALETTE[5], label="job, no lock held"))
+    if any(log.error_times for log in r.logs):
+        handles.append(plt.Line2D([], [], color=PALETTE[2], marker="|", ls="none", markersize=12,
+                                  label="NOWAIT error"))
+    ax.set_yticks(range(r.workers))
+    ax.set_yticklabels([f"worker {w}" for w in reversed(range(r.workers))])
+    ax.set_xlim(0, until)
+    ax.set_xlabel("time since the start signal (ms)")
+    ax.set_title(title or f"{POLICY_NAMES[r.policy]}: {r.workers} workers, d = {r.job_ms:g} ms ({r.variant})")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def plot_sweep(df, reference=None, path: str | None = None):
+    """The three sweep panels in one figure (throughput, claim wait, NOWAIT errors)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(20, 5.5))
+    plot_throughput(df, reference, ax=axes[0])
+    plot_claim_wait(df, ax=axes[1])
+    plot_errors(df, ax=axes[2])
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110, metadata={"Software": None})
+    return fig
+
+
+# -- text ------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = ["policy", "workers", "variant", "jobs_per_s", "model_jobs_per_s", "efficiency",
+                 "claim_wait_p50_ms", "claim_wait_p99_ms", "errors_per_s", "busy_workers"]
+
+
+def table(df, columns=None) -> str:
+    """The sweep as aligned text, rounded for reading."""
+    cols = [c for c in (columns or TABLE_COLUMNS) if c in df.columns]
+    if df["backlog"].fillna(0).astype(int).any() and "makespan_s" not in cols:
+        cols += ["makespan_s", "model_makespan_s"]
+    out = df[cols].copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = out[c].map(lambda v: "" if v != v else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}"))
+    return out.to_string(index=False)
+
+
+# -- a widget for trainers ---------------------------------------------------------------------
+
+def trainer_panel(lab, policy: str = "wait", workers: int = 4, job_ms: float = 20, seconds: float = 1.0,
+                  hold: bool = True):
+    """Re-run one point live with other N, d and policy.  Runs once with the given values
+    and prints the text summary (static readers see that); the widget re-runs on click."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    first = run(lab, policy, workers, job_ms, seconds, hold=hold)
+    print(first.summary())
+    w_policy = widgets.Dropdown(options=[(POLICY_NAMES[p], p) for p in POLICIES], value=policy,
+                                description="policy")
+    w_n = widgets.IntSlider(value=workers, min=1, max=32, description="workers N")
+    w_d = widgets.IntSlider(value=int(job_ms), min=5, max=200, step=5, description="d (ms)")
+    w_hold = widgets.Checkbox(value=hold, description="lock held for the job")
+    button = widgets.Button(description="run", button_style="primary")
+    out = widgets.Output()
+
+    def show(r: ConvoyRun) -> None:
+        out.clear_output(wait=True)
+        with out:
+            print(r.summary())
+            if r.workers <= 12:
+                r.timeline(until_ms=min(r.window_s * 1e3, 40 * r.job_ms))
+                plt.show()
+
+    def on_click(_):
+        button.disabled = True
+        try:
+            show(run(lab, w_policy.value, w_n.value, w_d.value, seconds, hold=w_hold.value))
+        except LabkitError as exc:
+            with out:
+                print(exc)
+        finally:
+            button.disabled = False
+
+    button.on_click(on_click)
+    box = widgets.VBox([widgets.HBox([w_policy, w_n, w_d]), widgets.HBox([w_hold, button]), out])
+    display(box)
+    return first
+
+
+# -- the speed goals (the benchmark) ---------------------------------------------------------------
+
+def check_goals(df, wall_s: float | None = None, *, skip_min: float = 0.85, flat_tol: float = 0.15,
+                max_wall_s: float = 45.0) -> list[tuple[str, bool]]:
+    """The issue's speed goals, each with pass/fail (lock held, timed sweep)."""
+    results = []
+    skip = df[(df["policy"] == "skip") & (df["workers"] <= 16)]
+    if len(skip):
+        worst = skip["efficiency"].min()
+        results.append((f"SKIP LOCKED >= {skip_min:.2f} of N/d for N <= 16 (worst {worst:.3f})", bool(worst >= skip_min)))
+    flat = df[df["policy"].isin(["wait", "nowait"])]
+    if len(flat):
+        dev = (flat["efficiency"] - 1).abs().max()
+        results.append((f"wait and NOWAIT within ±{flat_tol:.0%} of 1/d (worst deviation {dev:.3f})",
+                        bool(dev <= flat_tol)))
+    if wall_s is not None:
+        results.append((f"sweep wall time <= {max_wall_s:g} s ({wall_s:.1f} s)", wall_s <= max_wall_s))
+    return results
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    return values
+
+
+def _policy_list(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown policy {bad[0]!r} (use {', '.join(POLICIES)})")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``labkit convoy``: run a sweep and print it as a table, CSV or JSON."""
+    parser = argparse.ArgumentParser(
+        prog="labkit convoy",
+        description="Measure the convoy: N workers claiming from one job table, per claim policy.")
+    parser.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16, 32],
+                        help="worker counts, comma-separated (default 1,2,4,8,16,32)")
+    parser.add_argument("--policies", type=_policy_list, default=["wait", "nowait", "skip"],
+                        help="claim policies: wait,nowait,skip (default all three)")
+    parser.add_argument("--job-ms", type=float, default=20.0, help="job duration d in ms (default 20)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point (default 2)")
+    parser.add_argument("--hold", dest="hold", action="store_true", default=True,
+                        help="hold the row lock for the whole job (default; the anti-pattern)")
+    parser.add_argument("--no-hold", dest="hold", action="store_false",
+                        help="claim + mark + commit, run the job outside the transaction")
+    parser.add_argument("--backoff", action="store_true",
+                        help="NOWAIT retries with capped exponential backoff and jitter (default: tight loop)")
+    parser.add_argument("--drain", type=int, default=None, metavar="M",
+                        help="drain a backlog of M jobs instead of a timed run; reports the makespan")
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    parser.add_argument("--plot", metavar="FILE.png", help="also save the three sweep plots to this file")
+    parser.add_argument("--check", action="store_true",
+                        help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
+                             "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+
+    from . import db as dbmod
+
+    lab = None
+    try:
+        database = dbmod.connect(quiet=True)
+        print(database.describe(), file=sys.stderr)
+        lab = database.lab(f"convoy_cli_{os.getpid()}")
+        t0 = time.perf_counter()
+        df = sweep(lab, args.workers, args.policies, args.job_ms, None if args.drain else args.seconds,
+                   hold=args.hold, backoff=args.backoff, backlog=args.drain, progress=not args.no_progress)
+        wall = time.perf_counter() - t0
+    except LabkitError as exc:
+        print(f"labkit convoy: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("labkit convoy: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if lab is not None:
+            try:
+                lab.drop()
+            except Exception:
+                pass
+    if args.format == "csv":
+        sys.stdout.write(df.to_csv(index=False, float_format="%.4g"))
+    elif args.format == "json":
+        records = json.loads(df.to_json(orient="records", double_precision=6))
+        print(json.dumps(records, indent=1))
+    else:
+        print(table(df))
+    print(f"{len(df)} point(s) in {wall:.1f} s ({database.describe()})", file=sys.stderr)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from .plots import setup_matplotlib
+
+        setup_matplotlib()
+        plot_sweep(df, path=args.plot)
+        print(f"plots saved to {args.plot}", file=sys.stderr)
+    if args.check:
+        ok = True
+        for text, passed in check_goals(df, wall if not args.drain else None):
+            print(f"{'PASS' if passed else 'FAIL'}  {text}", file=sys.stderr)
+            ok = ok and passed
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

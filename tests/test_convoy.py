@@ -1,0 +1,197 @@
+"""The convoy experiment, on the real server: short runs, shapes with honest tolerances.
+
+Throughput bounds are loose on purpose (2 cores, other test runs at the same time);
+the benchmark (`labkit convoy --check`) holds the tight goals.
+"""
+
+import _thread
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from labkit import convoy
+from labkit.errors import LabkitError
+from labkit.lab import schema_name
+
+from conftest import backends_gone, backends_of
+
+D_MS = 20
+
+
+def _done_by_worker(lab):
+    return lab.execute("SELECT worker_id, count(*) FROM job WHERE status = 'DONE' GROUP BY 1 ORDER BY 1")
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"workers": 0}, "workers"),
+    ({"workers": -3}, "workers"),
+    ({"job_ms": -5}, "job duration"),
+    ({"job_ms": 0}, "job duration"),
+    ({"seconds": 0}, "positive duration"),
+    ({"policy": "maybe"}, "policy"),
+    ({"seconds": None, "backlog": 0}, "backlog"),
+])
+def test_bad_parameters_name_the_fix(lab, kwargs, word):
+    args = {"policy": "skip", "workers": 2, "job_ms": D_MS, "seconds": 0.2, **kwargs}
+    with pytest.raises(LabkitError, match=word) as info:
+        convoy.run(lab, args.pop("policy"), **args)
+    assert "Fix:" in str(info.value)
+
+
+def test_the_model():
+    assert convoy.model_jobs_per_s("wait", 16, 20) == pytest.approx(50)
+    assert convoy.model_jobs_per_s("nowait", 16, 20) == pytest.approx(50)
+    assert convoy.model_jobs_per_s("skip", 16, 20) == pytest.approx(800)
+    assert convoy.model_jobs_per_s("wait", 16, 20, hold=False) == pytest.approx(800)
+    assert convoy.model_makespan_s("wait", 4, 10, 40) == pytest.approx(0.4)
+    assert convoy.model_makespan_s("skip", 4, 10, 41) == pytest.approx(0.11)
+
+
+def test_the_claim_is_the_policy_clause_on_one_query(lab):
+    texts = {p: convoy.claim_sql(p).as_string(lab.admin) for p in convoy.POLICIES}
+    assert texts["wait"].rstrip().endswith("FOR UPDATE")
+    assert texts["nowait"].endswith("FOR UPDATE NOWAIT")
+    assert texts["skip"].endswith("FOR UPDATE SKIP LOCKED")
+    assert len({t.replace("NOWAIT", "").replace("SKIP LOCKED", "").strip() for t in texts.values()}) == 1
+
+
+def test_skip_locked_runs_workers_in_parallel_and_claims_each_job_once(lab, db):
+    r = convoy.run(lab, "skip", 4, D_MS, 0.6)
+    row = r.row()
+    # every claimed job was claimed by exactly one worker, and the table agrees with the events
+    jobs = [c.job for c in r.claims]
+    assert len(jobs) == len(set(jobs))
+    in_db = dict(_done_by_worker(lab))
+    assert sum(in_db.values()) == len(jobs)
+    assert set(in_db) == {f"w{w}" for w in range(4)}
+    # four workers really worked at once, and nobody waited for a lock
+    assert row["busy_workers"] > 2.8
+    assert row["efficiency"] > 0.6
+    assert row["claim_wait_p50_ms"] < D_MS / 2
+    assert row["errors"] == 0
+    # the workers' connections are closed after the run
+    assert backends_gone(db, f"labkit:{lab.schema}:convoy-w%") == []
+
+
+def test_wait_is_a_convoy_one_lock_holder_at_a_time(lab):
+    r = convoy.run(lab, "wait", 4, D_MS, 0.6)
+    row = r.row()
+    assert 0.5 < row["efficiency"] < 1.2
+    assert row["busy_workers"] < 1.2
+    # lock-holding intervals follow one another. The times are the clients' (a thread may
+    # note its commit a little late on a loaded machine), so allow a small overlap in all;
+    # with SKIP LOCKED, 4 workers would overlap for about three quarters of the time.
+    holds = sorted((c.claimed, c.released) for c in r.claims)
+    overlap = sum(max(0.0, a_end - b_start) for (_, a_end), (b_start, _) in zip(holds, holds[1:]))
+    held = sum(end - start for start, end in holds)
+    assert overlap < 0.10 * held
+    # somebody waited for a whole job at least
+    assert row["claim_wait_max_ms"] > D_MS
+
+
+def test_nowait_tight_loop_makes_an_error_storm_that_backoff_calms(lab):
+    tight = convoy.run(lab, "nowait", 4, D_MS, 0.6).row()
+    calm = convoy.run(lab, "nowait", 4, D_MS, 0.6, backoff=True).row()
+    assert tight["busy_workers"] < 1.2 and 0.4 < tight["efficiency"] < 1.2
+    assert tight["errors_per_job"] > 5                       # many errors for each job done
+    assert calm["errors_per_job"] < tight["errors_per_job"] / 3
+    assert tight["variant"] == "hold, tight" and calm["variant"] == "hold, backoff"
+
+
+def test_claim_mark_commit_lets_even_the_wait_policy_scale(lab):
+    held = convoy.run(lab, "wait", 4, D_MS, 0.5).row()
+    short = convoy.run(lab, "wait", 4, D_MS, 0.5, hold=False)
+    row = short.row()
+    assert row["jobs_per_s"] > 2 * held["jobs_per_s"]
+    assert row["busy_workers"] > 2.5
+    # the lock was released before the job ran: a claim holds it for far less than d
+    lock_ms = sorted((c.released - c.claimed) * 1e3 for c in short.claims)
+    assert lock_ms[len(lock_ms) // 2] < D_MS / 4
+    assert lab.execute("SELECT count(*) FROM job WHERE status = 'IN_PROGRESS'")[0][0] == 0
+
+
+def test_draining_a_backlog(lab):
+    skip = convoy.run(lab, "skip", 4, 10, None, backlog=24)
+    assert lab.execute("SELECT count(*) FROM job WHERE status <> 'DONE'") == [(0,)]
+    assert sorted(c.job for c in skip.claims) == list(range(1, 25))
+    wait = convoy.run(lab, "wait", 4, 10, None, backlog=24)
+    assert lab.execute("SELECT count(*) FROM job WHERE status <> 'DONE'") == [(0,)]
+    s, w = skip.row(), wait.row()
+    assert s["model_makespan_s"] == pytest.approx(0.06) and w["model_makespan_s"] == pytest.approx(0.24)
+    assert w["makespan_s"] >= 0.24 * 0.95          # one job at a time: never faster than M·d
+    assert s["makespan_s"] < w["makespan_s"] / 2
+
+
+def test_sweep_is_tidy(lab):
+    df = convoy.sweep(lab, workers=[1, 2], policies=["wait", "skip"], job_ms=D_MS, seconds=0.3)
+    assert list(df.columns) == convoy.COLUMNS
+    assert list(zip(df.policy, df.workers)) == [("wait", 1), ("wait", 2), ("skip", 1), ("skip", 2)]
+    assert (df.model_jobs_per_s.tolist() == [50, 50, 50, 100])
+    assert (df.jobs > 0).all() and df.efficiency.between(0.3, 1.2).all()
+    assert "policy" in convoy.table(df) and len(convoy.table(df).splitlines()) == 5
+
+
+def test_command_line_json_csv_and_plot(tmp_path, capsys, db):
+    png = tmp_path / "convoy.png"
+    rc = convoy.main(["--workers", "1,3", "--policies", "nowait,skip", "--seconds", "0.3", "--format", "json",
+                      "--no-progress", "--plot", str(png)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rows = json.loads(out.out)
+    assert [(r["policy"], r["workers"]) for r in rows] == [("nowait", 1), ("nowait", 3), ("skip", 1), ("skip", 3)]
+    for key in ["policy", "workers", "jobs_per_s", "model_jobs_per_s", "efficiency", "claim_wait_p50_ms",
+                "claim_wait_p99_ms", "errors_per_s"]:
+        assert all(key in r for r in rows)
+    assert rows[1]["errors_per_s"] > 0 and rows[0]["errors_per_s"] == 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    # the CLI's lab schema is gone afterwards
+    with db.connect() as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = %s",
+                            (schema_name(f"convoy_cli_{os.getpid()}"),)).fetchall()
+    assert left == []
+
+    rc = convoy.main(["--workers", "2", "--policies", "skip", "--seconds", "0.2", "--format", "csv", "--no-progress"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0 and out[0].startswith("policy,workers,variant") and len(out) == 2
+
+
+def test_command_line_rejects_bad_input(capsys):
+    with pytest.raises(SystemExit):
+        convoy.main(["--policies", "wait,sometimes"])
+    assert convoy.main(["--workers", "0", "--seconds", "0.2", "--no-progress"]) == 2
+    assert "Fix:" in capsys.readouterr().err
+
+
+def test_keyboard_interrupt_stops_and_joins_every_worker(lab, db):
+    before = {t.name for t in threading.enumerate()}
+    timer = threading.Timer(0.4, _thread.interrupt_main)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        convoy.run(lab, "wait", 6, 50, 30.0)
+    assert time.perf_counter() - t0 < 10              # not the 30 s the run asked for
+    timer.join()
+    assert not [t for t in threading.enumerate() if t.name.startswith("convoy-w") and t.name not in before]
+    assert backends_gone(db, f"labkit:{lab.schema}:convoy-w%") == []
+    # no row lock is left behind
+    head = lab.execute("SELECT min(id) FROM job WHERE status = 'PENDING'")
+    assert lab.execute("SELECT id FROM job WHERE status = 'PENDING' ORDER BY id LIMIT 1 FOR UPDATE NOWAIT") == head
+
+
+def test_reference_sweep_is_recorded_with_the_model_columns():
+    ref = convoy.load_reference()
+    assert {"policy", "workers", "jobs_per_s", "model_jobs_per_s", "efficiency"} <= set(ref.columns)
+    assert set(ref.policy) == {"wait", "nowait", "skip"}
+    assert sorted(set(ref.workers)) == [1, 2, 4, 8, 16, 32]
+
+
+def test_check_goals_passes_and_fails():
+    import pandas as pd
+
+    good = pd.DataFrame({"policy": ["skip", "wait"], "workers": [4, 4], "efficiency": [0.9, 1.05]})
+    assert all(ok for _, ok in convoy.check_goals(good, 30.0))
+    bad = pd.DataFrame({"policy": ["skip", "nowait"], "workers": [16, 32], "efficiency": [0.8, 0.7]})
+    assert [ok for _, ok in convoy.check_goals(bad, 50.0)] == [False, False, False]
