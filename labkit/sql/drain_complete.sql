@@ -1,0 +1,15 @@
+-- Record one send's outcome (as the drain shipped: NOT fenced).
+-- %(outcome)s is 'sent', 'retry' (transient: try again after a backoff) or 'failed'
+-- (terminal: a bad device token). attempts is not touched: the claim counted it.
+UPDATE delivery
+   SET status = CASE
+                    WHEN %(outcome)s::text = 'sent' THEN 'sent'
+                    WHEN %(outcome)s::text = 'retry' AND attempts < %(max_attempts)s THEN 'pending'
+                    ELSE 'failed'
+                END,
+       next_attempt_at = CASE WHEN %(outcome)s::text = 'retry'
+                              THEN lab_now() + drain_backoff(attempts)
+                              ELSE next_attempt_at END,
+       last_error = %(error)s::text,
+       sent_at    = CASE WHEN %(outcome)s::text = 'sent' THEN lab_now() END
+ WHERE id = %(id)s

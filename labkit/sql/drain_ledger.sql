@@ -1,0 +1,55 @@
+-- The notification drain's tables: a clock the lab can move, the delivery ledger,
+-- and what the push service delivered to each device. Re-running this file starts over.
+DROP TABLE IF EXISTS device_push, delivery, lab_clock CASCADE;
+DROP FUNCTION IF EXISTS lab_now(), drain_backoff(integer);
+
+-- One clock for every query of the drain. frozen_at NULL means the server's real
+-- clock; a lab freezes it at a fixed instant and moves it on ("+120 s") at once.
+CREATE TABLE lab_clock (
+    only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
+    frozen_at  timestamptz,
+    shift      interval    NOT NULL DEFAULT '0 s'
+);
+INSERT INTO lab_clock DEFAULT VALUES;
+
+CREATE FUNCTION lab_now() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(frozen_at, now()) + shift FROM lab_clock
+$$;
+
+-- Retry delay after a transient failure: 10 s, 20 s, 40 s ... capped at one hour.
+CREATE FUNCTION drain_backoff(attempts integer) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(interval '10 s' * power(2, greatest(attempts, 1) - 1), interval '1 hour')
+$$;
+
+-- One row per (notification, device). pending rows are claimable once
+-- next_attempt_at has passed; sent and failed are terminal and never claimed again.
+CREATE TABLE delivery (
+    id               bigint      PRIMARY KEY,
+    notification_id  bigint      NOT NULL,
+    device_token     text        NOT NULL,
+    status           text        NOT NULL DEFAULT 'pending'
+                                 CHECK (status IN ('pending', 'sent', 'failed')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL,
+    coalesce_key     text,                 -- sent as the push's collapse id
+    claim_version    bigint      NOT NULL DEFAULT 0,   -- +1 on every claim: the fence
+    last_error       text,
+    sent_at          timestamptz
+);
+
+-- The due-rows predicate, indexed exactly: only pending rows, in due order.
+CREATE INDEX delivery_due_idx ON delivery (next_attempt_at, id) WHERE status = 'pending';
+
+-- The push service's own record: every push a device received, kept outside any
+-- drain transaction (the service keeps it whether or not the drain survives).
+CREATE TABLE device_push (
+    seq              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id      bigint      NOT NULL,
+    device_token     text        NOT NULL,
+    notification_id  bigint      NOT NULL,
+    collapse_id      text,
+    pushed_by        text        NOT NULL,
+    pushed_at        timestamptz NOT NULL
+);
