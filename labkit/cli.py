@@ -125,6 +125,7 @@ DELEGATED = {
     "book": ("labkit.training", True),
     "student": ("labkit.training", True),
     "convoy": ("labkit.convoy", False),
+    "drill": ("labkit.drill", False),
 }
 
 # labkit trace WHAT ...: which module replays which trace
@@ -144,6 +145,9 @@ commands:
   book [NOTEBOOK ...] [--no-execute]   execute notebooks into an HTML handout set in build/book
   student [--check]                    student copies of the exercise notebooks (no solutions)
   convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
+  drill sheet [--level L] [--topic T] [--short]   the interview study sheet
+  drill quiz [--topic T] [--no-key]              the answers that cost you the question
+  drill check                                    validate the question bank and the quiz
   trace drain [--batch 50 --crash-after 12] [--json]   the drain crashed mid-send, replayed
   trace zombie --fence|--no-fence [--json]             a zombie worker's late write
 """

@@ -1,0 +1,885 @@
+"""The interview drill (notebook 10): the question bank, the answers that cost you the
+question, flashcards, and self-check exercises run on the real server.
+
+Everything here prints as plain text (GitHub, nbval, handouts) and, in JupyterLab, also
+comes as a small widget:
+
+* :func:`load_bank` reads ``data/questions.yaml``; :func:`validate_bank` lists what is
+  wrong with it (the test suite and ``labkit drill check`` use it);
+* :func:`print_study_sheet` prints the static study sheet, :func:`flashcards` shows the
+  reveal / next widget;
+* :func:`load_costly` reads ``data/costly_answers.yaml``; :func:`print_quiz` prints the
+  quiz with its key, :func:`quiz` is the pick-an-answer widget, :func:`grade_quiz`
+  marks a dict of answers;
+* :func:`check_claim`, :func:`check_report_count` and :func:`check_reaper` run the
+  reader's SQL in a scratch schema with real sessions and say what is right and wrong.
+
+Command line (``main``): ``labkit drill sheet|quiz|check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import itertools
+import os
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LabkitError
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+QUESTIONS_FILE = DATA / "questions.yaml"
+COSTLY_FILE = DATA / "costly_answers.yaml"
+
+LEVELS = ("junior", "middle", "senior", "principal")
+# The workbook's notebooks, by file name.  Notebooks 02-05 and 09 may not exist yet; the
+# bank names them by these names and a test checks the names against the real files.
+NOTEBOOKS = (
+    "00_start_here.ipynb",
+    "01_one_lock_three_policies.ipynb",
+    "02_the_convoy.ipynb",
+    "03_claim_mark_commit.ipynb",
+    "04_leases_and_reapers.ipynb",
+    "05_indexes_ordering_batches.ipynb",
+    "06_outbox_relay.ipynb",
+    "07_notification_drain.ipynb",
+    "08_fencing_tokens.ipynb",
+    "09_relay_vs_drain.ipynb",
+    "10_interview_drill.ipynb",
+)
+MUST_COVER = NOTEBOOKS[1:10]          # every notebook 01-09 needs a question
+MIN_QUESTIONS = 30
+MIN_PER_LEVEL = 4
+WIDTH = 88
+QUESTION_FIELDS = ("id", "level", "topic", "notebook", "question", "answer_20s", "answer_60s",
+                   "follow_ups")
+COSTLY_FIELDS = ("id", "topic", "notebook", "statement", "choices", "answer", "why")
+LETTERS = "abcd"
+
+
+# -- the data ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FollowUp:
+    question: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    level: str
+    topic: str
+    notebook: str
+    question: str
+    answer_20s: str
+    answer_60s: str
+    follow_ups: tuple[FollowUp, ...]
+
+
+@dataclass(frozen=True)
+class Topic:
+    key: str
+    title: str
+    notebook: str
+
+
+@dataclass
+class Bank:
+    topics: dict[str, Topic]
+    questions: list[Question]
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def __getitem__(self, qid: str) -> Question:
+        for q in self.questions:
+            if q.id == qid:
+                return q
+        raise KeyError(qid)
+
+    def __repr__(self) -> str:
+        return f"Bank({len(self.questions)} questions, {len(self.topics)} topics)"
+
+    def select(self, level: str | None = None, topic: str | None = None) -> list[Question]:
+        """The questions of one level and/or topic (None: all), in bank order."""
+        if level is not None and level not in LEVELS:
+            raise LabkitError(f"There is no level {level!r}.", f"use one of {', '.join(LEVELS)}.")
+        if topic is not None and topic not in self.topics:
+            raise LabkitError(f"There is no topic {topic!r}.",
+                              f"use one of {', '.join(self.topics)}.")
+        return [q for q in self.questions
+                if (level is None or q.level == level) and (topic is None or q.topic == topic)]
+
+
+@dataclass(frozen=True)
+class Costly:
+    id: str
+    topic: str
+    notebook: str
+    statement: str
+    choices: tuple[str, ...]
+    answer: str
+    why: str
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    if not path.exists():
+        raise LabkitError(f"The drill's data file {path} is missing.",
+                          "run from a full checkout of the workbook (the file lives in data/).")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise LabkitError(f"{path.name} is not valid YAML ({exc}).",
+                          "fix the line the parser names; `labkit drill check` re-checks it.") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _blank(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _check_notebook(where: str, name, problems: list[str]) -> None:
+    if _blank(name):
+        return
+    if not re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", str(name)):
+        problems.append(f"{where}: notebook {name!r} is not a notebook file name (NN_name.ipynb)")
+    elif name not in NOTEBOOKS:
+        problems.append(f"{where}: notebook {name!r} is not one of the workbook's notebooks")
+
+
+def validate_bank(data: dict) -> list[str]:
+    """Everything wrong with the raw contents of questions.yaml (empty list: fine)."""
+    problems: list[str] = []
+    topics = data.get("topics") if isinstance(data, dict) else None
+    if not isinstance(topics, dict) or not topics:
+        problems.append("no topics: the file needs a `topics:` mapping")
+        topics = {}
+    for key, t in topics.items():
+        if not isinstance(t, dict) or _blank(t.get("title")) or _blank(t.get("notebook")):
+            problems.append(f"topic {key}: needs a title and a notebook")
+        else:
+            _check_notebook(f"topic {key}", t["notebook"], problems)
+    questions = data.get("questions") if isinstance(data, dict) else None
+    if not isinstance(questions, list):
+        return problems + ["no questions: the file needs a `questions:` list"]
+    seen: set[str] = set()
+    for i, q in enumerate(questions):
+        if not isinstance(q, dict):
+            problems.append(f"question #{i + 1}: is not a mapping")
+            continue
+        where = f"question {q.get('id') or '#' + str(i + 1)}"
+        for name in QUESTION_FIELDS:
+            if _blank(q.get(name)) or (name == "follow_ups" and not q.get(name)):
+                problems.append(f"{where}: {name} is missing or empty")
+        extra = set(q) - set(QUESTION_FIELDS)
+        if extra:
+            problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+        qid = q.get("id")
+        if not _blank(qid):
+            if not re.fullmatch(r"q\d\d+", str(qid)):
+                problems.append(f"{where}: id should look like q01")
+            if qid in seen:
+                problems.append(f"{where}: the id is used twice")
+            seen.add(qid)
+        if not _blank(q.get("level")) and q["level"] not in LEVELS:
+            problems.append(f"{where}: level {q['level']!r} is not one of {', '.join(LEVELS)}")
+        if not _blank(q.get("topic")) and q["topic"] not in topics:
+            problems.append(f"{where}: topic {q['topic']!r} is not under `topics:`")
+        _check_notebook(where, q.get("notebook"), problems)
+        for field_name in ("question", "answer_20s", "answer_60s"):
+            if not _blank(q.get(field_name)) and not isinstance(q[field_name], str):
+                problems.append(f"{where}: {field_name} must be text")
+        if (not _blank(q.get("answer_20s")) and not _blank(q.get("answer_60s"))
+                and len(str(q["answer_20s"])) >= len(str(q["answer_60s"]))):
+            problems.append(f"{where}: the 60-second answer should be longer than the 20-second one")
+        follow = q.get("follow_ups")
+        if follow and not isinstance(follow, list):
+            problems.append(f"{where}: follow_ups must be a list of {{q, a}}")
+        elif follow:
+            for j, f in enumerate(follow, 1):
+                if not isinstance(f, dict) or _blank(f.get("q")) or _blank(f.get("a")):
+                    problems.append(f"{where}: follow-up {j} needs a question (q) and an answer (a)")
+    valid = [q for q in questions if isinstance(q, dict)]
+    if len(valid) < MIN_QUESTIONS:
+        problems.append(f"only {len(valid)} questions; the bank needs at least {MIN_QUESTIONS}")
+    for level in LEVELS:
+        n = sum(q.get("level") == level for q in valid)
+        if n < MIN_PER_LEVEL:
+            problems.append(f"level {level}: {n} question(s); needs at least {MIN_PER_LEVEL}")
+    covered = {q.get("notebook") for q in valid}
+    for nb in MUST_COVER:
+        if nb not in covered:
+            problems.append(f"notebook {nb}: no question names it")
+    return problems
+
+
+def validate_costly(data: dict, topics=()) -> list[str]:
+    """Everything wrong with the raw contents of costly_answers.yaml."""
+    problems: list[str] = []
+    items = data.get("answers") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not items:
+        return ["no answers: the file needs an `answers:` list"]
+    seen: set[str] = set()
+    for i, c in enumerate(items):
+        if not isinstance(c, dict):
+            problems.append(f"answer #{i + 1}: is not a mapping")
+            continue
+        where = f"answer {c.get('id') or '#' + str(i + 1)}"
+        for name in COSTLY_FIELDS:
+            if _blank(c.get(name)) or (name == "choices" and not c.get(name)):
+                problems.append(f"{where}: {name} is missing or empty")
+        extra = set(c) - set(COSTLY_FIELDS)
+        if extra:
+            problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+        cid = c.get("id")
+        if not _blank(cid):
+            if not re.fullmatch(r"c\d\d+", str(cid)):
+                problems.append(f"{where}: id should look like c01")
+            if cid in seen:
+                problems.append(f"{where}: the id is used twice")
+            seen.add(cid)
+        if topics and not _blank(c.get("topic")) and c["topic"] not in topics:
+            problems.append(f"{where}: topic {c['topic']!r} is not a topic of questions.yaml")
+        _check_notebook(where, c.get("notebook"), problems)
+        choices = c.get("choices")
+        if isinstance(choices, list) and choices:
+            if not 3 <= len(choices) <= len(LETTERS):
+                problems.append(f"{where}: needs 3 or 4 choices, has {len(choices)}")
+            if any(_blank(x) for x in choices):
+                problems.append(f"{where}: a choice is empty")
+            if len(set(choices)) != len(choices):
+                problems.append(f"{where}: two choices are the same")
+            ans = c.get("answer")
+            if not _blank(ans) and (ans not in LETTERS or LETTERS.index(ans) >= len(choices)):
+                problems.append(f"{where}: answer {ans!r} is not the letter of a choice")
+        elif choices:
+            problems.append(f"{where}: choices must be a list")
+    return problems
+
+
+def load_bank(path: Path | str | None = None) -> Bank:
+    """The question bank, validated (a LabkitError lists the problems)."""
+    path = Path(path) if path else QUESTIONS_FILE
+    data = _read_yaml(path)
+    problems = validate_bank(data)
+    if problems:
+        raise LabkitError(f"{path.name} has {len(problems)} problem(s): " + "; ".join(problems[:8]),
+                          "fix them; `labkit drill check` lists them all.")
+    topics = {k: Topic(k, v["title"], v["notebook"]) for k, v in data["topics"].items()}
+    questions = [
+        Question(q["id"], q["level"], q["topic"], q["notebook"], _clean(q["question"]),
+                 _clean(q["answer_20s"]), _clean(q["answer_60s"]),
+                 tuple(FollowUp(_clean(f["q"]), _clean(f["a"])) for f in q["follow_ups"]))
+        for q in data["questions"]]
+    return Bank(topics, questions)
+
+
+def load_costly(path: Path | str | None = None, *, topics=None) -> list[Costly]:
+    """The answers that cost you the question, validated."""
+    path = Path(path) if path else COSTLY_FILE
+    data = _read_yaml(path)
+    if topics is None:
+        topics = _read_yaml(QUESTIONS_FILE).get("topics") or {}
+    problems = validate_costly(data, topics)
+    if problems:
+        raise LabkitError(f"{path.name} has {len(problems)} problem(s): " + "; ".join(problems[:8]),
+                          "fix them; `labkit drill check` lists them all.")
+    return [Costly(c["id"], c["topic"], c["notebook"], _clean(c["statement"]),
+                   tuple(_clean(x) for x in c["choices"]), c["answer"], _clean(c["why"]))
+            for c in data["answers"]]
+
+
+def _clean(text) -> str:
+    return " ".join(str(text).split())
+
+
+# -- text rendering ------------------------------------------------------------------------------
+
+def _wrap(text: str, indent: str = "", first: str | None = None) -> str:
+    first = indent if first is None else first
+    return textwrap.fill(text, WIDTH, initial_indent=first, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def card_text(q: Question, reveal: int = 3) -> str:
+    """One flashcard as text.  reveal: 0 the question only, 1 + the 20-second answer,
+    2 + the 60-second answer, 3 + the follow-ups."""
+    lines = [f"{q.id} · {q.level} · {q.topic} · {q.notebook}", _wrap(q.question, "  ", "Q ")]
+    if reveal >= 1:
+        lines.append(_wrap(q.answer_20s, "      ", "20 s  "))
+    if reveal >= 2:
+        lines.append(_wrap(q.answer_60s, "      ", "60 s  "))
+    if reveal >= 3:
+        for f in q.follow_ups:
+            lines.append(_wrap(f.question, "        ", "  then  "))
+            lines.append(_wrap(f.answer, "        ", "        "))
+    return "\n".join(lines)
+
+
+def study_sheet(bank: Bank | None = None, level: str | None = None, topic: str | None = None,
+                *, short: bool = False) -> str:
+    """The static study sheet: every selected question with its answers (short=True:
+    the question and the 20-second answer only)."""
+    bank = bank or load_bank()
+    chosen = bank.select(level, topic)
+    title = f"Study sheet · {level or 'every level'} · {topic or 'every topic'} · {len(chosen)} questions"
+    blocks = [title, "=" * len(title)]
+    for lvl in LEVELS:
+        mine = [q for q in chosen if q.level == lvl]
+        if not mine:
+            continue
+        if level is None:
+            blocks.append(f"\n## {lvl}")
+        for q in mine:
+            blocks.append("")
+            blocks.append(card_text(q, reveal=1 if short else 3))
+    if not chosen:
+        blocks.append("(no questions match)")
+    return "\n".join(blocks)
+
+
+def print_study_sheet(level: str | None = None, topic: str | None = None, *,
+                      short: bool = False, bank: Bank | None = None) -> None:
+    """Print the study sheet for one level and/or topic (None: all of them)."""
+    print(study_sheet(bank, level, topic, short=short))
+
+
+def coverage(bank: Bank | None = None) -> str:
+    """How many questions each notebook has, per level, as a small text table."""
+    bank = bank or load_bank()
+    names = [nb for nb in NOTEBOOKS if any(q.notebook == nb for q in bank.questions)]
+    head = f"{'notebook':36}" + "".join(f"{lvl:>10}" for lvl in LEVELS) + f"{'all':>6}"
+    lines = [head, "-" * len(head)]
+    for nb in names:
+        counts = [sum(q.notebook == nb and q.level == lvl for q in bank.questions) for lvl in LEVELS]
+        lines.append(f"{nb:36}" + "".join(f"{c or '':>10}" for c in counts) + f"{sum(counts):>6}")
+    totals = [sum(q.level == lvl for q in bank.questions) for lvl in LEVELS]
+    lines.append(f"{'in all':36}" + "".join(f"{c:>10}" for c in totals) + f"{len(bank):>6}")
+    return "\n".join(lines)
+
+
+def costly_text(item: Costly, *, key: bool = True) -> str:
+    """One statement of the quiz: the statement, the choices and (key=True) the answer and why."""
+    lines = [f"{item.id} · {item.topic} · {item.notebook}", _wrap(f"“{item.statement}”", "  ", "  ")]
+    for letter, choice in zip(LETTERS, item.choices):
+        lines.append(_wrap(choice, "       ", f"   {letter})  "))
+    if key:
+        lines.append(_wrap(f"{item.answer}) — {item.why}", "          ", "  Answer  "))
+    return "\n".join(lines)
+
+
+def quiz_text(items: list[Costly] | None = None, *, key: bool = True) -> str:
+    items = load_costly() if items is None else items
+    head = f"The answers that cost you the question · {len(items)} statements · what is wrong?"
+    return "\n\n".join([head + "\n" + "=" * len(head)] + [costly_text(c, key=key) for c in items])
+
+
+def print_quiz(topic: str | None = None, *, key: bool = True) -> None:
+    """Print the quiz (every statement, or one topic's) with its answer key."""
+    items = [c for c in load_costly() if topic is None or c.topic == topic]
+    print(quiz_text(items, key=key))
+
+
+@dataclass
+class QuizGrade:
+    right: list[str] = field(default_factory=list)
+    wrong: list[tuple[Costly, str]] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> str:
+        return f"{len(self.right)}/{len(self.right) + len(self.wrong)}"
+
+    def __str__(self) -> str:
+        lines = [f"{self.score} right"
+                 + (f" · not answered: {', '.join(self.unanswered)}" if self.unanswered else "")]
+        for c, picked in self.wrong:
+            lines.append(_wrap(f"{c.id}: you picked {picked}, the answer is {c.answer} — {c.why} "
+                               f"(see {c.notebook})", "    ", "  "))
+        return "\n".join(lines)
+
+
+def grade_quiz(answers: dict[str, str], items: list[Costly] | None = None) -> QuizGrade:
+    """Mark ``{"c01": "b", ...}``; statements left out are listed as not answered."""
+    items = load_costly() if items is None else items
+    known = {c.id: c for c in items}
+    unknown = sorted(set(answers) - set(known))
+    if unknown:
+        raise LabkitError(f"No statement with id {', '.join(unknown)}.",
+                          f"use the ids printed with the quiz ({items[0].id} to {items[-1].id}).")
+    grade = QuizGrade()
+    for c in items:
+        picked = answers.get(c.id)
+        if _blank(picked):
+            grade.unanswered.append(c.id)
+            continue
+        picked = str(picked).strip().lower().rstrip(")")
+        if picked not in LETTERS[:len(c.choices)]:
+            raise LabkitError(f"{c.id}: {answers[c.id]!r} is not one of the choices.",
+                              f"answer with a letter, a to {LETTERS[len(c.choices) - 1]}.")
+        if picked == c.answer:
+            grade.right.append(c.id)
+        else:
+            grade.wrong.append((c, picked))
+    return grade
+
+
+# -- widgets ----------------------------------------------------------------------------------
+
+def _pre(text: str) -> str:
+    return ("<pre style='white-space: pre-wrap; font-size: 13px; margin: 0'>"
+            + html.escape(text) + "</pre>")
+
+
+def _box(children, describe):
+    """A VBox whose text form is one short line from ``describe()`` — what nbval, GitHub
+    and a kernel without the widget front end show instead of the widget."""
+    import ipywidgets as w
+
+    class Box(w.VBox):
+        def __repr__(self) -> str:
+            return describe()
+
+    return Box(children)
+
+
+class Flashcards:
+    """Reveal / next flashcards, filtered by level and topic.  ``.box`` is the widget."""
+
+    def __init__(self, bank: Bank | None = None, level: str | None = None,
+                 topic: str | None = None):
+        import ipywidgets as w
+
+        self.bank = bank or load_bank()
+        self.bank.select(level, topic)        # refuses an unknown level or topic
+        self.level_pick = w.Dropdown(options=[("every level", None)] + [(x, x) for x in LEVELS],
+                                     value=level, description="level")
+        self.topic_pick = w.Dropdown(
+            options=[("every topic", None)] + [(f"{k}: {t.title}", k) for k, t in self.bank.topics.items()],
+            value=topic, description="topic", layout={"width": "420px"})
+        self.reveal_button = w.Button(description="reveal", button_style="info")
+        self.next_button = w.Button(description="next")
+        self.prev_button = w.Button(description="previous")
+        self.position = w.Label()
+        self.card = w.HTML()
+        self.reveal_button.on_click(lambda _: self.reveal())
+        self.next_button.on_click(lambda _: self.move(+1))
+        self.prev_button.on_click(lambda _: self.move(-1))
+        self.level_pick.observe(lambda _: self.refilter(), names="value")
+        self.topic_pick.observe(lambda _: self.refilter(), names="value")
+        self.box = _box([w.HBox([self.level_pick, self.topic_pick]),
+                         w.HBox([self.prev_button, self.reveal_button, self.next_button, self.position]),
+                         self.card], self.describe)
+        self.refilter()
+
+    @property
+    def cards(self) -> list[Question]:
+        return self._cards
+
+    @property
+    def current(self) -> Question | None:
+        return self._cards[self.index] if self._cards else None
+
+    def describe(self) -> str:
+        lv = self.level_pick.value or "every level"
+        tp = self.topic_pick.value or "every topic"
+        return f"Flashcards: {len(self._cards)} cards ({lv}, {tp}) — reveal shows the answers step by step"
+
+    def refilter(self) -> None:
+        self._cards = self.bank.select(self.level_pick.value, self.topic_pick.value)
+        self.index, self.shown = 0, 0
+        self._render()
+
+    def reveal(self) -> None:
+        self.shown = min(self.shown + 1, 3)
+        self._render()
+
+    def move(self, step: int) -> None:
+        if self._cards:
+            self.index = (self.index + step) % len(self._cards)
+        self.shown = 0
+        self._render()
+
+    def text(self) -> str:
+        q = self.current
+        return card_text(q, self.shown) if q else "(no card matches this level and topic)"
+
+    def _render(self) -> None:
+        n = len(self._cards)
+        self.position.value = f"card {self.index + 1 if n else 0} of {n}"
+        self.reveal_button.disabled = self.shown >= 3 or not n
+        self.reveal_button.description = ["show 20 s answer", "show 60 s answer",
+                                          "show follow-ups", "all shown"][self.shown]
+        self.card.value = _pre(self.text())
+
+
+def flashcards(level: str | None = None, topic: str | None = None) -> Flashcards:
+    """Show the flashcard widget (live kernel) and print one line that says what it holds.
+    The static version is :func:`print_study_sheet`."""
+    from IPython.display import display
+
+    cards = Flashcards(level=level, topic=topic)
+    print("No widget below? drill.print_study_sheet(level=..., topic=...) prints the same cards.")
+    display(cards.box)
+    return cards
+
+
+class Quiz:
+    """Pick what is wrong with each statement, check, see why; ``.box`` is the widget."""
+
+    def __init__(self, items: list[Costly] | None = None):
+        import ipywidgets as w
+
+        self.items = load_costly() if items is None else list(items)
+        if not self.items:
+            raise LabkitError("The quiz has no statements to show.", "pick another topic.")
+        self.index = 0
+        self.picked: dict[str, str] = {}
+        self.statement = w.HTML()
+        self.choice = w.RadioButtons(options=[], layout={"width": "95%"})
+        self.check_button = w.Button(description="check", button_style="info")
+        self.next_button = w.Button(description="next")
+        self.prev_button = w.Button(description="previous")
+        self.position = w.Label()
+        self.verdict = w.HTML()
+        self.check_button.on_click(lambda _: self.check())
+        self.next_button.on_click(lambda _: self.move(+1))
+        self.prev_button.on_click(lambda _: self.move(-1))
+        self.box = _box([self.statement, self.choice,
+                         w.HBox([self.prev_button, self.check_button, self.next_button, self.position]),
+                         self.verdict], self.describe)
+        self._render()
+
+    def describe(self) -> str:
+        return (f"Quiz: {len(self.items)} statements — pick what is wrong with each one, "
+                "then check")
+
+    @property
+    def current(self) -> Costly:
+        return self.items[self.index]
+
+    def check(self) -> bool | None:
+        c = self.current
+        if self.choice.value is None:
+            self.verdict.value = _pre("Pick one of the choices first.")
+            return None
+        letter = LETTERS[self.choice.index]
+        self.picked[c.id] = letter
+        ok = letter == c.answer
+        head = "Right." if ok else f"Not quite — the answer is {c.answer})."
+        self.verdict.value = _pre(_wrap(f"{head} {c.why} Shown in {c.notebook}.") + "\n" + self.score())
+        return ok
+
+    def score(self) -> str:
+        right = sum(self.picked[c.id] == c.answer for c in self.items if c.id in self.picked)
+        return f"score: {right} right of {len(self.picked)} checked ({len(self.items)} in all)"
+
+    def move(self, step: int) -> None:
+        self.index = (self.index + step) % len(self.items)
+        self._render()
+
+    def _render(self) -> None:
+        c = self.current
+        self.statement.value = _pre(f"{c.id} · {c.topic} · {c.notebook}\n"
+                                    + _wrap(f"“{c.statement}”") + "\n\nWhat is wrong with it?")
+        self.choice.options = [f"{letter}) {text}" for letter, text in zip(LETTERS, c.choices)]
+        self.choice.value = None
+        self.verdict.value = ""
+        self.position.value = f"{self.index + 1} of {len(self.items)}"
+
+
+def quiz(topic: str | None = None) -> Quiz:
+    """Show the quiz widget; prints one line.  The static version is :func:`print_quiz`."""
+    from IPython.display import display
+
+    q = Quiz([c for c in load_costly() if topic is None or c.topic == topic])
+    print("No widget below? drill.print_quiz() prints every statement with its answer and why.")
+    display(q.box)
+    return q
+
+
+# -- self-check exercises on the real server ---------------------------------------------------
+
+_scratch_ids = itertools.count(1)
+
+
+@dataclass
+class Check:
+    """The outcome of one self-check: each finding is (ok, text)."""
+
+    title: str
+    findings: list[tuple[bool, str]] = field(default_factory=list)
+    hint: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.findings) and all(ok for ok, _ in self.findings)
+
+    def add(self, ok: bool, text: str) -> bool:
+        self.findings.append((bool(ok), text))
+        return bool(ok)
+
+    def __str__(self) -> str:
+        lines = [f"{'PASS' if self.passed else 'FAIL'}: {self.title}"]
+        lines += [_wrap(text, " " * 9, f"  {'ok' if ok else 'WRONG':5}  ") for ok, text in self.findings]
+        if not self.passed and self.hint:
+            lines.append(_wrap(self.hint, "        ", "  hint  "))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _scratch(lab):
+    """A throw-away lab schema next to ``lab``'s (dropped by the caller)."""
+    return lab.db.lab(f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
+
+
+def _bind(lab, query: str, params: dict) -> str:
+    """The reader's SQL with its parameters written in as literals (for a scripted session)."""
+    import psycopg
+
+    if not isinstance(query, str) or not query.strip():
+        raise LabkitError("The SQL to check is empty.", "write your statement in the string and run the cell again.")
+    try:
+        text = psycopg.ClientCursor(lab.admin).mogrify(query, params)
+    except (psycopg.ProgrammingError, KeyError, TypeError, ValueError) as exc:
+        allowed = (f"use only {', '.join(f'%({k})s' for k in params)}" if params
+                   else "this statement takes no parameters")
+        raise LabkitError(f"The SQL's parameters could not be filled in ({exc}).",
+                          f"{allowed}, and write a literal % as %%.") from None
+    return text
+
+
+def _jobs_newest_first(scratch, n: int) -> None:
+    """The job table with ``n`` pending jobs numbered newest first (job n is the oldest)
+    and without its index, so that rows come back in storage order — newest first —
+    unless the claim says ORDER BY created_at."""
+    from .lab import read_sql
+
+    scratch.execute(read_sql("job_table.sql"))
+    scratch.execute("DROP INDEX job_pending_created_idx")
+    scratch.execute(
+        "INSERT INTO job (id, created_at, payload) "
+        "SELECT g, timestamptz '2026-01-01 09:00:00+00' - g * interval '1 minute', 'job ' || g "
+        "FROM generate_series(1, %s) AS g", (n,))
+
+
+CLAIM_HINT = ("A claim that works in parallel locks the oldest pending job with FOR UPDATE SKIP "
+              "LOCKED (ORDER BY created_at LIMIT 1) and marks it in the same statement: WITH "
+              "picked AS (SELECT ...) UPDATE job SET status = 'IN_PROGRESS', worker_id = "
+              "%(worker_id)s, claimed_at = now() FROM picked WHERE job.id = picked.id RETURNING job.id.")
+
+
+def check_claim(lab, query: str, *, workers: int = 3) -> Check:
+    """Run ``query`` (one statement taking ``%(worker_id)s`` — and, if it likes,
+    ``%(batch)s``, which is 1 — and returning the claimed job ids in its first column) in
+    ``workers`` sessions at once, each inside its own open
+    transaction, over six pending jobs.  It passes when no session waits or fails, each
+    claims exactly one job, the jobs differ and are the oldest ones, and after the
+    commits each job is IN_PROGRESS under the worker that claimed it."""
+    from .sessions import Sessions
+
+    if not 2 <= workers <= 5:
+        raise LabkitError(f"check_claim runs 2 to 5 workers, not {workers}.", "use workers=3 (the default).")
+    names = [chr(ord("A") + i) for i in range(workers)]
+    jobs = workers + 3
+    check = Check(f"{workers} sessions claim at the same moment", hint=CLAIM_HINT)
+    scratch = _scratch(lab)
+    try:
+        _jobs_newest_first(scratch, jobs)
+        texts = {n: _bind(scratch, query, {"worker_id": n, "batch": 1}) for n in names}
+        with Sessions(scratch, *names, watch={"job": "id"}, lock_timeout="3s") as run:
+            steps = {}
+            for n in names:
+                run.step(n, "BEGIN")
+                steps[n] = run.step(n, texts[n], label="claim")
+            for n in names:
+                run.step(n, "COMMIT")
+        failed = {n: s.error.short() for n, s in steps.items() if s.error and s.error.kind != "lock_timeout"}
+        waited = [n for n, s in steps.items() if s.waited]
+        if failed:
+            check.add(False, "the claim failed: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
+            return check
+        check.add(not waited, "no session waited" if not waited else
+                  f"session(s) {', '.join(waited)} waited for another one's lock: a convoy")
+        got = {n: [r[0] for r in s.rows] for n, s in steps.items()}
+        shown = ", ".join(f"{n} {'+'.join(map(str, v)) or '-'}" for n, v in got.items())
+        check.add(all(len(v) == 1 for v in got.values()),
+                  f"each session claimed exactly one job (claimed: {shown})")
+        flat = [j for v in got.values() for j in v]
+        check.add(len(flat) == len(set(flat)), "no job was claimed twice" if len(flat) == len(set(flat))
+                  else "a job was handed to more than one session")
+        oldest = set(range(jobs, jobs - workers, -1))
+        check.add(set(flat) == oldest, f"the oldest jobs went first (jobs {', '.join(map(str, sorted(oldest, reverse=True)))};"
+                  " the checker numbers jobs newest first)")
+        rows = scratch.execute("SELECT id, status, worker_id FROM job WHERE id = ANY(%s) ORDER BY id", (flat,))
+        marked = all(status == "IN_PROGRESS" and worker == n
+                     for n, v in got.items() for (jid, status, worker) in rows if jid in v)
+        check.add(marked and bool(rows), "after COMMIT each claimed job reads IN_PROGRESS with its worker's id"
+                  if marked and rows else "after COMMIT the claimed jobs are not marked IN_PROGRESS by their "
+                  "worker: the next claim will take them again")
+        return check
+    finally:
+        scratch.drop()
+
+
+COUNT_HINT = ("A report reads with a plain SELECT: SELECT count(*) FROM job WHERE status = 'PENDING'. "
+              "It never waits for row locks and counts the last committed state; SKIP LOCKED would "
+              "leave out the rows in flight.")
+
+
+def check_report_count(lab, query: str) -> Check:
+    """Run ``query`` (returning one number: the pending jobs) while a worker's claim of two
+    of six jobs is in flight (locked, marked, not yet committed), and again after it
+    committed.  It passes when it never waits and says 6, then 4."""
+    from .lab import read_sql
+    from .sessions import Sessions
+
+    check = Check("a dashboard counts pending jobs while a worker claims", hint=COUNT_HINT)
+    scratch = _scratch(lab)
+    try:
+        scratch.create_jobs(6)
+        claim = _bind(scratch, read_sql("claim_skip_locked.sql"), {"batch": 2, "worker_id": "W"})
+        text = _bind(scratch, query, {})
+        with Sessions(scratch, "W", "R", watch={"job": "id"}, lock_timeout="3s") as run:
+            run.W("BEGIN")
+            run.W(claim, label="claim 2")
+            during = run.R(text, label="count")
+            run.W("COMMIT")
+            if during.waited:
+                run.wait("R")
+            after = run.R(text, label="count")
+        for step, moment, truth in ((during, "while the claim is in flight", 6),
+                                    (after, "after the claim committed", 4)):
+            if step.error:
+                check.add(False, f"{moment}: the count failed: {step.error.short()}")
+                continue
+            value = step.rows[0][0] if step.rows and step.rows[0] else None
+            ok = value == truth and not step.waited
+            waited = " and had to wait for the worker's lock" if step.waited else ""
+            check.add(ok, f"{moment}: it says {value}, the committed truth is {truth}{waited}")
+        return check
+    finally:
+        scratch.drop()
+
+
+REAPER_HINT = ("Only stale claims go back: WHERE status = 'IN_PROGRESS' AND claimed_at < now() - "
+               "%(lease)s::interval, and clear worker_id and claimed_at so the row reads like a "
+               "fresh pending job.")
+
+
+def check_reaper(lab, query: str, *, lease: str = "5 minutes") -> Check:
+    """Run ``query`` (taking ``%(lease)s``, an interval as text) over six jobs: two claims
+    older than the lease, one fresh claim, one finished job and two pending ones.  It passes
+    when exactly the two stale claims are PENDING again, with worker_id and claimed_at
+    cleared, and the others are untouched."""
+    import psycopg
+
+    try:
+        positive = lab.execute("SELECT %s::interval > interval '0'", (lease,))[0][0]
+    except psycopg.Error:
+        positive = False
+    if not positive:
+        raise LabkitError(f"The lease {lease!r} is not a positive interval.",
+                          "pass one the server understands, for example lease='5 minutes'.")
+    check = Check(f"a reaper with a lease of {lease}", hint=REAPER_HINT)
+    scratch = _scratch(lab)
+    try:
+        scratch.create_jobs(6)
+        scratch.execute(
+            "UPDATE job SET status = v.status, worker_id = v.worker, "
+            "       claimed_at = now() - v.age::interval "
+            "  FROM (VALUES (1, 'DONE', 'w1', '2 hours'), (2, 'IN_PROGRESS', 'w2', '10 minutes'), "
+            "               (3, 'IN_PROGRESS', 'w3', '10 seconds'), (5, 'IN_PROGRESS', 'w5', '1 hour')) "
+            "       AS v(id, status, worker, age) WHERE job.id = v.id")
+        before = {r[0]: r[1:] for r in scratch.execute("SELECT id, status, worker_id, claimed_at FROM job")}
+        text = _bind(scratch, query, {"lease": lease})
+        with _Solo(scratch) as conn:
+            try:
+                conn.execute(text)
+            except Exception as exc:  # noqa: BLE001 - the reader's SQL may fail in any way
+                check.add(False, f"the reaper failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+                return check
+        after = {r[0]: r[1:] for r in scratch.execute("SELECT id, status, worker_id, claimed_at FROM job")}
+        stale_ok = all(after[i] == ("PENDING", None, None) for i in (2, 5))
+        check.add(stale_ok, "the two claims older than the lease (jobs 2 and 5) are PENDING again, "
+                  "worker and claim time cleared" if stale_ok else
+                  "the claims older than the lease (jobs 2 and 5) should read PENDING with no worker "
+                  f"and no claim time; they read {_state(after[2])} and {_state(after[5])}")
+        check.add(after[3] == before[3], "the fresh claim (job 3) still belongs to its worker"
+                  if after[3] == before[3] else "the fresh claim (job 3) was taken from a worker "
+                  "that is still running it: that job will run twice")
+        untouched = all(after[i] == before[i] for i in (1, 4, 6))
+        check.add(untouched, "the finished job and the pending ones are untouched" if untouched
+                  else "a finished or pending job was changed (jobs 1, 4, 6 must stay as they were)")
+        return check
+    finally:
+        scratch.drop()
+
+
+def _state(row) -> str:
+    return f"{row[0]}/{row[1] or 'no worker'}"
+
+
+class _Solo:
+    """One autocommit session of a lab, closed on exit (the reaper runs alone)."""
+
+    def __init__(self, lab):
+        self.conn = lab.connect(role="reaper")
+        self.conn.execute("SET statement_timeout = '10s'")
+
+    def __enter__(self):
+        return self.conn
+
+    def __exit__(self, *exc):
+        self.conn.close()
+
+
+# -- command line: labkit drill ---------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """``labkit drill sheet [--level L] [--topic T] [--short]`` · ``labkit drill quiz
+    [--topic T] [--no-key]`` · ``labkit drill check`` (validate both data files)."""
+    parser = argparse.ArgumentParser(prog="labkit drill", description="The interview drill.")
+    sub = parser.add_subparsers(dest="what", required=True)
+    sheet = sub.add_parser("sheet", help="print the study sheet")
+    sheet.add_argument("--level", choices=LEVELS)
+    sheet.add_argument("--topic")
+    sheet.add_argument("--short", action="store_true", help="questions and 20-second answers only")
+    qz = sub.add_parser("quiz", help="print the answers that cost you the question")
+    qz.add_argument("--topic")
+    qz.add_argument("--no-key", action="store_true", help="leave out the answers")
+    sub.add_parser("check", help="validate data/questions.yaml and data/costly_answers.yaml")
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "sheet":
+            print_study_sheet(args.level, args.topic, short=args.short)
+        elif args.what == "quiz":
+            print_quiz(args.topic, key=not args.no_key)
+        else:
+            qdata, cdata = _read_yaml(QUESTIONS_FILE), _read_yaml(COSTLY_FILE)
+            problems = ([f"questions.yaml: {p}" for p in validate_bank(qdata)]
+                        + [f"costly_answers.yaml: {p}" for p in validate_costly(cdata, qdata.get("topics") or {})])
+            for p in problems:
+                print(p)
+            if problems:
+                return 1
+            bank = load_bank()
+            print(f"questions.yaml: {len(bank)} questions, {len(bank.topics)} topics — ok")
+            print(f"costly_answers.yaml: {len(load_costly())} statements — ok")
+    except LabkitError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
