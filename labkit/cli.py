@@ -132,7 +132,12 @@ DELEGATED = {
 TRACES = {
     "drain": "labkit.drain",
     "zombie": "labkit.fencing",
+    "relay": "labkit.relay",
+    "dual-write": "labkit.relay",
+    "broker-down": "labkit.relay",
 }
+# modules whose main() takes the trace's own name as its first argument
+TRACE_KEEPS_NAME = {"labkit.relay"}
 
 USAGE = """usage: labkit COMMAND ...
 
@@ -148,6 +153,7 @@ commands:
   drill sheet [--level L] [--topic T] [--short]   the interview study sheet
   drill quiz [--topic T] [--no-key]              the answers that cost you the question
   drill check                                    validate the question bank and the quiz
+  trace relay|dual-write|broker-down [--batch 100 --crash-after 40] [--broker recording|rabbitmq] [--json]
   trace drain [--batch 50 --crash-after 12] [--json]   the drain crashed mid-send, replayed
   trace zombie --fence|--no-fence [--json]             a zombie worker's late write
 """
@@ -165,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             if len(argv) < 2 or argv[1] not in TRACES:
                 print(f"usage: labkit trace {{{'|'.join(TRACES)}}} ...", file=sys.stderr)
                 return 2
-            return importlib.import_module(TRACES[argv[1]]).main(argv[2:])
+            module = TRACES[argv[1]]
+            return importlib.import_module(module).main(
+                argv[1:] if module in TRACE_KEEPS_NAME else argv[2:])
         if argv[0] in DELEGATED:
             import importlib
 

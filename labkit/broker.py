@@ -1,0 +1,265 @@
+"""Message brokers for the outbox relay: a recording broker (the default) and RabbitMQ.
+
+Both live outside the relay's process and outside its database transaction, so a
+publish that returned is kept even when the relay rolls back or is killed with
+SIGKILL a moment later:
+
+* :class:`RecordingBroker` keeps its messages in a table of the lab's schema and
+  writes it only over its own autocommit connection (never the relay's).  Fully
+  deterministic; needs nothing but PostgreSQL.
+* :class:`RabbitBroker` publishes to a real RabbitMQ queue with publisher confirms
+  (``pika``); used when ``LABKIT_AMQP_URL`` is set.
+
+A broker is rebuilt in a child process from :meth:`Broker.spec` (a plain dict), so
+the relay process opens its own connection to the same broker.  Every broker has a
+power switch (:meth:`Broker.set_up`) for the "broker down" lab: a real refusal by the
+broker, seen by the relay as :class:`BrokerDown` from ``publish``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from .errors import LabkitError
+
+AMQP_ENV = "LABKIT_AMQP_URL"
+
+
+class BrokerDown(RuntimeError):
+    """The broker did not accept a message (it is down, or refused it)."""
+
+
+class Broker:
+    """What the relay and the consumer need from a broker."""
+
+    kind = "broker"
+
+    def publish(self, event_id: str, body: dict) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def depth(self) -> int:
+        """Messages the broker holds that no consumer has taken yet."""
+        raise NotImplementedError
+
+    def take_all(self) -> list[tuple[str, dict]]:
+        """Deliver every held message once, in arrival order: (event_id, body) pairs."""
+        raise NotImplementedError
+
+    def set_up(self, up: bool) -> None:
+        """Switch the broker on or off (off: every publish raises BrokerDown)."""
+        raise NotImplementedError
+
+    def spec(self) -> dict:
+        """A picklable description from which :func:`from_spec` rebuilds this broker."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def reset(self) -> "Broker":
+        """Start empty and switched on."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Remove what the broker created outside the lab's schema (a RabbitMQ queue)."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- the recording broker --------------------------------------------------------------
+
+
+class RecordingBroker(Broker):
+    """Messages in the table ``broker_message``, written over the broker's own connection."""
+
+    kind = "recording"
+
+    def __init__(self, dsn: str, schema: str, *, role: str = "broker"):
+        import psycopg
+
+        self.dsn, self.schema = dsn, schema
+        self.conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10,
+                                    application_name=f"labkit:{schema}:{role}"[:63],
+                                    options=f"-c search_path={schema} -c lock_timeout=5s "
+                                            "-c statement_timeout=15s")
+
+    @classmethod
+    def for_lab(cls, lab) -> "RecordingBroker":
+        return cls(lab.db.dsn, lab.schema)
+
+    def reset(self) -> "RecordingBroker":
+        from .lab import read_sql
+
+        self.conn.execute("DROP TABLE IF EXISTS broker_message, broker_switch")
+        self.conn.execute(read_sql("outbox_recording_broker.sql"))
+        return self
+
+    def publish(self, event_id: str, body: dict) -> None:
+        cur = self.conn.execute(
+            "INSERT INTO broker_message (event_id, body) "
+            "SELECT %s, %s WHERE (SELECT up FROM broker_switch)", (event_id, Jsonb(body)))
+        if cur.rowcount != 1:
+            raise BrokerDown(f"recording broker is down: {event_id} not accepted")
+
+    def depth(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM broker_message WHERE NOT delivered").fetchone()[0]
+
+    def take_all(self) -> list[tuple[str, dict]]:
+        rows = self.conn.execute(
+            "UPDATE broker_message SET delivered = true WHERE NOT delivered "
+            "RETURNING seq, event_id, body").fetchall()
+        return [(e, b) for _, e, b in sorted(rows)]
+
+    def set_up(self, up: bool) -> None:
+        self.conn.execute("UPDATE broker_switch SET up = %s", (bool(up),))
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "dsn": self.dsn, "schema": self.schema}
+
+    def describe(self) -> str:
+        return "recording broker: table broker_message, written over its own autocommit connection"
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.close()
+
+
+# -- RabbitMQ ---------------------------------------------------------------------------
+
+
+class RabbitBroker(Broker):
+    """A RabbitMQ queue behind a direct exchange; publisher confirms on.
+
+    ``set_up(False)`` deletes the exchange (the queue and its messages stay), so the
+    relay's next publish is refused by RabbitMQ itself (404 NOT_FOUND); ``set_up(True)``
+    declares it and its binding again.
+    """
+
+    kind = "rabbitmq"
+    ROUTING_KEY = "outbox"
+
+    def __init__(self, url: str, queue: str):
+        import pika
+
+        self.url, self.queue, self.exchange = url, queue, queue + ".x"
+        try:
+            self._conn = pika.BlockingConnection(pika.URLParameters(url))
+        except Exception as exc:  # pika raises several kinds
+            raise LabkitError(f"Cannot reach RabbitMQ at {_redact_amqp(url)} ({type(exc).__name__}: {exc}).",
+                              f"start RabbitMQ, fix {AMQP_ENV}, or unset it to use the recording "
+                              "broker.") from None
+        self._ch = None
+
+    @classmethod
+    def for_lab(cls, lab, url: str) -> "RabbitBroker":
+        where = hashlib.sha1(lab.db.dsn.encode()).hexdigest()[:8]
+        return cls(url, f"labkit.{lab.schema}.{where}")
+
+    def _channel(self):
+        if self._ch is None or not self._ch.is_open:
+            self._ch = self._conn.channel()
+            self._ch.confirm_delivery()
+        return self._ch
+
+    def reset(self) -> "RabbitBroker":
+        ch = self._channel()
+        ch.queue_declare(self.queue, durable=False, auto_delete=False)
+        ch.queue_purge(self.queue)
+        self.set_up(True)
+        return self
+
+    def publish(self, event_id: str, body: dict) -> None:
+        import pika
+
+        try:
+            self._channel().basic_publish(
+                self.exchange, self.ROUTING_KEY, json.dumps(body).encode(),
+                properties=pika.BasicProperties(message_id=event_id, content_type="application/json"),
+                mandatory=True)
+        except pika.exceptions.AMQPError as exc:
+            self._ch = None
+            raise BrokerDown(f"RabbitMQ refused {event_id}: {exc!r}") from None
+
+    def depth(self) -> int:
+        return self._channel().queue_declare(self.queue, passive=True).method.message_count
+
+    def take_all(self) -> list[tuple[str, dict]]:
+        ch, out = self._channel(), []
+        while True:
+            method, props, body = ch.basic_get(self.queue, auto_ack=True)
+            if method is None:
+                return out
+            out.append((props.message_id, json.loads(body)))
+
+    def set_up(self, up: bool) -> None:
+        ch = self._channel()
+        if up:
+            ch.exchange_declare(self.exchange, "direct", durable=False)
+            ch.queue_bind(self.queue, self.exchange, self.ROUTING_KEY)
+        else:
+            ch.exchange_delete(self.exchange)
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "url": self.url, "queue": self.queue}
+
+    def describe(self) -> str:
+        return f"RabbitMQ at {_redact_amqp(self.url)}, queue {self.queue}"
+
+    def discard(self) -> None:
+        """Remove the queue and its exchange from RabbitMQ."""
+        ch = self._channel()
+        ch.exchange_delete(self.exchange)
+        ch.queue_delete(self.queue)
+
+    def close(self) -> None:
+        try:
+            if self._conn.is_open:
+                self._conn.close()
+        except Exception:
+            pass
+
+
+def _redact_amqp(url: str) -> str:
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+# -- choosing one -------------------------------------------------------------------------
+
+
+def for_lab(lab, kind: str | None = None) -> Broker:
+    """The lab's broker, empty and switched on: RabbitMQ when ``LABKIT_AMQP_URL`` is set
+    (or ``kind="rabbitmq"``), else the recording broker."""
+    url = os.environ.get(AMQP_ENV, "").strip()
+    kind = kind or ("rabbitmq" if url else "recording")
+    if kind == "recording":
+        return RecordingBroker.for_lab(lab).reset()
+    if kind == "rabbitmq":
+        if not url:
+            raise LabkitError("The RabbitMQ broker was asked for, but LABKIT_AMQP_URL is not set.",
+                              "set LABKIT_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/ or use the "
+                              "recording broker.")
+        return RabbitBroker.for_lab(lab, url).reset()
+    raise LabkitError(f"No broker kind {kind!r}.", "use 'recording' or 'rabbitmq'.")
+
+
+def from_spec(spec: dict[str, Any], *, role: str = "broker") -> Broker:
+    """Rebuild a broker (in a relay process) from :meth:`Broker.spec`; nothing is reset."""
+    if spec["kind"] == "recording":
+        return RecordingBroker(spec["dsn"], spec["schema"], role=role)
+    if spec["kind"] == "rabbitmq":
+        return RabbitBroker(spec["url"], spec["queue"])
+    raise LabkitError(f"No broker kind {spec['kind']!r}.", "use 'recording' or 'rabbitmq'.")

@@ -1,0 +1,717 @@
+"""The outbox relay: a transaction-scoped claim, a real crash, a real broker.
+
+The producer writes a business row and its outbox row in one transaction.  The relay
+moves outbox rows to a broker, one *tick* at a time::
+
+    BEGIN;
+    SELECT ... FROM outbox WHERE published_at IS NULL ... FOR UPDATE SKIP LOCKED;  -- claim
+    publish each row to the broker;                                               -- I/O
+    UPDATE outbox SET published_at = now() WHERE id = ANY(claimed);               -- mark
+    COMMIT;
+
+The crash labs run each relay in its own OS process (:class:`labkit.procs.Worker`),
+stop it at a scripted point (``ctx.pause``) and kill it with SIGKILL there.  Every
+number a trace reports is read back from the database (``outbox``, ``inbox``,
+``shop_order``, ``pg_locks``, tuple ``xmax``) or from the broker — never counted by
+the script.
+
+``labkit trace relay|dual-write|broker-down`` prints the traces (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from typing import Callable
+
+import psycopg
+
+from . import broker as brokers
+from .broker import Broker, BrokerDown
+from .errors import LabkitError
+from .lab import read_sql
+from .procs import Worker
+from .trace import Trace
+
+ITEMS = ["kettle", "lamp", "mug", "teapot", "rug"]
+OUTBOX_TABLES = ["inbox", "outbox", "shop_order"]
+
+
+def _statements(text: str) -> list[str]:
+    """Split a .sql file into its statements (comments dropped, one ``;`` per line end)."""
+    out, cur = [], []
+    for line in text.splitlines():
+        if line.strip().startswith("--") or not line.strip():
+            continue
+        cur.append(line)
+        if line.rstrip().endswith(";"):
+            out.append("\n".join(cur).rstrip().rstrip(";"))
+            cur = []
+    if cur:
+        out.append("\n".join(cur))
+    return out
+
+
+CLAIM = _statements(read_sql("outbox_claim.sql"))[0]
+MARK = _statements(read_sql("outbox_mark.sql"))[0]
+PRODUCE = _statements(read_sql("outbox_produce.sql"))
+CONSUME = _statements(read_sql("outbox_consume.sql"))[0]
+METRICS = _statements(read_sql("outbox_metrics.sql"))[0]
+
+
+def event_id(order_id: int) -> str:
+    """Stable event ids, so traces and lost-event lists reproduce exactly."""
+    return f"evt-{order_id:04d}"
+
+
+# -- set-up, producer, consumer ------------------------------------------------------------
+
+
+def create_outbox(lab) -> None:
+    """(Re)create shop_order, outbox and inbox in the lab's schema."""
+    lab.execute("DROP TABLE IF EXISTS " + ", ".join(OUTBOX_TABLES))
+    lab.run_file("outbox_tables.sql")
+
+
+def place_orders(lab, n: int, *, start: int = 1, conn: psycopg.Connection | None = None) -> list[str]:
+    """The producer: ``n`` orders, each with its outbox row in one transaction.
+    Returns the event ids written."""
+    if n < 0:
+        raise LabkitError(f"Cannot place {n} orders.", "pass n=0 or more.")
+    own = conn is None
+    conn = conn or lab.connect(role="producer")
+    try:
+        ids = []
+        for order_id in range(start, start + n):
+            params = {"order_id": order_id, "item": ITEMS[order_id % len(ITEMS)],
+                      "event_id": event_id(order_id)}
+            with conn.transaction():
+                for stmt in PRODUCE:
+                    conn.execute(stmt, params)
+            ids.append(params["event_id"])
+        return ids
+    finally:
+        if own:
+            conn.close()
+
+
+def consume(lab, broker: Broker) -> list[str]:
+    """The consumer: take every message the broker holds and apply each event once
+    (inbox row + effect in one transaction).  Returns the event ids of the messages
+    the broker delivered, duplicates included, in delivery order."""
+    messages = broker.take_all()
+    with lab.connect(role="consumer") as conn:
+        for ev, body in messages:
+            with conn.transaction():
+                conn.execute(CONSUME, {"event_id": ev, "order_id": body["order_id"]})
+    return [ev for ev, _ in messages]
+
+
+# -- the relay -------------------------------------------------------------------------------
+
+
+def _no_hook(kind: str, **data) -> None:
+    pass
+
+
+class Relay:
+    """One relay over one connection.  ``order="outbox"`` publishes before COMMIT (the
+    correct relay); ``order="commit-first"`` marks and commits first, then publishes
+    (the dual-write bug).  ``hook(kind, **data)`` is told every move: claimed,
+    published (n), committed, idle, publish_failed."""
+
+    ORDERS = ("outbox", "commit-first")
+
+    def __init__(self, conn: psycopg.Connection, broker: Broker, *, batch: int = 100,
+                 order: str = "outbox", hook: Callable = _no_hook):
+        if batch < 1:
+            raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
+        if order not in self.ORDERS:
+            raise LabkitError(f"No relay order {order!r}.", f"use one of {self.ORDERS}.")
+        self.conn, self.broker, self.batch, self.order, self.hook = conn, broker, batch, order, hook
+
+    def tick(self) -> int:
+        """One claim-publish-mark-commit round; returns how many rows it claimed."""
+        with self.conn.transaction():
+            rows = self.conn.execute(CLAIM, {"batch": self.batch}).fetchall()
+            ids = [r[0] for r in rows]
+            if not rows:
+                self.hook("idle")
+                return 0
+            self.hook("claimed", ids=ids, events=[r[1] for r in rows])
+            if self.order == "outbox":
+                self._publish(rows)
+            self.conn.execute(MARK, {"ids": ids})
+        self.hook("committed", n=len(ids))
+        if self.order == "commit-first":
+            self._publish(rows)
+        return len(ids)
+
+    def _publish(self, rows) -> None:
+        for n, (_, ev, body) in enumerate(rows, 1):
+            self.broker.publish(ev, body)
+            self.hook("published", n=n, event_id=ev)
+
+    def run(self, *, backoff_s: float = 1.0, max_attempts: int = 8,
+            sleep: Callable[[float], None] = time.sleep) -> int:
+        """Tick until nothing is left to claim; on BrokerDown roll back (the ``with``
+        block does) and retry after ``backoff_s``, doubling each time."""
+        if backoff_s < 0 or max_attempts < 1:
+            raise LabkitError(f"backoff_s={backoff_s}, max_attempts={max_attempts} cannot retry.",
+                              "use backoff_s >= 0 and max_attempts >= 1.")
+        total, failures = 0, 0
+        while True:
+            try:
+                n = self.tick()
+            except BrokerDown as exc:
+                failures += 1
+                if failures >= max_attempts:
+                    raise LabkitError(f"The broker refused {failures} attempts in a row ({exc}).",
+                                      "bring the broker back, then run the relay again.") from None
+                delay = backoff_s * 2 ** (failures - 1)
+                self.hook("publish_failed", attempt=failures, delay_s=delay, error=str(exc))
+                sleep(delay)
+                continue
+            failures = 0
+            total += n
+            if n == 0:
+                return total
+
+
+def _relay_conn(dsn: str, schema: str, role: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=10,
+                           application_name=f"labkit:{schema}:{role}"[:63],
+                           options=f"-c search_path={schema} -c lock_timeout=5s -c statement_timeout=15s")
+
+
+def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
+                  batch: int = 100, order: str = "outbox", pause_at=(), backoff_s: float = 1.0):
+    """A relay in its own OS process (run by a Worker).  Pauses at the tags in
+    ``pause_at`` ("claimed", "committed", "published:N", "publish_failed"; "TAG#K" pauses
+    at the K-th time only) so the parent can look at the database, or kill it there.  While scripted (``pause_at`` given) the
+    backoff is the parent's to decide: the relay reports the delay and pauses."""
+    pause_at = set(pause_at)
+    conn = _relay_conn(dsn, schema, role)
+    bk = brokers.from_spec(broker, role=f"broker:{role}")
+    ctx.emit("connected", pid=conn.info.backend_pid)
+
+    seen: dict[str, int] = {}
+
+    def hook(kind, **data):
+        ctx.emit(kind, **data)
+        tag = f"{kind}:{data['n']}" if kind == "published" else kind
+        seen[tag] = seen.get(tag, 0) + 1
+        if tag in pause_at or f"{tag}#{seen[tag]}" in pause_at:
+            ctx.pause(tag)
+
+    try:
+        relay = Relay(conn, bk, batch=batch, order=order, hook=hook)
+        return relay.run(backoff_s=backoff_s, sleep=(lambda s: None) if pause_at else time.sleep)
+    finally:
+        bk.close()
+        conn.close()
+
+
+def relay_loop(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
+               batch: int = 100, interval_s: float = 0.1, run_for_s: float = 3.0):
+    """A relay that ticks every ``interval_s`` for ``run_for_s`` seconds (the lag lab)."""
+    conn = _relay_conn(dsn, schema, role)
+    bk = brokers.from_spec(broker, role=f"broker:{role}")
+    try:
+        relay = Relay(conn, bk, batch=batch)
+        ctx.emit("ready", pid=conn.info.backend_pid)
+        deadline = time.monotonic() + run_for_s
+        total = 0
+        while time.monotonic() < deadline:
+            total += relay.tick()
+            time.sleep(interval_s)
+        return total
+    finally:
+        bk.close()
+        conn.close()
+
+
+# -- looking at the systems ---------------------------------------------------------------------
+
+LOCKS_SQL = """
+SELECT CASE WHEN l.locktype = 'relation' THEN c.relname || ' ' || l.mode
+            ELSE 'own ' || l.locktype || ' ' || l.mode END
+  FROM pg_locks l
+  LEFT JOIN pg_class c ON c.oid = l.relation
+ WHERE l.pid = ANY(%(pids)s) AND l.granted
+   AND (l.locktype = 'transactionid' OR (l.locktype = 'relation' AND c.relname = 'outbox'))
+ ORDER BY 1
+"""
+
+
+class Observer:
+    """Reads the state the traces show: outbox rows, row locks, pg_locks, the broker."""
+
+    def __init__(self, lab, broker: Broker):
+        self.lab, self.broker = lab, broker
+        self.conn = lab.connect(role="observer")
+        self.relay_pids: list[int] = []   # backends the relays reported ("connected")
+
+    def watch(self, worker: Worker) -> int:
+        """Follow the relay in ``worker``; returns its backend pid."""
+        pid = worker.wait_for("connected", timeout=60)["pid"]
+        self.relay_pids.append(pid)
+        return pid
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def relay_backends(self) -> list[tuple[int, str | None]]:
+        return self.conn.execute(
+            "SELECT pid, backend_xid::text FROM pg_stat_activity WHERE pid = ANY(%s)",
+            (self.relay_pids,)).fetchall()
+
+    def relay_locks(self, pids: list[int] | None = None) -> list[str]:
+        """Locks the relay backends hold, from pg_locks (the outbox table and own xid)."""
+        if pids is None:
+            pids = [p for p, _ in self.relay_backends()]
+        return [r[0] for r in self.conn.execute(LOCKS_SQL, {"pids": pids}).fetchall()]
+
+    def relay_locks_text(self) -> str:
+        return " + ".join(self.relay_locks()) or "none"
+
+    def pg_locks_of(self, pid: int) -> int:
+        return self.conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (pid,)).fetchone()[0]
+
+    def locked_rows(self) -> int:
+        """Outbox rows locked by a live relay transaction (tuple xmax = its xid)."""
+        xids = [x for _, x in self.relay_backends() if x]
+        if not xids:
+            return 0
+        return self.conn.execute("SELECT count(*) FROM outbox WHERE xmax::text = ANY(%s)",
+                                 (xids,)).fetchone()[0]
+
+    def snapshot(self) -> dict:
+        unpublished, marked = self.conn.execute(
+            "SELECT count(*) FILTER (WHERE published_at IS NULL), "
+            "count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox").fetchone()
+        return {"unpublished": unpublished, "marked": marked, "locked_rows": self.locked_rows(),
+                "relay_locks": self.relay_locks_text(), "broker": self.broker.depth()}
+
+    def wait_gone(self, pid: int, timeout: float = 15) -> None:
+        """Until the server has noticed that backend ``pid`` died."""
+        deadline = time.monotonic() + timeout
+        while self.conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+            if time.monotonic() > deadline:
+                raise LabkitError(f"The server still shows the killed relay's backend after {timeout:.0f} s.",
+                                  "run `labkit doctor`; the server may be overloaded.")
+            time.sleep(0.02)
+
+    def outcome(self, delivered: list[str], broker_messages: int) -> dict:
+        """The end state, read from the database; ``delivered`` are the event ids the
+        broker handed to the consumer, ``broker_messages`` the broker's depth before."""
+        c = self.conn
+        outbox_rows = c.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        lost = [r[0] for r in c.execute(
+            "SELECT o.event_id FROM outbox o WHERE o.published_at IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.event_id = o.event_id) "
+            "ORDER BY o.event_id").fetchall()]
+        applied, twice = c.execute(
+            "SELECT coalesce(sum(labels_printed), 0), count(*) FILTER (WHERE labels_printed > 1) "
+            "FROM shop_order").fetchone()
+        distinct = len(set(delivered))
+        return {"outbox_rows": outbox_rows, "broker_messages": broker_messages,
+                "distinct_events": distinct, "duplicates": broker_messages - distinct,
+                "lost_events": lost, "consumer_applied": int(applied),
+                "orders_applied_twice": twice}
+
+
+# -- the three traces -------------------------------------------------------------------------------
+
+
+def _check(batch: int, point: int, name: str) -> None:
+    if batch < 1:
+        raise LabkitError(f"batch={batch}: the relay would claim nothing.", "use --batch 1 or more.")
+    if not 0 <= point < batch:
+        raise LabkitError(f"{name}={point} is outside the batch of {batch}.",
+                          f"use 0 <= {name} < batch, so the crash falls inside the batch.")
+
+
+class _OwnBroker:
+    """The broker a lab function uses: the caller's, or its own, discarded at the end."""
+
+    def __init__(self, lab, broker: Broker | None):
+        self.own = broker is None
+        self.broker = broker or brokers.for_lab(lab)
+
+    def __enter__(self) -> Broker:
+        return self.broker
+
+    def __exit__(self, *exc) -> None:
+        if self.own:
+            try:
+                self.broker.discard()
+            finally:
+                self.broker.close()
+
+
+def _start(lab, broker: Broker, orders: int):
+    broker.reset()
+    create_outbox(lab)
+    place_orders(lab, orders)
+    return broker, Observer(lab, broker)
+
+
+def _relay(lab, broker: Broker, role: str, **kw) -> Worker:
+    return Worker(relay_process, name=role.replace("-", " "), dsn=lab.db.dsn, schema=lab.schema,
+                  broker=broker.spec(), role=role, **kw)
+
+
+def _finish(tr: Trace, lab, broker: Broker, obs: Observer, extra: dict) -> Trace:
+    depth = broker.depth()
+    delivered = consume(lab, broker)
+    out = obs.outcome(delivered, depth)
+    tr.add("consumer", f"take {len(delivered)} messages; apply each event once",
+           "the inbox's primary key on event_id turns every duplicate into a no-op",
+           {"delivered": len(delivered), "distinct": out["distinct_events"],
+            "applied": out["consumer_applied"]})
+    summary = {"outbox_rows": out["outbox_rows"]}
+    summary.update(extra)
+    summary.update({k: out[k] for k in ("broker_messages", "distinct_events", "duplicates",
+                                         "lost_events", "consumer_applied", "orders_applied_twice")})
+    tr.summary = summary
+    return tr
+
+
+def trace_relay_crash(lab, broker: Broker | None = None, *, batch: int = 100,
+                      crash_after: int = 40) -> Trace:
+    """Relay 1 claims ``batch`` rows, publishes ``crash_after`` of them, is SIGKILLed;
+    relay 2 claims the same rows and publishes them all; the consumer deduplicates."""
+    _check(batch, crash_after, "crash_after")
+    with _OwnBroker(lab, broker) as bk:
+        return _trace_relay_crash(lab, bk, batch, crash_after)
+
+
+def _trace_relay_crash(lab, broker: Broker, batch: int, crash_after: int) -> Trace:
+    broker, obs = _start(lab, broker, batch)
+    tr = Trace(f"Relay crash mid-batch: {batch} claimed, killed after {crash_after} publishes")
+    try:
+        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        crash_tag = f"published:{crash_after}" if crash_after else "claimed"
+        with _relay(lab, broker, "relay-1", batch=batch, pause_at=["claimed", crash_tag]) as r1:
+            pid = obs.watch(r1)
+            first = r1.wait_for("claimed", timeout=60)["ids"]
+            r1.wait_for("paused", tag="claimed", timeout=60)
+            tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
+                   "the row locks are the claim; they last until this transaction ends",
+                   obs.snapshot())
+            if crash_after:
+                r1.resume()
+                r1.wait_for("paused", tag=crash_tag, timeout=60)
+                tr.add("relay 1", f"publish {crash_after} of {len(first)}",
+                       "the broker holds them now; no outbox row is marked yet", obs.snapshot())
+            r1.kill()
+        obs.wait_gone(pid)
+        after = obs.snapshot()
+        locks_after = obs.pg_locks_of(pid)
+        tr.add("relay 1", "SIGKILL (the process dies mid-batch)",
+               "the server sees the connection drop and rolls back: nothing marked, locks gone, "
+               "the broker keeps what it got", after, kind="crash")
+        with _relay(lab, broker, "relay-2", batch=batch, pause_at=["claimed#1"]) as r2:
+            obs.watch(r2)
+            again = r2.wait_for("claimed", timeout=60)["ids"]
+            r2.wait_for("paused", tag="claimed", timeout=60)
+            same = "the same rows" if again == first else "other rows"
+            tr.add("relay 2", f"BEGIN; claim {len(again)} rows FOR UPDATE SKIP LOCKED",
+                   f"{same}: nothing marked them, and nothing locks them any more", obs.snapshot())
+            r2.resume()
+            r2.join(60)
+        tr.add("relay 2", f"publish all {len(again)}, mark them, COMMIT",
+               "the first publishes are sent a second time: at-least-once, by design",
+               obs.snapshot())
+        return _finish(tr, lab, broker, obs, {
+            "reclaimed_same_rows": again == first,
+            "marked_published_after_crash": after["marked"],
+            "locks_held_after_crash": locks_after + after["locked_rows"]})
+    finally:
+        obs.close()
+
+
+def trace_dual_write(lab, broker: Broker | None = None, *, batch: int = 100,
+                     crash_after: int = 40) -> Trace:
+    """The same relay written commit-first, publish-after, killed after ``crash_after``
+    publishes: the rest are marked published and never reach the broker."""
+    _check(batch, crash_after, "crash_after")
+    with _OwnBroker(lab, broker) as bk:
+        return _trace_dual_write(lab, bk, batch, crash_after)
+
+
+def _trace_dual_write(lab, broker: Broker, batch: int, crash_after: int) -> Trace:
+    broker, obs = _start(lab, broker, batch)
+    tr = Trace(f"The dual-write bug: commit first, publish after, killed after {crash_after} publishes")
+    try:
+        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        crash_tag = f"published:{crash_after}" if crash_after else "committed"
+        with _relay(lab, broker, "relay-1", batch=batch, order="commit-first",
+                    pause_at=["claimed", "committed", crash_tag]) as r1:
+            pid = obs.watch(r1)
+            first = r1.wait_for("claimed", timeout=60)["ids"]
+            r1.wait_for("paused", tag="claimed", timeout=60)
+            tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
+                   "the same claim as the correct relay", obs.snapshot())
+            r1.resume()
+            r1.wait_for("paused", tag="committed", timeout=60)
+            tr.add("relay 1", f"mark {len(first)} published, COMMIT — before publishing",
+                   "the database now says every event was sent; none was", obs.snapshot())
+            if crash_after:
+                r1.resume()
+                r1.wait_for("paused", tag=crash_tag, timeout=60)
+                tr.add("relay 1", f"publish {crash_after} of {len(first)}",
+                       "publishing runs outside any transaction", obs.snapshot())
+            r1.kill()
+        obs.wait_gone(pid)
+        after = obs.snapshot()
+        locks_after = obs.pg_locks_of(pid)
+        tr.add("relay 1", "SIGKILL (the process dies mid-batch)",
+               "nothing to roll back: the marks were committed before the publishes",
+               after, kind="crash")
+        with _relay(lab, broker, "relay-2", batch=batch) as r2:
+            obs.watch(r2)
+            r2.wait_for("idle", timeout=60)
+            r2.join(60)
+        tr.add("relay 2", "BEGIN; claim … FOR UPDATE SKIP LOCKED → no rows",
+               "every row is marked published, so no relay will ever send the rest",
+               obs.snapshot())
+        return _finish(tr, lab, broker, obs, {
+            "marked_published_after_crash": after["marked"],
+            "locks_held_after_crash": locks_after + after["locked_rows"]})
+    finally:
+        obs.close()
+
+
+def trace_broker_down(lab, broker: Broker | None = None, *, batch: int = 100,
+                      down_after: int = 40, backoff_s: float = 1.0) -> Trace:
+    """The broker goes down after ``down_after`` publishes: the publish fails, the batch
+    rolls back, the relay backs off (doubling) and catches up when the broker returns."""
+    _check(batch, down_after, "down_after")
+    if backoff_s <= 0:
+        raise LabkitError(f"backoff_s={backoff_s} would retry in a tight loop.", "use backoff_s > 0.")
+    with _OwnBroker(lab, broker) as bk:
+        return _trace_broker_down(lab, bk, batch, down_after, backoff_s)
+
+
+def _trace_broker_down(lab, broker: Broker, batch: int, down_after: int, backoff_s: float) -> Trace:
+    broker, obs = _start(lab, broker, batch)
+    tr = Trace(f"Broker down after {down_after} publishes: roll back, back off, catch up")
+    try:
+        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        stop_tag = f"published:{down_after}" if down_after else "claimed"
+        with _relay(lab, broker, "relay-1", batch=batch, backoff_s=backoff_s,
+                    pause_at=["claimed#1", f"{stop_tag}#1", "publish_failed"]) as r1:
+            obs.watch(r1)
+            r1.wait_for("paused", tag="claimed", timeout=60)
+            if down_after:
+                r1.resume()
+                r1.wait_for("paused", tag=stop_tag, timeout=60)
+                tr.add("relay 1", f"BEGIN; claim {batch}; publish {down_after}",
+                       "a normal tick, so far", obs.snapshot())
+            broker.set_up(False)
+            tr.add("broker", "goes down", "every publish is refused from now on", obs.snapshot())
+            for attempt in (1, 2):
+                r1.resume()
+                ev = r1.wait_for("publish_failed", count=attempt, timeout=60)
+                r1.wait_for("paused", tag="publish_failed", count=attempt, timeout=60)
+                claimed = r1.wait_for("claimed", count=attempt, timeout=60)["ids"]
+                done = [e for e in r1.events if e["kind"] == "published"][-1]["n"] \
+                    if attempt == 1 and down_after else 0
+                what = (f"publish {done + 1} refused" if attempt == 1
+                        else f"retry: claim {len(claimed)} again; publish 1 refused")
+                tr.add("relay 1", f"{what} → ROLLBACK; back off {ev['delay_s']:g} s",
+                       "nothing was marked, so nothing is lost; the locks go with the rollback, "
+                       "the broker keeps what it had", obs.snapshot(), kind="error")
+            broker.set_up(True)
+            tr.add("broker", "comes back", "publishes are accepted again", obs.snapshot())
+            r1.resume()
+            r1.join(60)
+        tr.add("relay 1", f"claim {batch} again; publish all, mark them, COMMIT",
+               "caught up: every event is in the broker, some of them twice", obs.snapshot())
+        return _finish(tr, lab, broker, obs, {})
+    finally:
+        obs.close()
+
+
+TRACES = {"relay": trace_relay_crash, "dual-write": trace_dual_write, "broker-down": trace_broker_down}
+
+
+# -- two relays at once ---------------------------------------------------------------------------
+
+
+def two_relays(lab, broker: Broker | None = None, *, orders: int = 100, batch: int = 50) -> dict:
+    """Two relay processes, each holding its claim while the other claims: the batches
+    are disjoint.  Returns both claims and the broker's messages."""
+    if orders < 0 or batch < 1:
+        raise LabkitError(f"orders={orders}, batch={batch}: nothing to share.", "use orders >= 0 and batch >= 1.")
+    with _OwnBroker(lab, broker) as bk:
+        return _two_relays(lab, bk, orders, batch)
+
+
+def _two_relays(lab, broker: Broker, orders: int, batch: int) -> dict:
+    broker, obs = _start(lab, broker, orders)
+    try:
+        workers = [_relay(lab, broker, f"relay-{i}", batch=batch, pause_at=["claimed#1"])
+                   for i in (1, 2)]
+        claims = []
+        try:
+            for w in workers:
+                w.start()
+                obs.watch(w)
+                claims.append(w.wait_for("claimed", timeout=60)["ids"])
+                w.wait_for("paused", tag="claimed", timeout=60)
+            held = obs.locked_rows()
+            for w in workers:
+                w.resume()
+            for w in workers:
+                w.join(60)
+        finally:
+            for w in workers:
+                w.kill()
+        depth = broker.depth()
+        delivered = consume(lab, broker)
+        return {"claims": claims, "locked_while_both_held": held, "broker_messages": depth,
+                "delivered": delivered, **obs.outcome(delivered, depth)}
+    finally:
+        obs.close()
+
+
+# -- lag -------------------------------------------------------------------------------------------
+
+
+def metrics(lab) -> tuple[int, float]:
+    """(depth, age of the oldest unpublished row in seconds), from the partial index."""
+    depth, age = lab.execute(METRICS)[0]
+    return depth, age
+
+
+def measure_lag(lab, broker: Broker | None = None, *, rate_per_s: float = 40, interval_s: float = 0.1,
+                run_s: float = 3.0, pause: tuple[float, float] = (1.0, 2.0), sample_s: float = 0.05,
+                batch: int = 100):
+    """Orders arrive at ``rate_per_s``; a relay process ticks every ``interval_s``; it is
+    frozen (SIGSTOP) during ``pause`` and thawed (SIGCONT) after.  Samples depth and the
+    oldest row's age every ``sample_s``.  Returns a DataFrame (t_s, depth, oldest_age_s, relay)."""
+    if min(rate_per_s, interval_s, sample_s, run_s, batch) <= 0:
+        raise LabkitError("rate_per_s, interval_s, sample_s, run_s and batch must be positive.",
+                          "pass positive numbers, for example rate_per_s=40, run_s=3, batch=100.")
+    if not 0 <= pause[0] < pause[1] <= run_s:
+        raise LabkitError(f"pause={pause} does not fit in run_s={run_s}.",
+                          "use pause=(start, end) with 0 <= start < end <= run_s.")
+    with _OwnBroker(lab, broker) as bk:
+        return _measure_lag(lab, bk, rate_per_s, interval_s, run_s, pause, sample_s, batch)
+
+
+def _measure_lag(lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch):
+    import pandas as pd
+
+    broker, obs = _start(lab, broker, 0)
+    obs.close()
+    w = Worker(relay_loop, name="relay loop", dsn=lab.db.dsn, schema=lab.schema, broker=broker.spec(),
+               batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
+    rows, stopped, placed, next_id = [], False, 0.0, 1
+    producer = lab.connect(role="producer")
+    try:
+        w.start()
+        w.wait_for("ready", timeout=60)
+        t0 = time.monotonic()
+        while (t := time.monotonic() - t0) < run_s:
+            if not stopped and pause[0] <= t < pause[1]:
+                os.kill(w.pid, signal.SIGSTOP)
+                stopped = True
+            elif stopped and t >= pause[1]:
+                os.kill(w.pid, signal.SIGCONT)
+                stopped = False
+            due = int(t * rate_per_s) - int(placed)
+            if due > 0:
+                place_orders(lab, due, start=next_id, conn=producer)
+                next_id += due
+                placed += due
+            depth, age = metrics(lab)
+            rows.append((round(t, 3), depth, age, "paused" if stopped else "running"))
+            time.sleep(max(0.0, sample_s - (time.monotonic() - t0 - t)))
+    finally:
+        if stopped and w.alive:
+            os.kill(w.pid, signal.SIGCONT)
+        producer.close()
+        w.kill()
+    return pd.DataFrame(rows, columns=["t_s", "depth", "oldest_age_s", "relay"])
+
+
+def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag while the relay is paused"):
+    import matplotlib.pyplot as plt
+
+    from .plots import PALETTE
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.6))
+    ax.axvspan(*pause, color=PALETTE[1], alpha=0.18, label="relay paused (SIGSTOP)")
+    ax.plot(df.t_s, df.oldest_age_s, color=PALETTE[0], label="age of oldest unpublished row (s)")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("age (s)")
+    ax2 = ax.twinx()
+    ax2.plot(df.t_s, df.depth, color=PALETTE[2], linestyle="--", label="outbox depth (rows)")
+    ax2.set_ylabel("unpublished rows")
+    ax2.spines["right"].set_visible(True)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=9)
+    ax.set_title(title)
+    return ax
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    """``labkit trace relay|dual-write|broker-down [--batch N] [--crash-after N] [--json]``"""
+    p = argparse.ArgumentParser(prog="labkit trace", description="Run an outbox relay crash trace.")
+    p.add_argument("kind", choices=sorted(TRACES))
+    p.add_argument("--batch", type=int, default=100, help="rows one relay tick claims (default 100)")
+    p.add_argument("--crash-after", type=int, default=40,
+                   help="publishes before the crash / the broker going down (default 40)")
+    p.add_argument("--broker", choices=["recording", "rabbitmq"],
+                   help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
+    p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
+    args = p.parse_args(argv)
+    from . import db as dbmod
+
+    try:
+        lab = dbmod.connect(quiet=True).lab(f"trace_{args.kind}")
+        try:
+            with brokers.for_lab(lab, args.broker) as bk:
+                try:
+                    point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
+                    tr = TRACES[args.kind](lab, bk, batch=args.batch, **{point: args.crash_after})
+                finally:
+                    bk.discard()
+        finally:
+            lab.drop()
+    except LabkitError as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"title": tr.title, "broker": bk.kind,
+                          "steps": json.loads(tr.to_json())["steps"], "summary": tr.summary}, indent=1))
+    else:
+        print(tr.to_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+def claim_text(batch: int) -> str:
+    """The relay's claim with its batch size written in, for scripted sessions."""
+    if int(batch) < 1:
+        raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
+    return CLAIM.replace("%(batch)s", str(int(batch)))

@@ -1,0 +1,206 @@
+"""The outbox relay: producer, brokers, consumer, the three crash traces, lag metrics.
+
+Every test runs on the real server.  The ``broker`` fixture runs each broker test
+twice: with the recording broker, and with the broker the environment picks
+(RabbitMQ when LABKIT_AMQP_URL is set, as in CI's second leg; otherwise the
+recording broker again, which ``test_the_environment_picks_the_broker`` asserts).
+"""
+
+import json
+import os
+
+import psycopg
+import pytest
+
+from labkit import broker as brokers
+from labkit import relay
+from labkit.errors import LabkitError
+
+AMQP = os.environ.get("LABKIT_AMQP_URL", "").strip()
+
+
+@pytest.fixture(params=["recording", "env"])
+def broker(request, lab):
+    bk = brokers.for_lab(lab, "recording" if request.param == "recording" else None)
+    yield bk
+    bk.discard()
+    bk.close()
+
+
+def test_the_environment_picks_the_broker(lab):
+    with brokers.for_lab(lab) as bk:
+        if AMQP:
+            assert isinstance(bk, brokers.RabbitBroker)
+            assert bk.describe().startswith("RabbitMQ") and "guest:guest" not in bk.describe()
+        else:
+            assert isinstance(bk, brokers.RecordingBroker)
+        bk.discard()
+    if not AMQP:
+        with pytest.raises(LabkitError, match="LABKIT_AMQP_URL is not set"):
+            brokers.for_lab(lab, "rabbitmq")
+
+
+def test_producer_writes_order_and_outbox_row_together(lab):
+    relay.create_outbox(lab)
+    assert relay.place_orders(lab, 3) == ["evt-0001", "evt-0002", "evt-0003"]
+    # order 3 exists: a second "order 3" fails on the order, and its outbox row goes too
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        relay.place_orders(lab, 1, start=3)
+    assert lab.execute("SELECT count(*) FROM shop_order") == [(3,)]
+    assert lab.execute("SELECT event_id, aggregate, payload->>'type' FROM outbox ORDER BY id") == [
+        ("evt-0001", "shop_order:1", "order_placed"), ("evt-0002", "shop_order:2", "order_placed"),
+        ("evt-0003", "shop_order:3", "order_placed")]
+
+
+def test_a_publish_is_not_undone_by_the_relays_rollback(lab, broker):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 2)
+    with lab.connect(role="relay-1") as conn:
+        with pytest.raises(ZeroDivisionError):
+            with conn.transaction():
+                conn.execute(relay.CLAIM, {"batch": 10})
+                broker.publish("evt-0001", {"order_id": 1})
+                conn.execute(relay.MARK, {"ids": [1, 2]})
+                1 / 0
+    assert lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL") == [(0,)]
+    assert broker.depth() == 1
+    assert [e for e, _ in broker.take_all()] == ["evt-0001"]
+    assert broker.depth() == 0
+
+
+def test_a_broker_that_is_down_refuses_and_comes_back(lab, broker):
+    broker.publish("evt-0001", {"order_id": 1})
+    broker.set_up(False)
+    with pytest.raises(brokers.BrokerDown):
+        broker.publish("evt-0002", {"order_id": 2})
+    assert broker.depth() == 1          # what it held, it keeps
+    broker.set_up(True)
+    broker.publish("evt-0003", {"order_id": 3})
+    assert [e for e, _ in broker.take_all()] == ["evt-0001", "evt-0003"]
+
+
+def test_the_consumer_applies_each_event_once(lab, broker):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 2)
+    for ev, oid in [("evt-0001", 1), ("evt-0002", 2), ("evt-0001", 1), ("evt-0001", 1)]:
+        broker.publish(ev, {"order_id": oid})
+    assert relay.consume(lab, broker) == ["evt-0001", "evt-0002", "evt-0001", "evt-0001"]
+    assert lab.execute("SELECT id, labels_printed FROM shop_order ORDER BY id") == [(1, 1), (2, 1)]
+    assert lab.execute("SELECT event_id FROM inbox ORDER BY 1") == [("evt-0001",), ("evt-0002",)]
+
+
+def test_a_tick_claims_publishes_marks_and_an_empty_tick_is_idle(lab, broker):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 5)
+    seen = []
+    with lab.connect(role="relay-1") as conn:
+        r = relay.Relay(conn, broker, batch=3, hook=lambda kind, **d: seen.append(kind))
+        assert r.tick() == 3
+        assert r.run() == 2
+    assert seen == ["claimed"] + ["published"] * 3 + ["committed", "claimed"] + ["published"] * 2 + [
+        "committed", "idle"]
+    assert lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL") == [(0,)]
+    assert broker.depth() == 5
+
+
+def test_relay_crash_mid_batch_duplicates_but_loses_nothing(lab, broker):
+    tr = relay.trace_relay_crash(lab, broker, batch=30, crash_after=12)
+    s = tr.summary
+    assert s["reclaimed_same_rows"] is True
+    assert s["marked_published_after_crash"] == 0 and s["locks_held_after_crash"] == 0
+    assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (42, 30, 12)
+    assert s["lost_events"] == [] and s["consumer_applied"] == 30 and s["orders_applied_twice"] == 0
+    crash = [st for st in tr.steps if st.kind == "crash"]
+    assert len(crash) == 1 and crash[0].state["locked_rows"] == 0 and crash[0].state["broker"] == 12
+    before = tr.steps[2].state  # after 12 publishes, before the kill: the claim is held
+    assert before["locked_rows"] == 30 and "outbox RowShareLock" in before["relay_locks"]
+
+
+def test_a_crash_right_after_the_claim_publishes_nothing_twice(lab):
+    with brokers.for_lab(lab, "recording") as bk:
+        s = relay.trace_relay_crash(lab, bk, batch=10, crash_after=0).summary
+    assert (s["broker_messages"], s["duplicates"], s["consumer_applied"]) == (10, 0, 10)
+
+
+def test_dual_write_loses_the_unpublished_events_for_good(lab, broker):
+    tr = relay.trace_dual_write(lab, broker, batch=20, crash_after=5)
+    s = tr.summary
+    assert s["marked_published_after_crash"] == 20 and s["locks_held_after_crash"] == 0
+    assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (5, 5, 0)
+    assert s["lost_events"] == [f"evt-{i:04d}" for i in range(6, 21)]
+    assert s["consumer_applied"] == 5
+    assert "no rows" in tr.steps[-2].action
+
+
+def test_broker_down_rolls_back_backs_off_and_catches_up(lab, broker):
+    tr = relay.trace_broker_down(lab, broker, batch=20, down_after=8)
+    s = tr.summary
+    assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (28, 20, 8)
+    assert s["lost_events"] == [] and s["consumer_applied"] == 20
+    errors = [st for st in tr.steps if st.kind == "error"]
+    assert [e.action.split("back off ")[1] for e in errors] == ["1 s", "2 s"]
+    assert all(e.state["marked"] == 0 and e.state["locked_rows"] == 0 for e in errors)
+
+
+def test_two_relays_at_once_publish_disjoint_batches(lab, broker):
+    out = relay.two_relays(lab, broker, orders=40, batch=20)
+    a, b = out["claims"]
+    assert len(a) == len(b) == 20 and not set(a) & set(b) and sorted(a + b) == list(range(1, 41))
+    assert out["locked_while_both_held"] == 40
+    assert (out["broker_messages"], out["distinct_events"], out["duplicates"]) == (40, 40, 0)
+    assert out["consumer_applied"] == 40
+
+
+def test_lag_metrics_come_from_the_partial_index(lab):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 2000)
+    lab.execute("UPDATE outbox SET published_at = now() WHERE id <= 1990")
+    lab.execute("VACUUM ANALYZE outbox")
+    depth, age = relay.metrics(lab)
+    assert depth == 10 and age > 0
+    plan = "\n".join(r[0] for r in lab.execute("EXPLAIN (COSTS OFF) " + relay.METRICS))
+    assert "outbox_unpublished_idx" in plan
+
+
+def test_lag_grows_while_the_relay_is_paused(lab):
+    df = relay.measure_lag(lab, rate_per_s=40, run_s=1.6, pause=(0.5, 1.1))
+    paused = df[df.relay == "paused"]
+    before = df[(df.relay == "running") & (df.t_s < 0.5)]
+    assert len(paused) >= 3 and len(before) >= 3
+    # 40 orders/s for 0.6 s: the frozen relay leaves them all in the outbox (at least half
+    # of them, allowing for a busy machine), more than it ever let pile up while running
+    assert paused.depth.max() >= 12 and paused.depth.max() > before.depth.max()
+    assert paused.oldest_age_s.max() > before.oldest_age_s.max()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda lab: relay.trace_relay_crash(lab, batch=0), "batch=0"),
+    (lambda lab: relay.trace_relay_crash(lab, batch=10, crash_after=10), "crash_after=10"),
+    (lambda lab: relay.trace_dual_write(lab, batch=10, crash_after=-1), "crash_after=-1"),
+    (lambda lab: relay.trace_broker_down(lab, batch=10, down_after=5, backoff_s=0), "backoff_s=0"),
+    (lambda lab: relay.measure_lag(lab, run_s=1, pause=(0.5, 2)), "pause="),
+    (lambda lab: relay.place_orders(lab, -1), "n=0 or more"),
+])
+def test_bad_parameters_name_the_fix(lab, call, match):
+    with pytest.raises(LabkitError, match=match) as info:
+        call(lab)
+    assert info.value.fix
+
+
+def test_relay_refuses_a_zero_batch(lab):
+    with brokers.for_lab(lab, "recording") as bk, lab.connect() as conn:
+        with pytest.raises(LabkitError, match="batch=1 or more"):
+            relay.Relay(conn, bk, batch=0)
+
+
+def test_command_line_prints_the_summary_as_json(capsys):
+    assert relay.main(["dual-write", "--batch", "10", "--crash-after", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    s = out["summary"]
+    for key in ("outbox_rows", "marked_published_after_crash", "broker_messages", "distinct_events",
+                "duplicates", "lost_events", "consumer_applied", "locks_held_after_crash"):
+        assert key in s
+    assert s["lost_events"] == [f"evt-{i:04d}" for i in range(4, 11)]
+    assert out["broker"] == ("rabbitmq" if AMQP else "recording")
+    assert relay.main(["relay", "--batch", "5", "--crash-after", "9"]) == 2
+    assert "crash_after=9" in capsys.readouterr().err
