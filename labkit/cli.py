@@ -126,6 +126,8 @@ DELEGATED = {
     "student": ("labkit.training", True),
     "convoy": ("labkit.convoy", False),
     "drill": ("labkit.drill", False),
+    "grade": ("labkit.grade", False),
+    "bench-history": ("labkit.claims", False),
 }
 
 # labkit trace WHAT ...: which module replays which trace
@@ -150,6 +152,8 @@ commands:
   book [NOTEBOOK ...] [--no-execute]   execute notebooks into an HTML handout set in build/book
   student [--check]                    student copies of the exercise notebooks (no solutions)
   convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
+  grade claim FILE.sql [--json]        grade a claim: N workers, one killed mid-way; exit 1 on fail
+  bench-history                        claim throughput as finished-job history grows (0 → 1M rows)
   drill sheet [--level L] [--topic T] [--short]   the interview study sheet
   drill quiz [--topic T] [--no-key]              the answers that cost you the question
   drill check                                    validate the question bank and the quiz

@@ -1,0 +1,538 @@
+"""Claiming correctly: claim-mark-commit, the held-open mistake, leases, the reaper,
+idempotent effects, batch size, history and ordering (notebooks 03-05).
+
+Everything here runs against the job table of ``sql/job_table.sql`` (plus the
+columns of ``sql/job_table_leases.sql`` / ``sql/job_table_keys.sql`` where a lab
+needs them).  Workers that must be able to crash run as real OS processes
+(:class:`labkit.procs.Worker`) with :func:`worker_main` as their body; the parent
+kills them with SIGKILL at a scripted pause.
+
+``python -m labkit.claims bench-history`` measures claim throughput against a
+growing history of finished jobs (0 → 10k → 100k → 1M), with and without the
+partial index on the pending predicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import psycopg
+
+from .errors import LabkitError
+from .lab import read_sql
+
+CLAIM_SQL = read_sql("claim_skip_locked.sql")
+HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
+PER_KEY_SQL = read_sql("claim_per_key.sql")
+FINISH_SQL = read_sql("finish_jobs.sql")
+REAPER_SQL = read_sql("reaper.sql")
+
+STYLES = ("claim_mark_commit", "hold_open", "per_key")
+EFFECTS = ("log", "once")
+HISTORY_FIRST_ID = 10_000_001   # finished jobs get ids far above the pending ones
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+def _positive(name: str, value, *, zero_ok: bool = False) -> None:
+    if value is None or (value < 0 if zero_ok else value <= 0):
+        need = "0 or more" if zero_ok else "1 or more"
+        raise LabkitError(f"{name} must be {need}, not {value!r}.",
+                          f"pass {name}={'0' if zero_ok else '1'} or a larger number.")
+
+
+def _style(style: str) -> None:
+    if style not in STYLES:
+        raise LabkitError(f"Unknown claim style {style!r}.", f"use one of {', '.join(STYLES)}.")
+
+
+# -- the claim, in-process ----------------------------------------------------------------------
+
+def claim(conn: psycopg.Connection, worker_id: str, batch: int = 1) -> list[int]:
+    """Claim-mark-commit on an autocommit connection: one statement, one short transaction."""
+    _positive("batch", batch)
+    return [r[0] for r in conn.execute(CLAIM_SQL, {"batch": batch, "worker_id": worker_id}).fetchall()]
+
+
+def finish(conn: psycopg.Connection, worker_id: str, ids: list[int]) -> list[int]:
+    """Mark the jobs DONE (only those this worker still owns); returns the ids marked."""
+    return [r[0] for r in conn.execute(FINISH_SQL, {"ids": list(ids), "worker_id": worker_id}).fetchall()]
+
+
+def reap(lab, *, lease: str = "30 seconds", max_attempts: int = 3, as_of=None) -> list[tuple]:
+    """Run the reaper once; returns (id, new status, attempts) of every job it took back.
+    ``as_of`` is the reaper's "now" (default: the server's clock)."""
+    _positive("max_attempts", max_attempts)
+    return lab.execute(REAPER_SQL, {"lease": lease, "max_attempts": max_attempts, "as_of": as_of})
+
+
+def add_leases(lab) -> None:
+    """attempts, the DEAD state and the reaper's index (sql/job_table_leases.sql)."""
+    lab.run_file("job_table_leases.sql")
+
+
+def add_effects(lab) -> None:
+    """The two effect tables of sql/effects.sql (effect_log and effect_once)."""
+    lab.run_file("effects.sql")
+
+
+def effect_counts(lab) -> dict[int, dict[str, int]]:
+    """{job id: {"log": rows in effect_log, "once": rows in effect_once}}."""
+    out: dict[int, dict[str, int]] = {}
+    for table in EFFECTS:
+        for job_id, n in lab.execute(f"SELECT job_id, count(*) FROM effect_{table} GROUP BY 1"):
+            out.setdefault(job_id, {"log": 0, "once": 0})[table] = n
+    return out
+
+
+def job_row(lab, job_id: int) -> dict:
+    """One job as a dict: status, worker_id, claimed (bool), attempts (if the column exists)."""
+    cols = [r[0] for r in lab.execute(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = 'job'")]
+    extra = ", attempts" if "attempts" in cols else ""
+    row = lab.execute(f"SELECT status, worker_id, claimed_at IS NOT NULL{extra} FROM job WHERE id = %s",
+                      (job_id,))
+    if not row:
+        raise LabkitError(f"There is no job {job_id}.", "create the jobs first (lab.create_jobs(n)).")
+    out = {"status": row[0][0], "worker": row[0][1], "claimed_at set": row[0][2]}
+    if extra:
+        out["attempts"] = row[0][3]
+    return out
+
+
+def fresh_jobs(lab, n: int) -> None:
+    """Drop the lab's job table (and its archive) and create it again with ``n`` pending jobs."""
+    _positive("jobs", n, zero_ok=True)
+    lab.execute("DROP TABLE IF EXISTS job, job_archive CASCADE")
+    lab.create_jobs(n)
+
+
+def backend_gone(lab, worker, timeout: float = 10) -> None:
+    """Wait until the server no longer shows the backends of a killed worker (their
+    transactions rolled back, their locks freed).  The worker reported their pids in its
+    ``connected`` event."""
+    pids = [p for e in worker.events if e["kind"] == "connected" for p in e["pids"]]
+    deadline = time.monotonic() + timeout
+    while pids and lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)):
+        if time.monotonic() > deadline:
+            raise LabkitError(f"The server still shows worker {worker.name!r}'s session after "
+                              f"{timeout:.0f} s.", "run `labkit doctor`; end it with `labkit clean`.")
+        time.sleep(0.02)
+
+
+# -- a worker as a real process -------------------------------------------------------------------
+
+def _child_connect(dsn: str, schema: str, role: str) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
+                           application_name=f"labkit:{schema}:{role}"[:63], connect_timeout=10)
+    conn.execute("SET lock_timeout = '10s'")
+    conn.execute("SET statement_timeout = '60s'")
+    return conn
+
+
+def job_duration_ms(job_id: int, job_ms: float, jitter: float) -> float:
+    """A job's run time: ``job_ms`` give or take ``jitter`` (a fraction), fixed per job id."""
+    if not jitter:
+        return job_ms
+    return job_ms * (1 + random.Random(job_id).uniform(-jitter, jitter))
+
+
+def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_mark_commit",
+                batch: int = 1, job_ms: float = 0.0, jitter: float = 0.0, effects: tuple = (),
+                pause_after: int | None = None, poison: tuple = (), max_claims: int | None = None,
+                report: str = "jobs", sync_start: bool = False) -> dict:
+    """The body of a worker process.
+
+    ``style``: ``claim_mark_commit`` (claim in one short transaction, run, then mark
+    DONE), ``hold_open`` (lock, run the jobs, mark DONE and commit only at the end) or
+    ``per_key`` (claim_per_key.sql, batch 1).  For each job the handler writes its
+    ``effects`` ("log", "once") on a connection of its own, sleeps the job's time, and
+    emits ``ran``.  ``pause_after=k`` stops after the k-th job has run (its effects
+    written, not yet marked DONE): the parent kills the worker there.  A job in
+    ``poison`` kills its own worker (SIGKILL) every time it runs.  ``report``: "jobs"
+    emits claimed/ran/done events per batch and job, "batches" only per batch,
+    "none" only start and end.
+    """
+    _style(style)
+    with ExitStack() as stack:
+        conn = stack.enter_context(_child_connect(dsn, schema, worker_id))
+        fx = stack.enter_context(_child_connect(dsn, schema, worker_id + ":fx")) if effects else None
+        ran = done = claims = 0
+        ctx.emit("connected", pids=[c.info.backend_pid for c in (conn, fx) if c is not None])
+        if sync_start:
+            ctx.pause("ready")                  # the parent starts every worker at once
+        ctx.emit("start")
+        while max_claims is None or claims < max_claims:
+            t_tx = time.monotonic()
+            if style == "hold_open":
+                conn.execute("BEGIN")
+                ids = [r[0] for r in conn.execute(HOLD_OPEN_SQL, {"batch": batch}).fetchall()]
+            elif style == "per_key":
+                ids = [r[0] for r in conn.execute(PER_KEY_SQL, {"worker_id": worker_id}).fetchall()]
+            else:
+                ids = claim(conn, worker_id, batch)
+            claim_ms = (time.monotonic() - t_tx) * 1000
+            if not ids:
+                if style == "hold_open":
+                    conn.execute("ROLLBACK")
+                break
+            claims += 1
+            if report != "none":
+                ctx.emit("claimed", ids=ids)
+            for job_id in ids:
+                if job_id in poison:
+                    os.kill(os.getpid(), signal.SIGKILL)   # the handler takes the worker down
+                for kind in effects:
+                    _write_effect(fx, kind, job_id, worker_id)
+                ms = job_duration_ms(job_id, job_ms, jitter)
+                if ms:
+                    time.sleep(ms / 1000)
+                ran += 1
+                if report == "jobs":
+                    ctx.emit("ran", id=job_id)
+                if pause_after is not None and ran == pause_after:
+                    ctx.pause("mid-job")
+            t_work_end = time.monotonic()
+            if style == "hold_open":
+                conn.execute("UPDATE job SET status = 'DONE', worker_id = %s, claimed_at = now() "
+                             "WHERE id = ANY(%s)", (worker_id, ids))
+                conn.execute("COMMIT")
+                marked = ids
+            else:
+                marked = finish(conn, worker_id, ids)
+            # How long the claim's transaction (and its row locks) lasted.
+            tx_ms = (time.monotonic() - t_tx) * 1000 if style == "hold_open" else claim_ms
+            done += len(marked)
+            if report in ("jobs", "batches"):
+                ctx.emit("finished", ids=marked, lost=sorted(set(ids) - set(marked)), tx_ms=tx_ms,
+                         work_end=t_work_end)
+        ctx.emit("end", jobs=done)
+        return {"claims": claims, "ran": ran, "done": done}
+
+
+def _write_effect(fx: psycopg.Connection, kind: str, job_id: int, worker_id: str) -> None:
+    if kind == "log":
+        fx.execute("INSERT INTO effect_log (job_id, worker_id) VALUES (%s, %s)", (job_id, worker_id))
+    elif kind == "once":
+        fx.execute("INSERT INTO effect_once (job_id, worker_id) VALUES (%s, %s) "
+                   "ON CONFLICT (job_id) DO NOTHING", (job_id, worker_id))
+    else:
+        raise ValueError(f"unknown effect {kind!r}")
+
+
+def wait_exit(worker, timeout: float = 60) -> int | None:
+    """Wait for a worker that is expected to die on its own (a poison job); its exit code."""
+    deadline = time.monotonic() + timeout
+    while worker.alive and time.monotonic() < deadline:
+        worker._drain(0.05)
+    worker._drain()
+    if worker.alive:
+        worker.kill()
+        raise LabkitError(f"Worker {worker.name!r} was still running after {timeout:.0f} s.",
+                          "check that the job it should crash on is pending.")
+    return worker.exitcode
+
+
+def start_worker(lab, worker_id: str, **kw):
+    """A started :class:`labkit.procs.Worker` running :func:`worker_main` in ``lab``."""
+    from .procs import Worker
+
+    _style(kw.get("style", "claim_mark_commit"))
+    _positive("batch", kw.get("batch", 1))
+    _positive("job_ms", kw.get("job_ms", 0.0), zero_ok=True)
+    bad = set(kw.get("effects", ())) - set(EFFECTS)
+    if bad:
+        raise LabkitError(f"Unknown effect(s) {sorted(bad)}.", f"use effects from {EFFECTS}.")
+    return Worker("labkit.claims:worker_main", name=worker_id, dsn=lab.db.dsn, schema=lab.schema,
+                  worker_id=worker_id, **kw).start()
+
+
+def run_workers(lab, n: int, *, timeout: float = 120, **kw) -> list:
+    """Start ``n`` workers (w1..wn) with the same settings, wait for all; returns them
+    (their ``events`` hold what they did).  Every worker is killed on the way out."""
+    _positive("workers", n)
+    workers = []
+    try:
+        for i in range(n):
+            workers.append(start_worker(lab, f"w{i + 1}", sync_start=True, **kw))
+        for w in workers:
+            w.wait_for("paused", tag="ready", timeout=timeout)
+        for w in workers:
+            w.resume()
+        for w in workers:
+            w.join(timeout)
+        return workers
+    finally:
+        for w in workers:
+            w.kill()
+
+
+# -- measurements -----------------------------------------------------------------------------------
+
+@dataclass
+class Drain:
+    """What a set of workers did with a queue."""
+
+    workers: int
+    batch: int
+    jobs: int
+    seconds: float
+    finished: list[tuple[float, int, str]] = field(default_factory=list)   # (t, job id, worker)
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+
+def drain(lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: float = 0.0,
+          jitter: float = 0.0, style: str = "claim_mark_commit", report: str = "none") -> Drain:
+    """Fresh job table with ``jobs`` pending jobs, drained by ``workers`` processes.
+    Time runs from the first worker's start event to the last worker's end event (the
+    processes' start-up is not counted)."""
+    _positive("jobs", jobs)
+    fresh_jobs(lab, jobs)
+    if style == "per_key":
+        raise LabkitError("drain() builds a plain job table.", "use ordering_run() for per-key claims.")
+    ws = run_workers(lab, workers, style=style, batch=batch, job_ms=job_ms, jitter=jitter,
+                     report=report)
+    return _drain_result(lab, ws, workers, batch)
+
+
+def _drain_result(lab, ws, workers: int, batch: int) -> Drain:
+    starts = [e["t"] for w in ws for e in w.events if e["kind"] == "start"]
+    ends = [e["t"] for w in ws for e in w.events if e["kind"] == "end"]
+    finished = sorted((e["t"], i, w.name) for w in ws for e in w.events if e["kind"] == "finished"
+                      for i in e["ids"])
+    done = lab.execute("SELECT count(*) FROM job WHERE status = 'DONE'")[0][0]
+    return Drain(workers, batch, done, max(ends) - min(starts), finished)
+
+
+def inversions(order: list[int], key=None) -> int:
+    """Pairs of jobs finished in the opposite order of their ids (ids follow creation
+    order).  With ``key`` (job id -> key) only pairs within the same key count."""
+    n = 0
+    for i, a in enumerate(order):
+        for b in order[i + 1:]:
+            if a > b and (key is None or key[a] == key[b]):
+                n += 1
+    return n
+
+
+def ordering_run(lab, *, jobs: int, workers: int, customers: int = 0, job_ms: float = 5.0,
+                 jitter: float = 0.8, per_key: bool = True) -> dict:
+    """Drain ``jobs`` jobs with ``workers`` processes, jobs of uneven length; return the
+    finishing order and its inversions.  With ``customers`` > 0, every job belongs to one
+    of that many customers (round robin) and, with ``per_key``, the workers claim with
+    claim_per_key.sql (one job per customer in flight)."""
+    _positive("jobs", jobs)
+    fresh_jobs(lab, jobs)
+    key = None
+    style = "claim_mark_commit"
+    if customers:
+        lab.run_file("job_table_keys.sql")
+        lab.execute("UPDATE job SET customer = 'c' || ((id - 1) %% %s + 1)", (customers,))
+        lab.execute("ANALYZE job")
+        key = dict(lab.execute("SELECT id, customer FROM job"))
+        style = "per_key" if per_key else "claim_mark_commit"
+    ws = run_workers(lab, workers, style=style, job_ms=job_ms, jitter=jitter, report="batches")
+    d = _drain_result(lab, ws, workers, 1)
+    order = [job_id for _, job_id, _ in d.finished]
+    out = {"workers": workers, "jobs": d.jobs, "order": order,
+           "inversions": inversions(order),
+           "pairs": len(order) * (len(order) - 1) // 2}
+    if key is not None:
+        out["key_inversions"] = inversions(order, key)
+        out["in_flight_max"] = _max_in_flight_per_key(ws, key)
+    return out
+
+
+def _max_in_flight_per_key(ws, key) -> int:
+    """Most jobs of one customer in flight at the same moment, from the workers' events."""
+    spans = []
+    for w in ws:
+        for e in w.events:
+            if e["kind"] == "claimed":
+                spans += [(e["t"], 1, key[i]) for i in e["ids"]]
+            elif e["kind"] == "finished":
+                # the work's end, taken before DONE is sent: the next claim of the same
+                # customer can only succeed once that DONE has committed
+                spans += [(e["work_end"], -1, key[i]) for i in e["ids"]]
+    live: dict[str, int] = {}
+    best = 0
+    for _, delta, k in sorted(spans, key=lambda s: (s[0], s[1])):
+        live[k] = live.get(k, 0) + delta
+        best = max(best, live[k])
+    return best
+
+
+# -- history --------------------------------------------------------------------------------------
+
+def make_queue(lab, *, pending: int, done: int = 0, index: bool = True) -> None:
+    """The job table with ``done`` finished jobs (older) and ``pending`` pending ones.
+    ``index=False`` drops the partial index on the pending predicate."""
+    _positive("pending", pending, zero_ok=True)
+    _positive("done", done, zero_ok=True)
+    fresh_jobs(lab, 0)
+    if not index:
+        lab.execute("DROP INDEX job_pending_created_idx")
+    add_history(lab, done)
+    lab.execute(
+        "INSERT INTO job (id, created_at, payload) "
+        "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+        "FROM generate_series(1, %s) AS g", (pending,))
+    lab.execute("VACUUM ANALYZE job")
+
+
+def add_history(lab, n: int) -> None:
+    """``n`` finished jobs, all created before 2026 (ids from 10,000,001)."""
+    if n:
+        lab.execute(
+            "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
+            "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
+            "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
+            "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, n))
+
+
+def archive_done(lab, *, settle_s: float = 20.0) -> int:
+    """Move DONE jobs to job_archive (sql/archive_done.sql) and rewrite the job table so
+    the empty pages go too.  A rewrite keeps rows that an open snapshot elsewhere on the
+    server may still see, so it is retried for up to ``settle_s`` seconds until the table
+    holds only its live rows.  Returns the table's size in pages."""
+    lab.run_file("archive_done.sql")
+    live = lab.execute("SELECT count(*) FROM job")[0][0]
+    deadline = time.monotonic() + settle_s
+    while True:
+        lab.execute("VACUUM FULL ANALYZE job")
+        pages = lab.execute("SELECT pg_relation_size('job') / current_setting('block_size')::int")[0][0]
+        # about 80 rows of the job table fit in a page; allow generous slack
+        if pages <= live // 40 + 2 or time.monotonic() > deadline:
+            return pages
+        time.sleep(0.5)
+
+
+def claim_rate(lab, *, claims: int = 200, worker_id: str = "bench") -> float:
+    """Claims per second of claim + finish, one at a time, on one connection.  Commits do
+    not wait for the disk here (synchronous_commit = off, this session only), so the figure
+    is the claim's own work, not the server's fsync time."""
+    _positive("claims", claims)
+    with lab.connect(role=worker_id) as conn:
+        conn.execute("SET synchronous_commit = off")
+        t0 = time.perf_counter()
+        for _ in range(claims):
+            ids = claim(conn, worker_id, 1)
+            if not ids:
+                raise LabkitError("The queue ran dry during a claim-rate measurement.",
+                                  "create more pending jobs than claims.")
+            finish(conn, worker_id, ids)
+        return claims / (time.perf_counter() - t0)
+
+
+def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
+                   claims_without_index: int | None = None, out=None) -> list[dict]:
+    """Claim throughput with ``done`` finished rows in the table, with and without the
+    partial index.  Returns one dict per (done, index)."""
+    rows = []
+    for done in ladder:
+        for index in (True, False):
+            n = claims if index or claims_without_index is None else claims_without_index
+            make_queue(lab, pending=n + 10, done=done, index=index)
+            rate = claim_rate(lab, claims=n)
+            rows.append({"done rows": done, "partial index": index, "claims/s": rate})
+            if out:
+                out(f"  {done:>9,} done rows  index={'yes' if index else 'no ':3}  {rate:9.0f} claims/s")
+    return rows
+
+
+def plan_of(lab, query: str, params=None, *, analyze: bool = False) -> dict:
+    """EXPLAIN a claim inside a transaction that is rolled back.  Returns the plan's node
+    types (top down), the indexes it uses and, with ``analyze``, shared buffers touched
+    and the execution time."""
+    import json
+
+    opts = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    with lab.connect(role="explain") as conn:
+        with conn.transaction(force_rollback=True):
+            doc = conn.execute(f"EXPLAIN ({opts}) {query}", params).fetchone()[0]
+    if isinstance(doc, str):
+        doc = json.loads(doc)
+    top = doc[0]
+    nodes, indexes = [], []
+    search = 0
+
+    def pages(node):
+        return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+
+    def walk(node):
+        nonlocal search
+        kind = node["Node Type"]
+        nodes.append(kind)
+        if "Index Name" in node:
+            indexes.append(node["Index Name"])
+        # A scan that looks rows up by key (Index Cond) fetches what was already found;
+        # a scan without one is the search for pending jobs.
+        if kind in SCANS and "Index Cond" not in node and "Recheck Cond" not in node:
+            search += pages(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(top["Plan"])
+    return {"nodes": nodes, "indexes": indexes, "buffers": pages(top["Plan"]),
+            "search_buffers": search, "ms": top.get("Execution Time")}
+
+
+SCANS = ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan")
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """``labkit bench-history [--ladder 0,10000,100000,1000000] [--claims N]``"""
+    p = argparse.ArgumentParser(prog="labkit bench-history",
+                                description="Claim throughput as finished-job history grows, "
+                                            "with and without the partial index.")
+    p.add_argument("--ladder", default="0,10000,100000,1000000",
+                   help="numbers of finished rows, comma separated")
+    p.add_argument("--claims", type=int, default=300, help="claims measured with the index")
+    p.add_argument("--claims-without-index", type=int, default=60,
+                   help="claims measured without it (each may scan the whole history)")
+    args = p.parse_args(argv)
+    try:
+        ladder = [int(x.replace("_", "")) for x in args.ladder.split(",") if x.strip()]
+    except ValueError:
+        print("labkit bench-history: --ladder takes numbers, e.g. 0,10000,100000", file=sys.stderr)
+        return 2
+    if any(x < 0 for x in ladder) or args.claims <= 0 or args.claims_without_index <= 0:
+        print("labkit bench-history: rows and claims must be positive", file=sys.stderr)
+        return 2
+    from . import connect
+
+    db = connect()
+    lab = db.lab("bench_history")
+    try:
+        print(f"claim + finish, one at a time, one connection; ladder {ladder}")
+        rows = history_ladder(lab, ladder, claims=args.claims,
+                              claims_without_index=args.claims_without_index, out=print)
+        make_queue(lab, pending=args.claims + 10, done=max(ladder), index=False)
+        archive_done(lab)
+        archived = claim_rate(lab, claims=args.claims)
+        print(f"  after archiving {max(ladder):,} done rows (no partial index): {archived:9.0f} claims/s")
+        by = {(r["done rows"], r["partial index"]): r["claims/s"] for r in rows}
+        top = max(ladder)
+        print(f"slow-down from {min(ladder):,} to {top:,} done rows: "
+              f"with index ×{by[(min(ladder), True)] / by[(top, True)]:.1f}, "
+              f"without ×{by[(min(ladder), False)] / by[(top, False)]:.1f}")
+    finally:
+        lab.drop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
