@@ -230,15 +230,7 @@ def _write_effect(fx: psycopg.Connection, kind: str, job_id: int, worker_id: str
 
 def wait_exit(worker, timeout: float = 60) -> int | None:
     """Wait for a worker that is expected to die on its own (a poison job); its exit code."""
-    deadline = time.monotonic() + timeout
-    while worker.alive and time.monotonic() < deadline:
-        worker._drain(0.05)
-    worker._drain()
-    if worker.alive:
-        worker.kill()
-        raise LabkitError(f"Worker {worker.name!r} was still running after {timeout:.0f} s.",
-                          "check that the job it should crash on is pending.")
-    return worker.exitcode
+    return worker.wait_exit(timeout)
 
 
 def start_worker(lab, worker_id: str, **kw):

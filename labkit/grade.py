@@ -523,7 +523,7 @@ def _run(report: Report, lab, stmts: list[str], workers: int, jobs: int, job_ms:
         deadline = time.monotonic() + 90
         while any(w.alive for w in ws) and time.monotonic() < deadline:
             for w in ws:
-                w._drain(0.002)
+                w.poll(0.002)
                 if w.name in stopped or not any(e["kind"] == "paused" and e.get("tag") == "crash point"
                                                 for e in w.events):
                     continue

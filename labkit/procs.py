@@ -131,7 +131,27 @@ class Worker:
     def __exit__(self, *exc) -> None:
         self.kill()
 
+    def wait_exit(self, timeout: float = 60) -> int | None:
+        """Wait for a child that is expected to end on its own (finish, or crash on a
+        poison job); its exit code.  Still running after ``timeout``: killed, and an error."""
+        deadline = time.monotonic() + timeout
+        while self.alive and time.monotonic() < deadline:
+            self._drain(0.05)
+        self._drain()
+        if self.alive:
+            self.kill()
+            raise LabkitError(f"Worker {self.name!r} was still running after {timeout:.0f} s and was killed.",
+                              "check that what should end it (its work, or the job it crashes on) is there.")
+        return self.exitcode
+
     # -- events -----------------------------------------------------------------------
+    def poll(self, timeout: float = 0.0) -> list[dict]:
+        """Collect the events the child has sent (waiting up to ``timeout`` s for the first);
+        returns the new ones.  They are also kept in ``events``."""
+        before = len(self.events)
+        self._drain(timeout)
+        return self.events[before:]
+
     def _drain(self, timeout: float = 0.0) -> None:
         if self._ev_parent is None:
             return

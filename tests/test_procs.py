@@ -66,3 +66,24 @@ def test_resume_lets_the_child_finish(lab):
         w.wait_for("paused", timeout=30)
         w.resume()
         assert w.join(30)["result"] == "finished"
+
+
+def crash_at_once(ctx):
+    import os
+
+    ctx.emit("starting")
+    os._exit(7)
+
+
+def test_wait_exit_and_poll():
+    w = Worker(crash_at_once, name="short-lived").start()
+    assert w.wait_exit(30) == 7
+    assert [e["kind"] for e in w.poll()] == [] and w.events[0]["kind"] == "starting"
+    stuck = Worker(hold_forever, name="stuck").start()
+    with pytest.raises(LabkitError, match="still running"):
+        stuck.wait_exit(1)
+    assert not stuck.alive
+
+
+def hold_forever(ctx):
+    ctx.pause("forever")

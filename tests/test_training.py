@@ -82,3 +82,15 @@ def test_book_executes_notebooks_and_pages_open_without_errors(tmp_path, browser
     index = (tmp_path / "rest" / "index.html").read_text()
     for p in ALL[1:]:
         assert p.stem in index
+
+
+def test_presenters_guide_lists_every_notebook_with_its_own_minutes():
+    import re
+
+    guide = (NOTEBOOKS / "README.md").read_text()
+    rows = re.findall(r"^\| \d+ \| (\d\d_[a-z0-9_]+) \| (\d+) \|", guide, re.M)
+    listed = {name: int(minutes) for name, minutes in rows}
+    for path in ALL:
+        meta = json.loads(path.read_text())["metadata"]["claimlab"]
+        assert path.stem in listed, f"{path.stem} is missing from notebooks/README.md"
+        assert listed[path.stem] == meta["minutes"], f"{path.stem}: guide and metadata disagree"
