@@ -128,6 +128,7 @@ DELEGATED = {
     "drill": ("labkit.drill", False),
     "grade": ("labkit.grade", False),
     "bench-history": ("labkit.claims", False),
+    "bench": ("labkit.bench", False),
 }
 
 # labkit trace WHAT ...: which module replays which trace
@@ -153,6 +154,7 @@ commands:
   student [--check]                    student copies of the exercise notebooks (no solutions)
   convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
   grade claim FILE.sql [--json]        grade a claim: N workers, one killed mid-way; exit 1 on fail
+  bench [--quick] [--json] [--check]   how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ
   bench-history                        claim throughput as finished-job history grows (0 → 1M rows)
   drill sheet [--level L] [--topic T] [--short]   the interview study sheet
   drill quiz [--topic T] [--no-key]              the answers that cost you the question

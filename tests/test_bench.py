@@ -1,0 +1,178 @@
+"""The benchmark: every figure is produced, each from real runs on the real server.
+
+Only the *presence* and sanity of the figures is asserted here (positive numbers, ratios that
+are the quotient of the two measured figures); whether the goals are met is the benchmark's
+own output (`labkit bench --check`), not a unit test.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from labkit import bench
+from labkit.errors import LabkitError
+
+from conftest import backends_gone
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.ipynb"))}
+
+
+@pytest.fixture(scope="module")
+def quick():
+    """One `labkit bench --quick --json` run as a subprocess (the command a reader types)."""
+    before = _digest(bench.NOTEBOOKS)
+    proc = subprocess.run([sys.executable, "-m", "labkit.bench", "--quick", "--json",
+                           "--notebooks", "00_start_here"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), proc.stderr, before
+
+
+def test_quick_run_produces_every_key(quick):
+    result, _, _ = quick
+    for key in ("claim_jobs_per_s", "pgbench_jobs_per_s", "ratio_vs_pgbench", "ratio_vs_peer",
+                "convoy_efficiency_16", "notebook_seconds", "workbook_seconds", "history",
+                "server_start", "amqp", "peer", "goals"):
+        assert key in result, key
+    assert set(result["claim_jobs_per_s"]) == set(result["pgbench_jobs_per_s"]) == {"1", "10", "100"}
+
+
+def test_claim_figures_are_measured_and_ratios_are_their_quotients(quick):
+    result, _, _ = quick
+    for b in ("1", "10", "100"):
+        mine, theirs = result["claim_jobs_per_s"][b], result["pgbench_jobs_per_s"][b]
+        assert mine > 0 and theirs > 0
+        assert result["ratio_vs_pgbench"][b] == pytest.approx(mine / theirs)
+    # each median comes from runs whose claimed rows were counted in the table
+    runs = result["ceiling_runs"]
+    assert {r["who"] for r in runs} >= {"labkit", "pgbench", "labkit (cursor API)"}
+    assert all(r["jobs"] > 0 and r["seconds"] > 0 for r in runs)
+    # a batch of 10 moves more jobs per second than single-job claims, on any machine
+    assert result["claim_jobs_per_s"]["10"] > result["claim_jobs_per_s"]["1"]
+
+
+def test_peer_and_convoy_and_history_figures(quick):
+    result, _, _ = quick
+    peer = result["peer"]
+    assert peer["labkit"]["jobs_per_s"] > 0
+    # the test extra installs PgQueuer, so the peer figure is always measured in the suite
+    assert bench.peer_available()[0], "pip install -e '.[test]' installs pgqueuer[asyncpg]"
+    assert result["ratio_vs_peer"] == pytest.approx(peer["labkit"]["jobs_per_s"] / peer["pgqueuer"]["jobs_per_s"])
+    assert "PgQueuer" in peer["what"] and "labkit" in peer["what"]
+    assert 0 < result["convoy_efficiency_16"] < 1.5
+    points = result["history"]["points"]
+    assert {(p["done_rows"], p["partial_index"]) for p in points} == {
+        (0, True), (0, False), (result["history"]["done_rows"], True), (result["history"]["done_rows"], False)}
+    assert all(p["jobs_per_s"] > 0 for p in points)
+
+
+def test_broker_server_and_notebook_figures(quick):
+    result, _, before = quick
+    if os.environ.get("LABKIT_AMQP_URL"):
+        for mode in ("transient", "durable"):
+            assert result["amqp"][mode]["publish_msgs_per_s"] > 0
+            assert result["amqp"][mode]["consume_msgs_per_s"] > 0
+    else:
+        assert "LABKIT_AMQP_URL" in result["amqp"]["skipped"]
+    st = result["server_start"]
+    assert st["first_start_s"] > 0 and st["cold_start_s"] > 0 and st["warm_connect_ms"] > 0
+    assert set(result["notebook_seconds"]) == {"00_start_here"}
+    assert result["notebook_errors"] == {}
+    assert result["workbook_seconds"] >= result["notebook_seconds"]["00_start_here"] > 0
+    # timing ran copies: nothing in notebooks/ was rewritten
+    assert _digest(bench.NOTEBOOKS) == before
+
+
+def test_goals_are_judged_from_the_measured_figures(quick):
+    result, stderr, _ = quick
+    by = {g["key"]: g for g in result["goals"]}
+    assert by["convoy_efficiency_16"]["measured"] == result["convoy_efficiency_16"]
+    assert by["ratio_vs_pgbench_10"]["measured"] == result["ratio_vs_pgbench"]["10"]
+    assert by["workbook_seconds"]["status"] == "not measured"     # one notebook is not the workbook
+    for g in result["goals"]:
+        assert g["status"] in ("met", "missed", "not measured")
+    # a progress line per figure went to stderr
+    for word in ("claim ceiling", "peer drain", "convoy", "history", "server", "notebook"):
+        assert word in stderr
+    # and the table renders from the same dict
+    text = bench.table(result)
+    assert "claim ceiling, batch 10" in text and "goals (issue 9)" in text
+
+
+def test_claimer_claims_each_job_once_and_marks_it(lab):
+    bench.ensure_job_table(lab)
+    bench.fill(lab, 25, history=0)
+    a = bench.Claimer(lab.connect(role="bench-a"), "a", batch=10)
+    b = bench.Claimer(lab.connect(role="bench-b"), "b", batch=10)
+    got_a, got_b = a.claim(), b.claim()
+    assert got_a == list(range(1, 11)) and got_b == list(range(11, 21))
+    assert a.claim() == [21, 22, 23, 24, 25] and b.claim() == []
+    rows = dict(lab.execute("SELECT worker_id, count(*) FROM job WHERE status = 'IN_PROGRESS' GROUP BY 1"))
+    assert rows == {"a": 15, "b": 10}
+    assert a.finish(got_a) == 10 and b.finish(got_a) == 0        # only the owner finishes its jobs
+    assert bench.count_status(lab, "DONE") == 10
+    a.close()
+    b.close()
+
+
+def test_pgbench_script_is_the_claim_file_with_pgbench_variables():
+    script = bench.pgbench_script()
+    plain = bench._strip_comments(bench.claim_statement())
+    assert script.strip() == plain.replace("%(batch)s", ":batch").replace("%(worker_id)s", ":client_id")
+    assert "FOR UPDATE SKIP LOCKED" in script and "RETURNING job.id" in script
+
+
+def test_numbered_placeholders():
+    text, names = bench.numbered("-- c %(x)s\nSELECT %(a)s, %(b)s, %(a)s")
+    assert text == "SELECT $1, $2, $1" and names == ["a", "b"]
+
+
+def test_claimer_pool_leaves_no_process_or_session(lab, db):
+    bench.ensure_job_table(lab)
+    bench.fill(lab, 500, history=0)
+    with bench.ClaimerPool(lab, 3) as pool:
+        res = pool.order(mode="drain", batch=7)
+        proc = pool.worker
+    assert sum(c["finished"] for c in res["clients"]) == 500 == bench.count_status(lab, "DONE")
+    assert not proc.alive
+    assert backends_gone(db, f"labkit:{lab.schema}:bench-%") == []
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"clients": 0}, "clients"),
+    ({"seconds": -1}, "seconds"),
+    ({"peer_jobs": 0}, "peer_jobs"),
+    ({"batches": (0, 10)}, "Batch sizes"),
+    ({"clients": 500}, "clients"),
+])
+def test_bad_settings_name_the_fix(kw, word):
+    with pytest.raises(LabkitError, match=word) as info:
+        bench.Settings.quick_settings(**kw).check()
+    assert "Fix:" in str(info.value)
+
+
+def test_unknown_notebook_or_figure_names_the_fix():
+    with pytest.raises(LabkitError, match="No notebook") as info:
+        bench.notebook_names(["99_nope"])
+    assert "00_start_here" in str(info.value)
+    with pytest.raises(LabkitError, match="figure"):
+        bench.run(figures=("ceiling", "speed"))
+
+
+def test_reference_file_has_every_key():
+    ref = bench.load_reference()
+    for key in ("claim_jobs_per_s", "pgbench_jobs_per_s", "ratio_vs_pgbench", "ratio_vs_peer",
+                "convoy_efficiency_16", "notebook_seconds", "workbook_seconds"):
+        assert ref.get(key) is not None, key
+    assert ref["quick"] is False and ref["workbook_complete"]
+    assert ref["history"]["done_rows"] == 1_000_000
