@@ -13,6 +13,7 @@ import getpass
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -20,6 +21,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from .errors import BackendError, ServerError
 from .server import EmbeddedServer
+
+if TYPE_CHECKING:
+    from .lab import Lab
 
 MIN_SERVER_VERSION = 120000
 DEFAULT_DOCKER_IMAGE = "postgres:18.1"

@@ -23,7 +23,6 @@ the record survives a drain that is killed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -422,9 +421,7 @@ def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float =
     # 2. a second drain is not blocked by anything
     second = make_drain(lab, "drain 2", batch=batch, lease_s=lease_s)
     try:
-        t0 = time.monotonic()
         res2 = second.tick()
-        took = time.monotonic() - t0
         ids2 = [c.id for c in res2.claimed]
         tr.add("drain 2", f"claim at once: {len(ids2)} other rows; send; record outcomes",
                "the crashed batch is not due (its leases run) and nothing is locked, so the "
@@ -514,7 +511,7 @@ def bench_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, latency
                 in_tx += time.monotonic() - t
                 for row in rows:
                     s = time.monotonic()
-                    out = sender.send(row, by=ctx.name)
+                    sender.send(row, by=ctx.name)
                     sends.append((s, time.monotonic(), row.id))
                 done = [(r, Outcome("sent")) for r in rows]
                 t = time.monotonic()
@@ -528,7 +525,7 @@ def bench_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, latency
                         held[policy], {"batch": batch}).fetchall()]
                     for row in rows:
                         s = time.monotonic()
-                        out = sender.send(row, by=ctx.name)
+                        sender.send(row, by=ctx.name)
                         sends.append((s, time.monotonic(), row.id))
                     if rows:
                         conn.execute(HELD_BUMP, {"ids": [r.id for r in rows], "lease_s": lease_s})
@@ -642,16 +639,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=LEASE_S, help="lease in seconds (default 120)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
-    lab = labkit.connect(quiet=args.json).lab("trace_drain")
-    try:
+    with labkit.connect(quiet=args.json).lab("trace_drain") as lab:
         tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=args.lease)
-    finally:
-        lab.drop()
-    if args.json:
-        print(json.dumps({**tr.summary, "title": tr.title,
-                          "steps": [tr.step_text(i) for i in range(len(tr.steps))]}, indent=1))
-    else:
-        print(tr.to_text())
+    print(tr.report(args.json))
     return 0
 
 

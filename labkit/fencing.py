@@ -16,7 +16,6 @@ zombie and as the live worker and says whether the stale write got through.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 
@@ -215,16 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=dr.LEASE_S, help="lease in seconds (default 120)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
-    lab = labkit.connect(quiet=args.json).lab("trace_zombie")
-    try:
+    with labkit.connect(quiet=args.json).lab("trace_zombie") as lab:
         tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease)
-    finally:
-        lab.drop()
-    if args.json:
-        print(json.dumps({**tr.summary, "title": tr.title,
-                          "steps": [tr.step_text(i) for i in range(len(tr.steps))]}, indent=1))
-    else:
-        print(tr.to_text())
+    print(tr.report(args.json))
     return 0
 
 

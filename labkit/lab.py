@@ -48,6 +48,13 @@ class Lab:
     def __repr__(self) -> str:
         return f"Lab({self.schema!r} on {self.db.backend})"
 
+    # A lab used as a context manager is a scratch lab: dropped when the block ends.
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.drop()
+
     # -- connections --------------------------------------------------------------
     def connect(self, *, autocommit: bool = True, role: str = "") -> psycopg.Connection:
         name = self.app_name + (f":{role}" if role else "")

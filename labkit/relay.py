@@ -21,7 +21,6 @@ the script.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -685,24 +684,17 @@ def main(argv: list[str]) -> int:
     from . import db as dbmod
 
     try:
-        lab = dbmod.connect(quiet=True).lab(f"trace_{args.kind}")
-        try:
-            with brokers.for_lab(lab, args.broker) as bk:
-                try:
-                    point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
-                    tr = TRACES[args.kind](lab, bk, batch=args.batch, **{point: args.crash_after})
-                finally:
-                    bk.discard()
-        finally:
-            lab.drop()
+        with dbmod.connect(quiet=True).lab(f"trace_{args.kind}") as lab, \
+                brokers.for_lab(lab, args.broker) as bk:
+            try:
+                point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
+                tr = TRACES[args.kind](lab, bk, batch=args.batch, **{point: args.crash_after})
+            finally:
+                bk.discard()
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps({"title": tr.title, "broker": bk.kind,
-                          "steps": json.loads(tr.to_json())["steps"], "summary": tr.summary}, indent=1))
-    else:
-        print(tr.to_text())
+    print(tr.report(args.json, broker=bk.kind))
     return 0
 
 

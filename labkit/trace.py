@@ -68,6 +68,15 @@ class Trace:
         return json.dumps({"title": self.title, "steps": [asdict(s) for s in self.steps],
                            "summary": self.summary}, indent=1, default=str)
 
+    def report(self, as_json: bool, **extra: Any) -> str:
+        """What a ``labkit trace ...`` command prints: the text transcript, or JSON with
+        the summary's keys at the top level (and under ``summary``), the title and the steps."""
+        if not as_json:
+            return self.to_text()
+        data = {**self.summary, "title": self.title, **extra, "summary": self.summary,
+                "steps": [{**asdict(s), "text": self.step_text(i)} for i, s in enumerate(self.steps)]}
+        return json.dumps(data, indent=1, default=str)
+
     # -- widget -------------------------------------------------------------------
     def replay(self, interval_ms: int = 1200, print_text: bool = True):
         """A Play + slider step-through.  The whole trace is printed as text too, so a

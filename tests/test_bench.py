@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from labkit import bench

@@ -16,7 +16,7 @@ from labkit import convoy
 from labkit.errors import LabkitError
 from labkit.lab import schema_name
 
-from conftest import backends_gone, backends_of
+from conftest import backends_gone
 
 D_MS = 20
 

@@ -1,7 +1,6 @@
 """Training mode: offline slide decks, the handout book, student copies without solutions."""
 
 import json
-from pathlib import Path
 
 import nbformat
 import pytest
