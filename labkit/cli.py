@@ -129,6 +129,7 @@ DELEGATED = {
     "grade": ("labkit.grade", False),
     "bench-history": ("labkit.claims", False),
     "bench": ("labkit.bench", False),
+    "torture": ("labkit.torture", False),
 }
 
 # labkit trace WHAT ...: which module replays which trace
@@ -155,6 +156,7 @@ commands:
   convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
   grade claim FILE.sql [--json]        grade a claim: N workers, one killed mid-way; exit 1 on fail
   bench [--quick] [--json] [--check]   how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ
+  torture relay|drain|queue --kills N --seed S [--json]   random kills; exit 1 if an invariant breaks
   bench-history                        claim throughput as finished-job history grows (0 → 1M rows)
   drill sheet [--level L] [--topic T] [--short]   the interview study sheet
   drill quiz [--topic T] [--no-key]              the answers that cost you the question
