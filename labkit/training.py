@@ -14,6 +14,7 @@ import argparse
 import copy
 import html
 import json
+import os
 import re
 import shutil
 import sys
@@ -96,6 +97,24 @@ def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", ex
     notebooks = _notebooks(paths)
     written = []
     bar = tqdm(notebooks, desc="book", unit="notebook", disable=quiet)
+    # The kernels get their own lab schemas (LABKIT_USER), so building the handouts never
+    # resets the schemas of the notebooks you have open.
+    from .db import current_user_tag
+
+    saved = os.environ.get("LABKIT_USER")
+    os.environ["LABKIT_USER"] = f"{current_user_tag()}_book"
+    try:
+        return _book(notebooks, bar, exporter, out, execute, clean, written)
+    finally:
+        if saved is None:
+            os.environ.pop("LABKIT_USER", None)
+        else:
+            os.environ["LABKIT_USER"] = saved
+
+
+def _book(notebooks, bar, exporter, out, execute, clean, written):
+    import nbformat
+
     for path in bar:
         bar.set_postfix_str(path.stem)
         nb = nbformat.read(path, as_version=4)

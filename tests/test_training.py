@@ -74,6 +74,13 @@ def test_book_executes_notebooks_and_pages_open_without_errors(tmp_path, browser
     training.book([str(p) for p in ALL[1:]], out=tmp_path / "rest", execute=False, quiet=True)
     page = tmp_path / (ALL[0].stem + ".html")
     assert "PostgreSQL" in page.read_text()
+    # the kernels worked in schemas of their own, not in the reader's open notebooks' schemas
+    import labkit
+    from labkit.db import current_user_tag
+
+    book_schema = labkit.schema_name("00_start_here", f"{current_user_tag()}_book")
+    with labkit.connect(quiet=True).connect() as conn:
+        assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (book_schema,)).fetchone()
     for html_page in [page, tmp_path / "index.html"] + sorted((tmp_path / "rest").glob("*.html")):
         assert training.remote_references(html_page.read_text()) == [], html_page.name
         errors, _ = browser.open(html_page.as_uri())
