@@ -109,14 +109,7 @@ class Worker:
 
     def join(self, timeout: float = 60) -> dict | None:
         """Wait for the child to finish; return its ``done`` event (or raise its failure)."""
-        deadline = time.monotonic() + timeout
-        while self.alive and time.monotonic() < deadline:
-            self._drain(0.05)
-        self._drain()
-        if self.alive:
-            self.kill()
-            raise LabkitError(f"Worker {self.name!r} did not finish within {timeout:.0f} s and was killed.",
-                              "check the worker's parameters (a job longer than the run?).")
+        self.wait_exit(timeout)
         for ev in reversed(self.events):
             if ev["kind"] == "failed":
                 raise LabkitError(f"Worker {self.name!r} failed: {ev['error']}",

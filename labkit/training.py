@@ -86,7 +86,6 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
 # -- book -----------------------------------------------------------------------------------
 def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", execute: bool = True,
          quiet: bool = False) -> list[Path]:
-    import nbformat
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 

@@ -43,3 +43,27 @@ def backends_gone(db, pattern: str, timeout: float = 10.0) -> list[tuple]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+@pytest.fixture
+def scratch_server(tmp_path, monkeypatch):
+    """An embedded cluster of this test's own, on a free port (never the user's default
+    server); stopped at the end."""
+    import socket
+
+    from labkit.errors import LabkitError
+    from labkit.server import EmbeddedServer
+
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "pg"))
+    monkeypatch.delenv("LABKIT_DSN", raising=False)
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
+    server = EmbeddedServer()
+    assert server.data_dir == tmp_path / "pg"
+    yield server
+    try:
+        server.stop()
+    except LabkitError:
+        pass

@@ -10,7 +10,6 @@ Covered elsewhere, not repeated here:
   ::test_the_command_prints_json_and_exits_by_verdict (wrong_syntax.sql).
 """
 
-import socket
 import threading
 import time
 
@@ -27,7 +26,6 @@ from labkit import grade
 from labkit import relay as rl
 from labkit import torture as tt
 from labkit.errors import LabkitError, ServerError
-from labkit.server import EmbeddedServer
 
 
 def _workers() -> list[psutil.Process]:
@@ -132,29 +130,11 @@ def test_broker_down_marks_nothing_retries_then_catches_up(lab):
 # -- the server down in the middle of a run -------------------------------------------------------
 
 
-@pytest.fixture
-def throwaway_server(tmp_path, monkeypatch):
-    """An embedded cluster of this test's own (never the user's default server)."""
-    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "pg"))
-    monkeypatch.delenv("LABKIT_DSN", raising=False)
-    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
-    server = EmbeddedServer()
-    assert server.data_dir == tmp_path / "pg"
-    yield server
-    try:
-        server.stop()
-    except LabkitError:
-        pass
-
-
-def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(throwaway_server):
-    throwaway_server.start()
+def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_server):
+    scratch_server.start()
     lab = labkit.connect(quiet=True).lab("down")
     before = {p.pid for p in _workers()}
-    stopper = threading.Timer(2.0, throwaway_server.stop)
+    stopper = threading.Timer(2.0, scratch_server.stop)
     stopper.start()
     t0 = time.monotonic()
     try:
@@ -166,7 +146,7 @@ def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(throwaway_s
     assert "server went away" in str(err.value) and "labkit server start" in str(err.value)
     assert [p for p in _workers() if p.pid not in before] == []
     # start it again: the same run goes through, on a fresh copy of its tables
-    throwaway_server.start()
+    scratch_server.start()
     lab = labkit.connect(quiet=True).lab("down")
     rep = tt.torture(lab, "queue", kills=3, seed=3, items=40)
     assert rep.invariants_hold and rep.kills == 3

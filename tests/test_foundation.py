@@ -12,8 +12,7 @@ import pytest
 
 import labkit
 from labkit import db as dbmod
-from labkit.errors import BackendError, LabkitError, ServerError
-from labkit.server import EmbeddedServer
+from labkit.errors import BackendError, ServerError
 
 
 def test_connect_says_which_server_in_one_line(capsys):
@@ -127,22 +126,6 @@ def test_schema_names_are_quoted_identifiers(db):
 
 
 # -- the embedded server, each test in a data directory of its own -----------------------
-
-
-@pytest.fixture
-def scratch_server(tmp_path, monkeypatch):
-    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "pg"))
-    monkeypatch.delenv("LABKIT_DSN", raising=False)
-    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
-    server = EmbeddedServer()
-    yield server
-    try:
-        server.stop()
-    except LabkitError:
-        pass
 
 
 def test_embedded_server_starts_cold_and_is_shared(scratch_server):
