@@ -74,17 +74,32 @@ def _left_on_server(db, schema: str, *, but_admin: bool = False, timeout: float 
 # -- KeyboardInterrupt in this process ------------------------------------------------------------
 
 
+def _interrupt_once_running(lab, sent: list, settle_s: float = 1.0, timeout: float = 60) -> threading.Thread:
+    """Ctrl-C for the main thread once the run has built its tables (and so is under way),
+    not after a fixed delay that a slow server may not have reached."""
+    def watch():
+        with lab.connect(role="watch") as conn:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not conn.execute(
+                    "SELECT to_regclass('broker_switch') IS NOT NULL").fetchone()[0]:
+                time.sleep(0.05)
+        time.sleep(settle_s)
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
 def test_keyboard_interrupt_mid_torture_leaves_no_process_session_or_lock(lab, db):
     before = {p.pid for p in _workers(psutil.Process())}
-    timer = threading.Timer(2.5, _thread.interrupt_main)
-    timer.start()
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            tt.torture(lab, "relay", kills=200, seed=11)
-    finally:
-        timer.cancel()
-    assert time.monotonic() - t0 < 20
+    sent: list = []
+    watcher = _interrupt_once_running(lab, sent)
+    with pytest.raises(KeyboardInterrupt):
+        tt.torture(lab, "relay", kills=200, seed=11)
+    watcher.join(5)
+    assert sent and time.monotonic() - sent[0] < 20   # it stopped soon after Ctrl-C
     assert [p for p in _workers(psutil.Process()) if p.pid not in before] == []
     # everything but the lab's own admin connection is gone; nothing holds a lock
     assert _left_on_server(db, lab.schema, but_admin=True) == {
