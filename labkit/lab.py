@@ -9,6 +9,7 @@ superuser.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import weakref
 from importlib import resources
@@ -22,11 +23,23 @@ from .errors import LabkitError, ServerError
 SCHEMA_PREFIX = "lab_"
 
 
+# Every connection of a lab is named ``labkit:<schema>:<role>``, and PostgreSQL keeps only
+# 63 characters of an application_name: a schema name of at most 41 characters leaves room
+# for a role of up to 14 ("admin", "monitor", "convoy-w31", "bench-pgbench"...), so the
+# role is never cut off (tests and `labkit doctor` tell sessions apart by it).
+MAX_SCHEMA = 41
+
+
 def schema_name(name: str, user: str | None = None) -> str:
-    """``lab_<name>_<user>``, lower case, at most 63 characters."""
+    """``lab_<name>_<user>``, lower case, at most 41 characters (a longer one keeps its
+    start and ends in a short hash of the whole, so it stays unique)."""
     user = user or current_user_tag()
     base = re.sub(r"[^a-z0-9]+", "_", f"{name}_{user}".lower()).strip("_")
-    return (SCHEMA_PREFIX + base)[:63]
+    full = SCHEMA_PREFIX + base
+    if len(full) <= MAX_SCHEMA:
+        return full
+    digest = hashlib.sha1(full.encode()).hexdigest()[:8]
+    return f"{full[:MAX_SCHEMA - 9].rstrip('_')}_{digest}"
 
 
 def read_sql(name: str) -> str:

@@ -237,3 +237,16 @@ def test_lock_errors_from_lab_execute_are_not_reported_as_a_dead_server(lab):
 def test_labkit_user_separates_trainees_who_log_in_alike(db, monkeypatch):
     monkeypatch.setenv("LABKIT_USER", "Trainee 7")
     assert labkit.schema_name("01_one_lock").endswith("_trainee_7")
+
+
+def test_long_lab_names_leave_room_for_the_role_in_application_name(db):
+    long_a = labkit.schema_name("t_test_closing_a_run_releases_every_lock_and_connection_784")
+    long_b = labkit.schema_name("t_test_closing_a_run_releases_every_lock_and_connection_785")
+    assert len(long_a) <= 41 and long_a != long_b and long_a.startswith("lab_t_test_closing")
+    lab = db.lab("t_test_closing_a_run_releases_every_lock_and_connection_784")
+    try:
+        with lab.connect(role="bench-pgbench") as conn:
+            name = conn.execute("SHOW application_name").fetchone()[0]
+        assert name == f"labkit:{lab.schema}:bench-pgbench"
+    finally:
+        lab.drop()
