@@ -105,7 +105,10 @@ def test_keyboard_interrupt_mid_torture_leaves_no_process_session_or_lock(lab, d
     assert _left_on_server(db, lab.schema, but_admin=True) == {
         "open_transactions": 0, "locks": 0, "sessions": 0}
     # the broker was switched back on, and every outbox row can be locked at once
-    assert lab.execute("SELECT up FROM broker_switch") == [(True,)]
+    # (the run's clean-up may also have dropped the recording broker's tables: then nothing
+    # is left switched off either)
+    if lab.execute("SELECT to_regclass('broker_switch') IS NOT NULL") == [(True,)]:
+        assert lab.execute("SELECT up FROM broker_switch") == [(True,)]
     n = lab.execute("SELECT count(*) FROM outbox")[0][0]
     assert len(lab.execute("SELECT id FROM outbox FOR UPDATE NOWAIT")) == n
 
