@@ -175,19 +175,7 @@ def validate_bank(data: dict) -> list[str]:
             problems.append(f"question #{i + 1}: is not a mapping")
             continue
         where = f"question {q.get('id') or '#' + str(i + 1)}"
-        for name in QUESTION_FIELDS:
-            if _blank(q.get(name)) or (name == "follow_ups" and not q.get(name)):
-                problems.append(f"{where}: {name} is missing or empty")
-        extra = set(q) - set(QUESTION_FIELDS)
-        if extra:
-            problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-        qid = q.get("id")
-        if not _blank(qid):
-            if not re.fullmatch(r"q\d\d+", str(qid)):
-                problems.append(f"{where}: id should look like q01")
-            if qid in seen:
-                problems.append(f"{where}: the id is used twice")
-            seen.add(qid)
+        _check_entry(q, where, QUESTION_FIELDS, "follow_ups", "q", seen, problems)
         if not _blank(q.get("level")) and q["level"] not in LEVELS:
             problems.append(f"{where}: level {q['level']!r} is not one of {', '.join(LEVELS)}")
         if not _blank(q.get("topic")) and q["topic"] not in topics:
@@ -220,6 +208,25 @@ def validate_bank(data: dict) -> list[str]:
     return problems
 
 
+def _check_entry(entry: dict, where: str, fields, list_field: str, id_letter: str,
+                 seen: set, problems: list[str]) -> None:
+    """The checks a question and a costly answer share: every field present and non-empty
+    (``list_field`` must also hold items), no unknown field, an id like q01 / c01 used once."""
+    for name in fields:
+        if _blank(entry.get(name)) or (name == list_field and not entry.get(name)):
+            problems.append(f"{where}: {name} is missing or empty")
+    extra = set(entry) - set(fields)
+    if extra:
+        problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+    eid = entry.get("id")
+    if not _blank(eid):
+        if not re.fullmatch(id_letter + r"\d\d+", str(eid)):
+            problems.append(f"{where}: id should look like {id_letter}01")
+        if eid in seen:
+            problems.append(f"{where}: the id is used twice")
+        seen.add(eid)
+
+
 def validate_costly(data: dict, topics=()) -> list[str]:
     """Everything wrong with the raw contents of costly_answers.yaml."""
     problems: list[str] = []
@@ -232,19 +239,7 @@ def validate_costly(data: dict, topics=()) -> list[str]:
             problems.append(f"answer #{i + 1}: is not a mapping")
             continue
         where = f"answer {c.get('id') or '#' + str(i + 1)}"
-        for name in COSTLY_FIELDS:
-            if _blank(c.get(name)) or (name == "choices" and not c.get(name)):
-                problems.append(f"{where}: {name} is missing or empty")
-        extra = set(c) - set(COSTLY_FIELDS)
-        if extra:
-            problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-        cid = c.get("id")
-        if not _blank(cid):
-            if not re.fullmatch(r"c\d\d+", str(cid)):
-                problems.append(f"{where}: id should look like c01")
-            if cid in seen:
-                problems.append(f"{where}: the id is used twice")
-            seen.add(cid)
+        _check_entry(c, where, COSTLY_FIELDS, "choices", "c", seen, problems)
         if topics and not _blank(c.get("topic")) and c["topic"] not in topics:
             problems.append(f"{where}: topic {c['topic']!r} is not a topic of questions.yaml")
         _check_notebook(where, c.get("notebook"), problems)
