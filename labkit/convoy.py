@@ -381,6 +381,11 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
     deadline = float("inf") if backlog else float(seconds)
     stop = threading.Event()
     logs = [WorkerLog(w) for w in range(workers)]
+    # Each worker says it has finished through its own event.  The caller waits on these,
+    # never in Thread.join while a Ctrl-C can land: CPython 3.11's join, interrupted by
+    # KeyboardInterrupt, can mark a still-running thread as stopped (bpo-45274's clean-up),
+    # after which every later join returns at once and the worker is left running.
+    finished = [threading.Event() for _ in range(workers)]
     t0_box: list[float] = []
 
     def go() -> None:                      # the barrier's action: the start signal
@@ -452,6 +457,10 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
                 conn.rollback()
             except Exception:
                 pass
+            finished[w].set()
+
+    def running() -> list[int]:
+        return [w for w, e in enumerate(finished) if not e.is_set()]
 
     conns = pool.get(workers)
     threads = [threading.Thread(target=work, args=(w, c), name=f"convoy-w{w}", daemon=True)
@@ -466,22 +475,29 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
         barrier.wait(timeout=30)
         t_start = time.perf_counter()
         limit = (deadline if not backlog else model_makespan_s(policy, 1, job_ms, backlog) * 3 + 30) + 30
-        # short joins, so that Ctrl-C (KeyboardInterrupt) is noticed at once
-        while any(t.is_alive() for t in threads) and time.perf_counter() - t_start < limit:
-            threads[[t.is_alive() for t in threads].index(True)].join(0.05)
+        # short waits, so that Ctrl-C (KeyboardInterrupt) is noticed at once
+        while running() and time.perf_counter() - t_start < limit:
+            finished[running()[0]].wait(0.05)
         wall = time.perf_counter() - t_start
         cpu_client = time.process_time() - cpu_client0
         cpu_server1 = _backend_cpu_s(pids) if cpu_server0 is not None else None
-        if any(t.is_alive() for t in threads):
+        if running():
             raise LabkitError("Convoy workers did not finish in time (a lock held outside the run?).",
                               "run `labkit doctor` to find the session holding the lock, then re-run.")
     finally:
+        for w, t in enumerate(threads):
+            if t.ident is None:             # never started (interrupted while starting them)
+                finished[w].set()
         stop.set()
         barrier.abort()
-        if any(t.is_alive() for t in threads):
+        if running():
             pool.cancel()
-        for t in threads:
-            t.join(15)
+        give_up = time.monotonic() + 15
+        for w in running():
+            finished[w].wait(max(0.0, give_up - time.monotonic()))
+        for t in threads:                   # each has left its loop: these joins are short
+            if t.ident is not None:
+                t.join(max(0.1, give_up - time.monotonic()))
         if own_pool:
             pool.close()
     for log in logs:
