@@ -9,7 +9,7 @@ import pytest
 import labkit
 
 # The interrupt tests press Ctrl-C (SIGINT) on purpose.  A shell that starts the suite in
-# the background without job control (`( make test & )`, nohup) hands it SIGINT *ignored*,
+# the background without job control (`( make test & )` in a script) hands it SIGINT *ignored*,
 # and an ignored signal stays ignored through exec: neither this process nor the children
 # the tests start would feel the key, and those tests would fail for a reason that is not
 # labkit's.  Take Python's usual handler back for the run; children then start with the
