@@ -1055,10 +1055,7 @@ def run(lab=None, settings: Settings | None = None, *, quick: bool = True, noteb
                 "workbook_complete": False, "notebook_errors": {}}
     finally:
         if own:
-            try:
-                lab.drop()
-            except Exception:
-                pass
+            lab.discard()
     result["goals"] = goals(result)
     result["limits"] = LIMITS
     result["bench_seconds"] = time.perf_counter() - t_start

@@ -899,10 +899,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         if lab is not None:
-            try:
-                lab.drop()
-            except Exception:
-                pass
+            lab.discard()
     if args.format == "csv":
         sys.stdout.write(df.to_csv(index=False, float_format="%.4g"))
     elif args.format == "json":

@@ -880,10 +880,7 @@ def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
         _Runner(spec, lab, timeout, out, stderr).run()
     finally:
         if own:
-            try:
-                lab.drop()
-            except Exception:
-                pass
+            lab.discard()
     return "".join(out)
 
 
