@@ -425,8 +425,19 @@ class _Run:
         self.last_failure = ""
         self.idle_exit_s = IDLE_EXIT_S
         self.every: list[Worker] = []
+        self.next_id = 1                   # the id the next work item added gets
+
+    def add(self, n: int) -> None:
+        """Add ``n`` work items, numbered on from the last."""
+        self.insert(self.next_id, self.next_id + n - 1)
+        self.next_id += n
+        self.report.items += n
 
     # -- to be provided per dialect --
+    def insert(self, first: int, last: int) -> None:
+        """Write work items ``first``..``last`` (inclusive)."""
+        raise NotImplementedError
+
     def new_worker(self, slot: int) -> Worker:
         """A Worker, not started yet."""
         raise NotImplementedError
@@ -441,8 +452,15 @@ class _Run:
         """Work is left but none of it can be claimed now (leases, backoffs, dead claims)."""
         return False
 
+    def claimable(self) -> int:
+        """How many work items a worker could take now."""
+        raise NotImplementedError
+
     def top_up(self) -> None:
         """During the kill phase, keep enough work in the table."""
+        low = self.report.batch * self.report.workers * 5
+        if self.claimable() < low:
+            self.add(low * 2)
 
     def strike(self, k: _Kill, victim: Worker) -> None:
         raise NotImplementedError
@@ -643,16 +661,13 @@ class _RelayRun(_Run):
         self.broker = broker
         self.order = order
         self.in_flight: set[str] = set()
-        self.next_id = 1
 
     def setup(self, items: int) -> None:
         rl.create_outbox(self.lab)
         self.add(items)
 
-    def add(self, n: int) -> None:
-        rl.place_orders(self.lab, n, start=self.next_id)
-        self.next_id += n
-        self.report.items += n
+    def insert(self, first: int, last: int) -> None:
+        rl.place_orders(self.lab, last - first + 1, start=first)
 
     def new_worker(self, slot: int) -> Worker:
         role = f"relay-{slot + 1}-{self.gen}"
@@ -666,10 +681,8 @@ class _RelayRun(_Run):
     def work_left(self) -> bool:
         return self.unpublished() > 0
 
-    def top_up(self) -> None:
-        low = self.report.batch * self.report.workers * 5
-        if self.unpublished() < low:
-            self.add(low * 2)
+    def claimable(self) -> int:
+        return self.unpublished()
 
     def unstick(self) -> None:
         time.sleep(0.05)   # rows of a dying backend stay locked until the server notices
@@ -750,7 +763,6 @@ class _DrainRun(_Run):
         self.fence = fence
         self.clock: dr.Clock | None = None
         self.in_flight: set[int] = set()
-        self.next_id = 1
         self.jumps = 0
 
     def setup(self, items: int) -> None:
@@ -758,10 +770,8 @@ class _DrainRun(_Run):
         self.sql(DRAIN_AUDIT)
         self.add(items)
 
-    def add(self, n: int) -> None:
-        self.sql(DRAIN_FILL, {"first": self.next_id, "last": self.next_id + n - 1})
-        self.next_id += n
-        self.report.items += n
+    def insert(self, first: int, last: int) -> None:
+        self.sql(DRAIN_FILL, {"first": first, "last": last})
 
     def new_worker(self, slot: int) -> Worker:
         return Worker(drain_loop, name=f"drain-{slot + 1}-{self.gen}", dsn=self.lab.db.dsn,
@@ -774,11 +784,8 @@ class _DrainRun(_Run):
     def work_left(self) -> bool:
         return self.pending() > 0
 
-    def top_up(self) -> None:
-        low = self.report.batch * self.report.workers * 5
-        due = self.sql(dr.DUE_COUNT)[0][0]
-        if due < low:
-            self.add(low * 2)
+    def claimable(self) -> int:
+        return self.sql(dr.DUE_COUNT)[0][0]
 
     def jump(self, frozen_already: bool = False) -> None:
         """Move the lab's clock past every lease (and every retry backoff): whatever was
@@ -866,7 +873,6 @@ class _QueueRun(_Run):
         super().__init__(lab, report, deadline)
         self.max_attempts = max_attempts
         self.job_ms = job_ms
-        self.next_id = 1
         self.poison = 7
         self.reaps = 0
 
@@ -877,10 +883,8 @@ class _QueueRun(_Run):
         cl.add_effects(self.lab)
         self.add(items)
 
-    def add(self, n: int) -> None:
-        self.sql(QUEUE_FILL, {"first": self.next_id, "last": self.next_id + n - 1})
-        self.next_id += n
-        self.report.items += n
+    def insert(self, first: int, last: int) -> None:
+        self.sql(QUEUE_FILL, {"first": first, "last": last})
 
     def new_worker(self, slot: int) -> Worker:
         name = f"queue-{slot + 1}-{self.gen}"
@@ -895,10 +899,8 @@ class _QueueRun(_Run):
     def work_left(self) -> bool:
         return sum(self.left()) > 0
 
-    def top_up(self) -> None:
-        low = self.report.batch * self.report.workers * 5
-        if self.left()[0] < low:
-            self.add(low * 2)
+    def claimable(self) -> int:
+        return self.left()[0]
 
     def reap(self) -> None:
         """The reaper, with its clock a lease ahead: every claim made before now counts as
