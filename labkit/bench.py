@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .db import lab_user
 from .errors import LabkitError
 from .lab import read_sql
 
@@ -905,29 +906,24 @@ def time_notebooks(names: list[str], progress=None, timeout: int = 600) -> dict:
 
     progress = progress or (lambda msg: None)
     user = f"bench{os.getpid()}"
-    old = os.environ.get("LABKIT_USER")
-    os.environ["LABKIT_USER"] = user
     times: dict[str, float] = {}
     errors: dict[str, str] = {}
     t_all = time.perf_counter()
     try:
-        for name in names:
-            nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-            client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                    resources={"metadata": {"path": str(NOTEBOOKS)}})
-            t0 = time.perf_counter()
-            try:
-                # the kernel's own stderr (start-up chatter) would land in the caller's output
-                client.execute(stderr=subprocess.DEVNULL)
-            except Exception as exc:       # nbclient raises CellExecutionError and others
-                errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
-            times[name] = time.perf_counter() - t0
-            progress(f"notebook {name}: {times[name]:.1f} s" + (" (FAILED)" if name in errors else ""))
+        with lab_user(user):
+            for name in names:
+                nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+                client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                        resources={"metadata": {"path": str(NOTEBOOKS)}})
+                t0 = time.perf_counter()
+                try:
+                    # the kernel's own stderr (start-up chatter) would land in the caller's output
+                    client.execute(stderr=subprocess.DEVNULL)
+                except Exception as exc:       # nbclient raises CellExecutionError and others
+                    errors[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+                times[name] = time.perf_counter() - t0
+                progress(f"notebook {name}: {times[name]:.1f} s" + (" (FAILED)" if name in errors else ""))
     finally:
-        if old is None:
-            os.environ.pop("LABKIT_USER", None)
-        else:
-            os.environ["LABKIT_USER"] = old
         _drop_schemas_of(user)
     return {"notebook_seconds": times, "workbook_seconds": time.perf_counter() - t_all,
             "notebook_errors": errors, "workbook_notebooks": len(names),

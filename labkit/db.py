@@ -12,6 +12,8 @@ from __future__ import annotations
 import getpass
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -223,6 +225,21 @@ def current_user_tag() -> str:
         except Exception:
             name = "user"
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "user"
+
+
+@contextmanager
+def lab_user(name: str) -> Iterator[str]:
+    """Inside the block, lab schemas belong to ``name``: LABKIT_USER is set for this process
+    and the kernels it starts, and put back as it was afterwards."""
+    saved = os.environ.get("LABKIT_USER")
+    os.environ["LABKIT_USER"] = name
+    try:
+        yield name
+    finally:
+        if saved is None:
+            os.environ.pop("LABKIT_USER", None)
+        else:
+            os.environ["LABKIT_USER"] = saved
 
 
 def quote_ident(name: str) -> sql.Identifier:

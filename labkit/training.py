@@ -14,7 +14,6 @@ import argparse
 import copy
 import html
 import json
-import os
 import re
 import shutil
 import sys
@@ -86,47 +85,34 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
 # -- book -----------------------------------------------------------------------------------
 def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", execute: bool = True,
          quiet: bool = False) -> list[Path]:
+    import nbformat
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 
+    from .db import current_user_tag, lab_user
     from .nbtools import clean
 
     out.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name="claimlab_book", extra_template_basedirs=[str(TEMPLATES)])
     notebooks = _notebooks(paths)
     written = []
-    bar = tqdm(notebooks, desc="book", unit="notebook", disable=quiet)
     # The kernels get their own lab schemas (LABKIT_USER), so building the handouts never
     # resets the schemas of the notebooks you have open.
-    from .db import current_user_tag
+    bar = tqdm(notebooks, desc="book", unit="notebook", disable=quiet)
+    with lab_user(f"{current_user_tag()}_book"):
+        for path in bar:
+            bar.set_postfix_str(path.stem)
+            nb = nbformat.read(path, as_version=4)
+            if execute:
+                from nbclient import NotebookClient
 
-    saved = os.environ.get("LABKIT_USER")
-    os.environ["LABKIT_USER"] = f"{current_user_tag()}_book"
-    try:
-        return _book(notebooks, bar, exporter, out, execute, clean, written)
-    finally:
-        if saved is None:
-            os.environ.pop("LABKIT_USER", None)
-        else:
-            os.environ["LABKIT_USER"] = saved
-
-
-def _book(notebooks, bar, exporter, out, execute, clean, written):
-    import nbformat
-
-    for path in bar:
-        bar.set_postfix_str(path.stem)
-        nb = nbformat.read(path, as_version=4)
-        if execute:
-            from nbclient import NotebookClient
-
-            NotebookClient(nb, timeout=600, kernel_name="python3",
-                           resources={"metadata": {"path": str(path.parent)}}).execute()
-            clean(nb)
-        body, _ = exporter.from_notebook_node(nb)
-        dest = out / (path.stem + ".html")
-        dest.write_text(body)
-        written.append(dest)
+                NotebookClient(nb, timeout=600, kernel_name="python3",
+                               resources={"metadata": {"path": str(path.parent)}}).execute()
+                clean(nb)
+            body, _ = exporter.from_notebook_node(nb)
+            dest = out / (path.stem + ".html")
+            dest.write_text(body)
+            written.append(dest)
     _index(out, [(p, p.stem + ".html") for p in notebooks], "Claim Lab — handouts",
            "Each page is a notebook run from top to bottom on a real PostgreSQL server.")
     return written

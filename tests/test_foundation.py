@@ -250,3 +250,18 @@ def test_long_lab_names_leave_room_for_the_role_in_application_name(db):
         assert name == f"labkit:{lab.schema}:bench-pgbench"
     finally:
         lab.drop()
+
+
+def test_lab_user_sets_labkit_user_and_puts_it_back(monkeypatch):
+    from labkit.db import current_user_tag, lab_user
+
+    monkeypatch.delenv("LABKIT_USER", raising=False)
+    with lab_user("book_reader"):
+        assert current_user_tag() == "book_reader"
+    assert "LABKIT_USER" not in os.environ
+    monkeypatch.setenv("LABKIT_USER", "trainee7")
+    with pytest.raises(RuntimeError), lab_user("bench1"):
+        assert os.environ["LABKIT_USER"] == "bench1"
+        raise RuntimeError("a failure inside the block")
+    assert os.environ["LABKIT_USER"] == "trainee7"
+
