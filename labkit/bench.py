@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .db import lab_user
 from .errors import LabkitError
-from .lab import read_sql
+from .lab import drop_schemas, read_sql
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -931,17 +931,11 @@ def time_notebooks(names: list[str], progress=None, timeout: int = 600) -> dict:
 
 
 def _drop_schemas_of(user: str) -> None:
-    from psycopg import sql
-
     from . import db as dbmod
 
     try:
-        database = dbmod.connect(quiet=True)
-        with database.connect() as conn:
-            rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
-                                ("lab\\_%\\_" + user,)).fetchall()
-            for (name,) in rows:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+        with dbmod.connect(quiet=True).connect() as conn:
+            drop_schemas(conn, "lab\\_%\\_" + user)
     except Exception:
         pass
 

@@ -109,12 +109,9 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
         out(f"ended {len(pids)} labkit session(s)" +
             ("" if every else f" idle in a transaction for over {idle_s:g} s"))
         if drop_schemas:
-            from psycopg import sql
+            from .lab import drop_schemas as drop_lab_schemas
 
-            schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
-            for name in schemas:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-            out(f"dropped {len(schemas)} lab schema(s)")
+            out(f"dropped {len(drop_lab_schemas(conn))} lab schema(s)")
     return 0
 
 

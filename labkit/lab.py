@@ -42,6 +42,16 @@ def schema_name(name: str, user: str | None = None) -> str:
     return f"{full[:MAX_SCHEMA - 9].rstrip('_')}_{digest}"
 
 
+def drop_schemas(conn: psycopg.Connection, like: str = r"lab\_%") -> list[str]:
+    """Drop every schema whose name matches the LIKE pattern ``like`` (by default every lab
+    schema), with what is in it; returns the names dropped."""
+    names = [r[0] for r in conn.execute(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s ORDER BY 1", (like,)).fetchall()]
+    for name in names:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    return names
+
+
 def read_sql(name: str) -> str:
     """The text of one of labkit's .sql files (``labkit/sql/NAME``)."""
     return resources.files("labkit").joinpath("sql", name).read_text()

@@ -265,3 +265,20 @@ def test_lab_user_sets_labkit_user_and_puts_it_back(monkeypatch):
         raise RuntimeError("a failure inside the block")
     assert os.environ["LABKIT_USER"] == "trainee7"
 
+
+def test_drop_schemas_drops_what_the_pattern_names_and_nothing_else(db):
+    from labkit.lab import drop_schemas
+
+    tag = f"dropme{os.getpid()}"
+    mine = [db.lab(n, user=tag) for n in ("one", "two")]
+    mine[0].execute("CREATE TABLE kept_until_dropped (id int)")
+    other = db.lab("neighbour", user=f"keep{os.getpid()}")
+    try:
+        with db.connect() as conn:
+            dropped = drop_schemas(conn, "lab\\_%\\_" + tag)
+            left = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+        assert dropped == sorted(lab.schema for lab in mine)
+        assert not left & set(dropped) and other.schema in left
+    finally:
+        for lab in (*mine, other):
+            lab.drop()
