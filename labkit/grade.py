@@ -22,6 +22,10 @@ stages, each in a throw-away lab schema of its own:
    (sampled from pg_stat_activity), lock errors, and whether the work ran inside
    the claim's transaction.
 
+The claim's SQL runs as a throw-away role that may use its own schema and nothing
+else (:mod:`labkit.sandbox`), and every stage is time-boxed: a statement that runs too
+long is cancelled, and the claim fails with ``too_slow``.
+
 The verdict is ``pass`` only when no problem was found.  Every problem is a short
 code with an explanation that names the fix.  A syntax error, a statement that is
 not a claim, or a runtime error is a problem in the report, never a crash.
@@ -42,7 +46,8 @@ from pathlib import Path
 
 import psycopg
 
-from .errors import LabkitError
+from .errors import LabkitError, ServerError
+from .sandbox import Sandbox, check_number, read_input
 
 PARAM_RE = re.compile(r"%\((\w+)\)s")
 TX_CONTROL = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
@@ -50,6 +55,12 @@ SETTING = re.compile(r"^\s*(SET|RESET)\b", re.I)
 PROBE_JOBS = 50
 HISTORY_ROWS = 50_000
 HISTORY_PAGES = 100   # a search for pending jobs that reads more pages than this reads the history
+MAX_WORKERS = 64
+MAX_JOBS = 100_000
+MAX_JOB_MS = 1_000
+MAX_SQL_BYTES = 1_000_000
+STEP_TIMEOUT_S = 10.0   # one statement of the claim (and the grader's own set-up work)
+RUN_TIMEOUT_S = 90.0    # the whole run of the worker processes
 _counter = itertools.count(1)
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "grader"
 
@@ -114,6 +125,14 @@ EXPLAIN = {
                  "IN_PROGRESS without owner). Mark IN_PROGRESS with worker_id and claimed_at.",
     "stalled": "The run did not finish in time: pending jobs were left that no worker would "
                "claim. Check the claim's WHERE clause.",
+    "too_slow": "The claim ran too long and was cancelled (the grader gives each statement "
+                "a few seconds). A claim picks a few pending jobs through an index and returns "
+                "at once: remove what makes it wait or loop (pg_sleep, a lock it waits for, a "
+                "changed statement_timeout).",
+    "crash_not_tested": "No worker was killed while it held a claim (the run ended first, or "
+                        "no worker ran three jobs), so nothing shows that the claim survives a "
+                        "crash. Claim a few jobs at a time and grade it again with the default "
+                        "jobs and job time.",
 }
 
 
@@ -148,6 +167,7 @@ class Report:
     lock_errors: int | None = None
     work_inside_claim: bool | None = None
     run_seconds: float | None = None
+    sandbox: str = ""               # which role the claim's SQL ran as
 
     @property
     def codes(self) -> list[str]:
@@ -176,6 +196,8 @@ class Report:
 
     def to_text(self) -> str:
         lines = [self.brief(), "  measured:"]
+        if self.sandbox:
+            lines.append(f"    the claim's SQL {self.sandbox}")
         facts = [("probe", self.probe), ("uses index", self.uses_index),
                  ("plan", " > ".join(self.plan)), ("pages searched over the history", self.plan_buffers),
                  ("workers / jobs", f"{self.workers} / {self.jobs}"), ("killed", self.killed),
@@ -292,15 +314,28 @@ def _claim_statements(stmts: list[str]) -> list[str]:
 def _probe(report: Report, lab, stmts: list[str], no_order: bool) -> bool:
     """Two claims in flight at once.  Returns False when the claim cannot be run further."""
     from . import claims
-    from .sessions import Sessions
 
     claims.fresh_jobs(lab, PROBE_JOBS)
     body = _claim_statements(stmts)
     if not body:
         report.add("not_a_claim", "the script only begins and ends a transaction")
         return False
+    try:
+        return _probe_sessions(report, lab, body, no_order)
+    except ServerError:
+        raise
+    except LabkitError as exc:
+        # The engine could not go on (the claim dropped the job table, say): a problem of
+        # the claim, reported as one.
+        report.add("sql_error", exc.what)
+        return False
+
+
+def _probe_sessions(report: Report, lab, body: list[str], no_order: bool) -> bool:
+    from .sessions import Sessions
+
     with Sessions(lab, "A", "B", watch={"job": "id"}, lock_timeout="2s",
-                  statement_timeout="10s") as run:
+                  statement_timeout=f"{int(STEP_TIMEOUT_S * 1000)}ms") as run:
         run.A("BEGIN")
         a = run.A("; ".join(bind(s, "probe-A") for s in body), label="claim")
         if a.error is not None:
@@ -379,6 +414,9 @@ def _plan(report: Report, lab, stmts: list[str]) -> None:
             continue
         try:
             p = claims.plan_of(lab, bind(s, "plan"), analyze=True)
+        except psycopg.errors.QueryCanceled:
+            report.add("too_slow", f"EXPLAIN ANALYZE of the claim was cancelled after {STEP_TIMEOUT_S:g} s")
+            return
         except psycopg.Error as exc:
             report.add("sql_error", f"EXPLAIN failed: {exc.diag.message_primary}")
             return
@@ -399,16 +437,19 @@ LOCK_KINDS = ("nowait", "lock_timeout", "deadlock", "serialization")
 
 
 def grade_worker(ctx, dsn: str, schema: str, worker_id: str, script: str, job_ms: float = 2.0,
-                 pause_after: int | None = None, deadline_s: float = 30.0) -> dict:
+                 pause_after: int | None = None, deadline_s: float = 30.0,
+                 statement_timeout_s: float = STEP_TIMEOUT_S, **login) -> dict:
     """Body of one graded worker process: run the reader's script, run each claimed job
-    (job_ms, outside the script), mark it DONE, and report everything as events."""
+    (job_ms, outside the script), mark it DONE, and report everything as events.
+    ``login`` (user, password) is the sandbox role the script runs as."""
     from .sessions import classify
 
     conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
-                           application_name=f"labkit:{schema}:{worker_id}"[:63], connect_timeout=10)
+                           application_name=f"labkit:{schema}:{worker_id}"[:63], connect_timeout=10,
+                           **login)
     try:
         conn.execute("SET lock_timeout = '5s'")
-        conn.execute("SET statement_timeout = '20s'")
+        conn.execute("SET statement_timeout = %s" % int(statement_timeout_s * 1000))
         ran = errors = empties = 0
         ctx.emit("connected", pids=[conn.info.backend_pid])
         ctx.pause("ready")                      # all workers start claiming together
@@ -496,22 +537,27 @@ class _BlockedSampler(threading.Thread):
         return self.blocked_s * 1000
 
 
-def _run(report: Report, lab, stmts: list[str], workers: int, jobs: int, job_ms: float,
+def _run(report: Report, lab, box: Sandbox, stmts: list[str], workers: int, jobs: int, job_ms: float,
          crash_after: int = 3) -> None:
+    """``lab`` is labkit's own view of the lab (it watches pg_stat_activity); the jobs are
+    made, claimed and counted through the sandbox ``box``."""
     from . import claims
     from .procs import Worker
 
-    claims.fresh_jobs(lab, jobs)
+    if not _stage(report, box, 2 * STEP_TIMEOUT_S, claims.fresh_jobs, box.lab, jobs):
+        return
     script = "; ".join(stmts)
     sampler = _BlockedSampler(lab, f"{lab.app_name}:g%")
     ws: list[Worker] = []
     t0 = time.monotonic()
+    timed_out = False
     try:
         for i in range(workers):
             wid = f"g{i + 1}"
             ws.append(Worker("labkit.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
                              worker_id=wid, script=bind(script, wid), job_ms=job_ms,
-                             pause_after=crash_after).start())
+                             pause_after=crash_after, deadline_s=RUN_TIMEOUT_S,
+                             statement_timeout_s=STEP_TIMEOUT_S, **box.worker_kwargs()).start())
         for w in ws:
             w.wait_for("paused", tag="ready", timeout=60)
         sampler.start()
@@ -520,8 +566,11 @@ def _run(report: Report, lab, stmts: list[str], workers: int, jobs: int, job_ms:
         # Every worker stops after its third job; the first to get there is killed, the
         # others go on.
         victim, stopped = None, set()
-        deadline = time.monotonic() + 90
-        while any(w.alive for w in ws) and time.monotonic() < deadline:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while any(w.alive for w in ws):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
             for w in ws:
                 w.poll(0.002)
                 if w.name in stopped or not any(e["kind"] == "paused" and e.get("tag") == "crash point"
@@ -541,7 +590,11 @@ def _run(report: Report, lab, stmts: list[str], workers: int, jobs: int, job_ms:
             w.kill()
         report.blocked_ms = round(sampler.finish(), 1) if sampler.is_alive() or sampler.blocked_s else 0.0
     report.run_seconds = round(time.monotonic() - t0, 2)
-    _tally(report, lab, ws)
+    if timed_out:
+        report.add("too_slow", f"the workers were still running after {RUN_TIMEOUT_S:g} s and were stopped")
+    if victim is None:
+        report.add("crash_not_tested", report.killed)
+    _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, box.lab, ws)
 
 
 def _tally(report: Report, lab, ws) -> None:
@@ -587,17 +640,50 @@ def _tally(report: Report, lab, ws) -> None:
 
 # -- the entry points ---------------------------------------------------------------------------
 
-def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float = 2.0,
-                db=None, name: str | None = None, run: bool = True) -> Report:
-    """Grade a claim given as SQL text or as a path to a .sql file."""
-    if workers < 2:
-        raise LabkitError(f"The grader needs at least 2 workers (one is killed), not {workers}.",
-                          "pass workers=2 or more.")
+def _stage(report: Report, box: Sandbox, seconds: float, fn, *args):
+    """Run one stage under a deadline.  False when the stage says the claim cannot go
+    further, when it was cancelled (a ``too_slow`` problem, replacing what the cancelled
+    stage had found) or when the claim's SQL broke the lab so that it could not go on."""
+    before = len(report.problems)
+    with box.deadline(seconds) as clock:
+        try:
+            result = fn(*args) is not False
+        except psycopg.errors.QueryCanceled:
+            clock.fired, result = True, False
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            report.add("sql_error", f"after the claim ran, the grader's own SQL failed: "
+                                    f"{exc.diag.message_primary or exc}")
+            result = False
+    if clock.fired:
+        del report.problems[before:]
+        report.add("too_slow", f"a stage of the grading was cancelled after {seconds:g} s")
+        return False
+    return result
+
+
+def check_settings(workers, jobs, job_ms) -> None:
+    """The grader's numbers, or a one-paragraph error naming the allowed range."""
+    check_number("workers", workers, low=2, high=MAX_WORKERS, integer=True,
+                 fix=f"pass 2 to {MAX_WORKERS} workers (one is killed; the default is 4).")
+    check_number("jobs", jobs, low=1, high=MAX_JOBS, integer=True,
+                 fix=f"pass up to {MAX_JOBS:,} jobs (the default, 120, is plenty).")
     if jobs < 4 * workers:
         raise LabkitError(f"{jobs} jobs are too few for {workers} workers.",
                           f"pass jobs={4 * workers} or more.")
-    if job_ms < 0:
-        raise LabkitError(f"job_ms must be 0 or more, not {job_ms}.", "pass job_ms=0 or a positive time.")
+    check_number("job_ms", job_ms, low=0, high=MAX_JOB_MS,
+                 fix=f"pass a job time from 0 to {MAX_JOB_MS:,} ms (the default is 2).")
+
+
+def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float = 2.0,
+                db=None, name: str | None = None, run: bool = True) -> Report:
+    """Grade a claim given as SQL text or as a path to a .sql file."""
+    if isinstance(workers, int) and not isinstance(workers, bool) and workers < 2:
+        raise LabkitError(f"The grader needs at least 2 workers (one is killed), not {workers}.",
+                          "pass workers=2 or more.")
+    check_settings(workers, jobs, job_ms)
+    workers, jobs = int(workers), int(jobs)
     text, label = _load(sql_or_path, name)
     report = Report(file=label, workers=workers, jobs=jobs)
     stmts, no_order = _read(report, text)
@@ -608,10 +694,15 @@ def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float
     db = db or connect(quiet=True)
     lab = db.lab(f"grade_{os.getpid()}_{next(_counter)}")
     try:
-        if _probe(report, lab, stmts, no_order) and not {"syntax_error", "sql_error"} & set(report.codes):
-            _plan(report, lab, stmts)
-            if run and "sql_error" not in report.codes:
-                _run(report, lab, stmts, workers, jobs, job_ms)
+        # The claim's SQL runs as a role of its own (probe sessions, EXPLAIN, workers);
+        # ``lab`` itself only watches and cleans up.
+        with Sandbox(lab, connections=workers + 8, statement_timeout_s=STEP_TIMEOUT_S) as box:
+            report.sandbox = box.note
+            if (_stage(report, box, STEP_TIMEOUT_S + 3, _probe, report, box.lab, stmts, no_order)
+                    and not {"syntax_error", "sql_error"} & set(report.codes)):
+                _stage(report, box, 2 * STEP_TIMEOUT_S + 5, _plan, report, box.lab, stmts)
+                if run and not {"sql_error", "too_slow"} & set(report.codes):
+                    _run(report, lab, box, stmts, workers, jobs, job_ms)
     finally:
         lab.drop()
     return _verdict(report)
@@ -621,15 +712,29 @@ def _load(sql_or_path, name):
     if isinstance(sql_or_path, Path) or (isinstance(sql_or_path, str) and sql_or_path.endswith(".sql")
                                          and "\n" not in sql_or_path):
         path = Path(sql_or_path)
-        if not path.is_file():
-            raise LabkitError(f"No SQL file {path}.", "give the path of a .sql file holding your claim.")
-        return path.read_text(), name or path.name
-    return str(sql_or_path), name or "your claim"
+        text = read_input(path, what="SQL file", max_bytes=MAX_SQL_BYTES,
+                          fix="give the path of a .sql file holding your claim.")
+        return text, name or path.name
+    text = str(sql_or_path)
+    if len(text.encode()) > MAX_SQL_BYTES or "\x00" in text:
+        raise LabkitError(f"The claim is {len(text.encode()):,} bytes" + (" and holds a NUL byte"
+                          if "\x00" in text else "") + f"; a claim is text of at most {MAX_SQL_BYTES:,}.",
+                          "pass the claim itself: one statement or a short script.")
+    return text, name or "your claim"
 
 
 def _verdict(report: Report) -> Report:
     report.verdict = "fail" if report.problems else "pass"
     return report
+
+
+def _number(text: str):
+    """An option's number as written: 12 stays an int, 1e20, inf and nan become floats
+    (and are then refused with the allowed range by check_settings)."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -639,9 +744,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("claim", help="run FILE.sql as concurrent workers and say what is wrong")
     c.add_argument("file")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
-    c.add_argument("--workers", type=int, default=4)
-    c.add_argument("--jobs", type=int, default=120)
-    c.add_argument("--job-ms", type=float, default=2.0)
+    c.add_argument("--workers", type=_number, default=4, help=f"2 to {MAX_WORKERS} (default 4)")
+    c.add_argument("--jobs", type=_number, default=120, help=f"up to {MAX_JOBS:,} (default 120)")
+    c.add_argument("--job-ms", type=_number, default=2.0,
+                   help=f"how long each job runs, 0 to {MAX_JOB_MS:,} ms (default 2)")
     args = p.parse_args(argv)
     try:
         report = grade_claim(Path(args.file), workers=args.workers, jobs=args.jobs, job_ms=args.job_ms)

@@ -1,0 +1,390 @@
+"""A throw-away role for SQL that comes from a file: a graded claim, an isolation spec.
+
+Such SQL is somebody's homework, and it runs on a server other trainees share.  The
+connection labkit itself uses may be a superuser (it is on the embedded server), and a
+superuser session may ``RESET ROLE`` whatever role it was set to: so the learner's SQL
+does not run on that connection at all.  For each run, :class:`Sandbox` creates a role
+of its own that may log in and do nothing else::
+
+    with Sandbox(lab) as box:
+        box.lab.execute(...)                 # as labkit_sbx_..., inside lab.schema only
+
+* the role is ``NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS``,
+  with a connection limit, and a random password that is never printed nor put on a
+  command line (it travels as a connect keyword, or pickled to a worker process);
+* it owns the lab's throw-away schema (or, where labkit's own user is not a superuser,
+  may create in it), and it has no right on anything else: not on other schemas, not to
+  create schemas, not to signal other sessions, not to run programs on the server;
+* ``box.lab`` is the same lab seen through that role: every connection it opens logs in
+  as the role, keeps the usual ``labkit:<schema>:<role>`` application_name, and runs with
+  a ``statement_timeout``;
+* ``box.deadline(seconds)`` cancels whatever the role's connections in this process are
+  running once the time is up (the learner's SQL may ``SET statement_timeout = 0``);
+* at the end (also on an error or Ctrl-C) the role's sessions are ended, everything it
+  owns is dropped, and the role is dropped.  A run that was killed before that leaves a
+  role behind: the next run drops it once its schema is gone and it has no session.
+
+Where labkit's user may not create roles (a trainee's account on a shared server), the
+SQL runs as that user, with that user's own rights, and :attr:`Sandbox.note` says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import math
+import os
+import secrets
+import stat
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from .errors import LabkitError
+
+ROLE_PREFIX = "labkit_sbx_"
+_COMMENT = "labkit sandbox for schema "
+
+
+# -- input files --------------------------------------------------------------------------------
+
+def read_input(path, *, what: str, fix: str, max_bytes: int) -> str:
+    """The text of a file the user named (a claim, a spec, a notebook), or a one-paragraph
+    error: missing, a folder, not a regular file, unreadable, too large, not UTF-8 text."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise LabkitError(f"No {what} {p}.", fix) from None
+    except OSError as exc:
+        raise LabkitError(f"Cannot open the {what} {p}: {exc.strerror or exc}.", fix) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise LabkitError(f"{p} is a folder, not a {what}.", fix)
+    if not stat.S_ISREG(st.st_mode):
+        raise LabkitError(f"{p} is not a regular file (a pipe or a device?), so it is not a {what}.",
+                          fix)
+    if st.st_size > max_bytes:
+        raise LabkitError(f"The {what} {p} is {_size(st.st_size)}; labkit reads at most "
+                          f"{_size(max_bytes)} from one.",
+                          f"give the right file (a {what} is far smaller than that).")
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except PermissionError:
+        raise LabkitError(f"The {what} {p} is not readable by this user.",
+                          "make it readable (chmod u+r), or copy it somewhere you can read it.") from None
+    except OSError as exc:
+        raise LabkitError(f"Cannot read the {what} {p}: {exc.strerror or exc}.", fix) from None
+    if len(data) > max_bytes:
+        raise LabkitError(f"The {what} {p} is over {_size(max_bytes)}; labkit reads at most that much.",
+                          f"give the right file (a {what} is far smaller than that).")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LabkitError(f"The {what} {p} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start}): it looks like a binary file.",
+                          f"give the {what} itself, saved as UTF-8 text.") from None
+    if "\x00" in text:
+        raise LabkitError(f"The {what} {p} holds a NUL byte (at offset {text.index(chr(0))}): it is "
+                          "a binary file, not text.",
+                          f"give the {what} itself, saved as UTF-8 text.")
+    return text
+
+
+def _size(n: int) -> str:
+    return f"{n / 1_000_000:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def check_number(name: str, value, *, low: float, high: float, fix: str,
+                 integer: bool = False) -> None:
+    """A finite number within [low, high], or a one-paragraph error naming the range."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if ok and integer and value != int(value):
+        ok = False
+    if not ok or not low <= value <= high:
+        raise LabkitError(f"{name} must be a{'' if integer else ' finite'} number from "
+                          f"{low:g} to {high:,g}, not {value!r}.", fix)
+
+
+# -- the role -----------------------------------------------------------------------------------
+
+def _scram_verifier(password: str, iterations: int = 4096) -> str:
+    """What the server stores for a SCRAM-SHA-256 password.  Sending it instead of the
+    password keeps the password itself out of the server's logs."""
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def sweep(conn: psycopg.Connection) -> list[str]:
+    """Drop the sandbox roles that interrupted runs left: those whose schema is gone and
+    that have no session.  Returns the names dropped (a role this user may not drop is
+    left alone)."""
+    rows = conn.execute(
+        "SELECT r.rolname, shobj_description(r.oid, 'pg_authid') FROM pg_catalog.pg_roles r "
+        "WHERE r.rolname LIKE %s AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a "
+        "WHERE a.usename = r.rolname)", (ROLE_PREFIX.replace("_", r"\_") + "%",)).fetchall()
+    dropped = []
+    for name, comment in rows:
+        schema = (comment or "")[len(_COMMENT):] if (comment or "").startswith(_COMMENT) else ""
+        if schema and conn.execute("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s",
+                                   (schema,)).fetchone():
+            continue
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '5s'")
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+            dropped.append(name)
+        except psycopg.Error:
+            pass
+    return dropped
+
+
+class _Server:
+    """The lab's Database, but every connection logs in as the sandbox role."""
+
+    def __init__(self, db, box: "Sandbox"):
+        self._db = db
+        self._box = box
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    def connect(self, *, autocommit: bool = True, schema: str | None = None,
+                application_name: str = "labkit", **kw) -> psycopg.Connection:
+        return self._box.connect(autocommit=autocommit, schema=schema,
+                                 application_name=application_name, **kw)
+
+
+class Deadline:
+    """Cancels what the sandbox's connections run once ``seconds`` have passed (and
+    again every second after that, until the block ends)."""
+
+    def __init__(self, box: "Sandbox", seconds: float):
+        self.box = box
+        self.seconds = seconds
+        self.fired = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        if self._stop.wait(self.seconds):
+            return
+        self.fired = True
+        while True:
+            self.box.cancel_all()
+            if self._stop.wait(1.0):
+                return
+
+    def __enter__(self) -> "Deadline":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class Sandbox:
+    """A role of its own for SQL from a file, for the life of one ``with`` block.
+
+    ``connections`` caps the role's sessions; ``statement_timeout_s`` is the
+    statement_timeout of every connection :meth:`connect` opens.
+    """
+
+    def __init__(self, lab, *, connections: int = 16, statement_timeout_s: float = 30.0):
+        self.base = lab
+        self.connections = connections
+        self.statement_timeout_ms = max(1, int(statement_timeout_s * 1000))
+        self.role: str | None = None
+        self.password: str | None = None
+        self.note = ""
+        self._conns: "weakref.WeakSet[psycopg.Connection]" = weakref.WeakSet()
+        self._owner: str | None = None     # the schema's owner before the run, if we took it
+        self._lab = None
+
+    # -- life cycle -----------------------------------------------------------------------
+    def __enter__(self) -> "Sandbox":
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:        # the error that ended the block is the one to report
+            self.close()
+        except Exception:
+            pass
+
+    def open(self) -> None:
+        admin = self.base.admin
+        sweep(admin)
+        user, superuser, createrole = admin.execute(
+            "SELECT rolname, rolsuper, rolcreaterole FROM pg_catalog.pg_roles "
+            "WHERE rolname = current_user").fetchone()
+        if not (superuser or createrole):
+            self._fallback(user, "it may not create roles")
+            return
+        role = ROLE_PREFIX + secrets.token_hex(6)
+        password = secrets.token_urlsafe(24)
+        schema = sql.Identifier(self.base.schema)
+        ident = sql.Identifier(role)
+        try:
+            with admin.transaction():
+                admin.execute("SET LOCAL lock_timeout = '10s'")
+                admin.execute(sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION "
+                    "NOBYPASSRLS CONNECTION LIMIT {} PASSWORD {}").format(
+                        ident, sql.Literal(self.connections), sql.Literal(_scram_verifier(password))))
+                admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(
+                    ident, sql.Literal(_COMMENT + self.base.schema)))
+                if superuser:
+                    self._owner = admin.execute(
+                        "SELECT r.rolname FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r "
+                        "ON r.oid = n.nspowner WHERE n.nspname = %s",
+                        (self.base.schema,)).fetchone()[0]
+                    admin.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(schema, ident))
+                else:
+                    # A role that may create roles but is no superuser may not give its schema
+                    # away; it lets the sandbox create in it, and joins the sandbox role so it
+                    # can end its sessions and drop what it made.
+                    admin.execute(sql.SQL("GRANT {} TO current_user").format(ident))
+                    admin.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(schema, ident))
+                if not admin.execute("SELECT has_database_privilege(%s, current_database(), 'CONNECT')",
+                                     (role,)).fetchone()[0]:
+                    admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                        sql.Identifier(admin.info.dbname), ident))
+        except psycopg.Error as exc:
+            if superuser:
+                raise LabkitError(f"Could not create the throw-away role that runs the SQL of the "
+                                  f"file: {_first_line(exc)}.",
+                                  "run `labkit clean` and try again; if it persists, check that the "
+                                  "server is healthy (`labkit doctor`).") from None
+            self._fallback(user, f"creating a role failed: {_first_line(exc)}")
+            return
+        self.role, self.password = role, password
+        try:
+            self.connect(application_name=f"{self.base.app_name}:sandbox"[:63]).close()
+        except psycopg.OperationalError as exc:
+            if superuser:
+                raise LabkitError(
+                    f"The throw-away role {role} that runs the file's SQL could not log in: "
+                    f"{_first_line(exc)}.",
+                    "let roles named labkit_sbx_* log in with a password from this host "
+                    "(pg_hba.conf), then run it again.") from None
+            self.close()
+            self._fallback(user, f"its throw-away role could not log in: {_first_line(exc)}")
+            return
+        self.note = (f"ran as the throw-away role {role}, which may use schema "
+                     f"{self.base.schema} and nothing else")
+
+    def _fallback(self, user: str, why: str) -> None:
+        self.role = self.password = None
+        self.note = (f"ran as your own role {user} ({why}): the SQL had your rights on this "
+                     "server, as anything you run here does")
+
+    def close(self) -> None:
+        """End the role's sessions, drop what it owns, drop it."""
+        for conn in list(self._conns):
+            try:
+                conn.close()
+            except Exception:
+                pass
+        if self._lab is not None:
+            self._lab.close()
+        role = self.role
+        if role is None:
+            return
+        admin = self.base.admin
+        ident = sql.Identifier(role)
+        # No new logins, then end the sessions that are there (a killed worker's backend
+        # may still be running the learner's statement).
+        admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(ident))
+        deadline = time.monotonic() + 15
+        while admin.execute("SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM "
+                            "pg_catalog.pg_stat_activity WHERE usename = %s", (role,)).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise LabkitError(f"The sessions of the throw-away role {role} did not end.",
+                                  "run `labkit clean --all`; the next run drops the role.")
+            time.sleep(0.02)
+        with admin.transaction():
+            admin.execute("SET LOCAL lock_timeout = '10s'")
+            if self._owner is not None:
+                admin.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(
+                    sql.Identifier(self.base.schema), sql.Identifier(self._owner)))
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+            admin.execute(sql.SQL("DROP ROLE {}").format(ident))
+        self.role = self.password = None
+
+    # -- connections --------------------------------------------------------------------------
+    def connect(self, *, autocommit: bool = True, schema: str | None = None,
+                application_name: str = "labkit", **kw) -> psycopg.Connection:
+        """A connection as the sandbox role (as labkit's user, where there is none)."""
+        db = self.base.db
+        options = [f"-c statement_timeout={self.statement_timeout_ms}"]
+        if schema:
+            options.append(f"-c search_path={schema},public")
+        if self.role is not None:
+            kw.update(user=self.role, password=self.password)
+        try:
+            conn = psycopg.connect(db.dsn, autocommit=autocommit, application_name=application_name,
+                                   options=" ".join(options), connect_timeout=10, **kw)
+        except psycopg.OperationalError as exc:
+            if self.role is None:
+                from .db import _unreachable
+                raise _unreachable(db, exc) from None
+            raise
+        self._conns.add(conn)
+        return conn
+
+    def worker_kwargs(self) -> dict:
+        """What a worker process needs to log in as the role (passed pickled, never printed)."""
+        if self.role is None:
+            return {}
+        return {"user": self.role, "password": self.password}
+
+    @property
+    def lab(self):
+        """The lab, seen through the sandbox role."""
+        if self._lab is None:
+            import copy
+
+            twin = copy.copy(self.base)
+            twin.db = _Server(self.base.db, self)
+            twin._conns = weakref.WeakSet()
+            twin._admin = None
+            self._lab = twin
+        return self._lab
+
+    def cancel_all(self) -> None:
+        for conn in list(self._conns):
+            try:
+                if not conn.closed:
+                    conn.cancel()
+            except Exception:
+                pass
+
+    def deadline(self, seconds: float) -> Deadline:
+        return Deadline(self, seconds)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0].rstrip(".") if text else type(exc).__name__
