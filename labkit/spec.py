@@ -24,6 +24,11 @@ lays them out, ``ERROR:  message`` for failures and ``s1: NOTICE:  ...`` for
 notices.  So a spec's output can be compared with the ``.out`` file PostgreSQL
 expects for it.
 
+Every SQL text of the spec (setup, teardown, session setup and teardown, steps) runs as
+a throw-away role that may use the lab's schema and nothing else
+(:mod:`labkit.sandbox`).  A spec file may hold at most 1 MB, and one without
+permutation lines may interleave its steps in at most 10,000 ways.
+
 Command line (wired in ``labkit/cli.py``)::
 
     labkit spec run FILE.spec [FILE2.spec ...] [--diff EXPECTED.out ...]
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import sys
 import time
@@ -44,7 +50,12 @@ from typing import Iterator
 from psycopg import pq
 
 from .errors import LabkitError, SpecError
+from .sandbox import Sandbox, check_number, read_input
 from .sessions import Sessions
+
+MAX_SPEC_BYTES = 1_000_000
+MAX_PERMUTATIONS = 10_000
+MAX_TIMEOUT_S = 86_400
 
 __all__ = ["Blocker", "Permutation", "PermutationStep", "Session", "Spec", "Step",
            "format_result", "main", "parse", "parse_file", "run", "run_file"]
@@ -164,6 +175,31 @@ class Spec:
                     chosen.pop()
 
         yield from recurse()
+
+    def permutation_count(self) -> int:
+        """How many permutations run: the permutation lines, or else the number of
+        interleavings (a multinomial coefficient, counted without listing them)."""
+        if self.permutations:
+            return len(self.permutations)
+        count, placed = 1, 0
+        for sess in self.sessions:
+            placed += len(sess.steps)
+            count *= math.comb(placed, len(sess.steps))
+        return count
+
+    def check_size(self) -> None:
+        """Refuse, before running anything, a spec whose interleavings are too many."""
+        count = self.permutation_count()
+        if count <= MAX_PERMUTATIONS:
+            return
+        steps = sum(len(s.steps) for s in self.sessions)
+        shown = f"{count:,}" if count < 10 ** 12 else f"about 10^{len(str(count)) - 1}"
+        raise SpecError(
+            f"{self.filename}: its {len(self.sessions)} sessions with {steps} steps in all, and no "
+            f"permutation line, interleave in {shown} ways; labkit runs at most "
+            f"{MAX_PERMUTATIONS:,} permutations of a spec.",
+            "write the orders worth running as `permutation s1a s2a s1b ...` lines at the end "
+            "of the spec (or split it into smaller specs).")
 
     def permutations_to_run(self) -> Iterator[Permutation]:
         """The permutation lines, or every interleaving when there are none."""
@@ -482,12 +518,11 @@ def parse(text: str, filename: str = "<spec>") -> Spec:
 
 
 def parse_file(path: str | os.PathLike) -> Spec:
-    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"Cannot read the spec {p}: {exc.strerror or exc}.",
-                        "check the file name.") from None
+        text = read_input(path, what="spec file", max_bytes=MAX_SPEC_BYTES,
+                          fix="give the path of a .spec file (an isolation spec, as text).")
+    except LabkitError as exc:
+        raise SpecError(exc.what, exc.fix) from None
     return parse(text, str(path))
 
 
@@ -587,9 +622,13 @@ class _Active:
 
 
 class _Runner:
-    def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err):
+    """Plays a spec.  ``box`` is the sandbox: every connection comes from ``box.lab``, so
+    all of the spec's SQL runs as its role."""
+
+    def __init__(self, spec: Spec, box: Sandbox, timeout: float, out: list[str], err):
         self.spec = spec
-        self.lab = lab
+        self.box = box
+        self.lab = box.lab
         self.timeout = timeout
         self.out = out
         self.err = err
@@ -626,8 +665,20 @@ class _Runner:
         finally:
             self.control.close()
 
+    def _exec(self, pgconn, sql: str, what: str):
+        """Run a setup or teardown block, cancelled if it outlives the step timeout twice
+        over (its SQL may have turned statement_timeout off)."""
+        with self.box.deadline(2 * self.timeout) as clock:
+            res = pgconn.exec_(sql.encode())
+        if clock.fired:
+            raise SpecError(f"{self.spec.filename}: {what} did not finish within "
+                            f"{2 * self.timeout:g} s and was cancelled.",
+                            "make the block quick (it runs before or after every permutation), "
+                            "or raise --timeout.")
+        return res
+
     def exec_control(self, sql: str, what: str) -> None:
-        res = self.control.pgconn.exec_(sql.encode())
+        res = self._exec(self.control.pgconn, sql, what)
         if res.status == pq.ExecStatus.TUPLES_OK:
             self.emit(_pgresult_text(res))
         elif res.status != pq.ExecStatus.COMMAND_OK and res.status != pq.ExecStatus.EMPTY_QUERY:
@@ -640,7 +691,7 @@ class _Runner:
 
     def exec_session(self, name: str, sql: str, what: str) -> None:
         s = self.engine.sessions[name]
-        res = s.pgconn.exec_(sql.encode())
+        res = self._exec(s.pgconn, sql, f"{what} of session {name}")
         self.flush_notices(name)
         if res.status == pq.ExecStatus.TUPLES_OK:
             self.emit(_pgresult_text(res))
@@ -864,6 +915,9 @@ def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
     ``sys.stderr``).
     """
     spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
+    check_number("timeout", timeout, low=0.1, high=MAX_TIMEOUT_S,
+                 fix="give the step timeout in seconds, such as 60 (the default).")
+    spec.check_size()
     stderr = sys.stderr if stderr is None else stderr
     for w in spec.warnings:
         print(w, file=stderr)
@@ -877,7 +931,11 @@ def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
         lab.reset()
     out: list[str] = []
     try:
-        _Runner(spec, lab, timeout, out, stderr).run()
+        with Sandbox(lab, connections=len(spec.sessions) + 4,
+                     statement_timeout_s=2 * timeout) as box:
+            if box.role is None:
+                print(f"labkit spec: the spec's SQL {box.note}.", file=stderr)
+            _Runner(spec, box, timeout, out, stderr).run()
     finally:
         if own:
             lab.discard()
@@ -918,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "permutations":
             for path in args.specs:
                 spec = parse_file(path)
+                spec.check_size()
                 for w in spec.warnings:
                     print(w, file=sys.stderr)
                 for perm in spec.permutations_to_run():
@@ -939,7 +998,9 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.write(output)
                 continue
             expected_path = args.diff[k]
-            expected = Path(expected_path).read_text(encoding="utf-8")
+            expected = read_input(expected_path, what="expected output file",
+                                  max_bytes=10 * MAX_SPEC_BYTES,
+                                  fix="give the .out file that goes with the spec.")
             if output == expected:
                 print(f"ok: {path} matches {expected_path}")
             else:
