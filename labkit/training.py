@@ -31,13 +31,36 @@ REMOTE_RE = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\
 ANSWER_PLACEHOLDER = "*(Answer: in the instructor's copy, `notebooks/{name}`.)*"
 
 
+MAX_NOTEBOOK_BYTES = 50_000_000
+
+
 def _notebooks(paths: list[str] | None) -> list[Path]:
     found = [Path(p) for p in paths] if paths else sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     missing = [p for p in found if not p.exists()]
     if missing:
         raise LabkitError(f"No such notebook: {', '.join(map(str, missing))}.",
                           "give paths like notebooks/01_one_lock_three_policies.ipynb, or none for all.")
+    for path in found:
+        _check_notebook(path)
     return found
+
+
+def _check_notebook(path: Path) -> None:
+    """A one-paragraph error unless ``path`` is a readable Jupyter notebook of sane size."""
+    from .sandbox import read_input
+
+    fix = "give paths like notebooks/01_one_lock_three_policies.ipynb, or none for all."
+    text = read_input(path, what="notebook", fix=fix, max_bytes=MAX_NOTEBOOK_BYTES)
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise LabkitError(f"{path} is not a Jupyter notebook: it is not JSON ({exc}).", fix) from None
+    cells = doc.get("cells") if isinstance(doc, dict) else None
+    if (not isinstance(doc, dict) or doc.get("nbformat") != 4 or not isinstance(cells, list)
+            or not all(isinstance(c, dict) and isinstance(c.get("cell_type"), str) for c in cells)):
+        raise LabkitError(f"{path} is not a Jupyter notebook in format 4 (JSON with a list of "
+                          "cells).", fix + " An older notebook can be upgraded with "
+                          "`jupyter nbconvert --to notebook --inplace`.")
 
 
 def _meta(path: Path) -> dict:
@@ -59,6 +82,7 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
     import nbformat
     from nbconvert import SlidesExporter
 
+    _notebooks(paths)               # every input checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
     target = out / "reveal.js"
     if target.exists():
