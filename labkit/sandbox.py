@@ -12,9 +12,11 @@ of its own that may log in and do nothing else::
 * the role is ``NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS``,
   with a connection limit, and a random password that is never printed nor put on a
   command line (it travels as a connect keyword, or pickled to a worker process);
-* it owns the lab's throw-away schema (or, where labkit's own user is not a superuser,
-  may create in it), and it has no right on anything else: not on other schemas, not to
-  create schemas, not to signal other sessions, not to run programs on the server;
+* it may use and create in the lab's throw-away schema, and owns everything made in it
+  (labkit makes the lab's tables through it too), and it has no right on anything else:
+  not on other schemas, not to create schemas, not to signal other sessions, not to run
+  programs on the server.  The schema itself stays labkit's user's, so the role cannot
+  drop, rename or relabel it;
 * ``box.lab`` is the same lab seen through that role: every connection it opens logs in
   as the role, keeps the usual ``labkit:<schema>:<role>`` application_name, and runs with
   a ``statement_timeout``;
@@ -61,6 +63,11 @@ def read_input(path, *, what: str, fix: str, max_bytes: int) -> str:
         st = p.stat()
     except FileNotFoundError:
         raise LabkitError(f"No {what} {p}.", fix) from None
+    except PermissionError:
+        raise LabkitError(f"The {what} {p} is not readable by this user (a folder on its path "
+                          "may not be opened).",
+                          "make it readable (chmod u+r, and u+x on its folders), or copy it "
+                          "somewhere you can read it.") from None
     except OSError as exc:
         raise LabkitError(f"Cannot open the {what} {p}: {exc.strerror or exc}.", fix) from None
     if stat.S_ISDIR(st.st_mode):
@@ -212,7 +219,6 @@ class Sandbox:
         self.password: str | None = None
         self.note = ""
         self._conns: "weakref.WeakSet[psycopg.Connection]" = weakref.WeakSet()
-        self._owner: str | None = None     # the schema's owner before the run, if we took it
         self._lab = None
 
     # -- life cycle -----------------------------------------------------------------------
@@ -255,18 +261,11 @@ class Sandbox:
                         ident, sql.Literal(self.connections), sql.Literal(_scram_verifier(password))))
                 admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(
                     ident, sql.Literal(_COMMENT + self.base.schema)))
-                if superuser:
-                    self._owner = admin.execute(
-                        "SELECT r.rolname FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r "
-                        "ON r.oid = n.nspowner WHERE n.nspname = %s",
-                        (self.base.schema,)).fetchone()[0]
-                    admin.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(schema, ident))
-                else:
-                    # A role that may create roles but is no superuser may not give its schema
-                    # away; it lets the sandbox create in it, and joins the sandbox role so it
-                    # can end its sessions and drop what it made.
+                if not superuser:
+                    # A role that may create roles but is no superuser joins the sandbox role,
+                    # so that it can end its sessions and drop what it made.
                     admin.execute(sql.SQL("GRANT {} TO current_user").format(ident))
-                    admin.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(schema, ident))
+                admin.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(schema, ident))
                 if not admin.execute("SELECT has_database_privilege(%s, current_database(), 'CONNECT')",
                                      (role,)).fetchone()[0]:
                     admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
@@ -326,9 +325,8 @@ class Sandbox:
             time.sleep(0.02)
         with admin.transaction():
             admin.execute("SET LOCAL lock_timeout = '10s'")
-            if self._owner is not None:
-                admin.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(
-                    sql.Identifier(self.base.schema), sql.Identifier(self._owner)))
+            # Its tables in the lab's schema, anything it made elsewhere (large objects,
+            # say), and the rights it was given.
             admin.execute(sql.SQL("DROP OWNED BY {}").format(ident))
             admin.execute(sql.SQL("DROP ROLE {}").format(ident))
         self.role = self.password = None
@@ -339,6 +337,9 @@ class Sandbox:
         """A connection as the sandbox role (as labkit's user, where there is none)."""
         db = self.base.db
         options = [f"-c statement_timeout={self.statement_timeout_ms}"]
+        if getattr(db, "version_num", 0) >= 140000:
+            # A client that vanished (a killed worker) does not leave its query running on.
+            options.append("-c client_connection_check_interval=2000")
         if schema:
             options.append(f"-c search_path={schema},public")
         if self.role is not None:

@@ -116,9 +116,9 @@ def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", ex
     from .db import current_user_tag, lab_user
     from .nbtools import clean
 
+    notebooks = _notebooks(paths)   # every input checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name="claimlab_book", extra_template_basedirs=[str(TEMPLATES)])
-    notebooks = _notebooks(paths)
     written = []
     # The kernels get their own lab schemas (LABKIT_USER), so building the handouts never
     # resets the schemas of the notebooks you have open.
