@@ -450,6 +450,9 @@ def grade_worker(ctx, dsn: str, schema: str, worker_id: str, script: str, job_ms
     try:
         conn.execute("SET lock_timeout = '5s'")
         conn.execute("SET statement_timeout = %s" % int(statement_timeout_s * 1000))
+        if conn.info.server_version >= 140000:
+            # Killed (as one worker will be), its query does not run on without it.
+            conn.execute("SET client_connection_check_interval = 2000")
         ran = errors = empties = 0
         ctx.emit("connected", pids=[conn.info.backend_pid])
         ctx.pause("ready")                      # all workers start claiming together
@@ -556,7 +559,7 @@ def _run(report: Report, lab, box: Sandbox, stmts: list[str], workers: int, jobs
             wid = f"g{i + 1}"
             ws.append(Worker("labkit.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
                              worker_id=wid, script=bind(script, wid), job_ms=job_ms,
-                             pause_after=crash_after, deadline_s=RUN_TIMEOUT_S,
+                             pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
                              statement_timeout_s=STEP_TIMEOUT_S, **box.worker_kwargs()).start())
         for w in ws:
             w.wait_for("paused", tag="ready", timeout=60)

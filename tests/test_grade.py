@@ -128,3 +128,106 @@ def test_the_command_prints_json_and_exits_by_verdict():
     missing = subprocess.run([sys.executable, "-m", "labkit.grade", "claim", "/nonexistent.sql"],
                              capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 2 and "No SQL file" in missing.stderr
+
+
+# -- bounds, time boxes and hostile input --------------------------------------------------------
+
+CORRECT = (ANSWERS / "correct.sql").read_text()
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"jobs": 10 ** 20}, "jobs must be"),
+    ({"jobs": 100_001}, "100,000"),
+    ({"workers": 65, "jobs": 1000}, "workers must be"),
+    ({"job_ms": float("inf")}, "job_ms must be a finite number"),
+    ({"job_ms": float("nan")}, "job_ms must be a finite number"),
+    ({"job_ms": -1}, "job_ms must be"),
+    ({"job_ms": 10 ** 9}, "1,000"),
+    ({"workers": 2.5}, "workers must be"),
+])
+def test_numbers_out_of_range_are_refused_before_anything_runs(kw, words):
+    with pytest.raises(LabkitError, match=words) as err:
+        grade.grade_claim("SELECT 1", **kw)
+    assert "Fix:" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--jobs", "1e20"], "jobs must be"),
+    (["--job-ms", "inf"], "finite"),
+    (["--job-ms", "nan"], "finite"),
+    (["--job-ms", "-1"], "job_ms must be"),
+    (["--workers", "1000"], "workers must be"),
+])
+def test_the_command_refuses_them_with_one_paragraph_and_exit_2(args, words, capsys):
+    assert grade.main(["claim", str(ANSWERS / "correct.sql"), *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_files_that_are_not_sql_text_are_refused(tmp_path, capsys):
+    binary = tmp_path / "claim.sql"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    nul = tmp_path / "nul.sql"
+    nul.write_bytes(b"SELECT 1;\x00")
+    big = tmp_path / "big.sql"
+    big.write_text("-- padding\n" * 100_000 + CORRECT)
+    for path, words in [(binary, "not UTF-8"), (nul, "NUL byte"), (big, "at most"),
+                        (tmp_path, "is a folder")]:
+        assert grade.main(["claim", str(path)]) == 2, path
+        err = capsys.readouterr().err
+        assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(LabkitError, match="at most"):
+        grade.grade_claim("SELECT 1; " * 200_000)
+
+
+def test_a_claim_that_turns_its_timeout_off_and_sleeps_is_cancelled(db, monkeypatch):
+    import time
+
+    monkeypatch.setattr(grade, "STEP_TIMEOUT_S", 2.0)
+    t0 = time.monotonic()
+    r = grade.grade_claim("SET statement_timeout = 0; SELECT pg_sleep(3600)", db=db)
+    assert time.monotonic() - t0 < 20
+    assert r.verdict == "fail" and r.codes == ["too_slow"], r.to_text()
+    with db.connect() as c:     # and nothing of it still runs on the server
+        assert not c.execute("SELECT 1 FROM pg_stat_activity WHERE query LIKE '%%pg_sleep(3600)%%' "
+                             "AND pid <> pg_backend_pid()").fetchone()
+
+
+def test_a_claim_whose_explain_hangs_is_cancelled(db, monkeypatch):
+    import time
+
+    monkeypatch.setattr(grade, "STEP_TIMEOUT_S", 2.0)
+    hang = CORRECT.replace("WHERE status = 'PENDING'",
+                           "WHERE status = 'PENDING' AND (current_setting('application_name') "
+                           "NOT LIKE '%%:explain' OR (SELECT true FROM pg_sleep(3600)))")
+    t0 = time.monotonic()
+    r = grade.grade_claim(hang, db=db)
+    assert time.monotonic() - t0 < 30
+    assert r.verdict == "fail" and "too_slow" in r.codes, r.to_text()
+    assert "EXPLAIN" in r.problems[0].evidence
+
+
+def test_a_claim_that_hangs_only_in_the_workers_is_stopped(db, monkeypatch):
+    import time
+
+    monkeypatch.setattr(grade, "RUN_TIMEOUT_S", 4.0)
+    hang = "SET statement_timeout = 0; " + CORRECT.replace(
+        "WHERE status = 'PENDING'",
+        "WHERE status = 'PENDING' AND (current_setting('application_name') NOT LIKE '%%:g2' "
+        "OR (SELECT true FROM pg_sleep(3600)))")
+    t0 = time.monotonic()
+    r = grade.grade_claim(hang, db=db, workers=2, jobs=8)
+    assert time.monotonic() - t0 < 40
+    assert r.verdict == "fail" and "too_slow" in r.codes, r.to_text()
+
+
+def test_a_run_in_which_nobody_was_killed_is_not_a_pass(db, monkeypatch):
+    # Each worker claims at most two jobs in all: none reaches the crash point (3 jobs),
+    # and the jobs left over wait until the run is stopped.
+    monkeypatch.setattr(grade, "RUN_TIMEOUT_S", 4.0)
+    shy = CORRECT.replace("LIMIT 10", "LIMIT 1").replace(
+        "WHERE status = 'PENDING'",
+        "WHERE status = 'PENDING' AND (SELECT count(*) FROM job WHERE worker_id = %(worker_id)s) < 2")
+    r = grade.grade_claim(shy, db=db, workers=2, jobs=8)
+    assert r.verdict == "fail" and "crash_not_tested" in r.codes, r.to_text()
+    assert r.killed.startswith("nobody")
