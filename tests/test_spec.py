@@ -398,3 +398,66 @@ def test_cli_reports_a_malformed_spec(tmp_path, capsys):
 def test_cli_lists_permutations_with_annotations(capsys):
     assert specmod.main(["permutations", str(SPECS / "lock_timeout.spec")]) == 0
     assert capsys.readouterr().out == "permutation s1claim s2timeout s2claim(*) s2abort s1commit\n"
+
+
+# -- hostile input: files, timeouts, permutations -----------------------------------------------
+
+def test_the_permutation_count_is_the_multinomial_without_listing(monkeypatch):
+    spec = specmod.parse("session a step a1 {x} step a2 {x} session b step b1 {x} "
+                         "session c step c1 {x} step c2 {x}")
+    assert spec.permutation_count() == len(list(spec.all_permutations())) == 30
+    # 6 sessions of 10 steps: 60!/(10!)^6, about 3.5e42; counted at once, never listed
+    big = specmod.parse("".join(f"session s{i} " + "".join(f"step s{i}x{j} {{ SELECT 1; }} "
+                                                            for j in range(10)) for i in range(6)))
+    monkeypatch.setattr(specmod.Spec, "all_permutations",
+                        lambda self: pytest.fail("the permutations were listed"))
+    assert big.permutation_count() > 10 ** 42
+    with pytest.raises(SpecError, match=r"interleave in about 10\^42 ways.*Fix: write the orders"):
+        specmod.run(big)
+    with_lines = specmod.parse("session a step a1 {x} session b step b1 {x} permutation a1 b1")
+    assert with_lines.permutation_count() == 1
+
+
+def test_cli_refuses_a_spec_with_too_many_permutations(tmp_path, capsys):
+    path = tmp_path / "huge.spec"
+    path.write_text("".join(f"session s{i}\n" + "".join(f"step s{i}x{j} {{ SELECT 1; }}\n"
+                                                         for j in range(4)) for i in range(4)))
+    for cmd in ("run", "permutations"):
+        assert specmod.main([cmd, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "63,063,000 ways" in err and "permutation" in err and "Fix:" in err, err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_cli_refuses_a_timeout_that_is_not_a_positive_number(value, capsys):
+    assert specmod.main(["run", str(SPECS / "nowait.spec"), "--timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert "timeout must be a finite number" in err and "Fix:" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_refuses_files_that_are_not_spec_text(tmp_path, capsys):
+    binary = tmp_path / "binary.spec"
+    binary.write_bytes(bytes(range(256)) * 4)
+    nul = tmp_path / "nul.spec"
+    nul.write_bytes(b"session s\nstep a { SELECT 1; }\x00\n")
+    big = tmp_path / "big.spec"
+    big.write_text("# padding\n" * 110_000 + "session s\nstep a { SELECT 1; }\n")
+    for path, words in [(binary, "not UTF-8"), (nul, "NUL byte"), (big, "at most"),
+                        (tmp_path, "is a folder"), (tmp_path / "none.spec", "No spec file")]:
+        assert specmod.main(["run", str(path)]) == 2, path
+        err = capsys.readouterr().err
+        assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
+    # and an expected-output file that is not text
+    assert specmod.main(["run", str(SPECS / "nowait.spec"), "--diff", str(binary)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_a_setup_block_that_turns_its_timeout_off_and_sleeps_is_cancelled(spec_lab):
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(SpecError, match="setup did not finish within 2 s"):
+        specmod.run(specmod.parse("setup { SET statement_timeout = 0; SELECT pg_sleep(3600); }\n"
+                                  "session s1\nstep a { SELECT 1; }\n"), spec_lab, timeout=1)
+    assert time.monotonic() - t0 < 15
