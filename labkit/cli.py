@@ -169,28 +169,33 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    from .procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
+
     try:
-        if argv[0] == "trace":
-            import importlib
+        # SIGTERM and SIGHUP (a `kill`, a closed terminal) clean up as Ctrl-C does: worker
+        # processes, sessions and lab schemas go; the exit code is 128 + the signal.
+        with stop_signals_interrupt():
+            if argv[0] == "trace":
+                import importlib
 
-            if len(argv) < 2 or argv[1] not in TRACES:
-                print(f"usage: labkit trace {{{'|'.join(TRACES)}}} ...", file=sys.stderr)
-                return 2
-            module = TRACES[argv[1]]
-            return importlib.import_module(module).main(
-                argv[1:] if module in TRACE_KEEPS_NAME else argv[2:])
-        if argv[0] in DELEGATED:
-            import importlib
+                if len(argv) < 2 or argv[1] not in TRACES:
+                    print(f"usage: labkit trace {{{'|'.join(TRACES)}}} ...", file=sys.stderr)
+                    return 2
+                module = TRACES[argv[1]]
+                return importlib.import_module(module).main(
+                    argv[1:] if module in TRACE_KEEPS_NAME else argv[2:])
+            if argv[0] in DELEGATED:
+                import importlib
 
-            module, keep_name = DELEGATED[argv[0]]
-            return importlib.import_module(module).main(argv if keep_name else argv[1:])
-        return _own(argv)
+                module, keep_name = DELEGATED[argv[0]]
+                return importlib.import_module(module).main(argv if keep_name else argv[1:])
+            return _own(argv)
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("labkit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"labkit: {describe_interrupt(exc)}", file=sys.stderr)
+        return signal_exit_code(exc)
 
 
 def _own(argv: list[str]) -> int:

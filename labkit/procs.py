@@ -10,18 +10,29 @@ The child gets a :class:`Context`: ``ctx.emit(kind, **data)`` reports an event t
 the parent, and ``ctx.pause(tag)`` stops the child at a scripted point until the
 parent says ``resume()`` (or kills it there).  Every live worker is killed when the
 parent exits or the ``with`` block ends, including on KeyboardInterrupt.
+
+A worker also dies with its parent when the parent is killed outright (SIGKILL, or
+anything else that gives it no chance to clean up): on Linux the kernel sends it SIGKILL
+(``prctl(PR_SET_PDEATHSIG)``); everywhere, a thread in the worker exits it once its
+parent is gone.
+
+SIGTERM and SIGHUP (a ``kill``, a closed terminal) take the same clean-up path as Ctrl-C
+inside :func:`stop_signals_interrupt`: they raise :class:`Stopped`, a KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import LabkitError
 
@@ -45,7 +56,42 @@ class Context:
         return self._commands.recv()
 
 
-def _child_main(target: str, kwargs: dict, events, commands, name: str) -> None:
+PR_SET_PDEATHSIG = 1          # linux/prctl.h
+ORPHAN_POLL_S = 0.5
+
+
+def die_with_parent(parent_pid: int, *, kernel: bool = True) -> None:
+    """Make this process end when ``parent_pid`` does, however it ends.
+
+    On Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills us when the thread that
+    started us exits (so only asked for when that was the parent's main thread, ``kernel``).
+    The parent may have died before the call: getppid() then no longer names it, and we
+    exit at once.  Everywhere, a daemon thread polls getppid() and exits the process when
+    the parent is gone (a stopped process cannot poll: the kernel's way covers that)."""
+    if kernel and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(ORPHAN_POLL_S)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="labkit-orphan-watch", daemon=True).start()
+
+
+def _child_main(target: str, kwargs: dict, events, commands, name: str,
+                parent_pid: int | None = None, kernel_pdeathsig: bool = True) -> None:
+    # First of all: never outlive the parent, whatever happens to it.
+    if parent_pid is not None:
+        die_with_parent(parent_pid, kernel=kernel_pdeathsig)
     # Die with the parent's SIGINT handling out of the way: the parent decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     module, func = target.split(":")
@@ -77,12 +123,19 @@ class Worker:
         ctx = mp.get_context("spawn")
         self._ev_parent, ev_child = ctx.Pipe(duplex=False)
         cmd_child, self._cmd_parent = ctx.Pipe(duplex=False)
+        # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: ask for it
+        # only from the main thread (the polling thread covers the others).
+        from_main = threading.current_thread() is threading.main_thread()
         self._proc = ctx.Process(target=_child_main, name=self.name, daemon=True,
-                                 args=(self.target, self.kwargs, ev_child, cmd_child, self.name))
-        self._proc.start()
+                                 args=(self.target, self.kwargs, ev_child, cmd_child, self.name,
+                                       os.getpid(), from_main))
+        _live.add(self)
+        # Ctrl-C, SIGTERM or SIGHUP in the middle of the spawn would leave a child that
+        # nothing knows the pid of: they wait until the child is started (and known).
+        with signals_deferred():
+            self._proc.start()
         ev_child.close()
         cmd_child.close()
-        _live.add(self)
         return self
 
     @property
@@ -100,7 +153,7 @@ class Worker:
     def kill(self) -> None:
         """SIGKILL: no cleanup code runs in the child, as in a real crash."""
         if self._proc is not None and self._proc.is_alive():
-            os.kill(self._proc.pid, signal.SIGKILL)
+            os.kill(self._proc.pid, signal.SIGKILL)       # ends a stopped (SIGSTOP) child too
             self._proc.join(10)
         self._drain()
 
@@ -190,3 +243,103 @@ def kill_all() -> None:
 
 
 atexit.register(kill_all)
+
+
+# -- SIGTERM and SIGHUP: the Ctrl-C clean-up path ------------------------------------------------
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's KeyboardInterrupt, so
+    that every ``finally`` and ``except KeyboardInterrupt`` clean-up runs."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def signal_exit_code(exc: BaseException) -> int:
+    """What a command exits with after an interruption: 128 + the signal's number
+    (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
+    return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+def describe_interrupt(exc: BaseException) -> str:
+    sig = getattr(exc, "signum", None)
+    return f"stopped by {signal.Signals(sig).name}" if sig else "interrupted"
+
+
+def _on_stop_signal(signum, frame) -> None:
+    # Only the first one interrupts: later ones must not cut the clean-up it started short.
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is _on_stop_signal:
+            signal.signal(s, _again)
+    raise Stopped(signum)
+
+
+def _again(signum, frame) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """Inside: SIGTERM and SIGHUP raise :class:`Stopped` in the main thread.  A signal the
+    process was told to ignore (``nohup``) stays ignored.  Nested uses are fine; only a
+    use in the main thread does anything (Python runs signal handlers there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {}
+    for s in STOP_SIGNALS:
+        current = signal.getsignal(s)
+        if current in (signal.SIG_IGN, _on_stop_signal, _again):
+            continue
+        old[s] = signal.signal(s, _on_stop_signal)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Inside: Ctrl-C, SIGTERM and SIGHUP are noted, not acted on; the first one noted is
+    raised again on the way out (through the handler in place then).  For the few
+    statements that must not be cut in half, such as starting a process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    old = {}
+    for s in (signal.SIGINT,) + STOP_SIGNALS:
+        current = signal.getsignal(s)
+        if current in (signal.SIG_IGN, None):
+            continue
+        old[s] = signal.signal(s, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
+def entry_point(prog: str) -> Callable:
+    """For a command's ``main(argv)``: SIGTERM and SIGHUP take Ctrl-C's clean-up path, and
+    an interruption ends with one line on stderr and exit code 128 + the signal."""
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        import functools
+
+        @functools.wraps(main)
+        def run(*args, **kw) -> int:
+            try:
+                with stop_signals_interrupt():
+                    return main(*args, **kw)
+            except KeyboardInterrupt as exc:
+                print(f"{prog}: {describe_interrupt(exc)}", file=sys.stderr)
+                return signal_exit_code(exc)
+        return run
+    return wrap
