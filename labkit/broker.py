@@ -154,13 +154,25 @@ class RabbitBroker(Broker):
         import pika
 
         self.url, self.queue, self.exchange = url, queue, queue + ".x"
+        self._ch = None
         try:
-            self._conn = pika.BlockingConnection(pika.URLParameters(url))
+            params = pika.URLParameters(url)
+        except Exception:  # a URL pika cannot read: its message may quote any part of it
+            params = None
+        if params is None or not params.host:
+            raise LabkitError(f"{AMQP_ENV} is not a URL RabbitMQ can be reached at ({_redact_amqp(url)}).",
+                              "write it as amqp://USER:PASSWORD@HOST:5672/VHOST, with any @ : / ? # "
+                              "or % in the password percent-encoded (%40 %3A %2F %3F %23 %25).")
+        try:
+            self._conn = pika.BlockingConnection(params)
         except Exception as exc:  # pika raises several kinds
-            raise LabkitError(f"Cannot reach RabbitMQ at {_redact_amqp(url)} ({type(exc).__name__}: {exc}).",
+            why = hide_amqp_secrets(f"{type(exc).__name__}: {exc}", url, params)
+            raise LabkitError(f"Cannot reach RabbitMQ at {_redact_amqp(url)} ({why}).",
                               f"start RabbitMQ, fix {AMQP_ENV}, or unset it to use the recording "
                               "broker.") from None
-        self._ch = None
+
+    def __repr__(self) -> str:
+        return f"RabbitBroker({_redact_amqp(self.url)!r}, queue={self.queue!r})"
 
     @classmethod
     def for_lab(cls, lab, url: str) -> "RabbitBroker":
@@ -232,9 +244,59 @@ class RabbitBroker(Broker):
 
 
 def _redact_amqp(url: str) -> str:
+    """An AMQP URL safe to print: whatever could be a password is replaced by ***.
+
+    Done on the text, not on a URL parser's reading, so that it also holds for a password
+    with an unescaped ``@``, ``/`` or ``:`` (a parser splits those into a short password and
+    a host or path holding the rest) and for text that is no URL at all."""
     import re
 
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    text = url.strip()
+    m = re.match(r"^([a-z][a-z0-9+.-]*://)(.*)$", text, re.I | re.S)
+    scheme, rest = (m.group(1), m.group(2)) if m else ("", text)
+    at = rest.rfind("@")
+    if at >= 0:
+        userinfo, host = rest[:at], rest[at + 1:]
+        user = userinfo.split(":", 1)[0]
+        user = user if re.fullmatch(r"[\w.%+-]*", user) else "***"
+        if ":" in userinfo:
+            rest = f"{user}:***@{host}"
+        elif "@" in userinfo:
+            rest = f"***@{host}"
+        else:
+            rest = f"{user}@{host}"
+    elif not m:
+        return "***"                      # not a URL: nothing in it is safe to show
+    else:
+        # no '@': a 'host:port' whose port is not a number may be 'user:password' missing
+        # its host
+        authority, slash, path = rest.partition("/")
+        if not authority.startswith("[") and ":" in authority and \
+                not authority.split(":", 1)[1].isdigit():
+            rest = authority.split(":", 1)[0] + ":***"      # and whatever followed it
+    # a password in the query string (?password=...)
+    rest = re.sub(r"([?&;]password=)[^&;#]*", r"\1***", rest, flags=re.I)
+    return scheme + rest
+
+
+def hide_amqp_secrets(text: str, url: str, params=None) -> str:
+    """``text`` with every piece of ``url`` that may be a password replaced by ***."""
+    from urllib.parse import unquote
+
+    found: set[str] = set()
+    rest = url.split("://", 1)[-1]
+    if "@" in rest:
+        userinfo = rest[:rest.rfind("@")]
+        secret = userinfo.split(":", 1)[1] if ":" in userinfo else userinfo
+        found.update({secret, unquote(secret)})
+        for sep in "@/:?#":
+            found.update(secret.split(sep))
+    password = getattr(getattr(params, "credentials", None), "password", None)
+    if password:
+        found.add(password)
+    for piece in sorted((f for f in found if len(f) >= 3), key=len, reverse=True):
+        text = text.replace(piece, "***")
+    return text
 
 
 # -- choosing one -------------------------------------------------------------------------
