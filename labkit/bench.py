@@ -24,6 +24,7 @@ never limits a figure.  ``run()`` returns a plain dict (the JSON); ``main(argv)`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,10 +37,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 from .db import lab_user
 from .errors import LabkitError
 from .lab import drop_schemas, read_sql
+from .limits import bulk, number
+from .procs import describe_interrupt, entry_point, signal_exit_code
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -57,6 +61,13 @@ CEILING_GUESS = {1: 10_000, 10: 50_000, 100: 150_000}
 
 
 # -- settings --------------------------------------------------------------------------------
+
+# The most each setting may ask for (seconds are per measured point).
+SETTING_CEILINGS = {"clients": 64, "seconds": 600.0, "rounds": 100, "peer_jobs": 10_000_000,
+                    "peer_batch": 10_000, "history_rows": 10_000_000, "history_batch": 10_000,
+                    "history_pending": 10_000_000, "convoy_seconds": 600.0,
+                    "amqp_messages": 10_000_000, "start_runs": 20}
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -94,6 +105,9 @@ class Settings:
                 raise LabkitError(f"The benchmark's {name} must be a positive number, not {value!r}.",
                                   f"pass {name}= a number above 0 (the full run uses "
                                   f"{getattr(Settings(), name)!r}).")
+            # finite, and within what a benchmark run on a laptop can do
+            number(name, value, above=True, high=SETTING_CEILINGS[name], whole=kind is int,
+                   example=getattr(Settings(), name))
         positive("clients", self.clients, int)
         positive("seconds", self.seconds)
         positive("rounds", self.rounds, int)
@@ -108,9 +122,10 @@ class Settings:
         if self.clients > 64:
             raise LabkitError(f"{self.clients} clients is more than the benchmark opens (64).",
                               "pass clients=4 (each client is a process and a connection).")
-        if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
-            raise LabkitError(f"Batch sizes must be whole numbers of 1 or more, not {self.batches!r}.",
-                              "pass batches=(1, 10, 100).")
+        if not self.batches or any(not isinstance(b, int) or not 1 <= b <= 10_000 for b in self.batches) \
+                or len(self.batches) > 10:
+            raise LabkitError(f"Batch sizes must be 1 to 10 whole numbers from 1 to 10,000, not "
+                              f"{self.batches!r}.", "pass batches=(1, 10, 100).")
         return self
 
 
@@ -393,17 +408,17 @@ def fill(lab, pending: int, *, history: int | None = None) -> None:
     if history is not None:
         lab.execute("TRUNCATE job")
         if history:
-            lab.execute(
-                "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
-                "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
-                "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
-                "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, history))
+            bulk(lab,
+                 "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
+                 "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
+                 "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
+                 "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, history), rows=history)
     else:
         lab.execute("DELETE FROM job WHERE status <> 'DONE'")
-    lab.execute(
-        "INSERT INTO job (id, created_at, payload) "
-        "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-        "FROM generate_series(1, %s) AS g", (pending,))
+    bulk(lab,
+         "INSERT INTO job (id, created_at, payload) "
+         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
     lab.execute("VACUUM ANALYZE job")
 
 
@@ -460,6 +475,33 @@ def run_labkit_ceiling(lab, pool: ClaimerPool, batch: int, seconds: float, style
     return CeilingRun(who, batch, len(results), jobs, wall, sum(r["calls"] for r in results), res["cpu_s"])
 
 
+@contextlib.contextmanager
+def pgbench_conninfo(dsn: str, env: dict) -> Iterator[str]:
+    """The connection string for a client program's command line, without the password;
+    the password (if the DSN has one) goes in a PGPASSFILE (mode 0600, in a private
+    temporary folder) named in ``env``, removed when the block ends."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    info = conninfo_to_dict(dsn)
+    password = info.pop("password", None)
+    if not password:
+        yield make_conninfo(**info)
+        return
+    folder = tempfile.mkdtemp(prefix="labkit-pgpass-")      # mode 0700, ours only
+    path = os.path.join(folder, "pgpass")
+    try:
+        escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"*:*:*:*:{escaped}\n")
+        env["PGPASSFILE"] = path
+        env.pop("PGPASSWORD", None)
+        info.pop("passfile", None)
+        yield make_conninfo(**info)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_pgbench(lab, batch: int, clients: int, seconds: float, script: Path, binary: Path) -> CeilingRun:
     before = count_status(lab, "IN_PROGRESS")
     # the same session settings as labkit's claimers (the guards cost a timer per statement)
@@ -467,16 +509,19 @@ def run_pgbench(lab, batch: int, clients: int, seconds: float, script: Path, bin
     env = dict(os.environ, PGOPTIONS=f"-c search_path={lab.schema},public {guards}",
                PGAPPNAME=f"labkit:{lab.schema}:{ROLE}-pgbench"[:63])
     secs = max(1, int(round(seconds)))
-    args = [str(binary), "-n", "-M", "prepared", "-f", str(script), "-c", str(clients), "-j", str(clients),
-            "-T", str(secs), "-D", f"batch={batch}", lab.db.dsn]
     import resource
 
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=secs + 120)
-    except subprocess.TimeoutExpired:
-        raise LabkitError(f"pgbench did not finish within {secs + 120} s.",
-                          "check the server's load (`labkit doctor`) and run the benchmark again.") from None
+    # The password never goes on pgbench's command line (anyone on the machine can read a
+    # command line, with `ps`): it goes in a password file only we can read, removed after.
+    with pgbench_conninfo(lab.db.dsn, env) as conninfo:
+        args = [str(binary), "-n", "-M", "prepared", "-f", str(script), "-c", str(clients),
+                "-j", str(clients), "-T", str(secs), "-D", f"batch={batch}", conninfo]
+        try:
+            proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=secs + 120)
+        except subprocess.TimeoutExpired:
+            raise LabkitError(f"pgbench did not finish within {secs + 120} s.",
+                              "check the server's load (`labkit doctor`) and run the benchmark again.") from None
     tps = re.search(r"tps = ([\d.]+) \(without initial connection", proc.stdout)
     done = re.search(r"number of transactions actually processed: (\d+)", proc.stdout)
     if proc.returncode != 0 or not tps or not done:
@@ -852,6 +897,7 @@ def server_start(lab, s: Settings, progress=None) -> dict:
 
     progress = progress or (lambda msg: None)
     tmp = Path(tempfile.mkdtemp(prefix="labkit-bench-pg-"))
+    os.chmod(tmp, 0o755)  # as root the server's own user must pass through it
     server = EmbeddedServer(tmp / "pg")
     cold: list[float] = []
     try:
@@ -1220,6 +1266,7 @@ def plot_ceiling(mine: dict | None, reference: dict | None, ax=None):
 
 # -- command line --------------------------------------------------------------------------------------
 
+@entry_point("labkit bench")
 def main(argv: list[str] | None = None) -> int:
     """``labkit bench [--quick] [--json] [--notebooks NAME ...]``"""
     parser = argparse.ArgumentParser(
@@ -1249,14 +1296,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import db as dbmod
 
+        s.check()                       # every setting, before any work
         progress(dbmod.connect(quiet=True).describe())
         result = run(settings=s, progress=progress)
     except LabkitError as exc:
         print(f"labkit bench: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("labkit bench: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"labkit bench: {describe_interrupt(exc)}", file=sys.stderr)
+        return signal_exit_code(exc)
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:

@@ -27,6 +27,8 @@ import psycopg
 
 from .errors import LabkitError
 from .lab import read_sql
+from .limits import bulk, number
+from .procs import entry_point
 
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
 HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
@@ -41,11 +43,23 @@ HISTORY_FIRST_ID = 10_000_001   # finished jobs get ids far above the pending on
 
 # -- checks ---------------------------------------------------------------------------------
 
+# Ceilings: a lab run stays within minutes, its tables within a laptop's disk.
+MAX_ROWS = 10_000_000        # jobs or finished history rows in one table
+MAX_CLAIMS = 100_000         # claims in one measurement
+MAX_LADDER = 12              # points of a history ladder
+MAX_COUNTS = {"jobs": MAX_ROWS, "pending": MAX_ROWS, "done": MAX_ROWS, "claims": MAX_CLAIMS,
+              "workers": 64, "batch": 10_000, "job_ms": 60_000.0}
+
+
 def _positive(name: str, value, *, zero_ok: bool = False) -> None:
     if value is None or (value < 0 if zero_ok else value <= 0):
         need = "0 or more" if zero_ok else "1 or more"
         raise LabkitError(f"{name} must be {need}, not {value!r}.",
                           f"pass {name}={'0' if zero_ok else '1'} or a larger number.")
+    if name in MAX_COUNTS:
+        high = MAX_COUNTS[name]
+        number(name, value, low=0 if zero_ok else 1, high=high, whole=isinstance(high, int),
+               example=1 if isinstance(high, int) else 5)
 
 
 def _style(style: str) -> None:
@@ -376,21 +390,22 @@ def make_queue(lab, *, pending: int, done: int = 0, index: bool = True) -> None:
     if not index:
         lab.execute("DROP INDEX job_pending_created_idx")
     add_history(lab, done)
-    lab.execute(
-        "INSERT INTO job (id, created_at, payload) "
-        "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-        "FROM generate_series(1, %s) AS g", (pending,))
+    bulk(lab,
+         "INSERT INTO job (id, created_at, payload) "
+         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
     lab.execute("VACUUM ANALYZE job")
 
 
 def add_history(lab, n: int) -> None:
     """``n`` finished jobs, all created before 2026 (ids from 10,000,001)."""
+    _positive("done", n, zero_ok=True)
     if n:
-        lab.execute(
-            "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
-            "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
-            "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
-            "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, n))
+        bulk(lab,
+             "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
+             "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
+             "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
+             "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, n), rows=n)
 
 
 def archive_done(lab, *, settle_s: float = 20.0) -> int:
@@ -485,6 +500,24 @@ SCANS = ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan")
 
 # -- the command line -------------------------------------------------------------------------------
 
+def _ladder(text: str) -> list[int]:
+    """``--ladder 0,10000,100000``: whole numbers of finished rows, each in range."""
+    try:
+        ladder = [int(x.strip().replace("_", "")) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise LabkitError(f"--ladder {text!r} is not a list of whole numbers.",
+                          "pass --ladder 0,10000,100000 (finished rows at each point).") from None
+    if not 1 <= len(ladder) <= MAX_LADDER:
+        raise LabkitError(f"--ladder has {len(ladder)} points; a ladder has 1 to {MAX_LADDER}.",
+                          "pass --ladder 0,10000,100000, for instance.")
+    for x in ladder:
+        if not 0 <= x <= MAX_ROWS:
+            raise LabkitError(f"--ladder {x:,}: a point has 0 to {MAX_ROWS:,} finished rows.",
+                              "pass --ladder 0,10000,100000, for instance.")
+    return ladder
+
+
+@entry_point("labkit bench-history")
 def main(argv: list[str] | None = None) -> int:
     """``labkit bench-history [--ladder 0,10000,100000,1000000] [--claims N]``"""
     p = argparse.ArgumentParser(prog="labkit bench-history",
@@ -497,17 +530,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="claims measured without it (each may scan the whole history)")
     args = p.parse_args(argv)
     try:
-        ladder = [int(x.replace("_", "")) for x in args.ladder.split(",") if x.strip()]
-    except ValueError:
-        print("labkit bench-history: --ladder takes numbers, e.g. 0,10000,100000", file=sys.stderr)
-        return 2
-    if any(x < 0 for x in ladder) or args.claims <= 0 or args.claims_without_index <= 0:
-        print("labkit bench-history: rows and claims must be positive", file=sys.stderr)
+        ladder = _ladder(args.ladder)
+        number("claims", args.claims, low=1, high=MAX_CLAIMS, whole=True, example=300)
+        number("claims_without_index", args.claims_without_index, low=1, high=MAX_CLAIMS // 10,
+               whole=True, example=60)
+    except LabkitError as exc:
+        print(f"labkit bench-history: {exc}", file=sys.stderr)
         return 2
     from . import connect
 
     db = connect()
-    lab = db.lab("bench_history")
+    # a schema of this run's own: two runs at once never touch each other's tables
+    lab = db.lab(f"bench_history_{os.getpid()}")
     try:
         print(f"claim + finish, one at a time, one connection; ladder {ladder}")
         rows = history_ladder(lab, ladder, claims=args.claims,

@@ -35,6 +35,8 @@ from psycopg import sql
 
 from .errors import LabkitError
 from .lab import read_sql
+from .limits import bulk, number, writable_file
+from .procs import describe_interrupt, entry_point, signal_exit_code
 
 POLICIES = {"wait": "", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
 POLICY_NAMES = {"wait": "wait (FOR UPDATE)", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
@@ -43,6 +45,10 @@ WORKER_SETTINGS = {"lock_timeout": "10s", "statement_timeout": "30s",
                    "idle_in_transaction_session_timeout": "60s"}
 MAX_WORKERS = 64
 MAX_JOBS = 400_000
+MAX_JOB_MS = 60_000        # a job of a minute
+MAX_SECONDS = 3_600        # an hour per point
+MAX_POINTS = 200           # (policy, workers) points in one sweep
+MAX_BACKOFF_MS = 60_000
 ROLE_PREFIX = "convoy-w"
 
 COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_per_s",
@@ -270,13 +276,17 @@ def _validate(policy, workers, job_ms, seconds, backlog) -> None:
     if not (isinstance(job_ms, (int, float)) and job_ms > 0):
         raise LabkitError(f"The job duration must be a positive number of milliseconds, not {job_ms!r}.",
                           "pass job_ms=20, for instance.")
+    number("job_ms", job_ms, above=True, high=MAX_JOB_MS, unit=" ms", example=20)
     if backlog is None:
         if not (isinstance(seconds, (int, float)) and seconds > 0):
             raise LabkitError(f"A timed run needs a positive duration, not seconds={seconds!r}.",
                               "pass seconds=1 (or drain a backlog with backlog=M).")
+        number("seconds", seconds, above=True, high=MAX_SECONDS, unit=" s", example=2)
     elif not (isinstance(backlog, int) and backlog >= 1):
         raise LabkitError(f"A backlog to drain must be 1 job or more, not {backlog!r}.",
                           "pass backlog=100, for instance, or backlog=None for a timed run.")
+    else:
+        number("backlog", backlog, low=1, high=MAX_JOBS, whole=True, unit=" jobs", example=100)
 
 
 def jobs_needed(workers: int, job_ms: float, seconds: float) -> int:
@@ -331,7 +341,10 @@ def prepare_queue(lab, n: int) -> None:
     if lab.execute("SELECT to_regclass('job')")[0][0] is None:
         lab.run_file("job_table.sql")
     for stmt in worker_sql()["refill"]:
-        lab.execute(stmt, {"n": n} if "%(n)s" in stmt else None)
+        if "%(n)s" in stmt:
+            bulk(lab, stmt, {"n": n}, rows=n)
+        else:
+            lab.execute(stmt)
 
 
 def _backend_cpu_s(pids: list[int]) -> float | None:
@@ -371,6 +384,8 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
         backoff_cap_ms = float(job_ms)
     if backoff_base_ms <= 0 or backoff_cap_ms <= 0:
         raise LabkitError("Backoff times must be positive.", "pass backoff_base_ms=1, backoff_cap_ms=20.")
+    number("backoff_base_ms", backoff_base_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=1)
+    number("backoff_cap_ms", backoff_cap_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=20)
     n_jobs = backlog if backlog else jobs_needed(workers, job_ms, seconds)
     prepare_queue(lab, n_jobs)
     own_pool = pool is None
@@ -531,6 +546,9 @@ def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip")
         _check_policy(p)
     for n in workers:
         _validate(policies[0], n, job_ms, seconds, backlog)
+    if len(workers) * len(policies) > MAX_POINTS:
+        raise LabkitError(f"A sweep of {len(policies)} policies × {len(workers)} worker counts has more "
+                          f"than {MAX_POINTS} points.", "pass fewer worker counts, such as 1,2,4,8,16,32.")
     points = [(p, n) for p in policies for n in workers]
     bar = None
     if progress:
@@ -853,6 +871,20 @@ def _policy_list(text: str) -> list[str]:
     return values
 
 
+def _check_plot_path(path: str) -> None:
+    """The plot's file can be written, in a format matplotlib writes: found out before the
+    sweep, not after it."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in kinds:
+        raise LabkitError(f"--plot {path!r}: matplotlib cannot write .{suffix} files.",
+                          f"end the file name in one of .{', .'.join(sorted(kinds))} (.png, say).")
+    writable_file(path, "the plot's file")
+
+
+@entry_point("labkit convoy")
 def main(argv: list[str] | None = None) -> int:
     """``labkit convoy``: run a sweep and print it as a table, CSV or JSON."""
     parser = argparse.ArgumentParser(
@@ -884,6 +916,13 @@ def main(argv: list[str] | None = None) -> int:
 
     lab = None
     try:
+        # every parameter, and the plot's file, checked before any work
+        sweep_params = dict(job_ms=args.job_ms, seconds=None if args.drain else args.seconds,
+                            backlog=args.drain)
+        for n in args.workers if args.policies else []:
+            _validate(args.policies[0], n, **sweep_params)
+        if args.plot:
+            _check_plot_path(args.plot)
         database = dbmod.connect(quiet=True)
         print(database.describe(), file=sys.stderr)
         lab = database.lab(f"convoy_cli_{os.getpid()}")
@@ -894,9 +933,9 @@ def main(argv: list[str] | None = None) -> int:
     except LabkitError as exc:
         print(f"labkit convoy: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("labkit convoy: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"labkit convoy: {describe_interrupt(exc)}", file=sys.stderr)
+        return signal_exit_code(exc)
     finally:
         if lab is not None:
             lab.discard()

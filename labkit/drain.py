@@ -23,6 +23,7 @@ the record survives a drain that is killed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +34,8 @@ from psycopg import sql
 
 from .errors import LabkitError
 from .lab import read_sql
+from .limits import number
+from .procs import entry_point
 from .trace import Trace
 
 T0 = "2026-03-02 09:00:00+00"   # the instant a lab's clock is frozen at
@@ -126,6 +129,7 @@ class Clock:
         if seconds < 0:
             raise LabkitError(f"The clock cannot go back ({seconds} s).",
                               "pass a positive number of seconds; use freeze() to start over.")
+        number("seconds", seconds, high=100 * 365 * 86_400, unit=" s", example=120)
         self.lab.execute("UPDATE lab_clock SET shift = shift + make_interval(secs => %s)",
                          (seconds,))
         return self
@@ -255,20 +259,31 @@ class Drain:
         return TickResult(claimed, {r.id: o for r, o in done}, lost)
 
 
+MAX_BATCH = 10_000
+MAX_LEASE_S = 7 * 86_400       # a week
+MAX_ATTEMPTS_CAP = 1_000
+MAX_OTHER = 1_000_000          # counts (ticks, rows...) and seconds of the other parameters
+
+
 def check_params(*, batch: int = 1, lease_s: float = 1, max_attempts: int = 1, **more: float) -> None:
-    if batch < 1:
+    """Every parameter a finite number in its range (nan and inf included: a clear error)."""
+    if isinstance(batch, (int, float)) and batch < 1:
         raise LabkitError(f"A drain batch of {batch} claims nothing.", "pass batch >= 1 (50 is typical).")
-    if lease_s <= 0:
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=50)
+    if isinstance(lease_s, (int, float)) and lease_s <= 0:
         raise LabkitError(f"A lease of {lease_s} s expires before the send starts.",
                           "pass lease_s > 0 (120 s by default): longer than a send takes.")
-    if max_attempts < 1:
+    number("lease_s", lease_s, above=True, high=MAX_LEASE_S, unit=" s", example=LEASE_S)
+    if isinstance(max_attempts, (int, float)) and max_attempts < 1:
         raise LabkitError(f"max_attempts={max_attempts} never lets a push be tried.",
                           "pass max_attempts >= 1 (5 by default).")
+    number("max_attempts", max_attempts, low=1, high=MAX_ATTEMPTS_CAP, whole=True, example=MAX_ATTEMPTS)
     for name, value in more.items():
         if value is None:
             continue
-        if value < 0:
+        if isinstance(value, (int, float)) and value < 0:
             raise LabkitError(f"{name}={value} is negative.", f"pass {name} >= 0.")
+        number(name, value, high=MAX_OTHER, example=1)
 
 
 def lab_conn(dsn: str, schema: str, role: str, *, autocommit: bool = True) -> psycopg.Connection:
@@ -628,6 +643,7 @@ def run_ticks(lab, clock: Clock, *, ticks: int, every_s: float, batch: int = 50,
 # -- command line: labkit trace drain -----------------------------------------------------------
 
 
+@entry_point("labkit trace drain")
 def main(argv: list[str] | None = None) -> int:
     """``labkit trace drain [--batch 50] [--crash-after 12] [--lease 120] [--json]``"""
     import labkit
@@ -639,8 +655,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=LEASE_S, help="lease in seconds (default 120)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
-    with labkit.connect(quiet=args.json).lab("trace_drain") as lab:
-        tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=args.lease)
+    try:
+        check_params(batch=args.batch, lease_s=args.lease)     # before anything is created
+        # a schema of this run's own: two runs at once never touch each other's tables
+        with labkit.connect(quiet=args.json).lab(f"trace_drain_{os.getpid()}") as lab:
+            tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=args.lease)
+    except LabkitError as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
     print(tr.report(args.json))
     return 0
 

@@ -16,6 +16,7 @@ zombie and as the live worker and says whether the stale write got through.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ import psycopg
 
 from . import drain as dr
 from .errors import LabkitError
+from .limits import number
+from .procs import entry_point
 from .trace import Trace
 
 ROW = ("SELECT status, attempts, claim_version, next_attempt_at, last_error "
@@ -202,6 +205,7 @@ def check_fenced_write(lab, query: str, *, lease_s: float = dr.LEASE_S) -> Fence
 # -- command line: labkit trace zombie ------------------------------------------------------------
 
 
+@entry_point("labkit trace zombie")
 def main(argv: list[str] | None = None) -> int:
     """``labkit trace zombie --fence|--no-fence [--json]``"""
     import labkit
@@ -214,8 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=dr.LEASE_S, help="lease in seconds (default 120)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
-    with labkit.connect(quiet=args.json).lab("trace_zombie") as lab:
-        tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease)
+    try:
+        dr.check_params(lease_s=args.lease)      # before anything is created
+        # a schema of this run's own: two runs at once never touch each other's tables
+        with labkit.connect(quiet=args.json).lab(f"trace_zombie_{os.getpid()}") as lab:
+            tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease)
+    except LabkitError as exc:
+        print(f"labkit: {exc}", file=sys.stderr)
+        return 2
     print(tr.report(args.json))
     return 0
 

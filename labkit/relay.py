@@ -33,10 +33,14 @@ from . import broker as brokers
 from .broker import Broker, BrokerDown
 from .errors import LabkitError
 from .lab import read_sql
-from .procs import Worker
+from .limits import number
+from .procs import Worker, entry_point
 from .trace import Trace
 
 ITEMS = ["kettle", "lamp", "mug", "teapot", "rug"]
+MAX_BATCH = 10_000         # rows in one relay tick (a trace places that many orders first)
+MAX_ORDERS = 100_000
+MAX_BACKOFF_S = 60
 OUTBOX_TABLES = ["inbox", "outbox", "shop_order"]
 
 
@@ -328,10 +332,11 @@ class Observer:
 
 
 def _check(batch: int, point: int, name: str) -> None:
-    if batch < 1:
+    if isinstance(batch, int) and batch < 1:
         raise LabkitError(f"batch={batch}: the relay would claim nothing.", "use --batch 1 or more.")
-    if not 0 <= point < batch:
-        raise LabkitError(f"{name}={point} is outside the batch of {batch}.",
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=100)
+    if isinstance(point, bool) or not isinstance(point, int) or not 0 <= point < batch:
+        raise LabkitError(f"{name}={point!r} is outside the batch of {batch}.",
                           f"use 0 <= {name} < batch, so the crash falls inside the batch.")
 
 
@@ -494,8 +499,9 @@ def trace_broker_down(lab, broker: Broker | None = None, *, batch: int = 100,
     """The broker goes down after ``down_after`` publishes: the publish fails, the batch
     rolls back, the relay backs off (doubling) and catches up when the broker returns."""
     _check(batch, down_after, "down_after")
-    if backoff_s <= 0:
+    if isinstance(backoff_s, (int, float)) and backoff_s <= 0:
         raise LabkitError(f"backoff_s={backoff_s} would retry in a tight loop.", "use backoff_s > 0.")
+    number("backoff_s", backoff_s, above=True, high=MAX_BACKOFF_S, unit=" s", example=1)
     with _OwnBroker(lab, broker) as bk:
         return _trace_broker_down(lab, bk, batch, down_after, backoff_s)
 
@@ -552,6 +558,8 @@ def two_relays(lab, broker: Broker | None = None, *, orders: int = 100, batch: i
     are disjoint.  Returns both claims and the broker's messages."""
     if orders < 0 or batch < 1:
         raise LabkitError(f"orders={orders}, batch={batch}: nothing to share.", "use orders >= 0 and batch >= 1.")
+    number("orders", orders, high=MAX_ORDERS, whole=True, example=100)
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=50)
     with _OwnBroker(lab, broker) as bk:
         return _two_relays(lab, bk, orders, batch)
 
@@ -602,6 +610,11 @@ def measure_lag(lab, broker: Broker | None = None, *, rate_per_s: float = 40, in
     if min(rate_per_s, interval_s, sample_s, run_s, batch) <= 0:
         raise LabkitError("rate_per_s, interval_s, sample_s, run_s and batch must be positive.",
                           "pass positive numbers, for example rate_per_s=40, run_s=3, batch=100.")
+    number("rate_per_s", rate_per_s, above=True, high=10_000, example=40)
+    number("interval_s", interval_s, above=True, high=60, unit=" s", example=0.1)
+    number("sample_s", sample_s, above=True, high=60, unit=" s", example=0.05)
+    number("run_s", run_s, above=True, high=600, unit=" s", example=3)
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=100)
     if not 0 <= pause[0] < pause[1] <= run_s:
         raise LabkitError(f"pause={pause} does not fit in run_s={run_s}.",
                           "use pause=(start, end) with 0 <= start < end <= run_s.")
@@ -670,6 +683,7 @@ def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag wh
 # -- command line --------------------------------------------------------------------------------
 
 
+@entry_point("labkit trace")
 def main(argv: list[str]) -> int:
     """``labkit trace relay|dual-write|broker-down [--batch N] [--crash-after N] [--json]``"""
     p = argparse.ArgumentParser(prog="labkit trace", description="Run an outbox relay crash trace.")
@@ -683,11 +697,14 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from . import db as dbmod
 
+    point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
     try:
-        with dbmod.connect(quiet=True).lab(f"trace_{args.kind}") as lab, \
+        _check(args.batch, args.crash_after, point)       # before anything is created
+        # A schema of this run's own (the process id in its name): two runs at once never
+        # share, reset or drop each other's tables.
+        with dbmod.connect(quiet=True).lab(f"trace_{args.kind}_{os.getpid()}") as lab, \
                 brokers.for_lab(lab, args.broker) as bk:
             try:
-                point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
                 tr = TRACES[args.kind](lab, bk, batch=args.batch, **{point: args.crash_after})
             finally:
                 bk.discard()

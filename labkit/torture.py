@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
 
@@ -46,7 +46,8 @@ from . import claims as cl
 from . import drain as dr
 from . import relay as rl
 from .errors import LabkitError, ServerError
-from .procs import Worker
+from .limits import bulk, number
+from .procs import Worker, entry_point
 
 DIALECTS = ("relay", "drain", "queue")
 KINDS = {"relay": ("sigkill", "terminate", "broker"),
@@ -54,6 +55,13 @@ KINDS = {"relay": ("sigkill", "terminate", "broker"),
          "queue": ("sigkill", "terminate")}
 DEFAULT_BATCH = {"relay": 10, "drain": 5, "queue": 2}
 MAX_WORKERS = 16
+# Ceilings: a run stays within hours at the very most, and its tables within memory.
+MAX_KILLS = 10_000
+MAX_ITEMS = 200_000
+MAX_BATCH = 1_000
+MAX_SECONDS = 86_400
+MAX_JOB_MS = 60_000
+MAX_ATTEMPTS = 100
 
 # -- SQL: what the checks read ---------------------------------------------------------------
 
@@ -363,19 +371,23 @@ def check_params(dialect: str, *, kills: int, workers: int, batch: int, items: i
         raise LabkitError(f"No torture dialect {dialect!r}.", f"use one of {', '.join(DIALECTS)}.")
     if not isinstance(kills, int) or kills < 0:
         raise LabkitError(f"kills={kills!r}: a run kills 0 or more times.", "pass kills=20, for instance.")
+    number("kills", kills, high=MAX_KILLS, whole=True, example=20)
     if not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise LabkitError(f"A torture run needs 1 to {MAX_WORKERS} workers, not {workers!r}.",
                           "pass workers=2 (each worker is one process with its own connections).")
     if not isinstance(batch, int) or batch < 1:
         raise LabkitError(f"A batch of {batch!r} claims nothing.", "pass batch=1 or more.")
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=10)
     if not isinstance(items, int) or items < 1:
         raise LabkitError(f"items={items!r}: there would be nothing to work on.", "pass items=1 or more.")
+    number("items", items, low=1, high=MAX_ITEMS, whole=True, example=100)
     if batch > items:
         raise LabkitError(f"The batch ({batch}) is larger than the table ({items} rows): every "
                           "claim would take the whole table.", f"pass batch <= items (items={items}).")
     if not isinstance(max_seconds, (int, float)) or max_seconds <= 0:
         raise LabkitError(f"max_seconds={max_seconds!r} leaves no time to run.",
                           "pass a positive number of seconds (300, for instance).")
+    number("max_seconds", max_seconds, above=True, high=MAX_SECONDS, unit=" s", example=300)
     if not isinstance(seed, int):
         raise LabkitError(f"seed={seed!r} is not a whole number.", "pass seed=1, for instance.")
 
@@ -389,16 +401,21 @@ class _Kill:
     hold_s: float        # broker outage / stall length
 
 
-def plan(dialect: str, kills: int, seed: int, workers: int, batch: int) -> list[_Kill]:
-    """The kills of a run: victim, kind and point, all drawn from ``seed``."""
+def iter_plan(dialect: str, kills: int, seed: int, workers: int, batch: int) -> Iterator[_Kill]:
+    """The kills of a run, one at a time as the run gets to them: victim, kind and point,
+    all drawn from ``seed``."""
+    number("kills", kills, high=MAX_KILLS, whole=True, example=20)
     rng = random.Random(f"torture:{dialect}:{seed}")
-    out = []
     for _ in range(kills):
-        out.append(_Kill(victim=rng.randrange(workers), kind=rng.choice(KINDS[dialect]),
-                         after=rng.randint(1, 2 * batch),
-                         jitter_ms=rng.choice([0.0, rng.uniform(0.0, 3.0)]),
-                         hold_s=rng.uniform(0.03, 0.15)))
-    return out
+        yield _Kill(victim=rng.randrange(workers), kind=rng.choice(KINDS[dialect]),
+                    after=rng.randint(1, 2 * batch),
+                    jitter_ms=rng.choice([0.0, rng.uniform(0.0, 3.0)]),
+                    hold_s=rng.uniform(0.03, 0.15))
+
+
+def plan(dialect: str, kills: int, seed: int, workers: int, batch: int) -> list[_Kill]:
+    """The kills of a run as a list (the run itself draws them one at a time)."""
+    return list(iter_plan(dialect, kills, seed, workers, batch))
 
 
 def _poll(w: Worker, timeout: float = 0.0) -> None:
@@ -578,16 +595,26 @@ class _Run:
         try:
             return self.lab.execute(query, params)
         except ServerError as exc:
-            raise ServerError(
-                f"The torture run stopped: the server went away after {self.report.kills} kills "
-                f"({exc.what})", "start the server again (`labkit server start`) and repeat the "
-                "run: it rebuilds its tables from scratch.") from None
+            raise self._gone(exc) from None
+
+    def fill(self, query, params, rows: int) -> None:
+        """A bulk INSERT of work items, under a statement timeout (limits.bulk)."""
+        try:
+            bulk(self.lab, query, params, rows=rows)
+        except ServerError as exc:
+            raise self._gone(exc) from None
+
+    def _gone(self, exc: ServerError) -> ServerError:
+        return ServerError(
+            f"The torture run stopped: the server went away after {self.report.kills} kills "
+            f"({exc.what})", "start the server again (`labkit server start`) and repeat the "
+            "run: it rebuilds its tables from scratch.")
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
 
     # -- the two phases --
-    def kill_phase(self, kills: list[_Kill]) -> None:
+    def kill_phase(self, kills: Iterable[_Kill]) -> None:
         for i, k in enumerate(kills):
             while True:
                 if self.out_of_time():
@@ -771,7 +798,7 @@ class _DrainRun(_Run):
         self.add(items)
 
     def insert(self, first: int, last: int) -> None:
-        self.sql(DRAIN_FILL, {"first": first, "last": last})
+        self.fill(DRAIN_FILL, {"first": first, "last": last}, last - first + 1)
 
     def new_worker(self, slot: int) -> Worker:
         return Worker(drain_loop, name=f"drain-{slot + 1}-{self.gen}", dsn=self.lab.db.dsn,
@@ -884,7 +911,7 @@ class _QueueRun(_Run):
         self.add(items)
 
     def insert(self, first: int, last: int) -> None:
-        self.sql(QUEUE_FILL, {"first": first, "last": last})
+        self.fill(QUEUE_FILL, {"first": first, "last": last}, last - first + 1)
 
     def new_worker(self, slot: int) -> Worker:
         name = f"queue-{slot + 1}-{self.gen}"
@@ -966,18 +993,19 @@ def torture(lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: int =
     kill phase (the run then finishes the work and reports ``stopped_early``);
     ``relay_order="commit-first"`` tortures the dual-write bug instead of the outbox relay
     (the checks then find the events it lost)."""
-    batch = DEFAULT_BATCH.get(dialect, 1) if batch is None else batch
-    if items is None and isinstance(batch, int) and isinstance(workers, int):
-        items = max(40, batch * max(workers, 1) * 6)
+    batch, items = _sizes(dialect, workers, batch, items)
     check_params(dialect, kills=kills, workers=workers, batch=batch, items=items,
                  max_seconds=max_seconds, seed=seed)
     if dialect == "queue" and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise LabkitError(f"max_attempts={max_attempts!r} dead-letters every job at once.",
                           "pass max_attempts=1 or more (5 by default).")
+    if dialect == "queue":
+        number("max_attempts", max_attempts, low=1, high=MAX_ATTEMPTS, whole=True, example=5)
     if relay_order not in rl.Relay.ORDERS:
         raise LabkitError(f"No relay order {relay_order!r}.", f"use one of {rl.Relay.ORDERS}.")
     if not isinstance(job_ms, (int, float)) or job_ms < 0:
         raise LabkitError(f"job_ms={job_ms!r} is a negative duration.", "pass job_ms >= 0.")
+    number("job_ms", job_ms, high=MAX_JOB_MS, unit=" ms", example=1)
     report = TortureReport(dialect, seed, workers, batch, kills,
                            fence=fence if dialect == "drain" else None)
     t0 = time.monotonic()
@@ -995,7 +1023,7 @@ def torture(lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: int =
     try:
         try:
             run.setup(items)
-            run.kill_phase(plan(dialect, kills, seed, workers, batch))
+            run.kill_phase(iter_plan(dialect, kills, seed, workers, batch))
             run.finish_phase(timeout=max(60.0, max_seconds / 2))
         finally:
             run.kill_all()
@@ -1018,6 +1046,14 @@ def torture(lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: int =
     return report
 
 
+def _sizes(dialect: str, workers, batch, items) -> tuple:
+    """The batch and the starting work of a run, by default from the dialect and workers."""
+    batch = DEFAULT_BATCH.get(dialect, 1) if batch is None else batch
+    if items is None and isinstance(batch, int) and isinstance(workers, int):
+        items = max(40, batch * max(workers, 1) * 6)
+    return batch, items
+
+
 def _switch_on(broker: brokers.Broker) -> None:
     """Leave the broker on, even when the run was interrupted in the middle of switching
     it (its connection may then be unusable: use a fresh one)."""
@@ -1033,6 +1069,7 @@ def _switch_on(broker: brokers.Broker) -> None:
         fresh.close()
 
 
+@entry_point("labkit torture")
 def main(argv: list[str] | None = None) -> int:
     """``labkit torture relay|drain|queue --kills N --seed S [--json]``"""
     p = argparse.ArgumentParser(prog="labkit torture",
@@ -1055,6 +1092,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import db as dbmod
 
     try:
+        # the parameters first: nothing is created for a run that cannot happen
+        batch, items = _sizes(args.dialect, args.workers, args.batch, None)
+        check_params(args.dialect, kills=args.kills, workers=args.workers, batch=batch, items=items,
+                     max_seconds=args.max_seconds, seed=args.seed)
         lab = dbmod.connect(quiet=True).lab(f"torture_{args.dialect}_{os.getpid()}")
         try:
             bk = brokers.for_lab(lab, args.broker) if args.dialect == "relay" else None
