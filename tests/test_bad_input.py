@@ -80,6 +80,19 @@ IMPOSSIBLE = {
     "torture: batch larger than the table": (lambda lab: tt.torture(lab, "drain", batch=100, items=20),
                                              "larger than the table"),
     "torture: negative duration": (lambda lab: tt.torture(lab, "queue", max_seconds=-1), "max_seconds"),
+    "torture: endless duration": (lambda lab: tt.torture(lab, "queue", max_seconds=float("inf")), "max_seconds"),
+    "torture: nan job duration": (lambda lab: tt.torture(lab, "queue", job_ms=float("nan")), "job_ms"),
+    "convoy: endless run time": (lambda lab: convoy.run(lab, "skip", 2, 20, float("inf")), "seconds"),
+    "convoy: nan backoff": (lambda lab: convoy.run(lab, "nowait", 2, 20, 1.0, backoff_base_ms=float("nan")),
+                            "backoff_base_ms"),
+    "relay: nan backoff": (lambda lab: rl.trace_broker_down(lab, batch=10, down_after=2, backoff_s=float("nan")),
+                           "backoff_s"),
+    "relay lag: endless run": (lambda lab: rl.measure_lag(lab, run_s=float("inf")), "run_s"),
+    "drain: nan lease": (lambda lab: dr.crash_trace(lab, lease_s=float("nan")), "lease_s"),
+    "drain: clock to infinity": (lambda lab: dr.Clock(lab).advance(float("inf")), "seconds"),
+    "fencing: nan overrun": (lambda lab: fencing.zombie_trace(lab, fence=True, overrun_s=float("nan")),
+                             "overrun_s"),
+    "claims: absurd job count": (lambda lab: cl.drain(lab, jobs=10**12), "jobs"),
 }
 
 
@@ -152,3 +165,130 @@ def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_ser
     assert rep.invariants_hold and rep.kills == 3
     assert _sessions_but_admin(lab) == []
     lab.drop()
+
+
+# -- numbers a command cannot use: one paragraph and exit 2, before any work -------------------------
+
+BAD_NUMBERS = {
+    "convoy --seconds inf": (["convoy", "--seconds", "inf"], "seconds"),
+    "convoy --seconds nan": (["convoy", "--seconds", "nan"], "seconds"),
+    "convoy --seconds 1e9": (["convoy", "--seconds", "1e9"], "seconds"),
+    "convoy --job-ms -1": (["convoy", "--job-ms", "-1"], "job duration"),
+    "convoy --job-ms inf": (["convoy", "--job-ms", "inf"], "job_ms"),
+    "convoy --drain 10**9": (["convoy", "--drain", str(10**9)], "backlog"),
+    "trace drain --lease nan": (["trace", "drain", "--lease", "nan"], "lease_s"),
+    "trace drain --lease inf": (["trace", "drain", "--lease", "inf"], "lease_s"),
+    "trace drain --lease -1": (["trace", "drain", "--lease", "-1"], "lease"),
+    "trace drain --batch 10**9": (["trace", "drain", "--batch", str(10**9)], "batch"),
+    "trace zombie --lease nan": (["trace", "zombie", "--fence", "--lease", "nan"], "lease_s"),
+    "trace zombie --lease 1e300": (["trace", "zombie", "--no-fence", "--lease", "1e300"], "lease_s"),
+    "trace relay --batch 10**11": (["trace", "relay", "--batch", str(10**11)], "batch"),
+    "trace dual-write --crash-after -1": (["trace", "dual-write", "--crash-after", "-1"], "crash_after"),
+    "trace broker-down --batch 0": (["trace", "broker-down", "--batch", "0"], "batch"),
+    "torture --kills 10**20": (["torture", "relay", "--kills", str(10**20)], "kills"),
+    "torture --max-seconds inf": (["torture", "queue", "--max-seconds", "inf"], "max_seconds"),
+    "torture --max-seconds nan": (["torture", "drain", "--max-seconds", "nan"], "max_seconds"),
+    "torture --batch 10**6": (["torture", "queue", "--batch", str(10**6)], "batch"),
+    "bench --seconds inf": (["bench", "--seconds", "inf"], "seconds"),
+    "bench --seconds nan": (["bench", "--seconds", "nan"], "seconds"),
+    "bench --clients 1000": (["bench", "--clients", "1000"], "clients"),
+    "bench-history --claims -1": (["bench-history", "--claims", "-1"], "claims"),
+    "bench-history --claims 10**12": (["bench-history", "--claims", str(10**12)], "claims"),
+    "bench-history --ladder 0,10**12": (["bench-history", "--ladder", f"0,{10**12}"], "ladder"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_NUMBERS), ids=list(BAD_NUMBERS))
+def test_commands_refuse_unusable_numbers_at_once(case, capsys, db):
+    from labkit.cli import main
+
+    argv, word = BAD_NUMBERS[case]
+    with db.connect() as conn:
+        schemas = conn.execute("SELECT count(*) FROM pg_namespace").fetchone()[0]
+    t0 = time.monotonic()
+    assert main(argv) == 2
+    assert time.monotonic() - t0 < 5                      # found before any work
+    err = capsys.readouterr().err.strip()
+    assert word in err and "Fix:" in err, err
+    assert "Traceback" not in err and "\n" not in err     # one paragraph
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace").fetchone()[0] <= schemas
+
+
+def test_a_plot_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, capsys):
+    from labkit.cli import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = {str(tmp_path / "no" / "such" / "folder.png"): "does not exist",
+             str(a_file / "under_a_file.png"): "is a file, not a folder",
+             str(tmp_path): "is a folder",
+             "/proc/labkit_cannot_write_here.png": "cannot be written",
+             str(tmp_path / "plot.nosuchformat"): "cannot write .nosuchformat"}
+    for path, words in cases.items():
+        t0 = time.monotonic()
+        # a sweep that would take a minute: refused at once
+        assert main(["convoy", "--workers", "1,2,4,8", "--seconds", "5", "--no-progress", "--plot", path]) == 2
+        assert time.monotonic() - t0 < 5
+        err = capsys.readouterr().err.strip()
+        assert words in err and "Fix:" in err and "\n" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]     # the checks left nothing
+
+
+# -- secrets never shown -------------------------------------------------------------------------------
+
+AMQP_SECRET = "s3cr"
+BAD_AMQP_URLS = [
+    "amqp://guest:p@s3cr@127.0.0.1:5672/",          # unescaped @ in the password
+    "amqp://guest:x/s3cr/y@127.0.0.1/",             # unescaped / (a parser reads a port 'x')
+    "amqp://guest:s3cr:et@127.0.0.1/",              # unescaped :
+    "amqp://guest:s3cret",                          # no host at all
+    "amqp://guest:s3cret@127.0.0.1:notaport/",
+    "amqp://guest:s3cret@[::1/",                    # broken IPv6 bracket
+    "guest:s3cret@127.0.0.1",                       # no scheme
+    "amqp://guest:s3cret@127.0.0.1:1/",             # well formed; nothing listens there
+    "amqp://127.0.0.1:1/vhost?password=s3cret",
+]
+
+
+@pytest.mark.parametrize("url", BAD_AMQP_URLS)
+def test_a_broken_amqp_url_never_shows_its_password(url):
+    redacted = brokers._redact_amqp(url)
+    assert AMQP_SECRET not in redacted
+    with pytest.raises(LabkitError) as err:
+        brokers.RabbitBroker(url, "labkit.test.redaction")
+    for text in (str(err.value), repr(err.value), err.value.what, err.value.fix, repr(err.value.args)):
+        assert AMQP_SECRET not in text, text
+    assert "Fix:" in str(err.value)
+
+
+# -- bulk writes are bounded -----------------------------------------------------------------------------
+
+
+def test_a_bulk_insert_runs_under_a_statement_timeout(lab, monkeypatch):
+    from labkit import limits
+
+    lab.execute("CREATE TABLE filled (n int)")
+    monkeypatch.setattr(limits, "BULK_BASE_S", 0.3)
+    t0 = time.monotonic()
+    with pytest.raises(LabkitError, match="was cancelled"):
+        limits.bulk(lab, "INSERT INTO filled SELECT g FROM generate_series(1, 3) g, pg_sleep(1)", rows=3)
+    assert time.monotonic() - t0 < 2.5
+    # rolled back, and the timeout was the statement's own: the connection is as it was
+    assert lab.execute("SELECT count(*) FROM filled") == [(0,)]
+    assert lab.execute("SHOW statement_timeout") == [("0",)]
+    monkeypatch.setattr(limits, "BULK_BASE_S", 60)
+    limits.bulk(lab, "INSERT INTO filled SELECT g FROM generate_series(1, %s) g", (1000,), rows=1000)
+    assert lab.execute("SELECT count(*) FROM filled") == [(1000,)]
+
+
+def test_a_huge_kill_plan_is_refused_and_plans_are_drawn_lazily(lab):
+    t0 = time.monotonic()
+    with pytest.raises(LabkitError, match="kills"):
+        tt.torture(lab, "relay", kills=10**20)
+    with pytest.raises(LabkitError, match="kills"):
+        tt.plan("relay", 10**20, 1, 2, 10)
+    # the run draws its kills one at a time: the largest plan starts at once
+    first = next(tt.iter_plan("drain", tt.MAX_KILLS, 7, 2, 5))
+    assert time.monotonic() - t0 < 2
+    assert first == tt.plan("drain", 1, 7, 2, 5)[0]

@@ -153,6 +153,10 @@ def test_claimer_pool_leaves_no_process_or_session(lab, db):
     ({"peer_jobs": 0}, "peer_jobs"),
     ({"batches": (0, 10)}, "Batch sizes"),
     ({"clients": 500}, "clients"),
+    ({"seconds": float("inf")}, "seconds"),
+    ({"seconds": float("nan")}, "seconds"),
+    ({"history_rows": 10**12}, "history_rows"),
+    ({"convoy_seconds": float("inf")}, "convoy_seconds"),
 ])
 def test_bad_settings_name_the_fix(kw, word):
     with pytest.raises(LabkitError, match=word) as info:
@@ -175,3 +179,47 @@ def test_reference_file_has_every_key():
         assert ref.get(key) is not None, key
     assert ref["quick"] is False and ref["workbook_complete"]
     assert ref["history"]["done_rows"] == 1_000_000
+
+
+def test_pgbench_never_gets_the_password_on_its_command_line(lab, tmp_path):
+    """Anyone on the machine can read a command line (ps): pgbench is given the connection
+    without the password, which waits in a file only we can read, removed after the run."""
+    import dataclasses
+    import threading
+    import time
+
+    import psutil
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    info = conninfo_to_dict(lab.db.dsn)
+    info.setdefault("password", "s3cret-Pw")          # a trust server takes any password
+    secret = info["password"]
+    lab.db = dataclasses.replace(lab.db, dsn=make_conninfo(**info))
+    bench.ensure_job_table(lab, index=True)
+    bench.fill(lab, 20_000, history=0)
+    script = tmp_path / "claim.sql"
+    script.write_text(bench.pgbench_script())
+    seen: list = []
+
+    def watch():
+        me = psutil.Process()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not seen:
+            for p in me.children(recursive=True):
+                try:
+                    if "pgbench" in p.name():
+                        seen.append((p.cmdline(), p.environ().get("PGPASSFILE")))
+                except psutil.Error:
+                    pass
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run = bench.run_pgbench(lab, 1, 2, 1.0, script, bench.pgbench_path(lab.db))
+    watcher.join(5)
+    assert run.jobs > 0                                  # it connected and claimed
+    assert seen, "pgbench was never seen running"
+    argv, passfile = seen[0]
+    assert argv and not any(secret in arg for arg in argv), argv
+    assert not any("password" in arg for arg in argv), argv
+    assert passfile and not os.path.exists(passfile) and not os.path.exists(os.path.dirname(passfile))
