@@ -26,7 +26,8 @@ def _server_cmd(args) -> int:
         print(server.url())
     elif args.action == "reset":
         server.reset()
-        print(f"deleted {server.data_dir}; `labkit server start` creates it again")
+        print(f"deleted the cluster and labkit's files in {server.data_dir}; "
+              "`labkit server start` creates them again")
     return 0
 
 
@@ -52,7 +53,7 @@ SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lab\\_%%' ORDER BY 1
 def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
     from . import db as dbmod
-    from .server import EmbeddedServer
+    from .server import MIN_FREE_BYTES, EmbeddedServer
 
     problems = 0
     out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
@@ -65,7 +66,14 @@ def doctor(idle_s: float = 60, out=print) -> int:
     backend = os.environ.get("LABKIT_BACKEND") or ("dsn" if os.environ.get("LABKIT_DSN") else "embedded")
     out(f"backend: {backend}")
     if backend == "embedded":
-        out(EmbeddedServer().status().line())
+        server = EmbeddedServer()
+        out(server.status().line())
+        free = server.free_bytes()
+        if free is not None and free < MIN_FREE_BYTES:
+            out(f"PROBLEM: the disk that holds {server.data_dir} has {free // (1024 * 1024)} MB free: "
+                "the server cannot write there.")
+            out("  Fix: free some space on that disk (the lab data is kept); do not reset the server.")
+            return 1
     try:
         database = dbmod.connect(quiet=True)
     except LabkitError as exc:
@@ -80,7 +88,7 @@ def doctor(idle_s: float = 60, out=print) -> int:
     stray = [s for s in schemas if s.startswith("lab_t_")]
     if stray:
         out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
-            f"{' …' if len(stray) > 4 else ''}); `labkit clean --schemas` drops every lab schema")
+            f"{' …' if len(stray) > 4 else ''}); `labkit clean --schemas` drops the ones that are yours")
     if leftovers:
         problems += 1
         out(f"PROBLEM: {len(leftovers)} labkit session(s) idle in a transaction for over {idle_s:g} s "
@@ -109,9 +117,19 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
         out(f"ended {len(pids)} labkit session(s)" +
             ("" if every else f" idle in a transaction for over {idle_s:g} s"))
         if drop_schemas:
+            from .lab import OTHER_LAB_SCHEMAS_SQL, own_lab_schemas
             from .lab import drop_schemas as drop_lab_schemas
 
-            out(f"dropped {len(drop_lab_schemas(conn))} lab schema(s)")
+            tag = dbmod.current_user_tag()
+            role = conn.execute("SELECT current_user").fetchone()[0]
+            mine = own_lab_schemas(conn, tag=tag)
+            out(f"lab schemas of {tag} owned by {role}: {len(mine)}"
+                + (f" ({', '.join(mine)})" if mine else ""))
+            dropped = drop_lab_schemas(conn, tag=tag)
+            out(f"dropped {len(dropped)} lab schema(s)")
+            others = conn.execute(OTHER_LAB_SCHEMAS_SQL, {"mine": dropped}).fetchone()[0]
+            if others:
+                out(f"left {others} lab schema(s) of other users or roles as they are")
     return 0
 
 

@@ -10,6 +10,7 @@ Order (``LABKIT_BACKEND`` forces one of them):
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -32,24 +33,70 @@ DEFAULT_DOCKER_IMAGE = "postgres:18.1"
 APP_NAME = "labkit"
 
 
+_URI = re.compile(r"^(?P<scheme>postgres(?:ql)?://)(?P<rest>.*)$", re.I | re.S)
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.I)
+_URI_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.I)
+
+
 def redact(dsn: str) -> str:
-    """A DSN safe to print: the password, if any, is replaced by ***."""
+    """A DSN safe to print: whatever could be a password is replaced by ***.
+
+    Done on the text, not on libpq's parse, so that it also holds for DSNs libpq cannot
+    parse (``[::1``, a stray ``%``) and for a password with an unescaped ``@`` (which libpq
+    would split into a short password and a host holding the rest of it)."""
+    m = _URI.match(dsn.strip())
+    if m:
+        rest = m.group("rest")
+        at = rest.rfind("@")
+        if at >= 0:
+            userinfo, host = rest[:at], rest[at + 1:]
+            user = userinfo.split(":", 1)[0] if ":" in userinfo else userinfo
+            rest = f"{user}:***@{host}" if ":" in userinfo or "@" in userinfo else f"{user}@{host}"
+        return m.group("scheme") + _URI_PASSWORD.sub(r"\1***", rest)
+    return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+def secrets_of(dsn: str) -> list[str]:
+    """The pieces of a DSN that may be (part of) a password, longest first."""
+    found: set[str] = set()
+    m = _URI.match(dsn.strip())
+    if m and "@" in m.group("rest"):
+        userinfo = m.group("rest")[:m.group("rest").rfind("@")]
+        if ":" in userinfo:
+            secret = userinfo.split(":", 1)[1]
+            found.add(secret)
+            found.update(secret.split("@"))
+    for mm in list(_KV_PASSWORD.finditer(dsn)) + list(re.finditer(r"[?&]password=([^&]*)", dsn, re.I)):
+        found.add(mm.group(2 if mm.re is _KV_PASSWORD else 1).strip("'"))
     try:
-        parts = conninfo_to_dict(dsn)
+        info = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        # Unparseable: hide anything that could be a password, URL or key=value form.
-        out = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
-        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", out, flags=re.I)
-    if "password" in parts:
-        parts["password"] = "***"
-    return make_conninfo(**parts)
+        info = {}
+    if info.get("password"):
+        found.add(info["password"])
+    if "@" in (info.get("host") or ""):
+        found.add(info["host"])
+    return sorted((f for f in found if len(f) >= 3), key=len, reverse=True)
+
+
+def hide(text: str, dsn: str) -> str:
+    """``text`` with every piece of ``dsn`` that may be a password replaced by ***."""
+    for secret in secrets_of(dsn):
+        text = text.replace(secret, "***")
+    return text
+
+
+def scrub(message: str) -> str:
+    """libpq's own text about a malformed DSN quotes pieces of it (a password among them):
+    keep the words, drop the quoted pieces."""
+    return re.sub(r'"[^"]*"?', '"…"', message)
 
 
 @dataclass
 class Database:
     """A reachable PostgreSQL server and how labkit found it."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # may hold a password: never shown
     backend: str
     where: str
     version_num: int = 0
@@ -65,6 +112,9 @@ class Database:
         options = []
         if schema:
             options.append(f"-c search_path={schema},public")
+        if self.version_num >= 140000:
+            # A client that vanished (a killed kernel) does not leave its query running on.
+            options.append("-c client_connection_check_interval=2000")
         try:
             return psycopg.connect(self.dsn, autocommit=autocommit, application_name=application_name,
                                    options=" ".join(options) or None, connect_timeout=10, **kw)
@@ -81,6 +131,13 @@ class Database:
 
 
 def _unreachable(db: Database, exc: Exception) -> ServerError:
+    error = _unreachable_error(db, exc)
+    error.what = hide(error.what, db.dsn)
+    error.args = (error._render(),)
+    return error
+
+
+def _unreachable_error(db: Database, exc: Exception) -> ServerError:
     if db.backend == "embedded":
         return ServerError(
             f"The embedded PostgreSQL server at {db.where} does not answer: it was stopped or "
@@ -139,19 +196,24 @@ def _from_dsn(dsn: str) -> Database:
         info = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise BackendError(
-            f"LABKIT_DSN is not a valid connection string ({redact(dsn)}): {_first_line(exc)}.",
+            f"LABKIT_DSN is not a valid connection string ({redact(dsn)}): "
+            f"{scrub(_first_line(exc))}.",
             "write it as postgresql://USER@HOST:PORT/DBNAME (or key=value pairs), or unset "
             "LABKIT_DSN to use the embedded server.",
         ) from None
+    info = conninfo_to_dict(redact(dsn)) if _URI.match(dsn.strip()) else info
     where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
     return _check_version(Database(dsn, "dsn", f"LABKIT_DSN {where}"))
 
 
 def _from_embedded() -> Database:
+    from .server import home_short
+
     server = EmbeddedServer()
     status = server.start()
-    return _check_version(Database(server.url(), "embedded",
-                                   f"127.0.0.1:{status.port} (data {status.data_dir})"))
+    return _check_version(Database(server.conninfo(), "embedded",
+                                   f"socket {home_short(server.run_dir)} port {status.port}, "
+                                   "owner only"))
 
 
 def docker_available() -> tuple[bool, str]:
@@ -215,16 +277,56 @@ def connect(*, backend: str | None = None, quiet: bool = False, fresh: bool = Fa
     return db
 
 
-def current_user_tag() -> str:
-    """Who the lab schemas belong to: LABKIT_USER, else the login name.  On a shared
-    server where trainees log in alike, each sets LABKIT_USER to tell them apart."""
-    name = os.environ.get("LABKIT_USER", "")
-    if not name:
+def _slug(text: str) -> str:
+    """``text`` as a name part: lower-case letters, digits and _.  A name that had to be
+    changed to fit gets a short hash of the original, so that distinct names stay
+    distinct (José and Jos, 李雷 and 韩梅梅, Bob.Smith and bob_smith)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+    if slug == text:
+        return slug
+    return f"{slug or 'u'}_{hashlib.sha1(text.encode()).hexdigest()[:6]}"
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "user"
+
+
+def default_role() -> str | None:
+    """The database role labkit will log in as, known without connecting: the user in
+    LABKIT_DSN (else PGUSER, else the login name, as libpq does), ``postgres`` on the
+    embedded server; None when it cannot be known beforehand (docker)."""
+    backend = (os.environ.get("LABKIT_BACKEND") or "").strip().lower()
+    dsn = os.environ.get("LABKIT_DSN", "").strip()
+    if not backend:
+        backend = "dsn" if dsn else "embedded"
+    if backend == "embedded":
+        return "postgres"
+    if backend == "dsn" and dsn:
         try:
-            name = getpass.getuser()
-        except Exception:
-            name = "user"
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "user"
+            user = conninfo_to_dict(dsn).get("user")
+        except psycopg.ProgrammingError:
+            user = None
+        return user or os.environ.get("PGUSER") or _login()
+    return None
+
+
+def current_user_tag() -> str:
+    """Whose lab schemas these are.  LABKIT_USER when set (on a shared server where trainees
+    log in alike, each sets it to tell them apart); otherwise the login name, with the
+    database role added when it is another name, so that two roles used from one login
+    get schemas of their own."""
+    chosen = os.environ.get("LABKIT_USER", "")
+    if chosen:
+        return _slug(chosen)
+    login = _login()
+    role = default_role()
+    tag = _slug(login)
+    if role and role != login:
+        tag += "_" + _slug(role)
+    return tag
 
 
 @contextmanager

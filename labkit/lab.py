@@ -42,11 +42,36 @@ def schema_name(name: str, user: str | None = None) -> str:
     return f"{full[:MAX_SCHEMA - 9].rstrip('_')}_{digest}"
 
 
-def drop_schemas(conn: psycopg.Connection, like: str = r"lab\_%") -> list[str]:
-    """Drop every schema whose name matches the LIKE pattern ``like`` (by default every lab
-    schema), with what is in it; returns the names dropped."""
-    names = [r[0] for r in conn.execute(
-        "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s ORDER BY 1", (like,)).fetchall()]
+# The lab schemas of one user that this role may drop: labkit made them (its mark is the
+# schema's comment, ``labkit:<user tag>``), this role owns them, and the tag is the user's
+# exactly (``bob`` is not ``bob_smith``).
+OWN_LAB_SCHEMAS_SQL = r"""
+SELECT n.nspname
+  FROM pg_namespace n
+ WHERE n.nspname LIKE %(like)s
+   AND n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
+   AND (%(tag)s::text IS NULL AND obj_description(n.oid, 'pg_namespace') LIKE 'labkit:%%'
+        OR obj_description(n.oid, 'pg_namespace') = 'labkit:' || %(tag)s)
+ ORDER BY 1
+"""
+
+OTHER_LAB_SCHEMAS_SQL = r"""
+SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'lab\_%%' AND NOT nspname = ANY(%(mine)s)
+"""
+
+
+def own_lab_schemas(conn: psycopg.Connection, *, tag: str | None = None,
+                    like: str = r"lab\_%") -> list[str]:
+    """The lab schemas of user ``tag`` (or of any user, with labkit's mark) that this role
+    owns and whose name matches the LIKE pattern ``like``."""
+    return [r[0] for r in conn.execute(OWN_LAB_SCHEMAS_SQL, {"like": like, "tag": tag}).fetchall()]
+
+
+def drop_schemas(conn: psycopg.Connection, like: str = r"lab\_%", *, tag: str | None = None) -> list[str]:
+    """Drop the lab schemas that ``own_lab_schemas`` names, with what is in them; returns
+    the names dropped.  Schemas of other users, of other roles, or not made by labkit are
+    never touched."""
+    names = own_lab_schemas(conn, tag=tag, like=like)
     for name in names:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
     return names
@@ -63,7 +88,8 @@ class Lab:
     def __init__(self, db: Database, name: str, *, user: str | None = None):
         self.db = db
         self.name = name
-        self.schema = schema_name(name, user)
+        self.user_tag = user or current_user_tag()
+        self.schema = schema_name(name, self.user_tag)
         self.app_name = f"labkit:{self.schema}"
         self._conns: weakref.WeakSet = weakref.WeakSet()
         self._admin: psycopg.Connection | None = None
@@ -124,8 +150,9 @@ class Lab:
         own = self.admin.info.backend_pid
         rows = self.admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name LIKE %s AND pid <> %s AND usename = current_user",
-            (self.app_name.replace("_", r"\_") + "%", own),
+            "WHERE (application_name = %s OR starts_with(application_name, %s)) "
+            "AND pid <> %s AND usename = current_user",
+            (self.app_name, self.app_name + ":", own),
         ).fetchall()
         return len(rows)
 
@@ -139,6 +166,8 @@ class Lab:
                 self.admin.execute("SET LOCAL lock_timeout = '10s'")
                 self.admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
                 self.admin.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+                self.admin.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+                    ident, sql.Literal(f"labkit:{self.user_tag}")))
         except psycopg.errors.LockNotAvailable:
             raise LabkitError(
                 f"Could not rebuild schema {self.schema}: another session holds a lock in it.",

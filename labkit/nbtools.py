@@ -6,6 +6,8 @@ notebooks/ folder, with the current Python) and strips what must not be committe
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,6 +49,10 @@ def clean(nb) -> None:
                 data.pop("application/vnd.jupyter.widget-view+json", None)
 
 
+# An author's home folder in a committed output names the author and means nothing to a reader.
+HOME_PATH = re.compile(r"(?<![\w.~])(/root/|/home/[^/\s\\\"]+/|/Users/[^/\s\\\"]+/)")
+
+
 def problems(nb) -> list[str]:
     """What would make a committed notebook untrustworthy."""
     found = []
@@ -62,6 +68,9 @@ def problems(nb) -> list[str]:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 found.append(f"cell {i} ends in an error ({out.get('ename')})")
+            text = json.dumps(out)
+            if HOME_PATH.search(text):
+                found.append(f"cell {i} shows a home folder path ({HOME_PATH.search(text).group(0)}…)")
     if any("slideshow" not in c.metadata for c in nb.cells):
         found.append("cells without slide metadata (run labkit.nbtools on it)")
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]

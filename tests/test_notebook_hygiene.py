@@ -27,6 +27,10 @@ def test_problems_are_found_in_a_stale_notebook():
     nb.metadata["widgets"] = {"state": {}}
     nb.cells = [nbformat.v4.new_code_cell("1 + 1"), nbformat.v4.new_code_cell("2")]
     nb.cells[1].execution_count = 1
+    nb.cells.append(nbformat.v4.new_code_cell("print(path)"))
+    nb.cells[2].execution_count = 2
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="data in /home/alice/.cache/x\n")]
     found = problems(nb)
     assert "carries widget state metadata" in found
+    assert any("home folder path (/home/alice/" in f for f in found), found
     assert "cell 0 was never executed" in found
