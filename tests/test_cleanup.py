@@ -80,8 +80,10 @@ def _interrupt_once_running(lab, sent: list, settle_s: float = 1.0, timeout: flo
     def watch():
         with lab.connect(role="watch") as conn:
             deadline = time.monotonic() + timeout
+            # the outbox: built by every run (the broker's switch table only by the recording
+            # broker, not when LABKIT_AMQP_URL picks RabbitMQ)
             while time.monotonic() < deadline and not conn.execute(
-                    "SELECT to_regclass('broker_switch') IS NOT NULL").fetchone()[0]:
+                    "SELECT to_regclass('outbox') IS NOT NULL").fetchone()[0]:
                 time.sleep(0.05)
         time.sleep(settle_s)
         sent.append(time.monotonic())
