@@ -134,8 +134,8 @@ class Worker:
         # nothing knows the pid of: they wait until the child is started (and known).
         with signals_deferred():
             self._proc.start()
-        ev_child.close()
-        cmd_child.close()
+            ev_child.close()
+            cmd_child.close()
         return self
 
     @property

@@ -87,3 +87,45 @@ def test_wait_exit_and_poll():
 
 def hold_forever(ctx):
     ctx.pause("forever")
+
+
+# -- signals ----------------------------------------------------------------------------------------
+
+
+def test_sigterm_and_sighup_raise_stopped_once_and_the_handlers_come_back():
+    import os
+    import signal
+
+    from labkit.procs import Stopped, signal_exit_code, stop_signals_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        cleaned = []
+        with pytest.raises(Stopped) as info:
+            with stop_signals_interrupt():
+                try:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(5)
+                finally:
+                    os.kill(os.getpid(), signum)    # a second one must not cut the clean-up short
+                    time.sleep(0.05)
+                    cleaned.append(True)
+        assert cleaned == [True]
+        assert isinstance(info.value, KeyboardInterrupt) and signal_exit_code(info.value) == 128 + signum
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_during_a_deferred_section_lands_after_it():
+    import os
+    import signal
+
+    from labkit.procs import signals_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("the section ran to its end")
+    assert done == ["the section ran to its end"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
