@@ -261,7 +261,11 @@ class Sandbox:
                         ident, sql.Literal(self.connections), sql.Literal(_scram_verifier(password))))
                 admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(
                     ident, sql.Literal(_COMMENT + self.base.schema)))
-                if not superuser:
+                if superuser:
+                    # Only a superuser may set (and so only one may lift) this limit: a
+                    # statement that sorts or hashes more spills no more than this to disk.
+                    admin.execute(sql.SQL("ALTER ROLE {} SET temp_file_limit = '1GB'").format(ident))
+                else:
                     # A role that may create roles but is no superuser joins the sandbox role,
                     # so that it can end its sessions and drop what it made.
                     admin.execute(sql.SQL("GRANT {} TO current_user").format(ident))
