@@ -10,12 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from labkit import grade, sandbox
+from labkit import grade
 from labkit import spec as specmod
 from labkit.errors import LabkitError, SpecError
 
