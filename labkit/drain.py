@@ -34,7 +34,7 @@ from psycopg import sql
 
 from .errors import LabkitError
 from .lab import read_sql
-from .limits import number
+from .limits import bulk, number
 from .procs import entry_point
 from .trace import Trace
 
@@ -95,7 +95,9 @@ def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, .
         clock.freeze(freeze_at)
     else:
         clock.real()
-    lab.execute(
+    number("n", n, high=MAX_OTHER, whole=True, example=50)
+    bulk(
+        lab,
         """
         INSERT INTO delivery (id, notification_id, device_token, next_attempt_at, coalesce_key)
         SELECT g, 1000 + g,
@@ -105,7 +107,7 @@ def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, .
                CASE WHEN g %% %(every)s = 0 THEN NULL ELSE 'notif-' || (1000 + g) END
           FROM generate_series(1, %(n)s) AS g
         """,
-        {"n": n, "bad": list(bad), "flaky": list(flaky), "every": no_collapse_every})
+        {"n": n, "bad": list(bad), "flaky": list(flaky), "every": no_collapse_every}, rows=n)
     lab.execute("ANALYZE delivery")
     return clock
 
