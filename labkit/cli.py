@@ -83,8 +83,14 @@ def doctor(idle_s: float = 60, out=print) -> int:
     with database.connect() as conn:
         leftovers = conn.execute(LEFTOVERS_SQL, {"idle": idle_s}).fetchall()
         schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
+        roles = [r[0] for r in conn.execute(
+            "SELECT rolname FROM pg_roles r WHERE rolname LIKE 'labkit\\_sbx\\_%%' AND NOT EXISTS "
+            "(SELECT 1 FROM pg_stat_activity a WHERE a.usename = r.rolname) ORDER BY 1").fetchall()]
     out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
                                          if schemas else ""))
+    if roles:
+        out(f"note: {len(roles)} throw-away role(s) without a session ({', '.join(roles[:4])}"
+            f"{' …' if len(roles) > 4 else ''}): `labkit clean` drops those whose run is over")
     stray = [s for s in schemas if s.startswith("lab_t_")]
     if stray:
         out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
@@ -116,6 +122,11 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         out(f"ended {len(pids)} labkit session(s)" +
             ("" if every else f" idle in a transaction for over {idle_s:g} s"))
+        from .sandbox import sweep
+
+        roles = sweep(conn)
+        if roles:
+            out(f"dropped {len(roles)} throw-away role(s) left by interrupted grading or spec runs")
         if drop_schemas:
             from .lab import OTHER_LAB_SCHEMAS_SQL, own_lab_schemas
             from .lab import drop_schemas as drop_lab_schemas

@@ -394,3 +394,28 @@ def test_a_full_disk_is_named_and_never_answered_with_reset(scratch_root, monkey
         server.stop()
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_clean_drops_throw_away_roles_whose_run_is_over(db):
+    from labkit.sandbox import _COMMENT, ROLE_PREFIX
+
+    gone, live = f"{ROLE_PREFIX}t{os.getpid()}a", f"{ROLE_PREFIX}t{os.getpid()}b"
+    victim = db.lab("sandbox_still_running")
+    with db.connect() as conn:
+        conn.execute(f"CREATE ROLE {gone}")
+        conn.execute(f"COMMENT ON ROLE {gone} IS '{_COMMENT}lab_no_such_schema_{os.getpid()}'")
+        conn.execute(f"CREATE ROLE {live}")
+        conn.execute(f"COMMENT ON ROLE {live} IS '{_COMMENT}{victim.schema}'")
+    try:
+        doctor = _cli("doctor")
+        assert gone in doctor.stdout and "throw-away role" in doctor.stdout
+        out = _cli("clean")
+        assert out.returncode == 0 and "throw-away role" in out.stdout, out.stdout + out.stderr
+        with db.connect() as conn:
+            names = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles").fetchall()}
+        assert gone not in names and live in names  # a run whose schema is still there keeps its role
+    finally:
+        victim.drop()
+        with db.connect() as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {gone}")
+            conn.execute(f"DROP ROLE IF EXISTS {live}")
