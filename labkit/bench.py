@@ -318,6 +318,9 @@ def claimer_main(ctx, dsn: str, schema: str, clients: int) -> dict:
             order = ctx.pause("ready")
             if order is None:
                 return {"clients": clients}
+            for conn in conns:  # each order says how durable its commits are
+                conn.execute("SELECT set_config('synchronous_commit', %s, false)",
+                             (order.get("synchronous_commit", "on"),))
             cls = CursorClaimer if order.get("style") == "cursor" else Claimer
             claimers = [cls(conn, f"c{i}", order["batch"]) for i, conn in enumerate(conns)]
             outs: list[dict] = [{} for _ in claimers]
@@ -335,7 +338,9 @@ def claimer_main(ctx, dsn: str, schema: str, clients: int) -> dict:
             if errors:
                 raise RuntimeError(errors[0])
             ctx.emit("result", clients=outs,
-                     cpu_s=(cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime))
+                     cpu_s=(cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
+                     synchronous_commit=[c.execute("SHOW synchronous_commit").fetchone()[0]
+                                         for c in conns])
     finally:
         for conn in conns:
             conn.close()
@@ -460,10 +465,16 @@ class CeilingRun:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_labkit_ceiling(lab, pool: ClaimerPool, batch: int, seconds: float, style: str = "pq") -> CeilingRun:
+def run_labkit_ceiling(lab, pool: ClaimerPool, batch: int, seconds: float, style: str = "pq",
+                       synchronous_commit: str = "on") -> CeilingRun:
     before = count_status(lab, "IN_PROGRESS")
-    res = pool.order(mode="ceiling", batch=batch, seconds=seconds, style=style, timeout=seconds + 120)
+    res = pool.order(mode="ceiling", batch=batch, seconds=seconds, style=style, timeout=seconds + 120,
+                     synchronous_commit=synchronous_commit)
     results = res["clients"]
+    if set(res["synchronous_commit"]) != {synchronous_commit}:
+        raise LabkitError(f"The claimers ran with synchronous_commit {res['synchronous_commit']}, "
+                          f"not {synchronous_commit!r}.",
+                          "this is a bug in labkit.bench: report it with the command you ran.")
     jobs = count_status(lab, "IN_PROGRESS") - before
     said = sum(r["claimed"] for r in results)
     if said != jobs:
@@ -594,6 +605,47 @@ def claim_ceiling(lab, s: Settings, progress=None) -> dict:
         "pgbench": version,
         "ceiling_runs": [asdict(r) | {"jobs_per_s": r.jobs_per_s} for r in runs + [cur]],
     }
+
+
+# -- the figures' durability: what a commit promised, and what durable commits cost ------------------
+
+DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
+
+
+def durability(lab, s: Settings, progress=None) -> dict:
+    """What the server promised for every commit of this run (fsync, synchronous_commit), and
+    the claim ceiling at batch 1 and 10 measured twice in this run: with durable commits
+    (synchronous_commit = on: COMMIT returns once the WAL is flushed) and with
+    synchronous_commit = off (COMMIT returns before the flush).  On a server with
+    fsync = off no commit is durable, and the figure says so instead of pretending."""
+    progress = progress or (lambda msg: None)
+    settings = {name: lab.execute("SELECT current_setting(%s)", (name,))[0][0]
+                for name in DURABILITY_SETTINGS}
+    fsync_on = settings["fsync"] == "on"
+    ensure_job_table(lab, index=True)
+    measured: dict[str, dict[str, float]] = {"on": {}, "off": {}}
+    with ClaimerPool(lab, s.clients) as pool:
+        for batch in (1, 10):
+            for sc in ("on", "off"):
+                size = int(CEILING_GUESS[batch] * s.clients / 4 * s.seconds * 2) + s.clients * batch * 4
+                fill(lab, size, history=0)
+                r = run_labkit_ceiling(lab, pool, batch, s.seconds, synchronous_commit=sc)
+                measured[sc][str(batch)] = r.jobs_per_s
+                progress(f"durability, batch {batch:>3}: synchronous_commit={sc:<3} "
+                         f"{r.jobs_per_s:>9,.0f} jobs/s (fsync={settings['fsync']})")
+    return {"durability": {
+        "fsync": settings["fsync"],
+        "synchronous_commit": settings["synchronous_commit"],
+        "wal_sync_method": settings["wal_sync_method"],
+        "full_page_writes": settings["full_page_writes"],
+        "commits_durable": fsync_on and settings["synchronous_commit"] != "off",
+        "claim_jobs_per_s_durable": measured["on"] if fsync_on else None,
+        "claim_jobs_per_s_synchronous_commit_off": measured["off"],
+        "note": ("claim + mark at batch 1 and 10, both measured in this run on this server"
+                 if fsync_on else
+                 "this server runs with fsync = off: no commit here is durable, so no durable "
+                 "figure can be measured on it; every figure of this run is a non-durable one"),
+    }}
 
 
 # -- figure 2: a peer library (PgQueuer) drains the same backlog ---------------------------------------
@@ -999,7 +1051,7 @@ GOALS = (
 
 
 def goals(result: dict) -> list[dict]:
-    """Each goal of issue 9 with the measured value and met / missed / not measured."""
+    """Each speed goal with the measured value and met / missed / not measured."""
     nb = result.get("notebook_seconds") or {}
     values = {
         "ratio_vs_pgbench_10": (result.get("ratio_vs_pgbench") or {}).get("10"),
@@ -1019,8 +1071,8 @@ def goals(result: dict) -> list[dict]:
 
 
 LIMITS = [
-    "2 cores are shared by the clients, the server's backends and (here) other developers' test "
-    "runs: every figure is a ceiling of this machine, not of PostgreSQL.",
+    "The clients and the server's backends share this machine's cores (and with whatever else "
+    "runs on it): every figure is a ceiling of this machine, not of PostgreSQL.",
     "The claim ceiling is set by the server's work per transaction (index search, row lock, "
     "UPDATE, WAL, commit); a lean client adds little, and bigger batches spread the commit over "
     "more jobs.",
@@ -1048,13 +1100,13 @@ def run(lab=None, settings: Settings | None = None, *, quick: bool = True, noteb
 
     ``lab``: the lab schema to work in (a fresh one of its own when None, dropped after).
     ``notebooks``: names to time (``()`` times none; the default is the settings' choice).
-    ``figures``: a subset of ``("ceiling", "peer", "amqp", "convoy", "history", "server",
+    ``figures``: a subset of ``("ceiling", "durability", "peer", "amqp", "convoy", "history", "server",
     "notebooks")``."""
     s = (settings or (Settings.quick_settings() if quick else Settings.full_settings()))
     if notebooks is not ...:
         s = replace(s, notebooks=None if notebooks is None else tuple(notebooks))
     s.check()
-    all_figures = ("ceiling", "peer", "amqp", "convoy", "history", "server", "notebooks")
+    all_figures = ("ceiling", "durability", "peer", "amqp", "convoy", "history", "server", "notebooks")
     figures = tuple(figures or all_figures)
     bad = [f for f in figures if f not in all_figures]
     if bad:
@@ -1073,6 +1125,8 @@ def run(lab=None, settings: Settings | None = None, *, quick: bool = True, noteb
     try:
         if "ceiling" in figures:
             result |= claim_ceiling(lab, s, progress)
+        if "durability" in figures:
+            result |= durability(lab, s, progress)
         if "peer" in figures:
             result |= peer(lab, s, progress)
         if "amqp" in figures:
@@ -1118,6 +1172,15 @@ def table(result: dict) -> str:
         if cpu_p.get(b):
             add(f"  client CPU per claim call, batch {b} (µs)", _fmt(cpu_l[b]), f"pgbench {_fmt(cpu_p[b])}",
                 _fmt(cpu_l[b] / cpu_p[b]))
+    d = result.get("durability")
+    if d:
+        add(f"server: fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']}",
+            "durable" if d["commits_durable"] else "NOT durable", d["wal_sync_method"], "—")
+        for b, v in (d.get("claim_jobs_per_s_synchronous_commit_off") or {}).items():
+            durable = (d.get("claim_jobs_per_s_durable") or {}).get(b)
+            add(f"  claim, batch {b}: durable commits vs synchronous_commit=off (jobs/s)",
+                _fmt(durable) if durable else "—", f"async {_fmt(v)}",
+                _fmt(durable / v) if durable and v else "—")
     for b, v in (result.get("claim_cursor_api_jobs_per_s") or {}).items():
         add(f"  same, psycopg cursor API, batch {b}", _fmt(v), f"lean claimer {_fmt(result['claim_jobs_per_s'][b])}",
             _fmt(v / result["claim_jobs_per_s"][b]))
@@ -1167,7 +1230,7 @@ def table(result: dict) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
     lines.append("")
-    lines.append("goals (issue 9):")
+    lines.append("goals:")
     for g in result.get("goals", []):
         lines.append(f"  {g['status'].upper():<12} {g['goal']} (measured {_fmt(g['measured'])})")
     lines.append("")

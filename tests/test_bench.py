@@ -46,6 +46,34 @@ def test_quick_run_produces_every_key(quick):
     assert set(result["claim_jobs_per_s"]) == set(result["pgbench_jobs_per_s"]) == {"1", "10", "100"}
 
 
+def test_every_run_says_how_durable_its_commits_were(quick, db):
+    result, stderr, _ = quick
+    d = result["durability"]
+    with db.connect() as conn:
+        for name in ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"):
+            assert d[name] == conn.execute(f"SHOW {name}").fetchone()[0], name
+    assert d["commits_durable"] == (d["fsync"] == "on" and d["synchronous_commit"] != "off")
+    assert set(d["claim_jobs_per_s_synchronous_commit_off"]) == {"1", "10"}
+    assert all(v > 0 for v in d["claim_jobs_per_s_synchronous_commit_off"].values())
+    if d["fsync"] == "on":
+        assert set(d["claim_jobs_per_s_durable"]) == {"1", "10"}
+        assert all(v > 0 for v in d["claim_jobs_per_s_durable"].values())
+    else:  # nothing durable can be measured on such a server, and the result says so
+        assert d["claim_jobs_per_s_durable"] is None and "fsync = off" in d["note"]
+    assert "durability, batch" in stderr
+
+
+def test_the_durable_ceiling_really_ran_with_durable_commits(lab):
+    """Each order's synchronous_commit reaches every claimer connection: the claimers read it
+    back from the server while they run."""
+    bench.ensure_job_table(lab)
+    with bench.ClaimerPool(lab, 2) as pool:
+        for sc in ("off", "on", "off"):
+            bench.fill(lab, 2_000, history=0)
+            res = pool.order(mode="ceiling", batch=10, seconds=0.2, style="pq", synchronous_commit=sc)
+            assert res["synchronous_commit"] == [sc, sc]
+
+
 def test_claim_figures_are_measured_and_ratios_are_their_quotients(quick):
     result, _, _ = quick
     for b in ("1", "10", "100"):
@@ -105,7 +133,7 @@ def test_goals_are_judged_from_the_measured_figures(quick):
         assert word in stderr
     # and the table renders from the same dict
     text = bench.table(result)
-    assert "claim ceiling, batch 10" in text and "goals (issue 9)" in text
+    assert "claim ceiling, batch 10" in text and "goals:" in text and "synchronous_commit" in text
 
 
 def test_claimer_claims_each_job_once_and_marks_it(lab):

@@ -70,6 +70,9 @@ def test_another_os_user_cannot_reach_the_embedded_server(scratch_server):
     # the owner can (the positive control: the attack below would succeed if the door were open)
     with psycopg.connect(scratch_server.conninfo()) as conn:
         assert conn.execute("SELECT current_setting('listen_addresses')").fetchone() == ("",)
+        # durable commits, whatever an older cluster's configuration said
+        assert [conn.execute(f"SHOW {n}").fetchone()[0] for n in ("fsync", "synchronous_commit")] \
+            == ["on", "on"]
     # no TCP listener at all on the postmaster
     assert [c for c in psutil.Process(st.pid).net_connections(kind="inet")] == []
     run = os.stat(scratch_server.run_dir)
@@ -419,3 +422,14 @@ def test_clean_drops_throw_away_roles_whose_run_is_over(db):
         with db.connect() as conn:
             conn.execute(f"DROP ROLE IF EXISTS {gone}")
             conn.execute(f"DROP ROLE IF EXISTS {live}")
+
+
+def test_a_cluster_made_with_fsync_off_runs_durable(scratch_server):
+    scratch_server.start()
+    scratch_server.stop()
+    with open(scratch_server.pgdata / "postgresql.auto.conf", "a") as f:  # as an older labkit wrote it
+        f.write("fsync = off\nfull_page_writes = off\n")
+    scratch_server.start()
+    with psycopg.connect(scratch_server.conninfo()) as conn:
+        assert [conn.execute(f"SHOW {n}").fetchone()[0] for n in ("fsync", "full_page_writes")] \
+            == ["on", "on"]
