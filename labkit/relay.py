@@ -121,48 +121,105 @@ def _no_hook(kind: str, **data) -> None:
     pass
 
 
+class PublishTimeout(RuntimeError):
+    """The tick ran past its publish timeout: the relay gives the batch up (rolls back)."""
+
+
 class Relay:
     """One relay over one connection.  ``order="outbox"`` publishes before COMMIT (the
     correct relay); ``order="commit-first"`` marks and commits first, then publishes
     (the dual-write bug).  ``hook(kind, **data)`` is told every move: claimed,
-    published (n), committed, idle, publish_failed."""
+    published (n), committed, idle, publish_failed, publish_timeout, rollback_failed.
+
+    ``publish_timeout_s``: the longest one tick may spend between its claim and its mark;
+    checked before each publish and before the mark.  Past it, the relay gives the
+    batch up (ROLLBACK) instead of publishing more of it.
+
+    ``commit_every``: mark and COMMIT after every that many publishes, without claiming
+    again (a proposal notebook 06 shows to be wrong: the first COMMIT releases the
+    locks on the rest of the batch, which another relay then claims too)."""
 
     ORDERS = ("outbox", "commit-first")
 
     def __init__(self, conn: psycopg.Connection, broker: Broker, *, batch: int = 100,
-                 order: str = "outbox", hook: Callable = _no_hook):
+                 order: str = "outbox", hook: Callable = _no_hook,
+                 publish_timeout_s: float | None = None, commit_every: int | None = None):
         if batch < 1:
             raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
         if order not in self.ORDERS:
             raise LabkitError(f"No relay order {order!r}.", f"use one of {self.ORDERS}.")
+        if publish_timeout_s is not None:
+            number("publish_timeout_s", publish_timeout_s, above=True, high=3600, unit=" s", example=1)
+        if commit_every is not None:
+            number("commit_every", commit_every, low=1, high=MAX_BATCH, whole=True, example=10)
+            if order != "outbox":
+                raise LabkitError("commit_every only applies to the outbox order.",
+                                  "drop commit_every, or use order='outbox'.")
         self.conn, self.broker, self.batch, self.order, self.hook = conn, broker, batch, order, hook
+        self.publish_timeout_s, self.commit_every = publish_timeout_s, commit_every
 
     def tick(self) -> int:
         """One claim-publish-mark-commit round; returns how many rows it claimed."""
-        with self.conn.transaction():
-            rows = self.conn.execute(CLAIM, {"batch": self.batch}).fetchall()
+        c = self.conn
+        started = time.monotonic()
+        c.execute("BEGIN")
+        try:
+            rows = c.execute(CLAIM, {"batch": self.batch}).fetchall()
             ids = [r[0] for r in rows]
             if not rows:
+                c.execute("COMMIT")
                 self.hook("idle")
                 return 0
             self.hook("claimed", ids=ids, events=[r[1] for r in rows])
-            if self.order == "outbox":
-                self._publish(rows)
-            self.conn.execute(MARK, {"ids": ids})
-        self.hook("committed", n=len(ids))
-        if self.order == "commit-first":
-            self._publish(rows)
-        return len(ids)
+            if self.order == "commit-first":
+                c.execute(MARK, {"ids": ids})
+                c.execute("COMMIT")
+                self.hook("committed", n=len(ids))
+                self._publish(rows, 1, None)
+                return len(ids)
+            step = self.commit_every or len(rows)
+            for k in range(0, len(rows), step):
+                chunk = rows[k:k + step]
+                self._publish(chunk, k + 1, started)
+                self._check_deadline(started)
+                c.execute(MARK, {"ids": [r[0] for r in chunk]})
+                c.execute("COMMIT")
+                self.hook("committed", n=len(chunk))
+                if k + step < len(rows):
+                    c.execute("BEGIN")
+            return len(ids)
+        except BaseException:
+            self._rollback()
+            raise
 
-    def _publish(self, rows) -> None:
-        for n, (_, ev, body) in enumerate(rows, 1):
+    def _rollback(self) -> None:
+        """Roll the open transaction back; a connection the server has ended says why."""
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return
+        try:
+            self.conn.execute("ROLLBACK")
+        except psycopg.Error as exc:
+            self.hook("rollback_failed", sqlstate=exc.sqlstate, error=_first_line(exc))
+
+    def _check_deadline(self, started: float | None) -> None:
+        if started is None or self.publish_timeout_s is None:
+            return
+        spent = time.monotonic() - started
+        if spent > self.publish_timeout_s:
+            self.hook("publish_timeout", spent_s=spent)
+            raise PublishTimeout(f"the tick ran {spent:.1f} s, past its publish timeout of "
+                                 f"{self.publish_timeout_s:g} s")
+
+    def _publish(self, rows, first: int, started: float | None) -> None:
+        for n, (_, ev, body) in enumerate(rows, first):
+            self._check_deadline(started)
             self.broker.publish(ev, body)
             self.hook("published", n=n, event_id=ev)
 
     def run(self, *, backoff_s: float = 1.0, max_attempts: int = 8,
             sleep: Callable[[float], None] = time.sleep) -> int:
-        """Tick until nothing is left to claim; on BrokerDown roll back (the ``with``
-        block does) and retry after ``backoff_s``, doubling each time."""
+        """Tick until nothing is left to claim; on BrokerDown roll back (``tick`` does)
+        and retry after ``backoff_s``, doubling each time."""
         if backoff_s < 0 or max_attempts < 1:
             raise LabkitError(f"backoff_s={backoff_s}, max_attempts={max_attempts} cannot retry.",
                               "use backoff_s >= 0 and max_attempts >= 1.")
@@ -185,20 +242,31 @@ class Relay:
                 return total
 
 
-def _relay_conn(dsn: str, schema: str, role: str) -> psycopg.Connection:
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _relay_conn(dsn: str, schema: str, role: str, idle_timeout_s: float | None = None) -> psycopg.Connection:
+    extra = ""
+    if idle_timeout_s is not None:
+        extra = f" -c idle_in_transaction_session_timeout={int(round(idle_timeout_s * 1000))}"
     return psycopg.connect(dsn, autocommit=True, connect_timeout=10,
                            application_name=f"labkit:{schema}:{role}"[:63],
-                           options=f"-c search_path={schema} -c lock_timeout=5s -c statement_timeout=15s")
+                           options=f"-c search_path={schema} -c lock_timeout=5s -c statement_timeout=15s"
+                                   + extra)
 
 
 def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
-                  batch: int = 100, order: str = "outbox", pause_at=(), backoff_s: float = 1.0):
+                  batch: int = 100, order: str = "outbox", pause_at=(), backoff_s: float = 1.0,
+                  idle_timeout_s: float | None = None, publish_timeout_s: float | None = None,
+                  commit_every: int | None = None):
     """A relay in its own OS process (run by a Worker).  Pauses at the tags in
     ``pause_at`` ("claimed", "committed", "published:N", "publish_failed"; "TAG#K" pauses
     at the K-th time only) so the parent can look at the database, or kill it there.  While scripted (``pause_at`` given) the
-    backoff is the parent's to decide: the relay reports the delay and pauses."""
+    backoff is the parent's to decide: the relay reports the delay and pauses.
+    ``idle_timeout_s`` sets idle_in_transaction_session_timeout on the relay's session."""
     pause_at = set(pause_at)
-    conn = _relay_conn(dsn, schema, role)
+    conn = _relay_conn(dsn, schema, role, idle_timeout_s)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     ctx.emit("connected", pid=conn.info.backend_pid)
 
@@ -212,8 +280,12 @@ def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "rela
             ctx.pause(tag)
 
     try:
-        relay = Relay(conn, bk, batch=batch, order=order, hook=hook)
+        relay = Relay(conn, bk, batch=batch, order=order, hook=hook,
+                      publish_timeout_s=publish_timeout_s, commit_every=commit_every)
         return relay.run(backoff_s=backoff_s, sleep=(lambda s: None) if pause_at else time.sleep)
+    except (psycopg.Error, PublishTimeout) as exc:
+        ctx.emit("stopped", sqlstate=getattr(exc, "sqlstate", None), error=_first_line(exc))
+        raise
     finally:
         bk.close()
         conn.close()
@@ -547,7 +619,270 @@ def _trace_broker_down(lab, broker: Broker, batch: int, down_after: int, backoff
         obs.close()
 
 
+# -- a frozen relay ------------------------------------------------------------------------------
+
+# Why the server ended a backend, from the error the woken client reads on its connection.
+ENDED_BY = {"25P03": "idle_in_transaction_session_timeout",
+            "25P04": "transaction_timeout",
+            "57P01": "pg_terminate_backend or a server shutdown"}
+MAX_IDLE_TIMEOUT_S = 60
+MAX_WATCH_S = 600
+
+
+def server_bounds(lab) -> dict:
+    """What ends a backend whose client froze inside a transaction, as this server and this
+    session are configured: the settings' values (0 = off), their units, the server's boot
+    default, and whether the session came over TCP (keepalives) or a Unix socket."""
+    rows = lab.execute(
+        "SELECT name, setting, coalesce(unit, ''), boot_val FROM pg_settings WHERE name = ANY(%s) "
+        "ORDER BY name",
+        (["idle_in_transaction_session_timeout", "transaction_timeout", "tcp_keepalives_idle",
+          "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout",
+          "client_connection_check_interval"],))
+    over = lab.execute("SELECT CASE WHEN inet_client_addr() IS NULL THEN 'unix socket' ELSE 'tcp' END")[0][0]
+    return {"connection": over,
+            "settings": {n: {"value": v, "unit": u, "default": b} for n, v, u, b in rows}}
+
+
+def os_keepalive() -> dict | None:
+    """Linux's own TCP keepalive defaults (what tcp_keepalives_* = 0 means there), or None."""
+    base = "/proc/sys/net/ipv4/"
+    try:
+        vals = {k: int(open(base + f"tcp_keepalive_{k}").read()) for k in ("time", "intvl", "probes")}
+    except (OSError, ValueError):
+        return None
+    vals["dead_after_s"] = vals["time"] + vals["intvl"] * vals["probes"]
+    return vals
+
+
+def _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s) -> None:
+    _check(batch, freeze_after, "freeze_after")
+    if idle_timeout_s is not None:
+        number("idle_timeout_s", idle_timeout_s, above=True, high=MAX_IDLE_TIMEOUT_S, unit=" s", example=2)
+    if publish_timeout_s is not None:
+        number("publish_timeout_s", publish_timeout_s, above=True, high=MAX_IDLE_TIMEOUT_S, unit=" s",
+               example=1)
+        if idle_timeout_s is not None and publish_timeout_s >= idle_timeout_s:
+            raise LabkitError(f"publish_timeout_s={publish_timeout_s:g} is not shorter than "
+                              f"idle_timeout_s={idle_timeout_s:g}: the server would end a live, merely "
+                              "slow relay before the relay gave its batch up.",
+                              "use a publish timeout shorter than the idle timeout (half of it, say).")
+    number("watch_s", watch_s, above=True, high=MAX_WATCH_S, unit=" s", example=15)
+    if idle_timeout_s is not None and watch_s <= idle_timeout_s:
+        raise LabkitError(f"watch_s={watch_s:g} ends before idle_timeout_s={idle_timeout_s:g} can.",
+                          "use watch_s longer than idle_timeout_s (several times, on a busy machine).")
+
+
+AUTO = "auto"
+
+
+def trace_relay_freeze(lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+                       idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
+                       watch_s: float = 15.0) -> Trace:
+    """Relay 1 claims ``batch`` rows, publishes ``freeze_after``, and its process is frozen
+    (SIGSTOP) there, its transaction open.  Another relay's claim skips every locked row.
+    The server ends the frozen backend after ``idle_timeout_s`` (its session's
+    idle_in_transaction_session_timeout; None: the server's setting, off by default), or
+    nothing does within ``watch_s`` and the lab kills the frozen process.  Relay 2 then
+    publishes the batch; relay 1 is woken (SIGCONT) and finds its connection gone.
+    ``publish_timeout_s`` (default: half the idle timeout) makes the woken relay give the
+    batch up instead of publishing the rest of it.
+
+    The trace's text and summary reproduce exactly; the measured time from the backend
+    going idle to its end is ``trace.measured["released_after_s"]``."""
+    if publish_timeout_s == AUTO:
+        publish_timeout_s = None if idle_timeout_s is None else idle_timeout_s / 2
+    _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s)
+    with _OwnBroker(lab, broker) as bk:
+        return _trace_relay_freeze(lab, bk, batch, freeze_after, idle_timeout_s, publish_timeout_s,
+                                   watch_s)
+
+
+def freeze_trace(lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+                 idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
+                 watch_s: float = 15.0) -> dict:
+    """:func:`trace_relay_freeze` as a dict: the trace's summary (locks_held_while_frozen,
+    claimed_by_others_while_frozen, released_by, duplicates_after_wake,
+    stale_writes_after_wake, ...), the measured released_after_s, and the trace itself
+    under ``"trace"``."""
+    tr = trace_relay_freeze(lab, broker, batch=batch, freeze_after=freeze_after,
+                            idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s,
+                            watch_s=watch_s)
+    return {**tr.summary, **tr.measured, "trace": tr}
+
+
+def _backend(obs: Observer, pid: int):
+    return obs.conn.execute(
+        "SELECT state, backend_xid::text, extract(epoch FROM clock_timestamp() - state_change)::float8 "
+        "FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+
+
+def _trace_relay_freeze(lab, broker, batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s):
+    broker, obs = _start(lab, broker, batch)
+    bound = (f"idle_in_transaction_session_timeout = {idle_timeout_s:g} s on its session"
+             if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
+    tr = Trace(f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})")
+    tr.measured = {}
+    r1 = None
+    try:
+        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        tag = f"published:{freeze_after}" if freeze_after else "claimed"
+        r1 = _relay(lab, broker, "relay-1", batch=batch, pause_at=[f"{tag}#1"],
+                    idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s).start()
+        pid = obs.watch(r1)
+        r1.wait_for("paused", tag=tag, timeout=60)
+        os.kill(r1.pid, signal.SIGSTOP)           # the freeze: the process runs no more code
+        r1.resume()                               # read by the process only once it is woken
+        state, xid, idle_for = _backend(obs, pid) or (None, None, None)
+        idle_since = time.monotonic() - (idle_for or 0.0)   # when the backend went idle
+        frozen = obs.snapshot()
+        held = frozen["locked_rows"]
+        tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
+               "a host freeze, a paused VM, a long GC pause: the process stops, its connection stays "
+               f"open, and the server sees a session '{state}'", frozen, kind="crash")
+        # Another relay's claim, while relay 1 is frozen: the same SQL, its own session.
+        with lab.connect(role="relay-2", autocommit=False) as other:
+            others = len(other.execute(CLAIM, {"batch": batch}).fetchall())
+            other.rollback()
+        tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
+               "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
+               "nothing publishes them", obs.snapshot())
+        # Who ends the frozen backend, and when.
+        deadline = time.monotonic() + watch_s
+        while _backend(obs, pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone_at = time.monotonic()
+        last = _backend(obs, pid)
+        killed = last is not None
+        if killed:
+            tr.measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
+            r1.kill()                             # SIGKILL ends a stopped process too
+            obs.wait_gone(pid)
+            tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
+                          "SIGKILL the frozen process", "only a process that dies closes its connection; "
+                   "the kill is the lab's, to end the demonstration", obs.snapshot(), kind="crash")
+        else:
+            # From the moment the backend went idle in its transaction to the first poll that
+            # found it gone (so late by at most one poll, 50 ms).
+            tr.measured["released_after_s"] = round(gone_at - idle_since, 3)
+            tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server ends "
+                             "relay 1's backend", "its transaction rolls back: nothing marked, every "
+                   "lock released, while relay 1 is still frozen", obs.snapshot())
+        with _relay(lab, broker, "relay-2", batch=batch) as r2:
+            obs.watch(r2)
+            again = r2.wait_for("claimed", timeout=60)["ids"]
+            r2.join(60)
+        tr.add("relay 2", f"claim {len(again)} rows; publish all, mark them, COMMIT",
+               f"the {freeze_after} events relay 1 published before it froze go out a second time",
+               obs.snapshot())
+        stale_publishes, woke_to = 0, None
+        if not killed:
+            seen = len([e for e in r1.events if e["kind"] == "published"])
+            os.kill(r1.pid, signal.SIGCONT)       # the freeze ends
+            r1.wait_exit(60)
+            stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
+            errors = [e for e in r1.events if e.get("sqlstate")]
+            woke_to = errors[0] if errors else None
+            gave_up = any(e["kind"] == "publish_timeout" for e in r1.events)
+            what = (f"publish timeout passed ({publish_timeout_s:g} s): give the batch up, ROLLBACK"
+                    if gave_up else
+                    f"publish the other {stale_publishes} of its batch; then mark")
+            err = f"{woke_to['error']} ({woke_to['sqlstate']})" if woke_to else "no error"
+            tr.add("relay 1", f"SIGCONT (wakes): {what} → {err}",
+                   "its connection is gone: nothing it does reaches the database and it cannot "
+                   "commit; " + ("it publishes nothing more" if gave_up else
+                                 "every event it published after waking is a duplicate"),
+                   obs.snapshot(), kind="error")
+        stale_writes = 0
+        if xid:
+            stale_writes = obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
+                                            (xid,)).fetchone()[0]
+        if killed:
+            released_by = f"SIGKILL by the lab after {watch_s:g} s (nothing on the server ended it)"
+        elif woke_to:
+            released_by = ENDED_BY.get(woke_to["sqlstate"], f"the server ({woke_to['sqlstate']})")
+        else:
+            released_by = "the server (no reason reached the client)"
+        out = _finish(tr, lab, broker, obs, {
+            "backend_state_while_frozen": state,
+            "locks_held_while_frozen": held,
+            "claimed_by_others_while_frozen": others,
+            "released_by": released_by,
+            "stale_publishes_after_wake": stale_publishes,
+            "stale_writes_after_wake": stale_writes})
+        s = out.summary
+        s["duplicates_after_wake"] = s["duplicates"]
+        return out
+    finally:
+        if r1 is not None and r1.alive:
+            os.kill(r1.pid, signal.SIGCONT)
+            r1.kill()
+        obs.close()
+
+
+# -- committing mid-batch ----------------------------------------------------------------------------
+
+
+def trace_commit_every(lab, broker: Broker | None = None, *, batch: int = 100,
+                       commit_every: int = 10) -> Trace:
+    """Relay 1 claims ``batch`` rows and commits after every ``commit_every`` publishes
+    (marking those); relay 2 ticks right after relay 1's first COMMIT.  No process
+    crashes.  The order of the two relays' moves is scripted; the summary counts the
+    duplicates from the broker."""
+    number("batch", batch, low=2, high=MAX_BATCH, whole=True, example=100)
+    number("commit_every", commit_every, low=1, high=MAX_BATCH, whole=True, example=10)
+    if commit_every >= batch:
+        raise LabkitError(f"commit_every={commit_every} never commits inside a batch of {batch}.",
+                          "use commit_every smaller than batch (10 of 100, say).")
+    with _OwnBroker(lab, broker) as bk:
+        return _trace_commit_every(lab, bk, batch, commit_every)
+
+
+def _trace_commit_every(lab, broker: Broker, batch: int, commit_every: int) -> Trace:
+    broker, obs = _start(lab, broker, batch)
+    tr = Trace(f"Commit every {commit_every} publishes: two relays, no crash")
+    try:
+        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        with _relay(lab, broker, "relay-1", batch=batch, commit_every=commit_every,
+                    pause_at=["claimed#1", "committed#1"]) as r1:
+            obs.watch(r1)
+            first = r1.wait_for("claimed", timeout=60)["ids"]
+            r1.wait_for("paused", tag="claimed", timeout=60)
+            tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
+                   "the whole batch is locked", obs.snapshot())
+            r1.resume()
+            r1.wait_for("paused", tag="committed", timeout=60)
+            tr.add("relay 1", f"publish {commit_every}; mark them; COMMIT",
+                   f"the COMMIT ends the transaction, and with it the locks on all {len(first)} rows: "
+                   f"the {len(first) - commit_every} unpublished ones are free to claim", obs.snapshot())
+            with _relay(lab, broker, "relay-2", batch=batch, pause_at=["claimed#1"]) as r2:
+                obs.watch(r2)
+                second = r2.wait_for("claimed", timeout=60)["ids"]
+                r2.wait_for("paused", tag="claimed", timeout=60)
+                overlap = len(set(first) & set(second))
+                tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {len(second)} rows",
+                       f"{overlap} of them are rows relay 1 claimed and still means to publish",
+                       obs.snapshot())
+                r2.resume()
+                r2.join(60)
+            tr.add("relay 2", f"publish {len(second)}, mark them, COMMIT", "a normal tick",
+                   obs.snapshot())
+            r1.resume()
+            r1.join(60)
+        rest = len(first) - commit_every
+        tr.add("relay 1", f"publish the other {rest} of its batch, {commit_every} at a time, "
+                          "marking and committing each time",
+               "it never claimed again, so it does not know relay 2 sent them already", obs.snapshot())
+        return _finish(tr, lab, broker, obs, {"crashes": 0, "claimed_by_both": overlap})
+    finally:
+        obs.close()
+
+
 TRACES = {"relay": trace_relay_crash, "dual-write": trace_dual_write, "broker-down": trace_broker_down}
+
+
 
 
 # -- two relays at once ---------------------------------------------------------------------------
@@ -685,12 +1020,26 @@ def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag wh
 
 @entry_point("labkit trace")
 def main(argv: list[str]) -> int:
-    """``labkit trace relay|dual-write|broker-down [--batch N] [--crash-after N] [--json]``"""
+    """``labkit trace relay|dual-write|broker-down [--batch N] [--crash-after N] [--json]``;
+    ``labkit trace relay --freeze-after N [--idle-timeout S] [--publish-timeout S]`` freezes
+    the relay instead of killing it."""
     p = argparse.ArgumentParser(prog="labkit trace", description="Run an outbox relay crash trace.")
     p.add_argument("kind", choices=sorted(TRACES))
     p.add_argument("--batch", type=int, default=100, help="rows one relay tick claims (default 100)")
     p.add_argument("--crash-after", type=int, default=40,
                    help="publishes before the crash / the broker going down (default 40)")
+    p.add_argument("--freeze-after", type=int,
+                   help="relay only: freeze the relay (SIGSTOP) after this many publishes instead "
+                        "of killing it")
+    p.add_argument("--idle-timeout", type=float, default=2.0,
+                   help="with --freeze-after: the relay session's idle_in_transaction_session_timeout "
+                        "in seconds (default 2, short for the lab); 0: none")
+    p.add_argument("--publish-timeout", type=float,
+                   help="with --freeze-after: the relay's publish timeout in seconds (default: half "
+                        "the idle timeout); 0: none")
+    p.add_argument("--watch", type=float, default=15.0,
+                   help="with --freeze-after: how long to wait for the server to end the frozen "
+                        "session before the lab kills it (default 15)")
     p.add_argument("--broker", choices=["recording", "rabbitmq"],
                    help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
     p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
@@ -698,20 +1047,40 @@ def main(argv: list[str]) -> int:
     from . import db as dbmod
 
     point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
+    freeze = args.freeze_after is not None
     try:
-        _check(args.batch, args.crash_after, point)       # before anything is created
+        if freeze:
+            if args.kind != "relay":
+                raise LabkitError(f"--freeze-after applies to the relay trace, not {args.kind}.",
+                                  "use `labkit trace relay --freeze-after 40`.")
+            idle = args.idle_timeout or None
+            pub = AUTO if args.publish_timeout is None else (args.publish_timeout or None)
+            if pub == AUTO:
+                pub = None if idle is None else idle / 2
+            _check_freeze(args.batch, args.freeze_after, idle, pub, args.watch)
+            run = lambda lab, bk: trace_relay_freeze(lab, bk, batch=args.batch,          # noqa: E731
+                                                     freeze_after=args.freeze_after,
+                                                     idle_timeout_s=idle, publish_timeout_s=pub,
+                                                     watch_s=args.watch)
+        else:
+            _check(args.batch, args.crash_after, point)       # before anything is created
+            run = lambda lab, bk: TRACES[args.kind](lab, bk, batch=args.batch,           # noqa: E731
+                                                    **{point: args.crash_after})
         # A schema of this run's own (the process id in its name): two runs at once never
         # share, reset or drop each other's tables.
         with dbmod.connect(quiet=True).lab(f"trace_{args.kind}_{os.getpid()}") as lab, \
                 brokers.for_lab(lab, args.broker) as bk:
             try:
-                tr = TRACES[args.kind](lab, bk, batch=args.batch, **{point: args.crash_after})
+                tr = run(lab, bk)
             finally:
                 bk.discard()
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)
         return 2
-    print(tr.report(args.json, broker=bk.kind))
+    measured = getattr(tr, "measured", {})
+    print(tr.report(args.json, broker=bk.kind, **measured))
+    if measured and not args.json:
+        print("measured: " + ", ".join(f"{k}={v}" for k, v in measured.items()))
     return 0
 
 

@@ -173,6 +173,103 @@ def test_lag_grows_while_the_relay_is_paused(lab):
     assert paused.oldest_age_s.max() > before.oldest_age_s.max()
 
 
+def test_a_frozen_relay_keeps_its_locks_until_the_server_ends_its_session(lab, broker):
+    out = relay.freeze_trace(lab, broker, batch=20, freeze_after=8, idle_timeout_s=2.0)
+    assert out["backend_state_while_frozen"] == "idle in transaction"
+    assert out["locks_held_while_frozen"] == 20 and out["claimed_by_others_while_frozen"] == 0
+    assert out["released_by"] == "idle_in_transaction_session_timeout"
+    # the server cannot end it before the timeout; on a busy machine it may be late
+    assert 2.0 <= out["released_after_s"] < 2.0 + 10
+    # woken past its publish timeout (1 s, half the idle timeout), it publishes nothing more
+    # and writes nothing: the only duplicates are the 8 relay 2 sent again
+    assert out["stale_publishes_after_wake"] == 0 and out["stale_writes_after_wake"] == 0
+    assert out["duplicates_after_wake"] == out["duplicates"] == 8
+    assert out["lost_events"] == [] and out["consumer_applied"] == 20
+    woke = [st for st in out["trace"].steps if st.kind == "error"]
+    assert len(woke) == 1 and "25P03" in woke[0].action
+
+
+def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):
+    with brokers.for_lab(lab, "recording") as bk:
+        out = relay.freeze_trace(lab, bk, batch=20, freeze_after=8, idle_timeout_s=2.0,
+                                 publish_timeout_s=None)
+    assert out["released_by"] == "idle_in_transaction_session_timeout"
+    assert out["stale_publishes_after_wake"] == 12 and out["stale_writes_after_wake"] == 0
+    assert out["duplicates_after_wake"] == 20 and out["consumer_applied"] == 20
+
+
+def test_without_an_idle_timeout_nothing_on_the_server_ends_a_frozen_session(lab):
+    with brokers.for_lab(lab, "recording") as bk:
+        out = relay.freeze_trace(lab, bk, batch=10, freeze_after=4, idle_timeout_s=None, watch_s=3)
+    assert out["released_by"].startswith("SIGKILL by the lab after 3 s")
+    assert out["released_after_s"] is None and out["held_for_at_least_s"] >= 3
+    assert out["locks_held_while_frozen"] == 10 and out["duplicates"] == 4
+
+
+def test_the_server_reports_its_bounds_on_a_frozen_session(lab):
+    b = relay.server_bounds(lab)
+    assert b["connection"] in ("unix socket", "tcp")
+    assert b["settings"]["idle_in_transaction_session_timeout"]["default"] == "0"
+    for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"):
+        assert name in b["settings"]
+    if b["connection"] == "unix socket":       # keepalives do not apply: they read as 0
+        assert b["settings"]["tcp_keepalives_idle"]["value"] == "0"
+
+
+def test_committing_mid_batch_duplicates_with_no_crash(lab, broker):
+    tr = relay.trace_commit_every(lab, broker, batch=20, commit_every=5)
+    s = tr.summary
+    assert s["crashes"] == 0 and s["claimed_by_both"] == 15
+    assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (35, 20, 15)
+    assert s["lost_events"] == [] and s["consumer_applied"] == 20
+    assert tr.steps[2].state["locked_rows"] == 0 and tr.steps[2].state["marked"] == 5
+
+
+def test_a_relay_that_commits_every_n_leaves_the_rest_of_its_batch_unlocked(lab):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 6)
+    with brokers.for_lab(lab, "recording") as bk, lab.connect(role="relay-1") as conn, \
+            lab.connect(role="relay-2", autocommit=False) as other:
+        seen = []
+
+        def hook(kind, **data):
+            if kind == "committed" and not seen:
+                seen.append(len(other.execute(relay.CLAIM, {"batch": 10}).fetchall()))
+                other.rollback()
+
+        assert relay.Relay(conn, bk, batch=6, commit_every=2, hook=hook).tick() == 6
+    assert seen == [4]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=10), "freeze_after=10"),
+    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=2,
+                                    publish_timeout_s=2), "not shorter than"),
+    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=2, watch_s=2),
+     "watch_s=2"),
+    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=0), "idle_timeout_s=0"),
+    (lambda lab: relay.trace_commit_every(lab, batch=10, commit_every=10), "commit_every=10"),
+])
+def test_bad_freeze_and_commit_parameters_name_the_fix(lab, call, match):
+    with pytest.raises(LabkitError, match=match) as info:
+        call(lab)
+    assert info.value.fix
+
+
+def test_command_line_replays_a_frozen_relay_as_json(capsys):
+    assert relay.main(["relay", "--batch", "10", "--freeze-after", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("locks_held_while_frozen", "claimed_by_others_while_frozen", "released_after_s",
+                "released_by", "duplicates_after_wake", "stale_writes_after_wake"):
+        assert key in out
+    assert (out["locks_held_while_frozen"], out["claimed_by_others_while_frozen"]) == (10, 0)
+    assert out["released_by"] == "idle_in_transaction_session_timeout"
+    assert out["duplicates_after_wake"] == 4 and out["stale_writes_after_wake"] == 0
+    assert any("SIGSTOP" in st["text"] for st in out["steps"])
+    assert relay.main(["dual-write", "--freeze-after", "4"]) == 2
+    assert "--freeze-after applies to the relay trace" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda lab: relay.trace_relay_crash(lab, batch=0), "batch=0"),
     (lambda lab: relay.trace_relay_crash(lab, batch=10, crash_after=10), "crash_after=10"),
