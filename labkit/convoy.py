@@ -55,7 +55,8 @@ COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_pe
            "model_jobs_per_s", "efficiency", "claim_wait_p50_ms", "claim_wait_p95_ms",
            "claim_wait_p99_ms", "claim_wait_max_ms", "job_latency_p50_ms", "job_latency_p99_ms",
            "errors", "errors_per_s", "errors_per_job", "busy_workers", "idle_workers", "top_worker_share",
-           "client_cpu_pct", "server_cpu_pct", "makespan_s", "model_makespan_s", "backlog"]
+           "client_cpu_pct", "server_cpu_pct", "makespan_s", "model_makespan_s", "backlog",
+           "claim_wait_censored", "claim_wait_p99_censored", "commit_delay_ms"]
 
 
 # -- the SQL the workers send ----------------------------------------------------------
@@ -147,6 +148,7 @@ class ConvoyRun:
     wall_s: float
     client_cpu_s: float
     server_cpu_s: float | None
+    commit_delay_ms: float = 0.0
 
     # -- derived --------------------------------------------------------------------
     @property
@@ -156,6 +158,8 @@ class ConvoyRun:
             parts.append("backoff" if self.backoff else "tight")
         if self.backlog:
             parts.append(f"drain {self.backlog}")
+        if self.commit_delay_ms:
+            parts.append(f"commit_delay {self.commit_delay_ms:g} ms")
         return ", ".join(parts)
 
     @property
@@ -202,12 +206,14 @@ class ConvoyRun:
 
         counted = self.counted()
         window = self.window_s or float("nan")
-        # a worker still waiting when the window closed has waited at least until then
+        # a worker still waiting when the window closed has waited at least until then: its
+        # wait is censored (a lower bound), and so is a percentile that lands among them
         waits = [(c.claimed - c.asked) * 1e3 for c in counted]
+        censored = []
         if not self.backlog:
-            waits += [(self.seconds - log.open_ask) * 1e3 for log in self.logs
-                      if log.open_ask is not None and log.open_ask < self.seconds]
-        waits = np.array(waits) if waits else np.array([np.nan])
+            censored = [(self.seconds - log.open_ask) * 1e3 for log in self.logs
+                        if log.open_ask is not None and log.open_ask < self.seconds]
+        waits = np.array(waits + censored) if waits or censored else np.array([np.nan])
         latency = np.array([(c.done - c.asked) * 1e3 for c in counted]) if counted else np.array([np.nan])
         model = model_jobs_per_s(self.policy, self.workers, self.job_ms, self.hold)
         jobs_per_s = len(counted) / window if counted else 0.0
@@ -238,6 +244,9 @@ class ConvoyRun:
             "model_makespan_s": (model_makespan_s(self.policy, self.workers, self.job_ms, self.backlog, self.hold)
                                  if self.backlog else float("nan")),
             "backlog": self.backlog or 0,
+            "claim_wait_censored": len(censored),
+            "claim_wait_p99_censored": bool(censored) and pct(99) >= min(censored),
+            "commit_delay_ms": self.commit_delay_ms,
         }
 
     def summary(self) -> str:
@@ -369,7 +378,7 @@ def _is_local(lab) -> bool:
 def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
         hold: bool = True, backoff: bool = False, backlog: int | None = None,
         backoff_base_ms: float = 1.0, backoff_cap_ms: float | None = None,
-        pool: WorkerPool | None = None, seed: int = 2026) -> ConvoyRun:
+        pool: WorkerPool | None = None, seed: int = 2026, commit_delay_ms: float = 0.0) -> ConvoyRun:
     """Run ``workers`` workers with one claim ``policy`` against a fresh job table.
 
     Timed (``seconds``): the queue never runs dry and the jobs done inside the window
@@ -378,8 +387,13 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
     claim + mark + commit, job, then a second transaction marks it done.
     ``backoff`` (NOWAIT only): after an error, sleep a random time up to
     min(cap, base·2^attempt) instead of retrying at once.
+    ``commit_delay_ms``: every worker commit waits that long before its WAL flush (the
+    server's own ``commit_delay``, with ``commit_siblings = 0``): a real, slower durable
+    commit, for a machine whose disk flushes too fast to show what a commit costs.  It needs
+    a superuser and a server with fsync on (PostgreSQL skips the delay otherwise).
     """
     _validate(policy, workers, job_ms, seconds, backlog)
+    number("commit_delay_ms", commit_delay_ms, low=0, high=100, unit=" ms", example=5)
     if backoff_cap_ms is None:
         backoff_cap_ms = float(job_ms)
     if backoff_base_ms <= 0 or backoff_cap_ms <= 0:
@@ -478,6 +492,7 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
         return [w for w, e in enumerate(finished) if not e.is_set()]
 
     conns = pool.get(workers)
+    _commit_delay(lab, conns, commit_delay_ms)
     threads = [threading.Thread(target=work, args=(w, c), name=f"convoy-w{w}", daemon=True)
                for w, c in enumerate(conns)]
     local = _is_local(lab)
@@ -515,6 +530,8 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
                 t.join(max(0.1, give_up - time.monotonic()))
         if own_pool:
             pool.close()
+        elif commit_delay_ms:
+            _commit_delay(lab, [c for c in conns if not c.closed and not c.broken], 0.0)
     for log in logs:
         if log.failure is not None:
             exc = log.failure
@@ -525,14 +542,64 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
                           "this is a labkit bug (jobs_needed); report it, or use a longer job_ms.")
     return ConvoyRun(policy, workers, float(job_ms), None if backlog else float(seconds), hold, backoff,
                      backlog, logs, wall, cpu_client,
-                     (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None)
+                     (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None,
+                     float(commit_delay_ms))
+
+
+def commit_cost_ms(lab, commits: int = 200) -> dict:
+    """What one tiny commit costs on this server, in ms: with synchronous_commit on (COMMIT
+    returns after the WAL flush; durable when fsync is on) and off, measured back to back on
+    one connection; with the server's fsync and synchronous_commit."""
+    number("commits", commits, low=10, high=100_000, whole=True, example=200)
+    conn = lab.connect(role="commit-cost")
+    try:
+        # an ordinary table: a temporary one writes no WAL, and its commit flushes nothing
+        conn.execute("CREATE TABLE IF NOT EXISTS commit_cost (n int)")
+        out = {"fsync": conn.execute("SHOW fsync").fetchone()[0],
+               "synchronous_commit": conn.execute("SHOW synchronous_commit").fetchone()[0]}
+        for mode in ("on", "off"):
+            conn.execute("SELECT set_config('synchronous_commit', %s, false)", (mode,))
+            t0 = time.perf_counter()
+            for i in range(commits):
+                conn.execute("INSERT INTO commit_cost VALUES (%s)", (i,))  # autocommit: one commit each
+            out[f"synchronous_commit_{mode}_ms"] = (time.perf_counter() - t0) * 1000 / commits
+        out["flush_ms"] = out["synchronous_commit_on_ms"] - out["synchronous_commit_off_ms"]
+        conn.execute("DROP TABLE commit_cost")
+        return out
+    finally:
+        conn.close()
+
+
+def _commit_delay(lab, conns, delay_ms: float) -> None:
+    """Set (or, with 0, reset) commit_delay on the worker connections."""
+    if not delay_ms:
+        for conn in conns:
+            conn.execute("RESET commit_delay")
+            conn.execute("RESET commit_siblings")
+            conn.commit()
+        return
+    fsync = lab.execute("SHOW fsync")[0][0]
+    if fsync != "on":
+        raise LabkitError("commit_delay does nothing on a server with fsync = off (PostgreSQL skips "
+                          "the delay when it does not flush).",
+                          "run on a durable server (the embedded one is), or leave commit_delay_ms at 0.")
+    try:
+        for conn in conns:
+            conn.execute(sql.SQL("SET commit_delay = {}").format(sql.Literal(int(delay_ms * 1000))))
+            conn.execute("SET commit_siblings = 0")
+            conn.commit()
+    except psycopg.errors.InsufficientPrivilege:
+        for conn in conns:
+            conn.rollback()
+        raise LabkitError("Only a superuser may set commit_delay, and this login is not one.",
+                          "run this cell on the embedded server (you are its superuser), or skip it.") from None
 
 
 # -- a sweep -------------------------------------------------------------------------------------
 
 def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip"), job_ms: float = 20,
           seconds: float | None = 2.0, *, hold: bool = True, backoff: bool = False, backlog: int | None = None,
-          progress: bool = False, keep_runs: bool = False):
+          progress: bool = False, keep_runs: bool = False, commit_delay_ms: float = 0.0):
     """Every (policy, workers) point; a tidy DataFrame, one row per point (columns COLUMNS).
     ``keep_runs=True`` also returns the ConvoyRun objects: ``(df, runs)``."""
     import pandas as pd
@@ -561,7 +628,8 @@ def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip")
             for p, n in points:
                 if bar is not None:
                     bar.set_postfix_str(f"{p} × {n}")
-                r = run(lab, p, n, job_ms, seconds, hold=hold, backoff=backoff, backlog=backlog, pool=pool)
+                r = run(lab, p, n, job_ms, seconds, hold=hold, backoff=backoff, backlog=backlog, pool=pool,
+                        commit_delay_ms=commit_delay_ms)
                 rows.append(r.row())
                 if keep_runs:
                     runs.append(r)
@@ -668,11 +736,63 @@ def plot_claim_wait(df, ax=None, title: str | None = None):
                 label=f"{POLICY_NAMES[policy]} p50")
         ax.plot(part["workers"], part["claim_wait_p99_ms"].clip(lower=0.01), "s--", color=colour,
                 label=f"{POLICY_NAMES[policy]} p99")
+        cut = part[part["claim_wait_p99_censored"].astype(bool)] if "claim_wait_p99_censored" in part else part[:0]
+        if len(cut):  # a p99 among waits still open at the end: a lower bound, not a value
+            ax.plot(cut["workers"], cut["claim_wait_p99_ms"], "s", markersize=12, markerfacecolor="white",
+                    markeredgecolor=colour, label=f"{POLICY_NAMES[policy]} p99 ≥ (cut off by the run's end)")
+    timed = df["seconds"].dropna()
+    if len(timed):
+        ax.axhline(float(timed.max()) * 1000, color="0.5", linestyle=":", linewidth=1)
+        ax.annotate("length of a run: no wait can be measured longer", (df["workers"].min(),
+                    float(timed.max()) * 1000), xytext=(0, 4), textcoords="offset points",
+                    fontsize=9, color="0.35")
     _log2_workers(ax, df["workers"])
     ax.set_yscale("log")
     ax.set_xlabel("workers N")
     ax.set_ylabel("time to claim a job (ms, log)")
     ax.set_title(title or f"Claim wait against workers (d = {float(df['job_ms'].iloc[0]):g} ms)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def queue_positions(r: ConvoyRun):
+    """For every claim of a timed run: how many other workers were already waiting when it
+    asked (its place in the line), how long it waited, and what a first-come-first-served
+    line would have made it wait (one job of d for each worker ahead, plus half a job for
+    the one running).  Waits still open when the run ended are included as lower bounds
+    (``censored``)."""
+    import pandas as pd
+
+    asks = [(c.worker, c.asked, c.claimed, False) for c in r.claims]
+    if r.seconds is not None:
+        asks += [(log.worker, log.open_ask, float(r.seconds), True) for log in r.logs
+                 if log.open_ask is not None and log.open_ask < r.seconds]
+    rows = []
+    for w, asked, got, censored in asks:
+        ahead = sum(1 for w2, a2, g2, _ in asks if w2 != w and a2 < asked < g2)
+        rows.append({"worker": w, "position": ahead, "wait_ms": (got - asked) * 1e3,
+                     "fifo_ms": (ahead + 0.5) * r.job_ms, "censored": censored})
+    return pd.DataFrame(rows, columns=["worker", "position", "wait_ms", "fifo_ms", "censored"])
+
+
+def plot_wait_by_position(q, ax=None, title: str | None = None):
+    """Claim wait against the place in the line at arrival, beside first-come-first-served."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    done, cut = q[~q["censored"]], q[q["censored"]]
+    ax.scatter(done["position"], done["wait_ms"].clip(lower=0.1), s=18, alpha=0.6, color=_colour("wait"),
+               label="a claim: its wait")
+    if len(cut):
+        ax.scatter(cut["position"], cut["wait_ms"], s=40, facecolors="white", edgecolors=_colour("wait"),
+                   label="still waiting at the end (at least this)")
+    fifo = q.groupby("position")["fifo_ms"].first()
+    ax.plot(fifo.index, fifo.values, "k--", linewidth=1, label="first come, first served")
+    ax.set_yscale("log")
+    ax.set_xlabel("workers already waiting when it asked")
+    ax.set_ylabel("claim wait (ms, log)")
+    ax.set_title(title or "Does the place in the line decide the wait?")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
     return ax
 

@@ -195,3 +195,47 @@ def test_check_goals_passes_and_fails():
     assert all(ok for _, ok in convoy.check_goals(good, 30.0))
     bad = pd.DataFrame({"policy": ["skip", "nowait"], "workers": [16, 32], "efficiency": [0.8, 0.7]})
     assert [ok for _, ok in convoy.check_goals(bad, 50.0)] == [False, False, False]
+
+
+def test_a_wait_still_open_at_the_end_is_counted_as_censored(lab):
+    waiting = convoy.run(lab, "wait", workers=6, job_ms=40, seconds=0.3)
+    row = waiting.row()
+    assert row["claim_wait_censored"] >= 1            # six want one row for 0.3 s: someone is left waiting
+    assert row["claim_wait_p99_censored"]            # and its p99 is only a lower bound
+    assert row["claim_wait_max_ms"] <= 300 + 1       # no wait can be measured past the run's end
+    free = convoy.run(lab, "skip", workers=3, job_ms=20, seconds=0.3).row()
+    assert not free["claim_wait_p99_censored"]
+
+
+def test_queue_positions_count_who_was_already_waiting(lab):
+    r = convoy.run(lab, "wait", workers=5, job_ms=20, seconds=0.4)
+    q = convoy.queue_positions(r)
+    open_asks = sum(1 for log in r.logs if log.open_ask is not None and log.open_ask < r.seconds)
+    assert len(q) == len(r.claims) + open_asks and q["censored"].sum() == open_asks
+    assert q["position"].between(0, 4).all() and q["position"].max() >= 2   # a line formed
+    assert (q["fifo_ms"] == (q["position"] + 0.5) * 20).all()
+    assert (q["wait_ms"] >= 0).all()
+
+
+def test_commit_delay_really_lengthens_every_commit_and_is_reset(lab):
+    if lab.execute("SHOW fsync")[0][0] != "on" or not lab.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")[0][0]:
+        with pytest.raises(LabkitError):
+            convoy.run(lab, "wait", workers=2, job_ms=5, seconds=0.2, hold=False, commit_delay_ms=5)
+        return
+    with convoy.WorkerPool(lab) as pool:
+        slow = convoy.run(lab, "wait", workers=2, job_ms=5, seconds=0.4, hold=False, pool=pool,
+                          commit_delay_ms=8)
+        held = [(c.released - c.claimed) * 1e3 for c in slow.claims]
+        assert held and min(held) >= 8                 # the row lock lasts through the delayed commit
+        assert slow.row()["variant"] == "no-hold, commit_delay 8 ms"
+        assert {c.execute("SHOW commit_delay").fetchone()[0] for c in pool.conns} == {"0"}
+        fast = convoy.run(lab, "wait", workers=2, job_ms=5, seconds=0.4, hold=False, pool=pool)
+        assert min((c.released - c.claimed) * 1e3 for c in fast.claims) < 8
+
+
+def test_commit_cost_is_measured_both_ways_on_this_server(lab):
+    cost = convoy.commit_cost_ms(lab, commits=50)
+    assert cost["fsync"] == lab.execute("SHOW fsync")[0][0]
+    assert cost["synchronous_commit_on_ms"] > 0 and cost["synchronous_commit_off_ms"] > 0
+    assert cost["flush_ms"] == pytest.approx(cost["synchronous_commit_on_ms"] - cost["synchronous_commit_off_ms"])
