@@ -33,6 +33,7 @@ from .procs import entry_point
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
 HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
 PER_KEY_SQL = read_sql("claim_per_key.sql")
+PER_KEY_RACY_SQL = read_sql("claim_per_key_racy.sql")   # the recipe that races: see notebook 05
 FINISH_SQL = read_sql("finish_jobs.sql")
 REAPER_SQL = read_sql("reaper.sql")
 
@@ -48,7 +49,7 @@ MAX_ROWS = 10_000_000        # jobs or finished history rows in one table
 MAX_CLAIMS = 100_000         # claims in one measurement
 MAX_LADDER = 12              # points of a history ladder
 MAX_COUNTS = {"jobs": MAX_ROWS, "pending": MAX_ROWS, "done": MAX_ROWS, "claims": MAX_CLAIMS,
-              "workers": 64, "batch": 10_000, "job_ms": 60_000.0}
+              "workers": 64, "rounds": 20, "customers": 10_000, "batch": 10_000, "job_ms": 60_000.0}
 
 
 def _positive(name: str, value, *, zero_ok: bool = False) -> None:
@@ -73,6 +74,64 @@ def claim(conn: psycopg.Connection, worker_id: str, batch: int = 1) -> list[int]
     """Claim-mark-commit on an autocommit connection: one statement, one short transaction."""
     _positive("batch", batch)
     return [r[0] for r in conn.execute(CLAIM_SQL, {"batch": batch, "worker_id": worker_id}).fetchall()]
+
+
+def claim_per_key(conn: psycopg.Connection, worker_id: str) -> list[int]:
+    """One per-key claim (claim_per_key.sql) on an autocommit connection."""
+    return [r[0] for r in conn.execute(PER_KEY_SQL, {"worker_id": worker_id}).fetchall()]
+
+
+def inline(sql_text: str, **params) -> str:
+    """The SQL text with each ``%(name)s`` replaced by the value as a quoted literal, for
+    a :class:`labkit.Sessions` step (which sends plain text)."""
+    from psycopg import sql
+
+    out = sql_text
+    for name, value in params.items():
+        marker = f"%({name})s"
+        if marker not in out:
+            raise LabkitError(f"The SQL has no parameter %({name})s.",
+                              f"pass only the parameters it names, for example worker_id='A'.")
+        out = out.replace(marker, sql.Literal(value).as_string(None))
+    if "%(" in out:
+        left = out[out.index("%("):].split(")s", 1)[0] + ")s"
+        raise LabkitError(f"The SQL still has a parameter {left} with no value.",
+                          "pass a value for every parameter it names.")
+    return out.replace("%%", "%")
+
+
+def keyed_queue(lab, customers, *, leases: bool = False) -> None:
+    """A fresh job table with one pending job per entry of ``customers`` (job i belongs to
+    ``customers[i - 1]``; ids and created_at follow the list's order), plus the customer
+    column of job_table_keys.sql and, with ``leases``, job_table_leases.sql."""
+    customers = list(customers)
+    _positive("jobs", len(customers))
+    fresh_jobs(lab, len(customers))
+    lab.run_file("job_table_keys.sql")
+    if leases:
+        add_leases(lab)
+    lab.execute("UPDATE job SET customer = (%s::text[])[id]", (customers,))
+    lab.execute("ANALYZE job")
+
+
+PARTITION_LAYOUTS = {"status": "job_table_by_status.sql", "month": "job_table_by_month.sql"}
+
+
+def partitioned_queue(lab, layout: str, jobs: int = 3) -> None:
+    """A fresh job table partitioned by ``layout`` ("status": job_table_by_status.sql,
+    "month": job_table_by_month.sql) with ``jobs`` pending jobs, one a second from
+    2026-01-01 09:00 UTC, ids 1..jobs."""
+    if layout not in PARTITION_LAYOUTS:
+        raise LabkitError(f"Unknown partition layout {layout!r}.",
+                          f"use one of {', '.join(PARTITION_LAYOUTS)}.")
+    # the month layout has two months of partitions: 59 days of jobs one a second
+    number("jobs", jobs, low=1, high=1_000_000, whole=True, example=3)
+    lab.execute("DROP TABLE IF EXISTS job, job_archive CASCADE")
+    lab.run_file(PARTITION_LAYOUTS[layout])
+    bulk(lab,
+         "INSERT INTO job (id, created_at, payload) "
+         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+         "FROM generate_series(1, %s) AS g", (jobs,), rows=jobs)
 
 
 def finish(conn: psycopg.Connection, worker_id: str, ids: list[int]) -> list[int]:
@@ -360,6 +419,23 @@ def ordering_run(lab, *, jobs: int, workers: int, customers: int = 0, job_ms: fl
     return out
 
 
+def serial_per_key_order(jobs: int, customers: int, *, job_ms: float = 5.0,
+                         jitter: float = 0.8) -> list[int]:
+    """The finishing order ordering_run() would give if each customer's jobs ran back to
+    back and nothing else took time: every customer is its own serial timeline (job i is
+    customer ``(i - 1) % customers``), and the global order is those timelines
+    interleaved by their running sums of job times."""
+    _positive("jobs", jobs)
+    _positive("customers", customers)
+    clock = [0.0] * customers
+    ends = []
+    for job_id in range(1, jobs + 1):
+        c = (job_id - 1) % customers
+        clock[c] += job_duration_ms(job_id, job_ms, jitter)
+        ends.append((clock[c], job_id))
+    return [job_id for _, job_id in sorted(ends)]
+
+
 def _max_in_flight_per_key(ws, key) -> int:
     """Most jobs of one customer in flight at the same moment, from the workers' events."""
     spans = []
@@ -425,6 +501,97 @@ def archive_done(lab, *, settle_s: float = 20.0) -> int:
         time.sleep(0.5)
 
 
+def wait_for_horizon(lab, timeout: float = 30.0) -> None:
+    """Wait until no other transaction in this database still holds a snapshot taken
+    before now, so that the row versions this lab has just made dead are dead to
+    everyone: only then can VACUUM remove them or an index scan mark their entries dead.
+    (On a shared server someone else's long transaction holds them back.)"""
+    xid = lab.execute("SELECT pg_current_xact_id()::text")[0][0]   # a transaction of its own
+    deadline = time.monotonic() + timeout
+    while True:
+        old = lab.execute(
+            "SELECT pid, xact_start FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_xmin IS NOT NULL AND backend_type = 'client backend' "
+            "AND age(backend_xmin) >= age(xid(%s::xid8)) ORDER BY xact_start LIMIT 1", (xid,))
+        if not old:
+            return
+        if time.monotonic() > deadline:
+            pid, since = old[0]
+            raise LabkitError(f"A transaction elsewhere on the server (pid {pid}, open since {since:%H:%M:%S}) "
+                              f"still sees row versions this lab has deleted, so VACUUM could not remove "
+                              f"them for {timeout:.0f} s.",
+                              "end that transaction (`labkit clean` ends your own idle ones) and run "
+                              "the cell again.")
+        time.sleep(0.1)
+
+
+def _claim_buffers(lab) -> int:
+    """Shared buffers one claim touches (EXPLAIN ANALYZE, rolled back)."""
+    return plan_of(lab, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)["buffers"]
+
+
+def churn_readings(lab, *, pending: int = 100_000, done: int = 99_900) -> dict:
+    """What a mass UPDATE out of PENDING leaves in the partial index.  A fresh table of
+    ``pending`` pending jobs, vacuumed, with autovacuum off for this table only (so that
+    nothing cleans up between the readings); then one UPDATE sets the ``done`` oldest to
+    DONE.  Returns the shared buffers of the claim (EXPLAIN ANALYZE, rolled back) right
+    after the UPDATE, at the next claim, and after a plain VACUUM, with the partial
+    index's size in pages before the UPDATE, after it and after VACUUM."""
+    _positive("pending", pending)
+    _positive("done", done)
+    if done >= pending:
+        raise LabkitError(f"done={done:,} leaves no pending job out of pending={pending:,}.",
+                          "pass done smaller than pending, for example pending=100_000, done=99_900.")
+    fresh_jobs(lab, 0)
+    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
+    bulk(lab,
+         "INSERT INTO job (id, created_at, payload) "
+         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
+    lab.execute("VACUUM ANALYZE job")
+    size = "SELECT pg_relation_size('job_pending_created_idx') / current_setting('block_size')::int"
+    out = {"index pages before": lab.execute(size)[0][0]}
+    lab.execute("UPDATE job SET status = 'DONE', worker_id = 'old', claimed_at = now() WHERE id <= %s",
+                (done,))
+    wait_for_horizon(lab)              # the old versions are dead to everyone now
+    out["index pages after update"] = lab.execute(size)[0][0]
+    out["after update"] = _claim_buffers(lab)
+    out["next claim"] = _claim_buffers(lab)
+    lab.execute("VACUUM job")
+    out["after vacuum"] = _claim_buffers(lab)
+    out["index pages after vacuum"] = lab.execute(size)[0][0]
+    return out
+
+
+def vacuum_truncation(lab, *, rows: int = 20_000, where: str = "tail") -> dict:
+    """A table of ``rows`` jobs loses half of them to a DELETE — the newest half
+    (``where="tail"``: the empty pages end the table) or a block in the middle
+    (``where="middle"``: live rows stay on the last pages) — then a plain VACUUM runs.
+    Returns the table's size in pages before the DELETE, after it and after VACUUM."""
+    _positive("jobs", rows)
+    if where not in ("tail", "middle"):
+        raise LabkitError(f"where={where!r}: the deleted rows are either the 'tail' or the 'middle'.",
+                          "pass where='tail' or where='middle'.")
+    fresh_jobs(lab, 0)
+    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
+    bulk(lab,
+         "INSERT INTO job (id, created_at, payload) "
+         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
+         "FROM generate_series(1, %s) AS g", (rows,), rows=rows)
+    size = "SELECT pg_relation_size('job') / current_setting('block_size')::int"
+    out = {"before": lab.execute(size)[0][0]}
+    if where == "tail":
+        lab.execute("DELETE FROM job WHERE id > %s", (rows // 2,))
+    else:
+        lab.execute("DELETE FROM job WHERE id > %s AND id <= %s", (rows // 4, rows // 4 + rows // 2))
+    out["after delete"] = lab.execute(size)[0][0]
+    wait_for_horizon(lab)
+    lab.execute("VACUUM job")
+    out["after vacuum"] = lab.execute(size)[0][0]
+    return out
+
+
 def claim_rate(lab, *, claims: int = 200, worker_id: str = "bench") -> float:
     """Claims per second of claim + finish, one at a time, on one connection.  Commits do
     not wait for the disk here (synchronous_commit = off, this session only), so the figure
@@ -443,18 +610,43 @@ def claim_rate(lab, *, claims: int = 200, worker_id: str = "bench") -> float:
 
 
 def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
-                   claims_without_index: int | None = None, out=None) -> list[dict]:
+                   claims_without_index: int | None = None, rounds: int = 1,
+                   out=None) -> list[dict]:
     """Claim throughput with ``done`` finished rows in the table, with and without the
-    partial index.  Returns one dict per (done, index)."""
-    rows = []
-    for done in ladder:
-        for index in (True, False):
+    partial index.  Every (done, index) point gets a table of its own (in a schema of its
+    own, dropped at the end), all built first; then ``rounds`` rounds each run
+    ``claims`` claims on every point in turn, so that load from elsewhere on a shared
+    machine falls on all points alike, and each point keeps its best round.  Returns one
+    dict per point: claims/s, the pages the claim's search reads (EXPLAIN ANALYZE on
+    the freshly built table) and the sizes in pages of the table and its primary key."""
+    _positive("rounds", rounds)
+    points = [(done, index) for done in ladder for index in (True, False)]
+    subs, rows = [], []
+    try:
+        for i, (done, index) in enumerate(points):
             n = claims if index or claims_without_index is None else claims_without_index
-            make_queue(lab, pending=n + 10, done=done, index=index)
-            rate = claim_rate(lab, claims=n)
-            rows.append({"done rows": done, "partial index": index, "claims/s": rate})
-            if out:
-                out(f"  {done:>9,} done rows  index={'yes' if index else 'no ':3}  {rate:9.0f} claims/s")
+            sub = lab.db.lab(f"{lab.name}_h{i}", user=lab.user_tag)
+            subs.append(sub)
+            make_queue(sub, pending=n * rounds + 10, done=done, index=index)
+            search = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"},
+                             analyze=True)["search_buffers"]
+            sizes = sub.execute(
+                "SELECT pg_relation_size('job') / current_setting('block_size')::int, "
+                "pg_relation_size('job_pkey') / current_setting('block_size')::int")[0]
+            rows.append({"done rows": done, "partial index": index, "claims/s": 0.0,
+                         "search pages": search, "table pages": sizes[0], "pkey pages": sizes[1],
+                         "_n": n})
+        for _ in range(rounds):
+            for sub, row in zip(subs, rows):
+                row["claims/s"] = max(row["claims/s"], claim_rate(sub, claims=row["_n"]))
+    finally:
+        for sub in subs:
+            sub.discard()
+    for row in rows:
+        del row["_n"]
+        if out:
+            out(f"  {row['done rows']:>9,} done rows  index={'yes' if row['partial index'] else 'no ':3}  "
+                f"{row['claims/s']:9.0f} claims/s")
     return rows
 
 

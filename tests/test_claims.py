@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import labkit as lk
 from labkit import claims
 from labkit.errors import LabkitError
 
@@ -168,3 +169,113 @@ def test_bench_history_command_prints_figures():
     bad = subprocess.run([sys.executable, "-m", "labkit.claims", "--ladder", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
+
+
+# -- what the partial index, per-key claims, partitions and VACUUM really do -------------------
+
+def test_mass_update_leaves_dead_entries_in_the_partial_index_until_vacuum(lab):
+    r = claims.churn_readings(lab, pending=20_000, done=19_900)
+    # the first claim visits every dead version, the next only walks the entries the
+    # first one marked dead, and VACUUM removes them
+    assert r["after update"] > 2 * r["next claim"], r
+    assert r["next claim"] > 3 * r["after vacuum"], r
+    assert r["after vacuum"] < 30, r
+    assert r["index pages after update"] >= r["index pages before"]   # no entry went away
+
+
+def _two_claimers(lab, sql_text):
+    """A claims in a transaction it keeps open; B claims twice meanwhile."""
+    with lk.Sessions(lab, "A", "B") as run:
+        a = run.A("BEGIN; " + claims.inline(sql_text, worker_id="A"))
+        b1 = run.B(claims.inline(sql_text, worker_id="B"))
+        b2 = run.B(claims.inline(sql_text, worker_id="B"))
+        run.A("COMMIT")
+    return a.rows, b1.rows, b2.rows
+
+
+def test_racy_per_key_recipe_runs_two_jobs_of_one_customer_the_right_one_does_not(lab):
+    claims.keyed_queue(lab, ["c1", "c1", "c2", "c2"])
+    a, b1, b2 = _two_claimers(lab, claims.PER_KEY_RACY_SQL)
+    assert (a, b1) == ([(1,)], [(2,)])          # jobs 1 and 2 of c1 at once
+    assert b2 == [(3,)]
+    claims.keyed_queue(lab, ["c1", "c1", "c2", "c2"])
+    a, b1, b2 = _two_claimers(lab, claims.PER_KEY_SQL)
+    assert (a, b1, b2) == ([(1,)], [(3,)], [])  # c1's job 2 waits for job 1's DONE
+
+
+def test_a_dead_job_holds_its_customer_until_someone_handles_it(lab):
+    claims.keyed_queue(lab, ["c1", "c1", "c2", "c2"], leases=True)
+    with lab.connect(role="w") as w:
+        assert claims.claim_per_key(w, "w") == [1]
+        later = lab.execute("SELECT now() + interval '1 hour'")[0][0]
+        assert claims.reap(lab, lease="1 minute", max_attempts=1, as_of=later) == [(1, "DEAD", 1)]
+        assert claims.claim_per_key(w, "w") == [3]
+        claims.finish(w, "w", [3])
+        assert claims.claim_per_key(w, "w") == [4]
+        claims.finish(w, "w", [4])
+        assert claims.claim_per_key(w, "w") == []          # job 2 waits behind DEAD job 1
+        lab.execute("UPDATE job SET status = 'PENDING', attempts = 0 WHERE id = 1")   # re-queued
+        assert claims.claim_per_key(w, "w") == [1]
+        claims.finish(w, "w", [1])
+        assert claims.claim_per_key(w, "w") == [2]
+
+
+def _wait_then_commit(lab):
+    with lk.Sessions(lab, "A", "B") as run:
+        a = run.A("BEGIN; SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at "
+                  "LIMIT 1 FOR UPDATE")
+        run.A("UPDATE job SET status = 'IN_PROGRESS' WHERE id = 1")
+        b = run.B("BEGIN; SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at "
+                  "LIMIT 1 FOR UPDATE")
+        waited = b.waited
+        run.A("COMMIT")
+    return a, b, waited
+
+
+def test_status_partitions_fail_a_waiting_claim_month_partitions_recheck(lab):
+    claims.partitioned_queue(lab, "status")
+    a, b, waited = _wait_then_commit(lab)
+    assert a.rows == [(1,)] and waited
+    assert b.error is not None and b.error.sqlstate == "40001"
+    assert "moved to another partition" in b.error.message
+    claims.partitioned_queue(lab, "month")
+    a, b, waited = _wait_then_commit(lab)
+    assert a.rows == [(1,)] and waited and b.error is None and b.rows == [(2,)]
+    with pytest.raises(LabkitError, match="partition layout"):
+        claims.partitioned_queue(lab, "day")
+
+
+def test_plain_vacuum_gives_back_an_empty_tail_not_empty_pages_in_the_middle(lab):
+    tail = claims.vacuum_truncation(lab, rows=8_000, where="tail")
+    assert tail["after delete"] == tail["before"]
+    assert tail["after vacuum"] <= tail["before"] // 2 + 2
+    middle = claims.vacuum_truncation(lab, rows=8_000, where="middle")
+    assert middle["after vacuum"] == middle["before"]
+    with pytest.raises(LabkitError, match="tail"):
+        claims.vacuum_truncation(lab, where="head")
+
+
+def test_serial_per_key_order_interleaves_each_customers_running_sum():
+    # equal jobs: customers finish their k-th jobs together, in id order
+    assert claims.serial_per_key_order(6, 2, job_ms=10, jitter=0) == [1, 2, 3, 4, 5, 6]
+    order = claims.serial_per_key_order(120, 3, job_ms=20, jitter=0.8)
+    assert sorted(order) == list(range(1, 121))
+    assert claims.inversions(order) > 0
+    key = {i: (i - 1) % 3 for i in range(1, 121)}
+    assert claims.inversions(order, key) == 0        # each customer stays in order
+
+
+def test_inline_quotes_values_and_names_missing_ones():
+    assert claims.inline("SELECT %(w)s, 100%%", w="it's") == "SELECT 'it''s', 100%"
+    with pytest.raises(LabkitError, match="no parameter"):
+        claims.inline("SELECT 1", w="x")
+    with pytest.raises(LabkitError, match="no value"):
+        claims.inline("SELECT %(a)s, %(b)s", a=1)
+
+
+def test_history_ladder_reports_a_flat_search_with_the_index(lab):
+    rows = claims.history_ladder(lab, (0, 5_000), claims=20, claims_without_index=10, rounds=2)
+    pages = {(r["done rows"], r["partial index"]): r["search pages"] for r in rows}
+    assert pages[(5_000, True)] <= pages[(0, True)] + 2
+    assert pages[(5_000, False)] > 10 * pages[(5_000, True)]
+    assert all(r["claims/s"] > 0 for r in rows)

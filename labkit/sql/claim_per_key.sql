@@ -1,7 +1,12 @@
 -- Claim the oldest pending job whose customer has nothing older still unfinished.
--- Statuses only move forward, so "an older job of mine is not DONE" stays true
--- until that job's DONE is committed: at most one job per customer is in flight,
--- and a customer's jobs start in creation order.
+-- "Unfinished" is status <> 'DONE', not status = 'IN_PROGRESS': another worker's
+-- claim is invisible here until it commits, but the job it is claiming stays
+-- visible as PENDING until then, so "an older job of mine is not DONE" holds
+-- whatever the other claim has got to. It stays true until that job's DONE is
+-- committed (the reaper moves a job back to PENDING or on to DEAD, never to DONE):
+-- at most one job per customer is in flight, and a customer's jobs start in
+-- creation order. A DEAD job is not DONE either: it holds its customer's later
+-- jobs until someone re-queues it or removes it.
 WITH picked AS (
     SELECT id
       FROM job
