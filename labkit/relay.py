@@ -927,6 +927,66 @@ def _two_relays(lab, broker: Broker, orders: int, batch: int) -> dict:
         obs.close()
 
 
+# -- what marking a row published leaves in the partial index -------------------------------------
+
+MAX_ARRIVING = 100_000
+
+
+def _index_scan(lab) -> dict:
+    """Heap fetches and buffers of the metrics query's index-only scan of the partial index
+    (sequential and bitmap scans switched off for it: the index's cost is what is read)."""
+    import re
+
+    with lab.connect(role="explain") as conn:      # the index's cost, whatever the planner prefers
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) " + METRICS))
+    at = plan.find("Index Only Scan using outbox_unpublished_idx")
+    if at < 0:
+        raise LabkitError("The metrics query did not read the partial index outbox_unpublished_idx:\n"
+                          + plan, "run relay.create_outbox and VACUUM ANALYZE outbox first.")
+    node = plan[at:]
+    hit = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", node)
+    return {"heap_fetches": int(re.search(r"Heap Fetches: (\d+)", node)[1]),
+            "buffers": int(hit[1]) + int(hit[2] or 0) if hit else 0}
+
+
+def dead_index_entries(lab, arriving: int = 3000, wait_s: float = 30.0) -> dict:
+    """A batch of ``arriving`` events is inserted and marked published (autovacuum off on the
+    outbox, so only the VACUUM here runs); the metrics query's index scan is read three times:
+    right after, once more, and after VACUUM.  The outbox must exist with its statistics
+    (``VACUUM ANALYZE outbox``).  Waits up to ``wait_s`` for older snapshots of other sessions
+    to end (they would keep the dead row versions); a LabkitError names them if they do not."""
+    number("arriving", arriving, low=1, high=MAX_ARRIVING, whole=True, example=3000)
+    number("wait_s", wait_s, high=600, unit=" s", example=30)
+    lab.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+    lo, hi = lab.execute(
+        "WITH ins AS (INSERT INTO outbox (event_id, aggregate, payload) "
+        "  SELECT 'evt-arrived-' || g, 'shop_order:' || g, jsonb_build_object('order_id', g) "
+        "    FROM generate_series(1, %s) g RETURNING id) SELECT min(id), max(id) FROM ins", (arriving,))[0]
+    lab.execute("UPDATE outbox SET published_at = now() WHERE id BETWEEN %s AND %s", (lo, hi))
+    xid = lab.execute("SELECT xmin::text FROM outbox WHERE id = %s", (lo,))[0][0]
+    older = ("SELECT pid, application_name FROM pg_stat_activity "
+             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+             "AND ((backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(x)s::xid)) "
+             "  OR (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(x)s::xid)))")
+    deadline = time.monotonic() + wait_s
+    while (held := lab.execute(older, {"x": xid})) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if held:
+        who = ", ".join(f"pid {p} ({a or 'no name'})" for p, a in held)
+        raise LabkitError(f"Other sessions hold snapshots older than the relay's marks ({who}): "
+                          "VACUUM could not remove the dead row versions, so this lab would show "
+                          "nothing.", "end those transactions (`labkit doctor` lists them, "
+                          "`labkit clean` ends yours), then run the cell again.")
+    first = _index_scan(lab)
+    second = _index_scan(lab)
+    lab.execute("VACUUM outbox")
+    return {"arriving": arriving, "first scan": first, "second scan": second,
+            "after VACUUM": _index_scan(lab)}
+
+
 # -- lag -------------------------------------------------------------------------------------------
 
 

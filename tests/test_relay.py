@@ -162,6 +162,21 @@ def test_lag_metrics_come_from_the_partial_index(lab):
     assert "outbox_unpublished_idx" in plan
 
 
+def test_marking_rows_published_leaves_index_entries_until_vacuum(lab):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 200)
+    lab.execute("UPDATE outbox SET published_at = now() WHERE id <= 190")
+    lab.execute("VACUUM ANALYZE outbox")
+    out = relay.dead_index_entries(lab, arriving=2000)
+    first, second, after = out["first scan"], out["second scan"], out["after VACUUM"]
+    # the first scan after the batch follows every stale entry to the heap
+    assert first["heap_fetches"] >= 2000
+    # it marks them dead, but they stay on the index pages until VACUUM removes them
+    assert second["heap_fetches"] < first["heap_fetches"] and second["buffers"] < first["buffers"]
+    assert after["buffers"] < second["buffers"] and after["heap_fetches"] == 0
+    assert relay.metrics(lab)[0] == 10
+
+
 def test_lag_grows_while_the_relay_is_paused(lab):
     df = relay.measure_lag(lab, rate_per_s=40, run_s=1.6, pause=(0.5, 1.1))
     paused = df[df.relay == "paused"]

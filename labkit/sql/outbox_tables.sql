@@ -19,7 +19,10 @@ CREATE TABLE outbox (
 );
 
 -- The relay and the lag metrics read only unpublished rows: index exactly those.
--- Published rows (almost all of the table, soon) are not in this index at all.
+-- A row inserted already published would get no entry. A row the relay marks
+-- published gets no entry for its new version, but the entry of its old version
+-- stays, pointing at a dead row version, until VACUUM removes it (or a scan finds
+-- the row version dead and marks the entry so). Until then a scan still reads it.
 CREATE INDEX outbox_unpublished_idx ON outbox (created_at, id) WHERE published_at IS NULL;
 
 -- The consumer's inbox: one row per event it has applied. The primary key is the
