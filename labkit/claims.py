@@ -509,18 +509,22 @@ def wait_for_horizon(lab, timeout: float = 30.0) -> None:
     xid = lab.execute("SELECT pg_current_xact_id()::text")[0][0]   # a transaction of its own
     deadline = time.monotonic() + timeout
     while True:
+        # A snapshot (backend_xmin) or a transaction id (backend_xid: a writing transaction
+        # idle between statements has no snapshot, but its id still counts) older than ours.
         old = lab.execute(
             "SELECT pid, xact_start FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_xmin IS NOT NULL AND backend_type = 'client backend' "
-            "AND age(backend_xmin) >= age(xid(%s::xid8)) ORDER BY xact_start LIMIT 1", (xid,))
+            "AND (age(backend_xmin) >= age(xid(%(x)s::xid8)) "
+            "     OR age(backend_xid) >= age(xid(%(x)s::xid8))) "
+            "ORDER BY xact_start", {"x": xid})
         if not old:
             return
         if time.monotonic() > deadline:
-            pid, since = old[0]
-            raise LabkitError(f"A transaction elsewhere on the server (pid {pid}, open since {since:%H:%M:%S}) "
-                              f"still sees row versions this lab has deleted, so VACUUM could not remove "
-                              f"them for {timeout:.0f} s.",
+            who = ", ".join(f"pid {pid}" + (f" open since {since:%H:%M:%S}" if since else "")
+                            for pid, since in old[:5])
+            raise LabkitError(f"{len(old)} transaction(s) elsewhere on the server ({who}) "
+                              f"still see row versions this lab has just replaced or deleted, so VACUUM "
+                              f"cannot remove them; waited {timeout:.0f} s for it to end.",
                               "end that transaction (`labkit clean` ends your own idle ones) and run "
                               "the cell again.")
         time.sleep(0.1)

@@ -279,3 +279,14 @@ def test_history_ladder_reports_a_flat_search_with_the_index(lab):
     assert pages[(5_000, True)] <= pages[(0, True)] + 2
     assert pages[(5_000, False)] > 10 * pages[(5_000, True)]
     assert all(r["claims/s"] > 0 for r in rows)
+
+
+def test_wait_for_horizon_names_an_older_transaction_and_returns_once_it_ends(lab):
+    lab.create_jobs(1)
+    with lab.connect(role="old", autocommit=False) as old:
+        old.execute("UPDATE job SET payload = 'x' WHERE id = 1")   # holds a transaction id
+        pid = old.info.backend_pid
+        with pytest.raises(LabkitError, match=rf"pid {pid}\b"):
+            claims.wait_for_horizon(lab, timeout=0.3)
+        old.rollback()
+        claims.wait_for_horizon(lab, timeout=10)
