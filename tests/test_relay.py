@@ -204,6 +204,14 @@ def test_a_frozen_relay_keeps_its_locks_until_the_server_ends_its_session(lab, b
     assert len(woke) == 1 and "25P03" in woke[0].action
 
 
+def test_the_freeze_trace_reproduces_exactly(lab):
+    with brokers.for_lab(lab, "recording") as bk:
+        a = relay.freeze_trace(lab, bk, batch=10, freeze_after=3)
+        b = relay.freeze_trace(lab, bk, batch=10, freeze_after=3)
+    assert a["trace"].to_text() == b["trace"].to_text()
+    assert "released_after_s" not in a["trace"].to_text()      # the one measured figure stays out
+
+
 def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):
     with brokers.for_lab(lab, "recording") as bk:
         out = relay.freeze_trace(lab, bk, batch=20, freeze_after=8, idle_timeout_s=2.0,
