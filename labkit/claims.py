@@ -621,8 +621,9 @@ def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
     own, dropped at the end), all built first; then ``rounds`` rounds each run
     ``claims`` claims on every point in turn, so that load from elsewhere on a shared
     machine falls on all points alike, and each point keeps its best round.  Returns one
-    dict per point: claims/s, the pages the claim's search reads (EXPLAIN ANALYZE on
-    the freshly built table) and the sizes in pages of the table and its primary key."""
+    dict per point: claims/s, the pages the claim's search reads and the buffers the whole
+    claim statement touches (EXPLAIN ANALYZE on the freshly built table, rolled back), and
+    the sizes in pages of the table and its primary key."""
     _positive("rounds", rounds)
     points = [(done, index) for done in ladder for index in (True, False)]
     subs, rows = [], []
@@ -632,13 +633,13 @@ def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
             sub = lab.db.lab(f"{lab.name}_h{i}", user=lab.user_tag)
             subs.append(sub)
             make_queue(sub, pending=n * rounds + 10, done=done, index=index)
-            search = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"},
-                             analyze=True)["search_buffers"]
+            plan = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)
             sizes = sub.execute(
                 "SELECT pg_relation_size('job') / current_setting('block_size')::int, "
                 "pg_relation_size('job_pkey') / current_setting('block_size')::int")[0]
             rows.append({"done rows": done, "partial index": index, "claims/s": 0.0,
-                         "search pages": search, "table pages": sizes[0], "pkey pages": sizes[1],
+                         "search pages": plan["search_buffers"], "claim buffers": plan["buffers"],
+                         "table pages": sizes[0], "pkey pages": sizes[1],
                          "_n": n})
         for _ in range(rounds):
             for sub, row in zip(subs, rows):

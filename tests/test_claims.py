@@ -277,6 +277,8 @@ def test_history_ladder_reports_a_flat_search_with_the_index(lab):
     rows = claims.history_ladder(lab, (0, 5_000), claims=20, claims_without_index=10, rounds=2)
     pages = {(r["done rows"], r["partial index"]): r["search pages"] for r in rows}
     assert pages[(5_000, True)] <= pages[(0, True)] + 2
+    work = {(r["done rows"], r["partial index"]): r["claim buffers"] for r in rows}
+    assert work[(5_000, True)] <= work[(0, True)] + 5 < work[(5_000, False)]
     assert pages[(5_000, False)] > 10 * pages[(5_000, True)]
     assert all(r["claims/s"] > 0 for r in rows)
 
