@@ -15,19 +15,27 @@ time; it really sleeps ``latency_s * speed`` (``speed=0`` in the traces: no wait
 the anti-pattern measurement uses a small real sleep so that overlap is real). Token
 prefixes decide the outcome, deterministically: ``bad-`` fails terminally
 (BadDeviceToken), ``flaky-`` fails transiently on its first ``flaky_failures`` attempts
-(ServiceUnavailable), anything else is delivered. Every delivered push is recorded in
-``device_push`` over the sender's own autocommit connection, with its collapse id, so
-the record survives a drain that is killed.
+(ServiceUnavailable), ``poison-`` kills the process that sends it (SIGKILL to itself:
+think of a payload that crashes the client library), anything else is delivered. Every
+delivered push is recorded in ``device_push`` over the sender's own autocommit connection,
+with its collapse id, so the record survives a drain that is killed.
+
+A row whose attempts are used up without an outcome (its drain died or hung every time)
+is dead-lettered by the claim itself (``drain_claim.sql``): status ``failed``, with a
+``last_error`` that says it was abandoned. :class:`Device` shows what a phone displays
+of the pushes it received (collapse ids replace a banner; an idempotency key can drop a
+repeat). :func:`freeze_trace` freezes a drain (SIGSTOP) instead of killing it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import psycopg
 from psycopg import sql
@@ -62,8 +70,10 @@ HELD_BUMP = ("UPDATE delivery SET attempts = attempts + 1, claim_version = claim
              "next_attempt_at = lab_now() + make_interval(secs => %(lease_s)s) "
              "WHERE id = ANY(%(ids)s)")
 RECORD_PUSH = """
-INSERT INTO device_push (delivery_id, device_token, notification_id, collapse_id, pushed_by, pushed_at)
-VALUES (%(id)s, %(device_token)s, %(notification_id)s, %(coalesce_key)s, %(by)s, lab_now())
+INSERT INTO device_push (delivery_id, claim_version, device_token, notification_id, collapse_id,
+                         pushed_by, pushed_at)
+VALUES (%(id)s, %(claim_version)s, %(device_token)s, %(notification_id)s, %(coalesce_key)s, %(by)s,
+        lab_now())
 """
 
 
@@ -72,11 +82,12 @@ VALUES (%(id)s, %(device_token)s, %(notification_id)s, %(coalesce_key)s, %(by)s,
 
 def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, ...] = (),
                   no_collapse_every: int = 4, freeze_at: str | None = T0,
-                  install: bool = True) -> "Clock":
+                  install: bool = True, poison: tuple[int, ...] = ()) -> "Clock":
     """(Re)create the drain's tables with ``n`` due deliveries, ids 1..n, oldest first.
 
     Delivery ``i`` is notification ``1000 + i`` to device ``dev-000i``; ids in ``bad`` get a
-    dead token (``bad-…``), ids in ``flaky`` one that fails transiently at first. Every
+    dead token (``bad-…``), ids in ``flaky`` one that fails transiently at first, ids in
+    ``poison`` a payload that kills the process sending it (``poison-…``). Every
     ``no_collapse_every``-th delivery carries no coalesce key (its push has no collapse id).
     The clock is frozen at ``freeze_at`` (``None``: the server's real clock).
     ``install=False`` keeps the tables (live workers' connections stay valid) and only
@@ -102,12 +113,13 @@ def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, .
         INSERT INTO delivery (id, notification_id, device_token, next_attempt_at, coalesce_key)
         SELECT g, 1000 + g,
                CASE WHEN g = ANY(%(bad)s) THEN 'bad-' WHEN g = ANY(%(flaky)s) THEN 'flaky-'
-                    ELSE 'dev-' END || lpad(g::text, 4, '0'),
+                    WHEN g = ANY(%(poison)s) THEN 'poison-' ELSE 'dev-' END || lpad(g::text, 4, '0'),
                lab_now() - make_interval(secs => %(n)s - g + 1),
                CASE WHEN g %% %(every)s = 0 THEN NULL ELSE 'notif-' || (1000 + g) END
           FROM generate_series(1, %(n)s) AS g
         """,
-        {"n": n, "bad": list(bad), "flaky": list(flaky), "every": no_collapse_every}, rows=n)
+        {"n": n, "bad": list(bad), "flaky": list(flaky), "poison": list(poison),
+         "every": no_collapse_every}, rows=n)
     lab.execute("ANALYZE delivery")
     return clock
 
@@ -166,6 +178,7 @@ class Claimed:
     coalesce_key: str | None
     attempts: int
     claim_version: int
+    suspect: bool = False   # two earlier attempts never reported: sent last, on its own
 
 
 @dataclass(frozen=True)
@@ -178,7 +191,7 @@ class PushSender:
     """An APNs stand-in: slow, sometimes failing, and keeping a record of every push."""
 
     def __init__(self, conn: psycopg.Connection, *, name: str = "drain", latency_s: float = LATENCY_S,
-                 speed: float = 0.0, flaky_failures: int = 2):
+                 speed: float = 0.0, flaky_failures: int = 2, die_on_poison: bool = False):
         if latency_s < 0 or speed < 0 or flaky_failures < 0:
             raise LabkitError("PushSender got a negative latency, speed or flaky_failures.",
                               "pass latency_s >= 0, speed >= 0 (0: do not really wait) and "
@@ -188,8 +201,11 @@ class PushSender:
         self.latency_s = latency_s
         self.speed = speed
         self.flaky_failures = flaky_failures
+        self.die_on_poison = die_on_poison   # only in a drain process of its own, never a kernel
 
     def send(self, row: Claimed, *, by: str | None = None) -> Outcome:
+        """One push: its outcome, and (when delivered) the push on record, carrying the
+        delivery id and the claim version it was sent under."""
         if self.speed:
             time.sleep(self.latency_s * self.speed)
         token = row.device_token
@@ -197,8 +213,138 @@ class PushSender:
             return Outcome("failed", "BadDeviceToken")
         if token.startswith("flaky-") and row.attempts <= self.flaky_failures:
             return Outcome("retry", "ServiceUnavailable")
+        if token.startswith("poison-"):
+            if not self.die_on_poison:
+                raise LabkitError(f"Delivery {row.id} is a poison row: sending it kills the process "
+                                  "that sends it.", "send poison rows from a drain process of its own "
+                                  "(drain_worker, poison_trace, the torture), not from this kernel.")
+            os.kill(os.getpid(), signal.SIGKILL)     # a real crash: no clean-up runs
         self.conn.execute(RECORD_PUSH, {**asdict(row), "by": by or self.name})
         return Outcome("sent")
+
+
+# -- the phone: what a user sees of the pushes ---------------------------------------------
+
+
+READ_PUSHES = ("SELECT seq, delivery_id, claim_version, device_token, notification_id, collapse_id, "
+               "pushed_by FROM device_push ORDER BY seq")
+
+
+def read_pushes(lab) -> list[dict]:
+    """Every push the push service delivered (``device_push``), in the order it delivered them."""
+    cols = ("seq", "delivery_id", "claim_version", "device_token", "notification_id", "collapse_id",
+            "pushed_by")
+    return [dict(zip(cols, r)) for r in lab.execute(READ_PUSHES)]
+
+
+@dataclass
+class Banner:
+    """One notification on a phone's screen."""
+    notification_id: int
+    collapse_id: str | None
+    pushes: int = 1                 # delivered pushes it stands for (> 1: later ones replaced it)
+
+
+class Device:
+    """A phone, as its user sees the pushes delivered to it.
+
+    Pushes are shown in the order they arrive.  A push with a collapse id replaces the banner
+    already on screen with the same collapse id (the user sees one, the latest); a push
+    without a collapse id is one more banner.  ``dedup_on`` names a field of the push (say
+    ``"delivery_id"``) that a receiver checks: a push whose key it has seen before is dropped
+    and never shown -- an idempotency key checked downstream.
+
+    A push is a mapping with ``device_token``, ``notification_id`` and ``collapse_id`` (a
+    row of :func:`read_pushes`) or a tuple in that order.
+
+    ``Device(token).show(pushes)`` delivers ``pushes`` (those for other tokens are ignored)
+    and returns the banners on screen; ``Device.screens(pushes)`` builds one Device per token;
+    ``Device.count(pushes)`` sums what every phone shows.
+    """
+
+    def __init__(self, token: str | None = None, *, dedup_on: str | None = None):
+        self.token = token
+        self.dedup_on = dedup_on
+        self.banners: list[Banner] = []
+        self.received = 0
+        self.replaced = 0           # pushes folded into a banner already shown (same collapse id)
+        self.dropped = 0            # pushes dropped on a key seen before (dedup_on)
+        self._seen: set = set()
+
+    @staticmethod
+    def _push(push: Any) -> dict:
+        if isinstance(push, Mapping):
+            return dict(push)
+        if isinstance(push, (tuple, list)) and len(push) >= 3:
+            return dict(zip(("device_token", "notification_id", "collapse_id", "delivery_id"), push))
+        raise LabkitError(f"{push!r} is not a push.",
+                          "pass rows of drain.read_pushes(lab), or (device_token, notification_id, "
+                          "collapse_id) tuples.")
+
+    def receive(self, push: Any) -> None:
+        """One push arrives (one addressed to another token is ignored)."""
+        p = self._push(push)
+        if self.token is not None and p.get("device_token") != self.token:
+            return
+        self.received += 1
+        if self.dedup_on is not None:
+            if self.dedup_on not in p:
+                raise LabkitError(f"A push has no {self.dedup_on!r} to deduplicate on.",
+                                  f"pass pushes that carry {self.dedup_on!r} (drain.read_pushes does), "
+                                  "or dedup_on=None.")
+            key = p[self.dedup_on]
+            if key in self._seen:
+                self.dropped += 1
+                return
+            self._seen.add(key)
+        cid = p.get("collapse_id")
+        if cid is not None:
+            for b in self.banners:
+                if b.collapse_id == cid:
+                    b.notification_id = p["notification_id"]
+                    b.pushes += 1
+                    self.replaced += 1
+                    return
+        self.banners.append(Banner(p["notification_id"], cid))
+
+    def show(self, pushes: Iterable[Any]) -> list[Banner]:
+        """Deliver ``pushes`` in order; the banners on screen afterwards."""
+        for push in pushes:
+            self.receive(push)
+        return list(self.banners)
+
+    @property
+    def visible_duplicates(self) -> int:
+        """Banners beyond one per notification: what the user sees twice."""
+        return len(self.banners) - len({b.notification_id for b in self.banners})
+
+    @classmethod
+    def screens(cls, pushes: Iterable[Any], **kw: Any) -> dict[str, "Device"]:
+        """One Device per token, every push delivered to its own."""
+        out: dict[str, Device] = {}
+        for push in pushes:
+            p = cls._push(push)
+            tok = p.get("device_token")
+            if tok not in out:
+                out[tok] = cls(tok, **kw)
+            out[tok].receive(p)
+        return out
+
+    @classmethod
+    def count(cls, pushes: Iterable[Any], **kw: Any) -> dict[str, int]:
+        """What all the phones show: pushes received, banners on screen, notifications,
+        duplicates the users see, duplicates hidden (replaced by a collapse id) and dropped."""
+        pushes = list(pushes)
+        phones = cls.screens(pushes, **kw).values()
+        banners = sum(len(d.banners) for d in phones)
+        notes = sum(len({b.notification_id for b in d.banners}) for d in phones)
+        received = sum(d.received for d in phones)
+        distinct = len({(cls._push(p).get("device_token"), cls._push(p)["notification_id"]) for p in pushes})
+        return {"pushes": received, "banners": banners, "notifications": notes,
+                "duplicate_pushes": received - distinct,
+                "visible_duplicates": banners - notes,
+                "hidden_by_collapse_id": sum(d.replaced for d in phones),
+                "dropped_by_key": sum(d.dropped for d in phones)}
 
 
 # -- the drain ---------------------------------------------------------------------------
@@ -230,7 +376,8 @@ class Drain:
         self.complete_sql = read_sql("drain_complete_fenced.sql" if fence else "drain_complete.sql")
 
     def claim(self) -> list[Claimed]:
-        rows = self.conn.execute(self.claim_sql, {"batch": self.batch, "lease_s": self.lease_s}).fetchall()
+        rows = self.conn.execute(self.claim_sql, {"batch": self.batch, "lease_s": self.lease_s,
+                                                  "max_attempts": self.max_attempts}).fetchall()
         return sorted((Claimed(*r) for r in rows), key=lambda c: c.id)
 
     def complete(self, row: Claimed, outcome: Outcome) -> int:
@@ -250,15 +397,28 @@ class Drain:
         return lost
 
     def tick(self, on_sent: Callable[[int, Claimed, Outcome], Any] | None = None) -> TickResult:
+        """Claim, send, record.  A suspect (see drain_claim.sql) is sent last, once the rest
+        of the batch is recorded: if it kills the drain, it takes no other row with it."""
         claimed = self.claim()
         done: list[tuple[Claimed, Outcome]] = []
-        for i, row in enumerate(claimed, 1):
+        outcomes: dict[int, Outcome] = {}
+        lost: list[int] = []
+        for i, row in enumerate(send_order(claimed), 1):
+            if row.suspect and done:
+                lost += self.complete_all(done)
+                done = []
             out = self.sender.send(row, by=self.name)
             done.append((row, out))
+            outcomes[row.id] = out
             if on_sent:
                 on_sent(i, row, out)
-        lost = self.complete_all(done)
-        return TickResult(claimed, {r.id: o for r, o in done}, lost)
+        lost += self.complete_all(done)
+        return TickResult(claimed, outcomes, lost)
+
+
+def send_order(claimed: list[Claimed]) -> list[Claimed]:
+    """The batch in the order the drain sends it: by id, a suspect last."""
+    return sorted(claimed, key=lambda c: (c.suspect, c.id))
 
 
 MAX_BATCH = 10_000
@@ -315,25 +475,32 @@ def close_drain(drain: Drain) -> None:
 
 
 def drain_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, fence: bool = False,
-                 pause_after_claim: bool = True, pause_after_sends: int | None = None) -> dict:
-    """Child process: one tick of the drain, with scripted pauses the parent may kill it at."""
+                 pause_after_claim: bool = True, pause_after_sends: int | None = None,
+                 max_attempts: int = MAX_ATTEMPTS) -> dict:
+    """Child process: one tick of the drain, with scripted pauses the parent may kill (or
+    freeze) it at.  A poison row kills it for real."""
     role = ctx.name.replace(" ", "_")
     conn = lab_conn(dsn, schema, role)
-    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name)
-    drain = Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s, fence=fence)
+    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name, die_on_poison=True)
+    drain = Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s, fence=fence,
+                  max_attempts=max_attempts)
     ctx.emit("connected", pid=conn.info.backend_pid, sender_pid=sender.conn.info.backend_pid)
     claimed = drain.claim()
     ctx.emit("claimed", ids=[c.id for c in claimed])
     if pause_after_claim:
         ctx.pause("claimed")
-    done = []
-    for i, row in enumerate(claimed, 1):
+    done, lost = [], []
+    for i, row in enumerate(send_order(claimed), 1):
+        if row.suspect and done:
+            lost += drain.complete_all(done)
+            done = []
+        ctx.emit("sending", id=row.id)
         out = sender.send(row, by=ctx.name)
         done.append((row, out))
         ctx.emit("sent", id=row.id, outcome=out.outcome)
         if pause_after_sends is not None and i == pause_after_sends:
             ctx.pause(f"sent-{i}")
-    lost = drain.complete_all(done)
+    lost += drain.complete_all(done)
     return {"claimed": len(claimed), "lost": lost}
 
 
@@ -471,12 +638,12 @@ def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float =
         1 for i, v in lab.execute("SELECT id, claim_version FROM delivery WHERE id = ANY(%s)",
                                   (list(terminal_before),))
         if v != terminal_before[i])
-    pushes = _pushes(lab)
+    pushes = Device.count(read_pushes(lab))
     tr.add("devices", "count what each device received (the sender's record)",
-           "a duplicate with the same collapse id replaces the first banner on the device; "
-           "one without a collapse id shows twice",
+           "delivered to model phones (drain.Device): a push with the same collapse id replaces "
+           "the banner on screen; one without a collapse id is a second banner",
            {"duplicate_pushes": pushes["duplicate_pushes"],
-            "hidden_by_collapse_id": pushes["duplicate_pushes"] - pushes["visible_duplicates"],
+            "hidden_by_collapse_id": pushes["hidden_by_collapse_id"],
             "visible_duplicates": pushes["visible_duplicates"],
             "terminal_rows_reclaimed": terminal_reclaimed}, kind="check")
     tr.summary = {
@@ -491,6 +658,357 @@ def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float =
         "terminal_rows_reclaimed": terminal_reclaimed,
     }
     return tr
+
+
+# -- trace: a poison row, through its attempts to its dead letter ---------------------------------
+
+
+POISON_ROW = ("SELECT status, attempts, outcomes, attempts - outcomes AS never_reported, last_error "
+              "FROM delivery WHERE id = %s")
+
+
+def _one_tick(lab, name: str, *, batch: int, lease_s: float, fence: bool = False,
+              max_attempts: int = MAX_ATTEMPTS, timeout: float = 60) -> dict:
+    """One drain tick in a process of its own; what it claimed and pushed, and how it ended."""
+    from .procs import Worker
+
+    w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
+               lease_s=lease_s, fence=fence, pause_after_claim=False, max_attempts=max_attempts)
+    try:
+        w.start()
+        code = w.wait_exit(timeout)
+    finally:
+        w.kill()
+    failed = [e for e in w.events if e["kind"] == "failed"]
+    if failed:
+        raise LabkitError(f"The drain process {name!r} failed: {failed[-1]['error']}",
+                          "read the error; run `labkit doctor` if the server is in doubt.")
+    claimed = next((e["ids"] for e in w.events if e["kind"] == "claimed"), [])
+    return {"claimed": claimed, "sent": [e["id"] for e in w.events if e["kind"] == "sent"],
+            "sending": [e["id"] for e in w.events if e["kind"] == "sending"],
+            "exitcode": code, "killed": code == -signal.SIGKILL}
+
+
+def poison_trace(lab, *, rows: int = 3, poison: int = 3, batch: int = 3, lease_s: float = LEASE_S,
+                 max_attempts: int = MAX_ATTEMPTS) -> Trace:
+    """A poison row (its send kills the drain process: a real SIGKILL, every time) goes
+    through its attempts to the dead letter.  Each tick is a new drain process, as a
+    supervisor restarts a drain that died; the clock moves on one lease between ticks."""
+    check_params(batch=batch, lease_s=lease_s, max_attempts=max_attempts, rows=rows)
+    if not 1 <= poison <= rows:
+        raise LabkitError(f"The poison row {poison} is not among the {rows} rows.",
+                          "pass 1 <= poison <= rows.")
+    clock = create_ledger(lab, rows, poison=(poison,))
+    tr = Trace(f"A poison row: delivery {poison} kills the drain that sends it "
+               f"(max_attempts {max_attempts}, lease {lease_s:.0f} s)")
+    ticks = crashes = 0
+    while lab.execute("SELECT status FROM delivery WHERE id = %s", (poison,))[0][0] == "pending":
+        ticks += 1
+        if ticks > 4 * max_attempts + rows + 2:
+            raise LabkitError("The poison row was still pending after many ticks.",
+                              "run `labkit doctor`; the claim may not dead-letter (drain_claim.sql).")
+        t = _one_tick(lab, f"drain {ticks}", batch=batch, lease_s=lease_s, max_attempts=max_attempts)
+        crashes += t["killed"]
+        st, att, outs, never, err = lab.execute(POISON_ROW, (poison,))[0]
+        state = {"claimed": t["claimed"] or "-", "pushed": t["sent"] or "-",
+                 f"row {poison}": f"{st}, attempts {att}, outcomes {outs}",
+                 "suspects": lab.execute("SELECT count(*) FROM delivery WHERE status = 'pending' "
+                                         "AND attempts - outcomes >= 2")[0][0],
+                 "sent": lab.execute("SELECT count(*) FROM delivery WHERE status = 'sent'")[0][0]}
+        if t["killed"]:
+            tr.add(f"drain {ticks}", f"claim {len(t['claimed'])}; push {t['sent'] or 'nothing'}; "
+                   f"send row {poison}: the process dies (SIGKILL)",
+                   "no outcome is written for anything in the batch; the attempts stay counted",
+                   state, kind="crash")
+        elif poison in t["claimed"] or st != "pending":
+            tr.add(f"drain {ticks}", "claim: the row's attempts are used up, so the claim dead-letters it",
+                   f"last_error: {err}", state, kind="check")
+        else:
+            tr.add(f"drain {ticks}", f"claim {len(t['claimed'])}; push and record {t['sent']}",
+                   "a suspect goes alone among suspects, and last: the rows sent before it are "
+                   "recorded first" if any(t["claimed"]) else "nothing due", state)
+        clock.advance(lease_s)
+    final = dict(zip(("status", "attempts", "outcomes", "never_reported", "last_error"),
+                     lab.execute(POISON_ROW, (poison,))[0]))
+    others = lab.execute("SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM delivery "
+                         "WHERE id <> %s", (poison,))[0]
+    shown = Device.count(read_pushes(lab))
+    tr.summary = {"poison_status": final["status"], "poison_attempts": final["attempts"],
+                  "poison_outcomes": final["outcomes"], "poison_last_error": final["last_error"],
+                  "crashes": crashes, "drain_processes": ticks,
+                  "others_sent": int(others[0]), "others": int(others[1]),
+                  "pushes": shown["pushes"], "duplicate_pushes": shown["duplicate_pushes"],
+                  "poison_pushed": lab.execute("SELECT count(*) FROM device_push WHERE delivery_id = %s",
+                                               (poison,))[0][0]}
+    return tr
+
+
+# -- rows that crashed their drain: the histories of notebook 07's exercise 4 ---------------------
+
+
+OLD_CRASHED_TWICE = ("SELECT id FROM delivery WHERE status = 'pending' AND attempts >= 2 "
+                     "AND last_error IS NULL ORDER BY id")
+
+
+def _kill_after_claim(lab, name: str, *, batch: int, lease_s: float = LEASE_S) -> list[int]:
+    """A drain process claims ``batch`` rows and is SIGKILLed before it sends anything."""
+    from .procs import Worker
+
+    w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
+               lease_s=lease_s)
+    try:
+        w.start()
+        pid = w.wait_for("connected", timeout=60)["pid"]
+        ids = w.wait_for("claimed", timeout=60)["ids"]
+        w.wait_for("paused", tag="claimed", timeout=60)
+    finally:
+        w.kill()
+    _wait_backend_gone(lab, pid)
+    return ids
+
+
+def crash_histories(lab) -> dict[int, int]:
+    """Three deliveries with the histories that tell a right "crashed at least twice" query
+    from a wrong one, made by real drain processes killed after their claims:
+
+    * row 1 fails transiently (an outcome is written), then its drain is killed twice;
+    * row 2's drain is killed twice;
+    * row 3's drain is killed once, and a live drain holds its second attempt right now.
+
+    Returns how many times a drain holding each row was killed (the processes' own record)."""
+    clock = create_ledger(lab, 3, flaky=(1,))
+    kills = {1: 0, 2: 0, 3: 0}
+    live = make_drain(lab, "drain", batch=1)
+    try:
+        live.tick()                                           # row 1: ServiceUnavailable, +10 s
+        clock.advance(10)
+        for i in _kill_after_claim(lab, "drain k1", batch=3):  # rows 1, 2, 3
+            kills[i] += 1
+        clock.advance(LEASE_S)
+        for i in _kill_after_claim(lab, "drain k2", batch=2):  # rows 1, 2
+            kills[i] += 1
+        live.lease_s = 600
+        live.claim()                                          # row 3: attempt 2, still running
+        clock.advance(LEASE_S)                                # k2's leases are over
+    finally:
+        close_drain(live)
+    return kills
+
+
+# -- trace: a drain frozen, not killed -----------------------------------------------------------
+
+
+BACKENDS = ("SELECT coalesce(string_agg(DISTINCT state, ', '), 'gone') FROM pg_stat_activity "
+            "WHERE pid = ANY(%s)")
+LOCKS_OF = "SELECT count(*) FROM pg_locks WHERE pid = ANY(%s)"
+
+
+def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float = 5.0,
+                 fence: bool = True, others: int = 10) -> Trace:
+    """A drain (a real process) claims ``batch`` rows with a ``lease_s`` lease, sends
+    ``freeze_after`` pushes and is frozen with SIGSTOP -- a paused VM, a stalled host, a
+    long GC pause: the process is alive and its connections stay open.  What the server
+    sees while it is frozen; who may take its rows and when; what it does when it wakes.
+    The lab's clock is frozen, so the trace reproduces exactly."""
+    import psutil
+
+    from .procs import Worker
+
+    check_params(batch=batch, lease_s=lease_s, others=others)
+    if lease_s < 2:
+        raise LabkitError(f"A lease of {lease_s} s leaves no room for the trace's 'one second "
+                          "before the lease ends' step.", "pass lease_s >= 2 (5 s by default).")
+    if not 1 <= freeze_after < batch:
+        raise LabkitError(f"freeze_after={freeze_after} must leave unsent rows in the batch of {batch}.",
+                          "pass 1 <= freeze_after < batch (12 of 50 by default).")
+    clock = create_ledger(lab, batch + others)
+    tr = Trace(f"Drain frozen mid-send (SIGSTOP): {batch} rows leased for {lease_s:g} s, "
+               f"frozen after {freeze_after} pushes, {'fenced' if fence else 'NOT fenced'}")
+    batch_ids = list(range(1, batch + 1))
+    w = Worker(drain_worker, name="drain 1", dsn=lab.db.dsn, schema=lab.schema, batch=batch,
+               lease_s=lease_s, fence=fence, pause_after_claim=False, pause_after_sends=freeze_after)
+    second = make_drain(lab, "drain 2", batch=batch, lease_s=lease_s, fence=fence)
+    try:
+        w.start()
+        ev = w.wait_for("connected", timeout=60)
+        pids = [ev["pid"], ev["sender_pid"]]
+        got = w.wait_for("claimed", timeout=60)["ids"]
+        w.wait_for("paused", tag=f"sent-{freeze_after}", timeout=60)
+        os.kill(w.pid, signal.SIGSTOP)
+        w.resume()                      # queued: it goes on only once it is woken up
+        deadline = time.monotonic() + 5  # the signal is delivered a moment later
+        while (proc_state := psutil.Process(w.pid).status()) != psutil.STATUS_STOPPED \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        frozen_at = clock.now()
+        lease_until = lab.execute("SELECT max(next_attempt_at) FROM delivery WHERE id = ANY(%s)",
+                                  (got,))[0][0]
+        locks = int(lab.execute(LOCKS_OF, (pids,))[0][0])
+        rows_locked = _locked_among(lab, got)
+        sessions = lab.execute(BACKENDS, (pids,))[0][0]
+        tr.add("drain 1", f"claim {len(got)} rows ({lease_s:g} s leases), push {freeze_after}, "
+               "then SIGSTOP: frozen mid-batch", "the process is alive and its connections are "
+               "open; it sends nothing. The claim committed before the sends, so its sessions are "
+               "idle, not idle in a transaction: it holds no lock",
+               {"process": proc_state, "sessions": sessions, "locks_held": locks,
+                "rows_locked": rows_locked, "lease_until": clock.rel(lease_until)})
+        res = second.tick()
+        at_once = [c.id for c in res.claimed]
+        tr.add("drain 2", f"claim at once: {len(at_once)} other rows",
+               "nothing is locked, but the frozen batch is leased: not due",
+               {"claimed": len(at_once), "from_frozen_batch": len(set(at_once) & set(batch_ids))})
+        clock.advance(lease_s - 1)
+        early = second.claim()
+        tr.add("drain 2", f"clock +{lease_s - 1:g} s; claim again",
+               "one second before the leases end, the frozen batch is still not due: nobody may "
+               "send it, and nobody can free it early (the server sees a healthy idle client)",
+               {"at": f"T+{clock.elapsed():g} s", "claimed": len(early)})
+        clock.advance(1)
+        res = second.tick()
+        taken = [c.id for c in res.claimed]
+        # lab seconds from the freeze until another drain could claim the frozen batch
+        released_after = (lease_until - frozen_at).total_seconds() if set(batch_ids) <= set(taken) else None
+        tr.add("drain 2", f"clock +1 s: the leases end; re-claim {len(taken)} rows, push, record",
+               "drain 1 is still frozen: the lease, not the server, decided its rows were free",
+               {"at": f"T+{clock.elapsed():g} s", "claimed": len(taken),
+                "from_frozen_batch": len(set(taken) & set(batch_ids)), **_statuses(lab)})
+        pushes_before_wake = lab.execute("SELECT count(*) FROM device_push WHERE pushed_by = 'drain 1'")[0][0]
+        os.kill(w.pid, signal.SIGCONT)
+        done = w.join(60)
+        lost = (done or {}).get("result", {}).get("lost", [])
+        after_wake = lab.execute("SELECT count(*) FROM device_push WHERE pushed_by = 'drain 1'")[0][0] \
+            - pushes_before_wake
+        landed = len(got) - len(lost)
+        tr.add("drain 1", f"SIGCONT: wakes up, pushes its other {after_wake} rows, writes "
+               f"{len(got)} outcomes", ("the fence rejects every late write (0 rows matched): it "
+               "learns it lost the lease; the pushes it made after waking are duplicates")
+               if fence else "its late writes land over drain 2's: stale writes",
+               {"pushes_after_wake": after_wake, "writes_landed": landed, "writes_rejected": len(lost),
+                **_statuses(lab)}, kind="check" if fence else "error")
+    finally:
+        if w.alive:
+            try:
+                os.kill(w.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        w.kill()
+        close_drain(second)
+    shown = Device.count(read_pushes(lab))
+    tr.add("devices", "deliver every push to a model phone (drain.Device)",
+           "the rows pushed again after waking were already delivered by drain 2",
+           {"duplicate_pushes": shown["duplicate_pushes"],
+            "hidden_by_collapse_id": shown["hidden_by_collapse_id"],
+            "visible_duplicates": shown["visible_duplicates"]})
+    tr.summary = {
+        "fence": fence, "lease_s": lease_s, "claimed": len(got), "frozen_after_pushes": freeze_after,
+        "process_state_while_frozen": proc_state, "sessions_while_frozen": sessions,
+        "locks_held_while_frozen": locks, "rows_locked_while_frozen": rows_locked,
+        "claimed_by_others_before_lease_end": len(early) + len(set(at_once) & set(batch_ids)),
+        "claimed_by_others_while_frozen": len(set(taken) & set(batch_ids)),
+        "released_after_s": released_after, "released_by": "lease expiry",
+        "duplicates_after_wake": after_wake,
+        "stale_writes_after_wake": landed,         # every late write is stale: the rows were re-claimed
+        "late_writes_rejected": len(lost),
+        "duplicate_pushes": shown["duplicate_pushes"], "visible_duplicates": shown["visible_duplicates"],
+    }
+    return tr
+
+
+def held_worker(ctx, dsn: str, schema: str, batch: int, freeze_after: int,
+                idle_timeout_s: float) -> dict:
+    """Child process: the anti-pattern drain -- FOR UPDATE SKIP LOCKED inside a transaction
+    held open across the sends -- with ``idle_in_transaction_session_timeout`` set on its
+    session.  It pauses after ``freeze_after`` pushes (the parent freezes it there)."""
+    role = ctx.name.replace(" ", "_")
+    conn = lab_conn(dsn, schema, role)
+    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name)
+    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                 (f"{int(idle_timeout_s * 1000)}ms",))
+    ctx.emit("connected", pid=conn.info.backend_pid, sender_pid=sender.conn.info.backend_pid)
+    query = sql.SQL(read_sql("drain_claim_held.sql")).format(policy=sql.SQL("FOR UPDATE SKIP LOCKED"))
+    with conn.transaction():
+        rows = [Claimed(*r) for r in conn.execute(query, {"batch": batch}).fetchall()]
+        ctx.emit("claimed", ids=[r.id for r in rows])
+        for i, row in enumerate(rows, 1):
+            sender.send(row, by=ctx.name)
+            ctx.emit("sent", id=row.id)
+            if i == freeze_after:
+                ctx.pause("frozen-here")
+        conn.execute(HELD_BUMP, {"ids": [r.id for r in rows], "lease_s": LEASE_S})
+    return {"committed": len(rows)}
+
+
+def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
+                      idle_timeout_s: float = 2.0, wait_s: float = 30) -> dict:
+    """The same freeze, for a drain that holds its claim in an open transaction (the
+    anti-pattern of section 3): its session is *idle in transaction* and keeps its row
+    locks while it is frozen.  Measured: how long until they go, and what ends them --
+    here ``idle_in_transaction_session_timeout`` (``idle_timeout_s``, set on the frozen
+    drain's session; 0, the default, would never end it)."""
+    import psutil
+
+    from .procs import Worker
+
+    check_params(batch=batch, idle_timeout_s=idle_timeout_s, wait_s=wait_s)
+    if not 1 <= freeze_after < batch:
+        raise LabkitError(f"freeze_after={freeze_after} must leave unsent rows in the batch of {batch}.",
+                          "pass 1 <= freeze_after < batch (3 of 10 by default).")
+    if not 0 < idle_timeout_s < wait_s:
+        raise LabkitError(f"idle_timeout_s={idle_timeout_s} must be above 0 and below wait_s={wait_s}.",
+                          "pass idle_timeout_s=2 (seconds) and leave wait_s at 30.")
+    create_ledger(lab, batch)
+    w = Worker(held_worker, name="drain 1", dsn=lab.db.dsn, schema=lab.schema, batch=batch,
+               freeze_after=freeze_after, idle_timeout_s=idle_timeout_s)
+    second = make_drain(lab, "drain 2", batch=batch)
+    try:
+        w.start()
+        ev = w.wait_for("connected", timeout=60)
+        pid = ev["pid"]
+        got = w.wait_for("claimed", timeout=60)["ids"]
+        w.wait_for("paused", tag="frozen-here", timeout=60)
+        os.kill(w.pid, signal.SIGSTOP)
+        w.resume()
+        t0 = time.monotonic()
+        while psutil.Process(w.pid).status() != psutil.STATUS_STOPPED and time.monotonic() - t0 < 5:
+            time.sleep(0.005)
+        state = lab.execute(BACKENDS, ([pid],))[0][0]
+        locked = _locked_among(lab, got)
+        others_early = len(second.claim())
+        while _locked_among(lab, got) and time.monotonic() - t0 < wait_s:
+            time.sleep(0.02)
+        released_after = time.monotonic() - t0
+        still = _locked_among(lab, got)
+        gone = not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        taken = [c.id for c in second.tick().claimed] if not still else []
+        os.kill(w.pid, signal.SIGCONT)
+        w.wait_exit(60)
+        failed = [e["error"] for e in w.events if e["kind"] == "failed"]
+    finally:
+        if w.alive:
+            try:
+                os.kill(w.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        w.kill()
+        close_drain(second)
+    shown = Device.count(read_pushes(lab))
+    return {"claimed": len(got), "session_while_frozen": state, "locks_held_while_frozen": locked,
+            "claimed_by_others_before_release": others_early,
+            "released_after_s": round(released_after, 2) if not still else None,
+            "released_by": ("idle_in_transaction_session_timeout" if gone and not still
+                            else "nothing yet"),
+            "claimed_by_others_while_frozen": len(set(taken) & set(got)),
+            "wake_error": failed[-1] if failed else None,
+            "duplicate_pushes": shown["duplicate_pushes"]}
+
+
+def freeze_trace(lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
+                 fence: bool = True, others: int = 10) -> dict:
+    """:func:`frozen_drain`'s summary: ``locks_held_while_frozen``,
+    ``claimed_by_others_while_frozen``, ``released_after_s``, ``released_by``,
+    ``duplicates_after_wake``, ``stale_writes_after_wake`` (late writes that landed) and more."""
+    return dict(frozen_drain(lab, batch=batch, freeze_after=freeze_after, lease_s=lease_s,
+                             fence=fence, others=others).summary)
 
 
 # -- trace 2: the anti-pattern, measured -------------------------------------------------------
@@ -647,21 +1165,35 @@ def run_ticks(lab, clock: Clock, *, ticks: int, every_s: float, batch: int = 50,
 
 @entry_point("labkit trace drain")
 def main(argv: list[str] | None = None) -> int:
-    """``labkit trace drain [--batch 50] [--crash-after 12] [--lease 120] [--json]``"""
+    """``labkit trace drain [--batch 50] [--crash-after 12 | --freeze-after 12] [--lease S]
+    [--no-fence] [--json]``"""
     import labkit
 
     p = argparse.ArgumentParser(prog="labkit trace drain",
-                                description="Trace a lease-based drain killed mid-send, on a real server.")
+                                description="Trace a lease-based drain killed (or frozen) mid-send, "
+                                            "on a real server.")
     p.add_argument("--batch", type=int, default=50, help="rows the drain claims (default 50)")
-    p.add_argument("--crash-after", type=int, default=12, help="pushes sent before SIGKILL (default 12)")
-    p.add_argument("--lease", type=float, default=LEASE_S, help="lease in seconds (default 120)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--crash-after", type=int, default=12, help="pushes sent before SIGKILL (default 12)")
+    how.add_argument("--freeze-after", type=int, default=None,
+                     help="freeze the drain (SIGSTOP) after this many pushes instead of killing it; "
+                          "wake it (SIGCONT) once the others re-claimed its rows")
+    p.add_argument("--lease", type=float, default=None,
+                   help="lease in seconds (default 120; 5 with --freeze-after)")
+    p.add_argument("--no-fence", dest="fence", action="store_false",
+                   help="with --freeze-after: outcome writes by id only (the late writes land)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
+    lease = args.lease if args.lease is not None else (5.0 if args.freeze_after is not None else LEASE_S)
     try:
-        check_params(batch=args.batch, lease_s=args.lease)     # before anything is created
+        check_params(batch=args.batch, lease_s=lease)     # before anything is created
         # a schema of this run's own: two runs at once never touch each other's tables
         with labkit.connect(quiet=args.json).lab(f"trace_drain_{os.getpid()}") as lab:
-            tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=args.lease)
+            if args.freeze_after is not None:
+                tr = frozen_drain(lab, batch=args.batch, freeze_after=args.freeze_after, lease_s=lease,
+                                  fence=args.fence)
+            else:
+                tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=lease)
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,10 @@ the zombie's send returns and it writes its stale outcome:
   and the zombie learns it lost the lease.
 
 Both runs are scripted steps in one process on the lab's frozen clock, so the trace
-reproduces exactly. :func:`check_fenced_write` runs a reader's completion write as the
+reproduces exactly.  ``zombie_push`` scripts the zombie's own push: ``"lost"`` (it never
+reaches the device) or ``"delivered"`` (it reached the device; only the answer was lost, so
+the request timed out) -- the case the fence cannot help with: the device then has the push
+twice, and only a receiver that checks a key (the delivery id) shows it once. :func:`check_fenced_write` runs a reader's completion write as the
 zombie and as the live worker and says whether the stale write got through.
 """
 
@@ -40,10 +43,15 @@ def _row(lab, clock: dr.Clock) -> dict:
 
 
 def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: float = 1,
-                 timeout_s: float = 5) -> Trace:
+                 timeout_s: float = 5, zombie_push: str = "lost") -> Trace:
     """Worker 1 claims, its send hangs past the lease; worker 2 re-claims and delivers;
-    worker 1's request then times out and it writes "retry later" — fenced or not."""
+    worker 1's request then times out and it writes "retry later" — fenced or not.
+    ``zombie_push="delivered"``: worker 1's push did reach the device before its request
+    timed out."""
     dr.check_params(lease_s=lease_s, overrun_s=overrun_s, timeout_s=timeout_s)
+    if zombie_push not in ("lost", "delivered"):
+        raise LabkitError(f"zombie_push={zombie_push!r}: the zombie's push is either lost or delivered.",
+                          "pass zombie_push='lost' (scripted never to arrive) or 'delivered'.")
     if overrun_s <= 0:
         raise LabkitError("overrun_s must be > 0: the zombie exists only once its lease ran out.",
                           "pass overrun_s=1 (one second past the lease).")
@@ -53,7 +61,8 @@ def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: fl
                           "pass timeout_s larger than overrun_s (defaults: 5 and 1).")
     clock = dr.create_ledger(lab, 1, no_collapse_every=1)   # no collapse id: duplicates show
     tr = Trace(f"Zombie worker, {'WITH' if fence else 'WITHOUT'} a fence "
-               f"({'WHERE id AND claim_version' if fence else 'WHERE id'})")
+               f"({'WHERE id AND claim_version' if fence else 'WHERE id'})"
+               + ("; its push was delivered, only the answer was lost" if zombie_push == "delivered" else ""))
     w1 = dr.make_drain(lab, "worker 1", batch=1, lease_s=lease_s, fence=fence)
     w2 = dr.make_drain(lab, "worker 2", batch=1, lease_s=lease_s, fence=fence)
     try:
@@ -61,8 +70,16 @@ def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: fl
         tr.add("worker 1", "claim delivery 1",
                f"the claim hands out claim_version {mine.claim_version} and a {lease_s:.0f} s lease",
                _row(lab, clock))
-        tr.add("worker 1", "send the push to APNs … no answer",
-               "the request hangs (a slow network, a stalled connection): the worker waits", {})
+        if zombie_push == "delivered":
+            w1.sender.send(mine)        # it reaches the device; the answer never comes back
+            tr.add("worker 1", "send the push to APNs … it reaches the device, the answer does not",
+                   "the request hangs (a slow network, a stalled connection): the worker waits, "
+                   "not knowing the push was delivered",
+                   {"pushes_to_device": lab.execute(PUSHES_TO_DEVICE)[0][0]})
+        else:
+            tr.add("worker 1", "send the push to APNs … no answer",
+                   "the request hangs (a slow network, a stalled connection): the worker waits; "
+                   "scripted: this push never reaches the device", {})
         clock.advance(lease_s + overrun_s)
         tr.add("clock", f"+{lease_s + overrun_s:.0f} s: the lease has run out",
                "worker 1 is still waiting for APNs: alive, but no longer the owner — a zombie",
@@ -76,7 +93,7 @@ def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: fl
         tr.add("worker 2", f"push delivered; write '{live_out.outcome}' (matched {live_rows} row)",
                "the device has the notification and the ledger says so: the correct state",
                {**_row(lab, clock), "pushes_to_device": lab.execute(PUSHES_TO_DEVICE)[0][0]})
-        correct = "sent" if lab.execute(PUSHES_TO_DEVICE)[0][0] else "pending"
+        correct = "sent"                # worker 2's push was delivered and recorded
 
         clock.advance(timeout_s - overrun_s)
         zombie_rows = w1.complete(mine, dr.Outcome("retry", "timeout: no answer from APNs"))
@@ -99,17 +116,30 @@ def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: fl
         clock.advance(wait)
         res = w2.tick()
         pushes = lab.execute(PUSHES_TO_DEVICE)[0][0]
-        tr.add("worker 2", f"clock +{wait:.0f} s; the next tick claims {len(res.claimed)} row(s)",
-               "the clobbered row is due again, so the device gets the same push twice"
-               if res.claimed else "nothing is due: the delivery stays sent, pushed once",
+        pushes_list = dr.read_pushes(lab)
+        shown = len(dr.Device().show(pushes_list))
+        keyed = len(dr.Device(dedup_on="delivery_id").show(pushes_list))
+        if res.claimed:
+            why = "the clobbered row is due again, so the device gets the same push again"
+        elif pushes > 1:
+            why = ("nothing is due: the ledger stays right (sent), but the device got the push twice — "
+                   "the zombie's, delivered before its request timed out, and worker 2's")
+        else:
+            why = "nothing is due: the delivery stays sent, pushed once"
+        tr.add("worker 2", f"clock +{wait:.0f} s; the next tick claims {len(res.claimed)} row(s)", why,
                {"at": f"T+{clock.elapsed():.0f} s", "status": lab.execute(ROW)[0][0],
                 "pushes_to_device": pushes})
+        tr.add("device", "show the pushes (drain.Device; the pushes carry no collapse id)",
+               "a plain phone shows every push it got; a receiver that keeps the delivery ids it has "
+               "seen (the idempotency key sent with the push) shows it once",
+               {"banners_shown": shown, "banners_with_delivery_id_key": keyed}, kind="check")
     finally:
         dr.close_drain(w1)
         dr.close_drain(w2)
-    tr.summary = {"fence": fence, "zombie_write_rows": zombie_rows, "final_status": final,
-                  "correct_status": correct, "clobbered": final != correct,
-                  "reclaimed_after_zombie": len(res.claimed), "pushes_to_device": pushes}
+    tr.summary = {"fence": fence, "zombie_push": zombie_push, "zombie_write_rows": zombie_rows,
+                  "final_status": final, "correct_status": correct, "clobbered": final != correct,
+                  "reclaimed_after_zombie": len(res.claimed), "pushes_to_device": pushes,
+                  "banners_shown": shown, "banners_with_delivery_id_key": keyed}
     return tr
 
 
@@ -216,13 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--fence", dest="fence", action="store_true", help="writes carry claim_version")
     g.add_argument("--no-fence", dest="fence", action="store_false", help="writes match by id only")
     p.add_argument("--lease", type=float, default=dr.LEASE_S, help="lease in seconds (default 120)")
+    p.add_argument("--zombie-push", choices=["lost", "delivered"], default="lost",
+                   help="the zombie's own push: scripted never to arrive (default), or delivered "
+                        "although its request timed out")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
     args = p.parse_args(argv)
     try:
         dr.check_params(lease_s=args.lease)      # before anything is created
         # a schema of this run's own: two runs at once never touch each other's tables
         with labkit.connect(quiet=args.json).lab(f"trace_zombie_{os.getpid()}") as lab:
-            tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease)
+            tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease, zombie_push=args.zombie_push)
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)
         return 2

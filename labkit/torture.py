@@ -18,7 +18,9 @@ workers or this script counted:
   the rows a relay held (its uncommitted batch) at a kill, and no more of them;
 * drain: no claim -- hence no new push -- after a delivery reached a terminal status;
   duplicate pushes bounded by what was leased and unfinished when a lease ran out;
-  with the fence, zero stale writes (without it they are counted);
+  zero stale writes -- the fence's promise, so a run without the fence breaks it;
+  poison rows (their send kills the drain process, every time) dead-lettered at their
+  attempt limit by the claim, and no good row given up on because of them;
 * queue (with a reaper): every job ended DONE or DEAD (dead-lettered), attempts never
   above the maximum, re-runs bounded by the reaper's take-backs.
 
@@ -108,11 +110,14 @@ CREATE TRIGGER torture_audit AFTER UPDATE ON delivery
 """
 
 # Deliveries i..j, due now: every 13th has a dead token (terminal failure), every 7th
-# one that fails transiently on its first attempts.
+# one that fails transiently on its first attempts, the ids in %(poison)s a payload that
+# kills the drain process sending it (a real SIGKILL, every time).
+DRAIN_POISON = (11, 37)
 DRAIN_FILL = """
 INSERT INTO delivery (id, notification_id, device_token, next_attempt_at, coalesce_key)
 SELECT g, 1000 + g,
-       CASE WHEN g %% 13 = 0 THEN 'bad-' WHEN g %% 7 = 0 THEN 'flaky-' ELSE 'dev-' END
+       CASE WHEN g = ANY(%(poison)s) THEN 'poison-'
+            WHEN g %% 13 = 0 THEN 'bad-' WHEN g %% 7 = 0 THEN 'flaky-' ELSE 'dev-' END
            || lpad(g::text, 6, '0'),
        lab_now(), 'notif-' || (1000 + g)
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
@@ -145,7 +150,15 @@ DRAIN_CHECKS = {
          WHERE d.status = 'sent'
            AND NOT EXISTS (SELECT 1 FROM device_push p WHERE p.delivery_id = d.id)""",
     # a good token that ended failed: given up on
-    "good_token_failed": "SELECT count(*) FROM delivery WHERE status = 'failed' AND device_token NOT LIKE 'bad-%%'",
+    "good_token_failed": """
+        SELECT count(*) FROM delivery WHERE status = 'failed'
+           AND device_token NOT LIKE 'bad-%%' AND device_token NOT LIKE 'poison-%%'""",
+    "poison_rows": "SELECT count(*) FROM delivery WHERE device_token LIKE 'poison-%%'",
+    # dead-lettered by the claim: failed, attempts used up, none of them reported
+    "poison_dead_lettered": """
+        SELECT count(*) FROM delivery WHERE device_token LIKE 'poison-%%' AND status = 'failed'
+           AND attempts = %(max)s AND outcomes = 0 AND last_error LIKE 'abandoned after %%'""",
+    "poison_pushed": "SELECT count(*) FROM device_push WHERE device_token LIKE 'poison-%%'",
     "bad_token_pushed": """
         SELECT count(*) FROM device_push WHERE device_token LIKE 'bad-%%'""",
     # a terminal status written over by a later write (a clobber)
@@ -209,9 +222,10 @@ QUEUE_CHECKS = {
 }
 
 
-def drain_counts(lab) -> dict[str, int]:
+def drain_counts(lab, max_attempts: int = dr.MAX_ATTEMPTS) -> dict[str, int]:
     """Every count of DRAIN_CHECKS, read from the lab's ledger, pushes and audit."""
-    return {name: int(lab.execute(q)[0][0]) for name, q in DRAIN_CHECKS.items()}
+    return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
+            for name, q in DRAIN_CHECKS.items()}
 
 
 def queue_counts(lab, max_attempts: int) -> dict[str, int]:
@@ -267,6 +281,9 @@ class TortureReport:
                "details": self.details}
         if self.dialect != "relay":
             out["events"] = self.items
+        if self.dialect == "drain":
+            out["poison_rows"] = self.details.get("poison_rows", 0)
+            out["poison_dead_lettered"] = self.details.get("poison_dead_lettered", 0)
         if self.fence is not None:
             out["fence"] = self.fence
         return out
@@ -330,7 +347,7 @@ def drain_loop(ctx, *, dsn: str, schema: str, batch: int, lease_s: float, fence:
     try:
         for c in (conn, sconn):
             c.execute("SELECT set_config('torture.worker', %s, false)", (ctx.name,))
-        sender = dr.PushSender(sconn, name=ctx.name)
+        sender = dr.PushSender(sconn, name=ctx.name, die_on_poison=True)
         drain = dr.Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s, fence=fence,
                          max_attempts=max_attempts)
         ctx.emit("connected", pids=[conn.info.backend_pid, sconn.info.backend_pid])
@@ -798,7 +815,8 @@ class _DrainRun(_Run):
         self.add(items)
 
     def insert(self, first: int, last: int) -> None:
-        self.fill(DRAIN_FILL, {"first": first, "last": last}, last - first + 1)
+        self.fill(DRAIN_FILL, {"first": first, "last": last, "poison": list(DRAIN_POISON)},
+                  last - first + 1)
 
     def new_worker(self, slot: int) -> Worker:
         return Worker(drain_loop, name=f"drain-{slot + 1}-{self.gen}", dsn=self.lab.db.dsn,
@@ -853,9 +871,12 @@ class _DrainRun(_Run):
             self.thaw([w for w in frozen if w is not victim])
             held = [r[0] for r in self.sql(DRAIN_HELD_BY, {"worker": victim.name})]
             deadline = time.monotonic() + 3.0 + k.hold_s
-            while held and time.monotonic() < deadline and self.alive() != [victim]:
+            while held and time.monotonic() < deadline:
                 if not self.sql(DRAIN_HELD_BY, {"worker": victim.name}):
                     break
+                for slot, w in enumerate(self.slots):     # a drain a poison row killed meanwhile
+                    if w is not victim and (w is None or not w.alive):
+                        self.ensure(slot)
                 self.top_up()
                 time.sleep(0.02)
             time.sleep(k.hold_s)
@@ -864,7 +885,7 @@ class _DrainRun(_Run):
 
     def check(self) -> None:
         r = self.report
-        c = drain_counts(self.lab)
+        c = drain_counts(self.lab, dr.MAX_ATTEMPTS)
         duplicated = {row[0] for row in self.sql(DRAIN_DUPLICATED)}
         r.items = c["deliveries"]
         r.lost = c["pending"] + c["sent_never_pushed"] + c["good_token_failed"]
@@ -880,9 +901,11 @@ class _DrainRun(_Run):
                 c["claims_after_terminal"] == 0 and c["pushes_after_terminal"] == 0),
             "duplicate pushes only of rows in flight at a lease expiry": duplicated <= self.in_flight,
             "duplicate pushes <= rows in flight at the lease expiries": r.duplicates <= r.duplicate_bound,
+            f"every poison row dead-lettered at its limit ({dr.MAX_ATTEMPTS}), never pushed": (
+                c["poison_dead_lettered"] == c["poison_rows"] and c["poison_pushed"] == 0),
+            # the fence's promise, checked with the fence and without it: unfenced, it breaks
+            "zero stale writes (the fence's promise)": r.stale_writes == 0,
         }
-        if self.fence:
-            r.invariants["zero stale writes (fenced)"] = r.stale_writes == 0
         r.details = {**{k: v for k, v in c.items() if k not in ("deliveries", "stale_writes")},
                      "clock_jumps": self.jumps,
                      "sent": self.sql("SELECT count(*) FROM delivery WHERE status = 'sent'")[0][0],

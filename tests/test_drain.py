@@ -83,8 +83,9 @@ def test_in_and_cte_forms_claim_the_same_rows_and_skip_each_others(lab):
         # both in open transactions: B's subselect must skip A's locked rows, not wait
         a.execute("SET lock_timeout = '2s'")
         b.execute("SET lock_timeout = '2s'")
-        ra = a.execute(read_sql("drain_claim.sql"), {"batch": 3, "lease_s": 120}).fetchall()
-        rb = b.execute(read_sql("drain_claim_cte.sql"), {"batch": 3, "lease_s": 120}).fetchall()
+        params = {"batch": 3, "lease_s": 120, "max_attempts": 5}
+        ra = a.execute(read_sql("drain_claim.sql"), params).fetchall()
+        rb = b.execute(read_sql("drain_claim_cte.sql"), params).fetchall()
         assert sorted(r[0] for r in ra) == [1, 2, 3] and sorted(r[0] for r in rb) == [4, 5, 6]
     finally:
         a.rollback(), b.rollback(), a.close(), b.close()
@@ -133,6 +134,113 @@ def test_flaky_token_is_delivered_once_it_recovers(lab):
     clock.advance(10)
     assert d.tick().outcomes[1].outcome == "sent"
     assert row(lab, 1)[0] == "sent"
+
+
+# -- the dead letter and the suspects -------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["in", "cte"])
+def test_the_claim_dead_letters_a_row_whose_attempts_are_used_up(lab, form):
+    clock = dr.create_ledger(lab, 3)
+    d = dr.make_drain(lab, "d", batch=3, max_attempts=2, form=form)
+    try:
+        for _ in range(2):                       # two claims, no outcome: two crashed attempts
+            assert [c.id for c in d.claim()] == [1, 2, 3]
+            clock.advance(dr.LEASE_S)
+        lab.execute("UPDATE delivery SET outcomes = 1 WHERE id = 3")   # row 3 reported once
+        assert d.claim() == []                   # nothing handed to the sender ...
+        # rows 1 and 2 are suspects (two attempts without an outcome): one per claim
+        assert [r[0] for r in lab.execute("SELECT status FROM delivery ORDER BY id")] == [
+            "failed", "pending", "failed"]
+        assert d.claim() == []
+        rows = lab.execute("SELECT id, status, attempts, last_error FROM delivery ORDER BY id")
+        assert [r[1] for r in rows] == ["failed"] * 3 and [r[2] for r in rows] == [2, 2, 2]
+        assert rows[0][3] == "abandoned after 2 attempts, 2 of them without an outcome"
+        assert rows[2][3] == "abandoned after 2 attempts, 1 of them without an outcome"
+        clock.advance(86_400)
+        assert d.claim() == []                   # ... and a dead letter is never due again
+    finally:
+        dr.close_drain(d)
+
+
+def test_a_suspect_is_claimed_alone_among_suspects_and_sent_last(lab):
+    clock = dr.create_ledger(lab, 6)
+    lab.execute("UPDATE delivery SET attempts = 2 WHERE id IN (1, 2)")   # two attempts, no outcome
+    d = dr.make_drain(lab, "d", batch=4)
+    try:
+        got = d.claim()
+        assert [(c.id, c.suspect) for c in got] == [(1, True), (3, False), (4, False), (5, False)]
+        assert [c.id for c in dr.send_order(got)] == [3, 4, 5, 1]
+        res = d.tick()                           # row 2: the next suspect, with row 6
+        assert [(c.id, c.suspect) for c in res.claimed] == [(2, True), (6, False)]
+        assert lab.execute("SELECT outcomes, reported_version = claim_version FROM delivery "
+                           "WHERE id = 2") == [(1, True)]
+    finally:
+        dr.close_drain(d)
+
+
+def test_a_poison_row_kills_real_drains_until_the_claim_dead_letters_it(lab):
+    tr = dr.poison_trace(lab, rows=3, poison=3, max_attempts=4)
+    s = tr.summary
+    assert s["poison_status"] == "failed" and s["poison_attempts"] == 4
+    assert s["poison_outcomes"] == 0 and s["crashes"] == 4 and s["poison_pushed"] == 0
+    assert s["poison_last_error"] == "abandoned after 4 attempts, 4 of them without an outcome"
+    assert s["others_sent"] == s["others"] == 2          # its batch-mates were delivered
+    assert sum(st.kind == "crash" for st in tr.steps) == 4
+    with pytest.raises(LabkitError, match="poison row"):   # never in the kernel
+        dr.create_ledger(lab, 1, poison=(1,))
+        dr.make_drain(lab, "k", batch=1).tick()
+
+
+def test_crashed_twice_counts_crashes_not_attempts(lab):
+    kills = dr.crash_histories(lab)
+    truth = sorted(i for i, n in kills.items() if n >= 2)
+    assert kills == {1: 2, 2: 2, 3: 1}
+    assert [r[0] for r in lab.execute(read_sql("drain_crashed_twice.sql"))] == truth == [1, 2]
+    assert [r[0] for r in lab.execute(dr.OLD_CRASHED_TWICE)] != truth     # the old answer: [2, 3]
+
+
+# -- the phone --------------------------------------------------------------------------------
+
+
+def test_device_collapses_by_collapse_id_and_drops_repeated_keys():
+    pushes = [("t1", 1, "c1", 10), ("t1", 1, "c1", 10), ("t1", 2, None, 11), ("t1", 2, None, 11),
+              ("t2", 3, "c3", 12), ("t1", 4, "c1", 13)]
+    phone = dr.Device("t1")
+    shown = phone.show(pushes)
+    assert [(b.notification_id, b.collapse_id, b.pushes) for b in shown] == [(4, "c1", 3), (2, None, 1),
+                                                                            (2, None, 1)]
+    assert phone.received == 5 and phone.replaced == 2 and phone.visible_duplicates == 1
+    c = dr.Device.count(pushes)
+    assert c == {"pushes": 6, "banners": 4, "notifications": 3, "duplicate_pushes": 2,
+                 "visible_duplicates": 1, "hidden_by_collapse_id": 2, "dropped_by_key": 0}
+    keyed = dr.Device.count(pushes, dedup_on="delivery_id")
+    assert keyed["dropped_by_key"] == 2 and keyed["visible_duplicates"] == 0
+    with pytest.raises(LabkitError, match="not a push"):
+        dr.Device().receive(42)
+    with pytest.raises(LabkitError, match="deduplicate"):
+        dr.Device(dedup_on="delivery_id").receive({"device_token": "t", "notification_id": 1,
+                                                   "collapse_id": None})
+
+
+# -- a frozen drain ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fence", [True, False])
+def test_a_frozen_drain_holds_no_lock_and_the_lease_frees_its_rows(lab, fence):
+    s = dr.freeze_trace(lab, batch=10, freeze_after=4, lease_s=3, fence=fence)
+    assert s["process_state_while_frozen"] == "stopped" and s["sessions_while_frozen"] == "idle"
+    assert s["locks_held_while_frozen"] == 0 and s["rows_locked_while_frozen"] == 0
+    assert s["claimed_by_others_before_lease_end"] == 0
+    assert s["claimed_by_others_while_frozen"] == 10
+    assert s["released_after_s"] == 3 and s["released_by"] == "lease expiry"
+    assert s["duplicates_after_wake"] == 6                  # the 6 it had not sent yet
+    if fence:
+        assert s["stale_writes_after_wake"] == 0 and s["late_writes_rejected"] == 10
+    else:
+        assert s["stale_writes_after_wake"] == 10 and s["late_writes_rejected"] == 0
+    with pytest.raises(LabkitError, match="freeze_after"):
+        dr.freeze_trace(lab, batch=5, freeze_after=5)
 
 
 # -- trace 1: the crash ---------------------------------------------------------------------
@@ -205,6 +313,19 @@ def test_zombie_with_fence_is_told_it_lost_the_lease(lab):
     assert s["reclaimed_after_zombie"] == 0 and s["pushes_to_device"] == 1
 
 
+@pytest.mark.parametrize("fence", [True, False])
+def test_a_zombie_push_that_was_delivered_reaches_the_device_twice_fence_or_not(lab, fence):
+    s = fencing.zombie_trace(lab, fence=fence, zombie_push="delivered").summary
+    assert s["zombie_push"] == "delivered" and s["clobbered"] is (not fence)
+    assert s["pushes_to_device"] == (2 if fence else 3)  # the fence protects the row, not the device
+    assert s["banners_shown"] == s["pushes_to_device"]   # no collapse id: every push is a banner
+    assert s["banners_with_delivery_id_key"] == 1        # a receiver keyed on the delivery id: once
+    pushes = dr.read_pushes(lab)
+    assert len(dr.Device(dedup_on="claim_version").show(pushes)) == len(pushes)   # a per-claim key: no dedup
+    with pytest.raises(LabkitError, match="lost or delivered"):
+        fencing.zombie_trace(lab, fence=True, zombie_push="maybe")
+
+
 def test_fenced_drain_reports_lost_leases(lab):
     clock = dr.create_ledger(lab, 2)
     zombie = dr.make_drain(lab, "z", batch=2, fence=True)
@@ -253,6 +374,20 @@ def test_cli_trace_drain_and_zombie_json(capsys):
     assert fencing.main(["--fence", "--json"]) == 0
     z = json.loads(capsys.readouterr().out)
     assert z["clobbered"] is False and z["final_status"] == "sent"
+    assert fencing.main(["--fence", "--zombie-push", "delivered", "--json"]) == 0
+    z = json.loads(capsys.readouterr().out)
+    assert z["clobbered"] is False and z["pushes_to_device"] == 2 and z["banners_with_delivery_id_key"] == 1
+
+
+def test_cli_trace_drain_freeze_after(capsys):
+    assert dr.main(["--batch", "20", "--freeze-after", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("locks_held_while_frozen", "claimed_by_others_while_frozen", "released_after_s",
+                "released_by", "duplicates_after_wake", "stale_writes_after_wake"):
+        assert key in out
+    assert out["locks_held_while_frozen"] == 0 and out["claimed_by_others_while_frozen"] == 20
+    assert out["released_after_s"] == 5 and out["stale_writes_after_wake"] == 0
+    assert out["duplicates_after_wake"] == 15
 
 
 def test_traces_leave_no_session_or_worker_behind(lab, db):
@@ -261,6 +396,8 @@ def test_traces_leave_no_session_or_worker_behind(lab, db):
     from conftest import backends_of
 
     dr.crash_trace(lab, batch=6, crash_after=2, warmup=0, others=0)
+    dr.freeze_trace(lab, batch=6, freeze_after=2, lease_s=2)
+    dr.poison_trace(lab, rows=2, poison=1, max_attempts=2)
     fencing.zombie_trace(lab, fence=True)
     deadline = time.monotonic() + 10  # a closed connection's server process exits a moment later
     while True:

@@ -63,6 +63,19 @@ def test_fenced_drain_never_pushes_after_terminal_and_writes_nothing_stale(lab, 
     _assert_report_shape(rep, 4)
     assert rep.stale_writes == 0 and rep.fence is True
     assert rep.details["terminal_overwritten"] == 0
+    doc = rep.to_dict()                      # the poison rows (ids 11, 37) died at their limit
+    assert doc["poison_rows"] == len(tt.DRAIN_POISON) and doc["poison_dead_lettered"] == doc["poison_rows"]
+    assert rep.details["poison_pushed"] == 0 and rep.crashes_on_their_own > 0
+
+
+def test_the_unfenced_drain_breaks_the_zero_stale_writes_invariant(capsys):
+    # seed 1 plans stalls: each stalled drain wakes up as a zombie and writes by id only
+    assert "stall" in {k.kind for k in tt.plan("drain", 8, 1, 2, 5)}
+    assert tt.main(["drain", "--no-fence", "--kills", "8", "--seed", "1", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["invariants_hold"] is False and doc["fence"] is False and doc["stale_writes"] > 0
+    assert doc["invariants"]["zero stale writes (the fence's promise)"] is False
+    assert doc["lost"] == 0 and doc["poison_dead_lettered"] == doc["poison_rows"] > 0
 
 
 @FEW
@@ -96,7 +109,7 @@ def _zombie_write(lab, fence: bool) -> dict:
     """One stale completion, scripted: the checks must count it (or the fence refuse it)."""
     clock = dr.create_ledger(lab, 0)
     lab.execute(tt.DRAIN_AUDIT)
-    lab.execute(tt.DRAIN_FILL, {"first": 1, "last": 1})
+    lab.execute(tt.DRAIN_FILL, {"first": 1, "last": 1, "poison": []})
     zombie = dr.make_drain(lab, "zombie", batch=1, fence=fence)
     live = dr.make_drain(lab, "live", batch=1, fence=fence)
     try:

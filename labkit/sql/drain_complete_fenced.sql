@@ -11,6 +11,8 @@ UPDATE delivery
                               THEN lab_now() + drain_backoff(attempts)
                               ELSE next_attempt_at END,
        last_error = %(error)s::text,
-       sent_at    = CASE WHEN %(outcome)s::text = 'sent' THEN lab_now() END
+       sent_at    = CASE WHEN %(outcome)s::text = 'sent' THEN lab_now() END,
+       outcomes   = outcomes + 1,                  -- attempts - outcomes: attempts with no outcome
+       reported_version = claim_version            -- the claim whose outcome this is
  WHERE id = %(id)s
    AND claim_version = %(claim_version)s

@@ -25,6 +25,8 @@ $$;
 
 -- One row per (notification, device). pending rows are claimable once
 -- next_attempt_at has passed; sent and failed are terminal and never claimed again.
+-- attempts counts claims (so a crashed attempt counts), outcomes counts outcome writes:
+-- attempts - outcomes is how many attempts never reported (the drain died or hung).
 CREATE TABLE delivery (
     id               bigint      PRIMARY KEY,
     notification_id  bigint      NOT NULL,
@@ -35,6 +37,8 @@ CREATE TABLE delivery (
     next_attempt_at  timestamptz NOT NULL,
     coalesce_key     text,                 -- sent as the push's collapse id
     claim_version    bigint      NOT NULL DEFAULT 0,   -- +1 on every claim: the fence
+    outcomes         integer     NOT NULL DEFAULT 0,   -- +1 on every outcome write
+    reported_version bigint      NOT NULL DEFAULT 0,   -- the claim the last outcome write was for
     last_error       text,
     sent_at          timestamptz
 );
@@ -46,7 +50,8 @@ CREATE INDEX delivery_due_idx ON delivery (next_attempt_at, id) WHERE status = '
 -- drain transaction (the service keeps it whether or not the drain survives).
 CREATE TABLE device_push (
     seq              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    delivery_id      bigint      NOT NULL,
+    delivery_id      bigint      NOT NULL,     -- sent with the push: a key a receiver can check
+    claim_version    bigint      NOT NULL,     -- the claim the push was sent under
     device_token     text        NOT NULL,
     notification_id  bigint      NOT NULL,
     collapse_id      text,
