@@ -189,7 +189,8 @@ commands:
   drill check                                    validate the question bank and the quiz
   trace relay|dual-write|broker-down [--batch 100 --crash-after 40] [--broker recording|rabbitmq] [--json]
   trace drain [--batch 50 --crash-after 12] [--json]   the drain crashed mid-send, replayed
-  trace zombie --fence|--no-fence [--json]             a zombie worker's late write
+  trace drain --freeze-after 12 [--no-fence] [--json]  the drain frozen (SIGSTOP) mid-send, then woken
+  trace zombie --fence|--no-fence [--zombie-push lost|delivered] [--json]   a zombie worker's late write
 """
 
 

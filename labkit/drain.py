@@ -797,6 +797,22 @@ def crash_histories(lab) -> dict[int, int]:
 # -- trace: a drain frozen, not killed -----------------------------------------------------------
 
 
+def _wait_stopped(pid: int, timeout: float = 5) -> str:
+    """Wait until our child ``pid`` is stopped (SIGSTOP is delivered a moment after it is
+    sent): "stopped", or "running" if it is not after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got, status = os.waitpid(pid, os.WUNTRACED | os.WNOHANG)
+        except ChildProcessError:
+            return "gone"
+        if got == pid and os.WIFSTOPPED(status):
+            return "stopped"
+        if time.monotonic() > deadline:
+            return "running"
+        time.sleep(0.005)
+
+
 BACKENDS = ("SELECT coalesce(string_agg(DISTINCT state, ', '), 'gone') FROM pg_stat_activity "
             "WHERE pid = ANY(%s)")
 LOCKS_OF = "SELECT count(*) FROM pg_locks WHERE pid = ANY(%s)"
@@ -809,8 +825,6 @@ def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float
     long GC pause: the process is alive and its connections stay open.  What the server
     sees while it is frozen; who may take its rows and when; what it does when it wakes.
     The lab's clock is frozen, so the trace reproduces exactly."""
-    import psutil
-
     from .procs import Worker
 
     check_params(batch=batch, lease_s=lease_s, others=others)
@@ -835,10 +849,7 @@ def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float
         w.wait_for("paused", tag=f"sent-{freeze_after}", timeout=60)
         os.kill(w.pid, signal.SIGSTOP)
         w.resume()                      # queued: it goes on only once it is woken up
-        deadline = time.monotonic() + 5  # the signal is delivered a moment later
-        while (proc_state := psutil.Process(w.pid).status()) != psutil.STATUS_STOPPED \
-                and time.monotonic() < deadline:
-            time.sleep(0.005)
+        proc_state = _wait_stopped(w.pid)
         frozen_at = clock.now()
         lease_until = lab.execute("SELECT max(next_attempt_at) FROM delivery WHERE id = ANY(%s)",
                                   (got,))[0][0]
@@ -944,8 +955,6 @@ def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
     locks while it is frozen.  Measured: how long until they go, and what ends them --
     here ``idle_in_transaction_session_timeout`` (``idle_timeout_s``, set on the frozen
     drain's session; 0, the default, would never end it)."""
-    import psutil
-
     from .procs import Worker
 
     check_params(batch=batch, idle_timeout_s=idle_timeout_s, wait_s=wait_s)
@@ -968,8 +977,7 @@ def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
         os.kill(w.pid, signal.SIGSTOP)
         w.resume()
         t0 = time.monotonic()
-        while psutil.Process(w.pid).status() != psutil.STATUS_STOPPED and time.monotonic() - t0 < 5:
-            time.sleep(0.005)
+        _wait_stopped(w.pid)
         state = lab.execute(BACKENDS, ([pid],))[0][0]
         locked = _locked_among(lab, got)
         others_early = len(second.claim())
