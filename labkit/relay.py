@@ -269,6 +269,8 @@ def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "rela
     conn = _relay_conn(dsn, schema, role, idle_timeout_s)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     ctx.emit("connected", pid=conn.info.backend_pid)
+    if "ready" in pause_at:                   # a common start for relays that then run free
+        ctx.pause("ready")
 
     seen: dict[str, int] = {}
 
@@ -878,6 +880,43 @@ def _trace_commit_every(lab, broker: Broker, batch: int, commit_every: int) -> T
         return _finish(tr, lab, broker, obs, {"crashes": 0, "claimed_by_both": overlap})
     finally:
         obs.close()
+
+
+def free_relays(lab, broker: Broker | None = None, *, orders: int = 1000, batch: int = 100,
+                commit_every: int | None = None, relays: int = 2) -> dict:
+    """``relays`` relay processes drain a backlog of ``orders`` with nothing scripted but a
+    common start: each runs its own ticks until it finds nothing to claim.  No process
+    crashes.  Returns the outcome read from the database and the broker (duplicates,
+    lost events), and how many messages each relay published."""
+    number("orders", orders, low=1, high=MAX_ORDERS, whole=True, example=1000)
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=100)
+    number("relays", relays, low=1, high=16, whole=True, example=2)
+    if commit_every is not None:
+        number("commit_every", commit_every, low=1, high=MAX_BATCH, whole=True, example=10)
+    with _OwnBroker(lab, broker) as bk:
+        broker, obs = _start(lab, bk, orders)
+        try:
+            workers = [_relay(lab, broker, f"relay-{i}", batch=batch, commit_every=commit_every,
+                              pause_at=["ready"]) for i in range(1, relays + 1)]
+            try:
+                for w in workers:
+                    w.start()
+                    obs.watch(w)
+                    w.wait_for("paused", tag="ready", timeout=60)
+                for w in workers:
+                    w.resume()
+                for w in workers:
+                    w.join(120)
+            finally:
+                for w in workers:
+                    w.kill()
+            published = [len([e for e in w.events if e["kind"] == "published"]) for w in workers]
+            depth = broker.depth()
+            delivered = consume(lab, broker)
+            return {"relays": relays, "commit_every": commit_every, "published_by": published,
+                    **obs.outcome(delivered, depth)}
+        finally:
+            obs.close()
 
 
 TRACES = {"relay": trace_relay_crash, "dual-write": trace_dual_write, "broker-down": trace_broker_down}
