@@ -829,7 +829,8 @@ def peer(lab, s: Settings, progress=None) -> dict:
 def amqp(s: Settings, progress=None) -> dict:
     """Publish, then consume with acks, ``amqp_messages`` messages through RabbitMQ: a
     transient queue without publisher confirms, and a durable queue with persistent
-    messages and publisher confirms (the broker's equivalent of a committed INSERT)."""
+    messages and publisher confirms (what the broker promises against a durable commit; compare
+    it with the claim's durable figure, not with one measured under fsync = off)."""
     progress = progress or (lambda msg: None)
     url = os.environ.get("LABKIT_AMQP_URL", "").strip()
     if not url:
