@@ -114,6 +114,13 @@ class Lab:
     @property
     def admin(self) -> psycopg.Connection:
         """A long-lived autocommit connection for set-up and inspection."""
+        a = self._admin
+        if a is not None and not a.closed and not a.broken and \
+                a.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+            # Interrupted mid-statement (Ctrl-C, SIGTERM): the connection still waits for
+            # that statement's result and would refuse the next one.  Clean-up needs a
+            # connection that works; this one is dropped (reset() and drop() end its backend).
+            a.close()
         if self._admin is None or self._admin.closed or self._admin.broken:
             self._admin = self.connect(role="admin")
         return self._admin

@@ -262,3 +262,25 @@ def test_a_trainee_needs_only_the_right_to_create_a_schema(trainee):
         assert rep.invariants_hold and rep.kinds.get("terminate", 0) + rep.kinds.get("sigkill", 0) == 2
     finally:
         lab.drop()
+
+
+def test_a_lab_interrupted_mid_statement_still_cleans_up(db):
+    """A signal can land while the admin connection is between sending a statement and
+    reading its result; the connection then refuses the next one ("another command is
+    already in progress").  Dropping the lab must still work: it opens a fresh connection
+    and ends the busy one's backend.  The busy state is made here the way it arises: a
+    statement sent and its result never read."""
+    lab = db.lab(f"mid_statement_{os.getpid()}")
+    lab.create_jobs(1)
+    busy = lab.admin
+    busy.pgconn.send_query(b"SELECT pg_sleep(30)")
+    busy_pid = busy.info.backend_pid
+    t0 = time.monotonic()
+    lab.drop()
+    assert time.monotonic() - t0 < 10
+    with db.connect() as conn:
+        assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (lab.schema,)).fetchone() is None
+        deadline = time.monotonic() + 10
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (busy_pid,)).fetchone():
+            assert time.monotonic() < deadline, "the busy session was left running"
+            time.sleep(0.05)

@@ -93,8 +93,10 @@ def _tidy(db, proc, lab_name: str) -> None:
 RUNS = {
     # a drain torture freezes workers (SIGSTOP) at its "stall" kills: strike while one is frozen
     "torture": (["torture", "drain", "--kills", "400", "--seed", "2"], "torture_drain_{pid}", True),
-    "trace relay": (["trace", "relay", "--batch", "30", "--crash-after", "10", "--broker", "recording"],
-                    "trace_relay_{pid}", False),
+    # a relay trace frozen with no idle timeout stays under way until the lab's watch runs out
+    # (a relay that merely crashes can finish before the test strikes): strike while it is frozen
+    "trace relay": (["trace", "relay", "--batch", "30", "--freeze-after", "10", "--idle-timeout", "0",
+                     "--watch", "30", "--broker", "recording"], "trace_relay_{pid}", True),
 }
 
 
