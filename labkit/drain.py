@@ -359,7 +359,7 @@ class TickResult:
 class Drain:
     """One drain: claim a batch (lease granted in the claim), send, record the outcomes.
 
-    ``fence=False`` is the drain as the source shipped it (outcome written by id only);
+    ``fence=False`` is the drain without a fence (outcome written by id only);
     notebook 08 adds the fence. ``form`` picks the claim's shape: ``"in"`` (the drain's
     ``WHERE id IN (subselect)``) or ``"cte"`` (the form most queue libraries use)."""
 
