@@ -1,4 +1,4 @@
--- Record one send's outcome (as the drain shipped: NOT fenced).
+-- Record one send's outcome (without a fence: written by id only).
 -- %(outcome)s is 'sent', 'retry' (transient: try again after a backoff) or 'failed'
 -- (terminal: a bad device token). attempts is not touched: the claim counted it.
 UPDATE delivery
