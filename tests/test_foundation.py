@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import psycopg
 import pytest
 
@@ -107,6 +108,13 @@ def test_reset_ends_sessions_left_holding_locks(db):
     lab.drop()
 
 
+def _running(proc) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _is_dead(conn) -> bool:
     try:
         conn.execute("SELECT 1")
@@ -195,9 +203,12 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
     assert db.backend == "embedded" and str(st.port) in db.where
     lab = db.lab("killed")
     lab.create_jobs(2)
+    backend = psutil.Process(lab.admin.info.backend_pid)
     os.kill(st.pid, signal.SIGKILL)
+    # The postmaster is gone at once; its backends notice and exit a moment later.  Wait for
+    # the lab's own backend too, or its next statement may still be answered.
     deadline = time.monotonic() + 10
-    while scratch_server._pid() is not None and time.monotonic() < deadline:
+    while (scratch_server._pid() is not None or _running(backend)) and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(ServerError) as err:
         lab.execute("SELECT count(*) FROM job")
