@@ -950,7 +950,11 @@ def trainer_panel(lab, policy: str = "wait", workers: int = 4, job_ms: float = 2
             button.disabled = False
 
     button.on_click(on_click)
-    box = widgets.VBox([widgets.HBox([w_policy, w_n, w_d]), widgets.HBox([w_hold, button]), out])
+    from .plots import static_box
+
+    box = static_box([widgets.HBox([w_policy, w_n, w_d]), widgets.HBox([w_hold, button]), out],
+                     lambda: "trainer panel: policy, workers N, d, lock held, run "
+                             "(its first run is summarised above)")
     display(box)
     return first
 

@@ -29,6 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .plots import static_box
 from .errors import LabkitError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -433,18 +434,6 @@ def _pre(text: str) -> str:
             + html.escape(text) + "</pre>")
 
 
-def _box(children, describe):
-    """A VBox whose text form is one short line from ``describe()`` — what nbval, GitHub
-    and a kernel without the widget front end show instead of the widget."""
-    import ipywidgets as w
-
-    class Box(w.VBox):
-        def __repr__(self) -> str:
-            return describe()
-
-    return Box(children)
-
-
 class Flashcards:
     """Reveal / next flashcards, filtered by level and topic.  ``.box`` is the widget."""
 
@@ -469,7 +458,7 @@ class Flashcards:
         self.prev_button.on_click(lambda _: self.move(-1))
         self.level_pick.observe(lambda _: self.refilter(), names="value")
         self.topic_pick.observe(lambda _: self.refilter(), names="value")
-        self.box = _box([w.HBox([self.level_pick, self.topic_pick]),
+        self.box = static_box([w.HBox([self.level_pick, self.topic_pick]),
                          w.HBox([self.prev_button, self.reveal_button, self.next_button, self.position]),
                          self.card], self.describe)
         self.refilter()
@@ -547,7 +536,7 @@ class Quiz:
         self.check_button.on_click(lambda _: self.check())
         self.next_button.on_click(lambda _: self.move(+1))
         self.prev_button.on_click(lambda _: self.move(-1))
-        self.box = _box([self.statement, self.choice,
+        self.box = static_box([self.statement, self.choice,
                          w.HBox([self.prev_button, self.check_button, self.next_button, self.position]),
                          self.verdict], self.describe)
         self._render()

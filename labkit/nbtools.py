@@ -53,6 +53,10 @@ def clean(nb) -> None:
 HOME_PATH = re.compile(r"(?<![\w.~])(/root/|/home/[^/\s\\\"]+/|/Users/[^/\s\\\"]+/)")
 
 
+# A widget without a static view prints as its repr in every reader that has no widget front end.
+WIDGET_REPR = re.compile(r"\b[HV]Box\(children=")
+
+
 def problems(nb) -> list[str]:
     """What would make a committed notebook untrustworthy."""
     found = []
@@ -69,6 +73,8 @@ def problems(nb) -> list[str]:
             if out.get("output_type") == "error":
                 found.append(f"cell {i} ends in an error ({out.get('ename')})")
             text = json.dumps(out)
+            if WIDGET_REPR.search(text):
+                found.append(f"cell {i} shows a widget's repr instead of a static view")
             if HOME_PATH.search(text):
                 found.append(f"cell {i} shows a home folder path ({HOME_PATH.search(text).group(0)}…)")
     if any("slideshow" not in c.metadata for c in nb.cells):

@@ -26,3 +26,15 @@ def setup_matplotlib() -> None:
         "axes.spines.right": False,
         "svg.hashsalt": "labkit",
     })
+
+
+def static_box(children, describe):
+    """A VBox whose text form is ``describe()``: what nbval, GitHub, the handouts and a kernel
+    without the widget front end show instead of ``VBox(children=...)``."""
+    import ipywidgets as w
+
+    class Box(w.VBox):
+        def __repr__(self) -> str:
+            return describe()
+
+    return Box(children)

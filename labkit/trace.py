@@ -102,7 +102,10 @@ class Trace:
 
         slider.observe(show, names="value")
         show()
-        box = widgets.VBox([widgets.HBox([play, slider]), out])
+        from .plots import static_box
+
+        box = static_box([widgets.HBox([play, slider]), out],
+                         lambda: f"step-through replay of {n} steps (every step is in the transcript above)")
         display(box)
         return box
 

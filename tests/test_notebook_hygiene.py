@@ -30,7 +30,12 @@ def test_problems_are_found_in_a_stale_notebook():
     nb.cells.append(nbformat.v4.new_code_cell("print(path)"))
     nb.cells[2].execution_count = 2
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="data in /home/alice/.cache/x\n")]
+    nb.cells.append(nbformat.v4.new_code_cell("box"))
+    nb.cells[3].execution_count = 3
+    nb.cells[3].outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "VBox(children=(Play(),))"},
+                                                  execution_count=3)]
     found = problems(nb)
+    assert "cell 3 shows a widget's repr instead of a static view" in found
     assert "carries widget state metadata" in found
     assert any("home folder path (/home/alice/" in f for f in found), found
     assert "cell 0 was never executed" in found
