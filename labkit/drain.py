@@ -896,12 +896,7 @@ def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float
                {"pushes_after_wake": after_wake, "writes_landed": landed, "writes_rejected": len(lost),
                 **_statuses(lab)}, kind="check" if fence else "error")
     finally:
-        if w.alive:
-            try:
-                os.kill(w.pid, signal.SIGCONT)
-            except OSError:
-                pass
-        w.kill()
+        w.kill()            # SIGKILL ends the child even while it is stopped
         close_drain(second)
     shown = Device.count(read_pushes(lab))
     tr.add("devices", "deliver every push to a model phone (drain.Device)",
@@ -991,12 +986,7 @@ def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
         w.wait_exit(60)
         failed = [e["error"] for e in w.events if e["kind"] == "failed"]
     finally:
-        if w.alive:
-            try:
-                os.kill(w.pid, signal.SIGCONT)
-            except OSError:
-                pass
-        w.kill()
+        w.kill()            # SIGKILL ends the child even while it is stopped
         close_drain(second)
     shown = Device.count(read_pushes(lab))
     return {"claimed": len(got), "session_while_frozen": state, "locks_held_while_frozen": locked,
