@@ -7,11 +7,11 @@ import os
 import sys
 from importlib import metadata
 
-from .errors import LabkitError
+from .core.errors import LabkitError
 
 
 def _server_cmd(args) -> int:
-    from .server import EmbeddedServer
+    from .core.server import EmbeddedServer
 
     server = EmbeddedServer()
     if args.action == "start":
@@ -52,8 +52,8 @@ SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lab\\_%%' ORDER BY 1
 
 def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
-    from . import db as dbmod
-    from .server import MIN_FREE_BYTES, EmbeddedServer
+    from .core import db as dbmod
+    from .core.server import MIN_FREE_BYTES, EmbeddedServer
 
     problems = 0
     out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
@@ -108,7 +108,7 @@ def doctor(idle_s: float = 60, out=print) -> int:
 
 
 def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:
-    from . import db as dbmod
+    from .core import db as dbmod
 
     database = dbmod.connect(quiet=True)
     with database.connect() as conn:
@@ -122,14 +122,14 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         out(f"ended {len(pids)} labkit session(s)" +
             ("" if every else f" idle in a transaction for over {idle_s:g} s"))
-        from .sandbox import sweep
+        from .core.sandbox import sweep
 
         roles = sweep(conn)
         if roles:
             out(f"dropped {len(roles)} throw-away role(s) left by interrupted grading or spec runs")
         if drop_schemas:
-            from .lab import OTHER_LAB_SCHEMAS_SQL, own_lab_schemas
-            from .lab import drop_schemas as drop_lab_schemas
+            from .core.lab import OTHER_LAB_SCHEMAS_SQL, own_lab_schemas
+            from .core.lab import drop_schemas as drop_lab_schemas
 
             tag = dbmod.current_user_tag()
             role = conn.execute("SELECT current_user").fetchone()[0]
@@ -146,28 +146,28 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
 
 # Subcommands whose parsers live in their own modules: name -> (module, passes its own name)
 DELEGATED = {
-    "spec": ("labkit.spec", False),
-    "slides": ("labkit.training", True),
-    "book": ("labkit.training", True),
-    "student": ("labkit.training", True),
-    "convoy": ("labkit.convoy", False),
-    "drill": ("labkit.drill", False),
-    "grade": ("labkit.grade", False),
-    "bench-history": ("labkit.claims", False),
-    "bench": ("labkit.bench", False),
-    "torture": ("labkit.torture", False),
+    "spec": ("labkit.tools.spec", False),
+    "slides": ("labkit.tools.training", True),
+    "book": ("labkit.tools.training", True),
+    "student": ("labkit.tools.training", True),
+    "convoy": ("labkit.labs.convoy", False),
+    "drill": ("labkit.tools.drill", False),
+    "grade": ("labkit.tools.grade", False),
+    "bench-history": ("labkit.labs.claims", False),
+    "bench": ("labkit.tools.bench", False),
+    "torture": ("labkit.tools.torture", False),
 }
 
 # labkit trace WHAT ...: which module replays which trace
 TRACES = {
-    "drain": "labkit.drain",
-    "zombie": "labkit.fencing",
-    "relay": "labkit.relay",
-    "dual-write": "labkit.relay",
-    "broker-down": "labkit.relay",
+    "drain": "labkit.labs.drain",
+    "zombie": "labkit.labs.fencing",
+    "relay": "labkit.labs.relay",
+    "dual-write": "labkit.labs.relay",
+    "broker-down": "labkit.labs.relay",
 }
 # modules whose main() takes the trace's own name as its first argument
-TRACE_KEEPS_NAME = {"labkit.relay"}
+TRACE_KEEPS_NAME = {"labkit.labs.relay"}
 
 USAGE = """usage: labkit COMMAND ...
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    from .procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
+    from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
 
     try:
         # SIGTERM and SIGHUP (a `kill`, a closed terminal) clean up as Ctrl-C does: worker

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import labkit
+from labkit import Lab
 
 # The interrupt tests press Ctrl-C (SIGINT) on purpose.  A shell that starts the suite in
 # the background without job control (`( make test & )` in a script) hands it SIGINT *ignored*,
@@ -28,7 +29,7 @@ def db():
 def lab(db, request):
     # One schema per test, named after it, so tests never see each other's rows.
     name = "t_" + re.sub(r"[^a-z0-9]+", "_", request.node.name.lower())[:40] + f"_{os.getpid()}"
-    lab = db.lab(name)
+    lab = Lab.open(db, name)
     yield lab
     lab.drop()
 
@@ -74,8 +75,8 @@ def scratch_root():
 def scratch_server(scratch_root, monkeypatch):
     """An embedded cluster of this test's own (never the user's default server), stopped
     at the end."""
-    from labkit.errors import LabkitError
-    from labkit.server import EmbeddedServer
+    from labkit.core.errors import LabkitError
+    from labkit.core.server import EmbeddedServer
 
     monkeypatch.setenv("LABKIT_DATA_DIR", str(scratch_root / "pg"))
     monkeypatch.delenv("LABKIT_DSN", raising=False)

@@ -17,15 +17,16 @@ import psutil
 import pytest
 
 import labkit
-from labkit import broker as brokers
-from labkit import claims as cl
-from labkit import convoy
-from labkit import drain as dr
-from labkit import fencing
-from labkit import grade
-from labkit import relay as rl
-from labkit import torture as tt
-from labkit.errors import LabkitError, ServerError
+from labkit.labs import broker as brokers
+from labkit.labs import claims as cl
+from labkit.labs import convoy
+from labkit.labs import drain as dr
+from labkit.labs import fencing
+from labkit.tools import grade
+from labkit.labs import relay as rl
+from labkit.tools import torture as tt
+from labkit.core.errors import LabkitError, ServerError
+from labkit import Lab
 
 
 def _workers() -> list[psutil.Process]:
@@ -145,7 +146,7 @@ def test_broker_down_marks_nothing_retries_then_catches_up(lab):
 
 def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_server):
     scratch_server.start()
-    lab = labkit.connect(quiet=True).lab("down")
+    lab = Lab.open(labkit.connect(quiet=True), "down")
     before = {p.pid for p in _workers()}
     stopper = threading.Timer(2.0, scratch_server.stop)
     stopper.start()
@@ -160,7 +161,7 @@ def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_ser
     assert [p for p in _workers() if p.pid not in before] == []
     # start it again: the same run goes through, on a fresh copy of its tables
     scratch_server.start()
-    lab = labkit.connect(quiet=True).lab("down")
+    lab = Lab.open(labkit.connect(quiet=True), "down")
     rep = tt.torture(lab, "queue", kills=3, seed=3, items=40)
     assert rep.invariants_hold and rep.kills == 3
     assert _sessions_but_admin(lab) == []
@@ -266,7 +267,7 @@ def test_a_broken_amqp_url_never_shows_its_password(url):
 
 
 def test_a_bulk_insert_runs_under_a_statement_timeout(lab, monkeypatch):
-    from labkit import limits
+    from labkit.core import limits
 
     lab.execute("CREATE TABLE filled (n int)")
     monkeypatch.setattr(limits, "BULK_BASE_S", 0.3)

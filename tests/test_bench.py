@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import bench
-from labkit.errors import LabkitError
+from labkit.tools import bench
+from labkit.core.errors import LabkitError
 
 from conftest import backends_gone
 
@@ -30,7 +30,7 @@ def _digest(folder: Path) -> dict:
 def quick():
     """One `labkit bench --quick --json` run as a subprocess (the command a reader types)."""
     before = _digest(bench.NOTEBOOKS)
-    proc = subprocess.run([sys.executable, "-m", "labkit.bench", "--quick", "--json",
+    proc = subprocess.run([sys.executable, "-m", "labkit.tools.bench", "--quick", "--json",
                            "--notebooks", "00_start_here"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

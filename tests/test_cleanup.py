@@ -22,9 +22,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import labkit
-from labkit import convoy
-from labkit import relay as rl
-from labkit import torture as tt
+from labkit.labs import convoy
+from labkit.labs import relay as rl
+from labkit.tools import torture as tt
 
 LEFT_IN_LAB = """
 SELECT count(*) FILTER (WHERE a.xact_start IS NOT NULL)                  AS open_transactions,
@@ -119,9 +119,12 @@ def test_keyboard_interrupt_mid_torture_leaves_no_process_session_or_lock(lab, d
 
 CHILD = """
 import sys, labkit
-from labkit import convoy, relay, torture
+from labkit.labs import convoy
+from labkit.labs import relay
+from labkit.tools import torture
+from labkit import Lab
 db = labkit.connect(quiet=True)
-lab = db.lab(sys.argv[1])
+lab = Lab.open(db, sys.argv[1])
 print(lab.schema, flush=True)
 what = sys.argv[2]
 if what == "convoy":
@@ -168,14 +171,14 @@ def test_sigint_to_a_process_mid_experiment_leaves_nothing_behind(db, what):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        db.lab(name, reset=False).drop()
+        Lab.open(db, name, reset=False).drop()
 
 
 # -- twenty labs at once ------------------------------------------------------------------------
 
 
 def test_twenty_lab_schemas_run_the_convoy_at_once_with_correct_results(db):
-    labs = [db.lab(f"twenty_{i}_{os.getpid()}") for i in range(20)]
+    labs = [Lab.open(db, f"twenty_{i}_{os.getpid()}") for i in range(20)]
     runs: dict[int, object] = {}
     errors: list[BaseException] = []
 
@@ -244,7 +247,7 @@ def test_a_trainee_needs_only_the_right_to_create_a_schema(trainee):
         who, superuser = conn.execute(
             "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
     assert who == trainee and superuser is False
-    lab = tdb.lab("trainee")
+    lab = Lab.open(tdb, "trainee")
     try:
         lab.create_jobs(3)
         with labkit.Sessions(lab, "A", "B", watch={"job": "id"}) as s:
@@ -270,7 +273,7 @@ def test_a_lab_interrupted_mid_statement_still_cleans_up(db):
     already in progress").  Dropping the lab must still work: it opens a fresh connection
     and ends the busy one's backend.  The busy state is made here the way it arises: a
     statement sent and its result never read."""
-    lab = db.lab(f"mid_statement_{os.getpid()}")
+    lab = Lab.open(db, f"mid_statement_{os.getpid()}")
     lab.create_jobs(1)
     busy = lab.admin
     busy.pgconn.send_query(b"SELECT pg_sleep(30)")

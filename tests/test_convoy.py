@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from labkit import convoy
-from labkit.errors import LabkitError
-from labkit.lab import schema_name
+from labkit.labs import convoy
+from labkit.core.errors import LabkitError
+from labkit.core.lab import schema_name
 
 from conftest import backends_gone
 

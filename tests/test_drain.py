@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from labkit import drain as dr
-from labkit import fencing, read_sql
-from labkit.errors import LabkitError
+from labkit.labs import drain as dr
+from labkit.labs import fencing
+from labkit import read_sql
+from labkit.core.errors import LabkitError
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_claim_grants_the_lease_in_the_same_statement_and_holds_no_lock(ledger):
     assert got[0].device_token == "dev-0001" and got[0].coalesce_key == "notif-1001"
     assert row(lab, 1)[:4] == ("pending", 1, 1, 120)
     # the claim committed: the rows are not locked, yet a second drain does not get them
-    assert dr._locked_among(lab, [1, 2, 3, 4]) == 0
+    assert dr.locked_among(lab, [1, 2, 3, 4]) == 0
     assert [c.id for c in one_drain(lab, "e", batch=10).claim()] == list(range(5, 11))
     assert d.claim() == []
     dr.close_drain(d)

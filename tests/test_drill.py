@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit import drill
-from labkit.errors import LabkitError
+from labkit.tools import drill
+from labkit.core.errors import LabkitError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"

@@ -12,8 +12,9 @@ import psycopg
 import pytest
 
 import labkit
-from labkit import db as dbmod
-from labkit.errors import BackendError, ServerError
+from labkit.core import db as dbmod
+from labkit.core.errors import BackendError, ServerError
+from labkit import Lab
 
 
 def test_connect_says_which_server_in_one_line(capsys):
@@ -80,7 +81,7 @@ def test_docker_backend_without_an_engine_says_so(monkeypatch):
 
 
 def test_two_labs_never_see_each_others_rows_or_locks(db):
-    a, b = db.lab("iso_one"), db.lab("iso_two")
+    a, b = Lab.open(db, "iso_one"), Lab.open(db, "iso_two")
     try:
         a.create_jobs(3)
         b.create_jobs(1)
@@ -97,7 +98,7 @@ def test_two_labs_never_see_each_others_rows_or_locks(db):
 
 
 def test_reset_ends_sessions_left_holding_locks(db):
-    lab = db.lab("reset_me")
+    lab = Lab.open(db, "reset_me")
     lab.create_jobs(1)
     stray = lab.connect(role="stray")
     stray.execute("BEGIN")
@@ -124,7 +125,7 @@ def _is_dead(conn) -> bool:
 
 
 def test_schema_names_are_quoted_identifiers(db):
-    lab = db.lab('Weird "name"; DROP')
+    lab = Lab.open(db, 'Weird "name"; DROP')
     try:
         assert lab.schema.startswith("lab_weird_name_drop")
         lab.create_jobs(1)
@@ -201,7 +202,7 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
     st = scratch_server.start()
     db = labkit.connect(quiet=True)
     assert db.backend == "embedded" and str(st.port) in db.where
-    lab = db.lab("killed")
+    lab = Lab.open(db, "killed")
     lab.create_jobs(2)
     backend = psutil.Process(lab.admin.info.backend_pid)
     os.kill(st.pid, signal.SIGKILL)
@@ -216,7 +217,7 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
     assert "labkit server start" in str(err.value)
     # the next connect() starts the server again; the lab's rows survived the crash
     db = labkit.connect(quiet=True)
-    lab = db.lab("killed", reset=False)
+    lab = Lab.open(db, "killed", reset=False)
     assert lab.execute("SELECT count(*) FROM job") == [(2,)]
     lab.drop()
 
@@ -257,7 +258,7 @@ def test_long_lab_names_leave_room_for_the_role_in_application_name(db):
     long_a = labkit.schema_name("t_test_closing_a_run_releases_every_lock_and_connection_784")
     long_b = labkit.schema_name("t_test_closing_a_run_releases_every_lock_and_connection_785")
     assert len(long_a) <= 41 and long_a != long_b and long_a.startswith("lab_t_test_closing")
-    lab = db.lab("t_test_closing_a_run_releases_every_lock_and_connection_784")
+    lab = Lab.open(db, "t_test_closing_a_run_releases_every_lock_and_connection_784")
     try:
         with lab.connect(role="bench-pgbench") as conn:
             name = conn.execute("SHOW application_name").fetchone()[0]
@@ -267,7 +268,7 @@ def test_long_lab_names_leave_room_for_the_role_in_application_name(db):
 
 
 def test_lab_user_sets_labkit_user_and_puts_it_back(monkeypatch):
-    from labkit.db import current_user_tag, lab_user
+    from labkit.core.db import current_user_tag, lab_user
 
     monkeypatch.delenv("LABKIT_USER", raising=False)
     with lab_user("book_reader"):
@@ -281,12 +282,12 @@ def test_lab_user_sets_labkit_user_and_puts_it_back(monkeypatch):
 
 
 def test_drop_schemas_drops_what_the_pattern_names_and_nothing_else(db):
-    from labkit.lab import drop_schemas
+    from labkit.core.lab import drop_schemas
 
     tag = f"dropme{os.getpid()}"
-    mine = [db.lab(n, user=tag) for n in ("one", "two")]
+    mine = [Lab.open(db, n, user=tag) for n in ("one", "two")]
     mine[0].execute("CREATE TABLE kept_until_dropped (id int)")
-    other = db.lab("neighbour", user=f"keep{os.getpid()}")
+    other = Lab.open(db, "neighbour", user=f"keep{os.getpid()}")
     try:
         with db.connect() as conn:
             dropped = drop_schemas(conn, "lab\\_%\\_" + tag)

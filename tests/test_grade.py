@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from labkit import grade
-from labkit.errors import LabkitError
+from labkit.core.files import data_file
+from labkit.tools import grade
+from labkit.core.errors import LabkitError
 
-ANSWERS = Path(__file__).parent.parent / "data" / "grader"
+ANSWERS = data_file("grader")
 
 # file -> (the diagnosis it must get, diagnoses it must not get)
 EXPECTED = {
@@ -114,18 +115,18 @@ def test_statements_are_split_outside_quotes_comments_and_dollar_quotes():
 
 def test_the_command_prints_json_and_exits_by_verdict():
     env = dict(os.environ)
-    ok = subprocess.run([sys.executable, "-m", "labkit.grade", "claim", str(ANSWERS / "correct.sql"),
+    ok = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", str(ANSWERS / "correct.sql"),
                          "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert doc["verdict"] == "pass" and doc["problems"] == []
     for key in ("double_claims", "lost_jobs", "blocked_ms", "stuck_jobs", "uses_index"):
         assert key in doc
-    bad = subprocess.run([sys.executable, "-m", "labkit.grade", "claim", str(ANSWERS / "wrong_syntax.sql"),
+    bad = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", str(ANSWERS / "wrong_syntax.sql"),
                           "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
     assert [p["code"] for p in json.loads(bad.stdout)["problems"]] == ["syntax_error"]
-    missing = subprocess.run([sys.executable, "-m", "labkit.grade", "claim", "/nonexistent.sql"],
+    missing = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", "/nonexistent.sql"],
                              capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 2 and "No SQL file" in missing.stderr
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.nbtools import problems
+from labkit.tools.nbtools import problems
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
 

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from labkit.errors import LabkitError
-from labkit.procs import Worker
+from labkit.core.errors import LabkitError
+from labkit.core.procs import Worker
 
 
 def hold_lock_then_pause(ctx, dsn, schema):
@@ -96,7 +96,7 @@ def test_sigterm_and_sighup_raise_stopped_once_and_the_handlers_come_back():
     import os
     import signal
 
-    from labkit.procs import Stopped, signal_exit_code, stop_signals_interrupt
+    from labkit.core.procs import Stopped, signal_exit_code, stop_signals_interrupt
 
     before = signal.getsignal(signal.SIGTERM)
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -119,7 +119,7 @@ def test_a_signal_during_a_deferred_section_lands_after_it():
     import os
     import signal
 
-    from labkit.procs import signals_deferred
+    from labkit.core.procs import signals_deferred
 
     done = []
     with pytest.raises(KeyboardInterrupt):

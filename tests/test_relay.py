@@ -12,9 +12,9 @@ import os
 import psycopg
 import pytest
 
-from labkit import broker as brokers
-from labkit import relay
-from labkit.errors import LabkitError
+from labkit.labs import broker as brokers
+from labkit.labs import relay
+from labkit.core.errors import LabkitError
 
 AMQP = os.environ.get("LABKIT_AMQP_URL", "").strip()
 

@@ -14,11 +14,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from labkit import grade
-from labkit import spec as specmod
-from labkit.errors import LabkitError, SpecError
+from labkit.core.files import data_file
+from labkit.tools import grade
+from labkit.tools import spec as specmod
+from labkit.core.errors import LabkitError, SpecError
+from labkit import Lab
 
-ANSWERS = Path(__file__).parent.parent / "data" / "grader"
+ANSWERS = data_file("grader")
 CORRECT = (ANSWERS / "correct.sql").read_text()
 MARKER = Path(f"/tmp/labkit_sandbox_pwned_{os.getpid()}")
 DENIED = re.compile(r"permission denied|must be (owner|superuser|a superuser|a member)", re.I)
@@ -38,7 +40,7 @@ ATTACKS = {
 @pytest.fixture
 def victim(db):
     """Another trainee: a lab schema with a table, and a session of its own."""
-    lab = db.lab(f"t_victim_{os.getpid()}")
+    lab = Lab.open(db, f"t_victim_{os.getpid()}")
     lab.execute("CREATE TABLE secret (secret text)")
     lab.execute("INSERT INTO secret VALUES ('hunter2')")
     conn = db.connect(application_name="labkit-test-victim")

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 
 import labkit
-from labkit import db as dbmod
-from labkit.errors import BackendError, LabkitError, ServerError
-from labkit.lab import own_lab_schemas
-from labkit.server import PG_SYSTEM_USER
+from labkit.core import db as dbmod
+from labkit.core.errors import BackendError, LabkitError, ServerError
+from labkit.core.lab import own_lab_schemas
+from labkit.core.server import PG_SYSTEM_USER
 
 ROOT = os.geteuid() == 0
 
@@ -49,6 +49,7 @@ def _stat_chain(path: Path) -> dict:
 
 ATTACK = r"""
 import socket, sys
+from labkit import Lab
 path, port = sys.argv[1], int(sys.argv[2])
 results = []
 try:
@@ -149,7 +150,7 @@ def test_the_server_gets_a_bare_environment_and_no_extra_groups(scratch_server, 
 # -- 5 · reset deletes only what labkit made; no folder above changes --------------------------
 
 def test_reset_keeps_other_files_and_no_parent_changes(scratch_root, monkeypatch):
-    from labkit.server import EmbeddedServer
+    from labkit.core.server import EmbeddedServer
 
     home = scratch_root / "shared" / "mine"
     home.mkdir(parents=True)
@@ -182,7 +183,7 @@ def test_reset_will_not_delete_a_data_folder_labkit_did_not_make(scratch_server)
 
 @pytest.mark.skipif(not ROOT, reason="the server runs as another user only under root")
 def test_a_closed_parent_is_named_and_left_closed(scratch_root, monkeypatch):
-    from labkit.server import EmbeddedServer
+    from labkit.core.server import EmbeddedServer
 
     closed = scratch_root / "closed"
     closed.mkdir(mode=0o700)
@@ -299,8 +300,8 @@ def test_two_database_roles_of_one_login_get_schemas_of_their_own(monkeypatch):
 
 def test_one_users_reset_never_ends_anothers_sessions(db):
     tag = f"bob{os.getpid()}"
-    bob = db.lab("shared_name", user=tag)
-    bob_smith = db.lab("shared_name", user=f"{tag}_smith")
+    bob = Lab.open(db, "shared_name", user=tag)
+    bob_smith = Lab.open(db, "shared_name", user=f"{tag}_smith")
     try:
         victim = bob_smith.connect(role="worker")
         victim.execute("BEGIN")
@@ -316,8 +317,8 @@ def test_one_users_reset_never_ends_anothers_sessions(db):
 def test_clean_schemas_drops_only_this_users_own_schemas(db, monkeypatch):
     tag = f"cl{os.getpid()}"
     monkeypatch.setenv("LABKIT_USER", tag)
-    mine = [db.lab(n) for n in ("one", "two")]
-    prefix_neighbour = db.lab("one", user=f"{tag}_smith")
+    mine = [Lab.open(db, n) for n in ("one", "two")]
+    prefix_neighbour = Lab.open(db, "one", user=f"{tag}_smith")
     role = f"labkit_other_{os.getpid()}"
     with db.connect() as conn:
         # a schema labkit never made, named like a lab schema of this user
@@ -348,7 +349,7 @@ def test_clean_schemas_drops_only_this_users_own_schemas(db, monkeypatch):
 
 def test_own_lab_schemas_needs_the_exact_tag(db):
     tag = f"ex{os.getpid()}"
-    a, b = db.lab("x", user=tag), db.lab("x", user=tag + "_2")
+    a, b = Lab.open(db, "x", user=tag), Lab.open(db, "x", user=tag + "_2")
     try:
         with db.connect() as conn:
             assert own_lab_schemas(conn, tag=tag) == [a.schema]
@@ -361,7 +362,7 @@ def test_own_lab_schemas_needs_the_exact_tag(db):
 
 @pytest.mark.skipif(not ROOT, reason="mounts a small disk of its own; needs root")
 def test_a_full_disk_is_named_and_never_answered_with_reset(scratch_root, monkeypatch):
-    from labkit.server import EmbeddedServer
+    from labkit.core.server import EmbeddedServer
 
     disk = scratch_root / "disk"
     disk.mkdir()
@@ -400,10 +401,10 @@ def test_a_full_disk_is_named_and_never_answered_with_reset(scratch_root, monkey
 
 
 def test_clean_drops_throw_away_roles_whose_run_is_over(db):
-    from labkit.sandbox import _COMMENT, ROLE_PREFIX
+    from labkit.core.sandbox import _COMMENT, ROLE_PREFIX
 
     gone, live = f"{ROLE_PREFIX}t{os.getpid()}a", f"{ROLE_PREFIX}t{os.getpid()}b"
-    victim = db.lab("sandbox_still_running")
+    victim = Lab.open(db, "sandbox_still_running")
     with db.connect() as conn:
         conn.execute(f"CREATE ROLE {gone}")
         conn.execute(f"COMMENT ON ROLE {gone} IS '{_COMMENT}lab_no_such_schema_{os.getpid()}'")

@@ -5,7 +5,7 @@ import time
 import pytest
 
 import labkit
-from labkit.errors import LabkitError
+from labkit.core.errors import LabkitError
 from conftest import backends_of
 
 CLAIM = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE"

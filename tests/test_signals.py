@@ -20,7 +20,7 @@ import time
 import psutil
 import pytest
 
-from labkit.lab import schema_name
+from labkit.core.lab import schema_name
 from test_cleanup import _left_on_server, _workers
 
 LABKIT = [sys.executable, "-m", "labkit.cli"]
@@ -87,7 +87,7 @@ def _tidy(db, proc, lab_name: str) -> None:
             k.kill()
         proc.kill()
         proc.wait(10)
-    db.lab(lab_name, reset=False).drop()
+    Lab.open(db, lab_name, reset=False).drop()
 
 
 RUNS = {
@@ -139,7 +139,8 @@ def test_ctrl_c_while_workers_are_starting_leaves_nothing_behind(db, delay):
 
 PARENT = """
 import sys, threading, time
-from labkit.procs import Worker
+from labkit.core.procs import Worker
+from labkit import Lab
 dsn, schema = sys.argv[1], sys.argv[2]
 ws = [Worker("test_signals:hold_row_then_pause", name=f"w{i}", dsn=dsn, schema=schema, row=i + 1)
       for i in range(3)]

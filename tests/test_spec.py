@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from labkit import spec as specmod
-from labkit.errors import LabkitError, SpecError
+from labkit.core.files import data_file
+from labkit.tools import spec as specmod
+from labkit.core.errors import LabkitError, SpecError
+from labkit import Lab
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECS = ROOT / "data" / "specs"
+SPECS = data_file("specs")
 # PostgreSQL's reference specs live next to the project, not in it (see their README).
 PG_ISOLATION = Path(os.environ.get("LABKIT_PG_ISOLATION", ROOT.parent / "shared" / "pg-isolation"))
 
@@ -22,7 +24,7 @@ needs_reference = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def spec_lab(db):
-    lab = db.lab(f"t_spec_{os.getpid()}")
+    lab = Lab.open(db, f"t_spec_{os.getpid()}")
     yield lab
     lab.drop()
 

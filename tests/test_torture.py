@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from labkit import drain as dr
-from labkit import torture as tt
-from labkit.errors import LabkitError
+from labkit.labs import drain as dr
+from labkit.tools import torture as tt
+from labkit.core.errors import LabkitError
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 FEW = settings(max_examples=2, deadline=None, derandomize=True, phases=[Phase.generate],

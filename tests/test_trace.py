@@ -6,7 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from labkit.trace import Trace
+from labkit.core.trace import Trace
 
 
 def sample() -> Trace:

@@ -5,8 +5,8 @@ import json
 import nbformat
 import pytest
 
-from labkit import training
-from labkit.nbtools import NOTEBOOKS
+from labkit.tools import training
+from labkit.tools.nbtools import NOTEBOOKS
 
 from browser import Browser
 
@@ -76,7 +76,7 @@ def test_book_executes_notebooks_and_pages_open_without_errors(tmp_path, browser
     assert "PostgreSQL" in page.read_text()
     # the kernels worked in schemas of their own, not in the reader's open notebooks' schemas
     import labkit
-    from labkit.db import current_user_tag
+    from labkit.core.db import current_user_tag
 
     book_schema = labkit.schema_name("00_start_here", f"{current_user_tag()}_book")
     with labkit.connect(quiet=True).connect() as conn:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from .errors import LabkitError
-from .lab import read_sql
-from .limits import bulk, number
-from .procs import entry_point
+from ..core.errors import LabkitError
+from ..core.lab import read_sql
+from ..core.limits import bulk, number
+from ..core.procs import entry_point
+from ..core.lab import Lab
 
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
 HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
@@ -100,7 +101,7 @@ def inline(sql_text: str, **params) -> str:
     return out.replace("%%", "%")
 
 
-def keyed_queue(lab, customers, *, leases: bool = False) -> None:
+def keyed_queue(lab: Lab, customers, *, leases: bool = False) -> None:
     """A fresh job table with one pending job per entry of ``customers`` (job i belongs to
     ``customers[i - 1]``; ids and created_at follow the list's order), plus the customer
     column of job_table_keys.sql and, with ``leases``, job_table_leases.sql."""
@@ -117,7 +118,7 @@ def keyed_queue(lab, customers, *, leases: bool = False) -> None:
 PARTITION_LAYOUTS = {"status": "job_table_by_status.sql", "month": "job_table_by_month.sql"}
 
 
-def partitioned_queue(lab, layout: str, jobs: int = 3) -> None:
+def partitioned_queue(lab: Lab, layout: str, jobs: int = 3) -> None:
     """A fresh job table partitioned by ``layout`` ("status": job_table_by_status.sql,
     "month": job_table_by_month.sql) with ``jobs`` pending jobs, one a second from
     2026-01-01 09:00 UTC, ids 1..jobs."""
@@ -139,24 +140,24 @@ def finish(conn: psycopg.Connection, worker_id: str, ids: list[int]) -> list[int
     return [r[0] for r in conn.execute(FINISH_SQL, {"ids": list(ids), "worker_id": worker_id}).fetchall()]
 
 
-def reap(lab, *, lease: str = "30 seconds", max_attempts: int = 3, as_of=None) -> list[tuple]:
+def reap(lab: Lab, *, lease: str = "30 seconds", max_attempts: int = 3, as_of=None) -> list[tuple]:
     """Run the reaper once; returns (id, new status, attempts) of every job it took back.
     ``as_of`` is the reaper's "now" (default: the server's clock)."""
     _positive("max_attempts", max_attempts)
     return lab.execute(REAPER_SQL, {"lease": lease, "max_attempts": max_attempts, "as_of": as_of})
 
 
-def add_leases(lab) -> None:
+def add_leases(lab: Lab) -> None:
     """attempts, the DEAD state and the reaper's index (sql/job_table_leases.sql)."""
     lab.run_file("job_table_leases.sql")
 
 
-def add_effects(lab) -> None:
+def add_effects(lab: Lab) -> None:
     """The two effect tables of sql/effects.sql (effect_log and effect_once)."""
     lab.run_file("effects.sql")
 
 
-def effect_counts(lab) -> dict[int, dict[str, int]]:
+def effect_counts(lab: Lab) -> dict[int, dict[str, int]]:
     """{job id: {"log": rows in effect_log, "once": rows in effect_once}}."""
     out: dict[int, dict[str, int]] = {}
     for table in EFFECTS:
@@ -165,7 +166,7 @@ def effect_counts(lab) -> dict[int, dict[str, int]]:
     return out
 
 
-def job_row(lab, job_id: int) -> dict:
+def job_row(lab: Lab, job_id: int) -> dict:
     """One job as a dict: status, worker_id, claimed (bool), attempts (if the column exists)."""
     cols = [r[0] for r in lab.execute(
         "SELECT column_name FROM information_schema.columns "
@@ -181,14 +182,14 @@ def job_row(lab, job_id: int) -> dict:
     return out
 
 
-def fresh_jobs(lab, n: int) -> None:
+def fresh_jobs(lab: Lab, n: int) -> None:
     """Drop the lab's job table (and its archive) and create it again with ``n`` pending jobs."""
     _positive("jobs", n, zero_ok=True)
     lab.execute("DROP TABLE IF EXISTS job, job_archive CASCADE")
     lab.create_jobs(n)
 
 
-def backend_gone(lab, worker, timeout: float = 10) -> None:
+def backend_gone(lab: Lab, worker, timeout: float = 10) -> None:
     """Wait until the server no longer shows the backends of a killed worker (their
     transactions rolled back, their locks freed).  The worker reported their pids in its
     ``connected`` event."""
@@ -306,9 +307,9 @@ def wait_exit(worker, timeout: float = 60) -> int | None:
     return worker.wait_exit(timeout)
 
 
-def start_worker(lab, worker_id: str, **kw):
+def start_worker(lab: Lab, worker_id: str, **kw):
     """A started :class:`labkit.procs.Worker` running :func:`worker_main` in ``lab``."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     _style(kw.get("style", "claim_mark_commit"))
     _positive("batch", kw.get("batch", 1))
@@ -316,11 +317,11 @@ def start_worker(lab, worker_id: str, **kw):
     bad = set(kw.get("effects", ())) - set(EFFECTS)
     if bad:
         raise LabkitError(f"Unknown effect(s) {sorted(bad)}.", f"use effects from {EFFECTS}.")
-    return Worker("labkit.claims:worker_main", name=worker_id, dsn=lab.db.dsn, schema=lab.schema,
+    return Worker("labkit.labs.claims:worker_main", name=worker_id, dsn=lab.db.dsn, schema=lab.schema,
                   worker_id=worker_id, **kw).start()
 
 
-def run_workers(lab, n: int, *, timeout: float = 120, **kw) -> list:
+def run_workers(lab: Lab, n: int, *, timeout: float = 120, **kw) -> list:
     """Start ``n`` workers (w1..wn) with the same settings, wait for all; returns them
     (their ``events`` hold what they did).  Every worker is killed on the way out."""
     _positive("workers", n)
@@ -357,7 +358,7 @@ class Drain:
         return self.jobs / self.seconds if self.seconds > 0 else float("inf")
 
 
-def drain(lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: float = 0.0,
+def drain(lab: Lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: float = 0.0,
           jitter: float = 0.0, style: str = "claim_mark_commit", report: str = "none") -> Drain:
     """Fresh job table with ``jobs`` pending jobs, drained by ``workers`` processes.
     Time runs from the first worker's start event to the last worker's end event (the
@@ -371,7 +372,7 @@ def drain(lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: float = 0
     return _drain_result(lab, ws, workers, batch)
 
 
-def _drain_result(lab, ws, workers: int, batch: int) -> Drain:
+def _drain_result(lab: Lab, ws, workers: int, batch: int) -> Drain:
     starts = [e["t"] for w in ws for e in w.events if e["kind"] == "start"]
     ends = [e["t"] for w in ws for e in w.events if e["kind"] == "end"]
     finished = sorted((e["t"], i, w.name) for w in ws for e in w.events if e["kind"] == "finished"
@@ -391,7 +392,7 @@ def inversions(order: list[int], key=None) -> int:
     return n
 
 
-def ordering_run(lab, *, jobs: int, workers: int, customers: int = 0, job_ms: float = 5.0,
+def ordering_run(lab: Lab, *, jobs: int, workers: int, customers: int = 0, job_ms: float = 5.0,
                  jitter: float = 0.8, per_key: bool = True) -> dict:
     """Drain ``jobs`` jobs with ``workers`` processes, jobs of uneven length; return the
     finishing order and its inversions.  With ``customers`` > 0, every job belongs to one
@@ -457,7 +458,7 @@ def _max_in_flight_per_key(ws, key) -> int:
 
 # -- history --------------------------------------------------------------------------------------
 
-def make_queue(lab, *, pending: int, done: int = 0, index: bool = True) -> None:
+def make_queue(lab: Lab, *, pending: int, done: int = 0, index: bool = True) -> None:
     """The job table with ``done`` finished jobs (older) and ``pending`` pending ones.
     ``index=False`` drops the partial index on the pending predicate."""
     _positive("pending", pending, zero_ok=True)
@@ -473,7 +474,7 @@ def make_queue(lab, *, pending: int, done: int = 0, index: bool = True) -> None:
     lab.execute("VACUUM ANALYZE job")
 
 
-def add_history(lab, n: int) -> None:
+def add_history(lab: Lab, n: int) -> None:
     """``n`` finished jobs, all created before 2026 (ids from 10,000,001)."""
     _positive("done", n, zero_ok=True)
     if n:
@@ -484,7 +485,7 @@ def add_history(lab, n: int) -> None:
              "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, n), rows=n)
 
 
-def archive_done(lab, *, settle_s: float = 20.0) -> int:
+def archive_done(lab: Lab, *, settle_s: float = 20.0) -> int:
     """Move DONE jobs to job_archive (sql/archive_done.sql) and rewrite the job table so
     the empty pages go too.  A rewrite keeps rows that an open snapshot elsewhere on the
     server may still see, so it is retried for up to ``settle_s`` seconds until the table
@@ -501,7 +502,7 @@ def archive_done(lab, *, settle_s: float = 20.0) -> int:
         time.sleep(0.5)
 
 
-def wait_for_horizon(lab, timeout: float = 30.0) -> None:
+def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
     """Wait until no other transaction in this database still holds a snapshot taken
     before now, so that the row versions this lab has just made dead are dead to
     everyone: only then can VACUUM remove them or an index scan mark their entries dead.
@@ -530,12 +531,12 @@ def wait_for_horizon(lab, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def _claim_buffers(lab) -> int:
+def _claim_buffers(lab: Lab) -> int:
     """Shared buffers one claim touches (EXPLAIN ANALYZE, rolled back)."""
     return plan_of(lab, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)["buffers"]
 
 
-def churn_readings(lab, *, pending: int = 100_000, done: int = 99_900) -> dict:
+def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> dict:
     """What a mass UPDATE out of PENDING leaves in the partial index.  A fresh table of
     ``pending`` pending jobs, vacuumed, with autovacuum off for this table only (so that
     nothing cleans up between the readings); then one UPDATE sets the ``done`` oldest to
@@ -568,7 +569,7 @@ def churn_readings(lab, *, pending: int = 100_000, done: int = 99_900) -> dict:
     return out
 
 
-def vacuum_truncation(lab, *, rows: int = 20_000, where: str = "tail") -> dict:
+def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> dict:
     """A table of ``rows`` jobs loses half of them to a DELETE — the newest half
     (``where="tail"``: the empty pages end the table) or a block in the middle
     (``where="middle"``: live rows stay on the last pages) — then a plain VACUUM runs.
@@ -596,7 +597,7 @@ def vacuum_truncation(lab, *, rows: int = 20_000, where: str = "tail") -> dict:
     return out
 
 
-def claim_rate(lab, *, claims: int = 200, worker_id: str = "bench") -> float:
+def claim_rate(lab: Lab, *, claims: int = 200, worker_id: str = "bench") -> float:
     """Claims per second of claim + finish, one at a time, on one connection.  Commits do
     not wait for the disk here (synchronous_commit = off, this session only), so the figure
     is the claim's own work, not the server's fsync time."""
@@ -613,7 +614,7 @@ def claim_rate(lab, *, claims: int = 200, worker_id: str = "bench") -> float:
         return claims / (time.perf_counter() - t0)
 
 
-def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
+def history_ladder(lab: Lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
                    claims_without_index: int | None = None, rounds: int = 1,
                    out=None) -> list[dict]:
     """Claim throughput with ``done`` finished rows in the table, with and without the
@@ -630,7 +631,7 @@ def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
     try:
         for i, (done, index) in enumerate(points):
             n = claims if index or claims_without_index is None else claims_without_index
-            sub = lab.db.lab(f"{lab.name}_h{i}", user=lab.user_tag)
+            sub = Lab.open(lab.db, f"{lab.name}_h{i}", user=lab.user_tag)
             subs.append(sub)
             make_queue(sub, pending=n * rounds + 10, done=done, index=index)
             plan = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)
@@ -655,7 +656,7 @@ def history_ladder(lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
     return rows
 
 
-def plan_of(lab, query: str, params=None, *, analyze: bool = False) -> dict:
+def plan_of(lab: Lab, query: str, params=None, *, analyze: bool = False) -> dict:
     """EXPLAIN a claim inside a transaction that is rolled back.  Returns the plan's node
     types (top down), the indexes it uses and, with ``analyze``, shared buffers touched
     and the execution time."""
@@ -734,11 +735,11 @@ def main(argv: list[str] | None = None) -> int:
     except LabkitError as exc:
         print(f"labkit bench-history: {exc}", file=sys.stderr)
         return 2
-    from . import connect
+    from ..core.db import connect
 
     db = connect()
     # a schema of this run's own: two runs at once never touch each other's tables
-    lab = db.lab(f"bench_history_{os.getpid()}")
+    lab = Lab.open(db, f"bench_history_{os.getpid()}")
     try:
         print(f"claim + finish, one at a time, one connection; ladder {ladder}")
         rows = history_ladder(lab, ladder, claims=args.claims,

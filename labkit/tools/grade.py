@@ -46,8 +46,11 @@ from pathlib import Path
 
 import psycopg
 
-from .errors import LabkitError, ServerError
-from .sandbox import Sandbox, check_number, read_input
+from ..core.files import data_file
+from ..core.errors import LabkitError, ServerError
+from ..core.queries import statements
+from ..core.sandbox import Sandbox, check_number, read_input
+from ..core.lab import Lab
 
 PARAM_RE = re.compile(r"%\((\w+)\)s")
 TX_CONTROL = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
@@ -62,7 +65,7 @@ MAX_SQL_BYTES = 1_000_000
 STEP_TIMEOUT_S = 10.0   # one statement of the claim (and the grader's own set-up work)
 RUN_TIMEOUT_S = 90.0    # the whole run of the worker processes
 _counter = itertools.count(1)
-SAMPLES = Path(__file__).resolve().parent.parent / "data" / "grader"
+SAMPLES = data_file("grader")
 
 
 def sample(name: str) -> Path:
@@ -220,56 +223,7 @@ class Report:
 
 # -- reading the SQL ------------------------------------------------------------------------------
 
-def split_statements(text: str) -> list[str]:
-    """Split a script on semicolons outside quotes, comments and dollar quotes.
-    Comments are dropped; empty statements too."""
-    out, buf = [], []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "-" and text.startswith("--", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        if c == "/" and text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            i = n if j < 0 else j + 2
-            buf.append(" ")
-            continue
-        if c in "'\"":
-            j = i + 1
-            while j < n:
-                if text[j] == c:
-                    if j + 1 < n and text[j + 1] == c:
-                        j += 2
-                        continue
-                    break
-                j += 1
-            buf.append(text[i:j + 1])
-            i = j + 1
-            continue
-        if c == "$":
-            m = re.match(r"\$([A-Za-z_]\w*)?\$", text[i:])
-            if m:
-                tag = m.group(0)
-                j = text.find(tag, i + len(tag))
-                j = n if j < 0 else j + len(tag)
-                buf.append(text[i:j])
-                i = j
-                continue
-        if c == ";":
-            stmt = "".join(buf).strip()
-            if stmt:
-                out.append(stmt)
-            buf = []
-            i += 1
-            continue
-        buf.append(c)
-        i += 1
-    stmt = "".join(buf).strip()
-    if stmt:
-        out.append(stmt)
-    return out
+split_statements = statements     # the grader splits a learner's script as the server would
 
 
 def _code_only(stmt: str) -> str:
@@ -311,9 +265,9 @@ def _claim_statements(stmts: list[str]) -> list[str]:
     return [s for s in stmts if not TX_CONTROL.match(s)]
 
 
-def _probe(report: Report, lab, stmts: list[str], no_order: bool) -> bool:
+def _probe(report: Report, lab: Lab, stmts: list[str], no_order: bool) -> bool:
     """Two claims in flight at once.  Returns False when the claim cannot be run further."""
-    from . import claims
+    from ..labs import claims
 
     claims.fresh_jobs(lab, PROBE_JOBS)
     body = _claim_statements(stmts)
@@ -331,8 +285,8 @@ def _probe(report: Report, lab, stmts: list[str], no_order: bool) -> bool:
         return False
 
 
-def _probe_sessions(report: Report, lab, body: list[str], no_order: bool) -> bool:
-    from .sessions import Sessions
+def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -> bool:
+    from ..core.sessions import Sessions
 
     with Sessions(lab, "A", "B", watch={"job": "id"}, lock_timeout="2s",
                   statement_timeout=f"{int(STEP_TIMEOUT_S * 1000)}ms") as run:
@@ -404,8 +358,8 @@ def _ids(rows) -> list[int] | None:
     return [r[0] for r in rows]
 
 
-def _plan(report: Report, lab, stmts: list[str]) -> None:
-    from . import claims
+def _plan(report: Report, lab: Lab, stmts: list[str]) -> None:
+    from ..labs import claims
 
     claims.make_queue(lab, pending=50, done=HISTORY_ROWS)
     nodes, buffers, seq = [], 0, False
@@ -442,7 +396,7 @@ def grade_worker(ctx, dsn: str, schema: str, worker_id: str, script: str, job_ms
     """Body of one graded worker process: run the reader's script, run each claimed job
     (job_ms, outside the script), mark it DONE, and report everything as events.
     ``login`` (user, password) is the sandbox role the script runs as."""
-    from .sessions import classify
+    from ..core.sessions import classify
 
     conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
                            application_name=f"labkit:{schema}:{worker_id}"[:63], connect_timeout=10,
@@ -511,7 +465,7 @@ def grade_worker(ctx, dsn: str, schema: str, worker_id: str, script: str, job_ms
 class _BlockedSampler(threading.Thread):
     """Samples pg_stat_activity: how many of the run's workers wait on a lock."""
 
-    def __init__(self, lab, pattern: str, interval: float = 0.005):
+    def __init__(self, lab: Lab, pattern: str, interval: float = 0.005):
         super().__init__(daemon=True)
         self.conn = lab.connect(role="sampler")
         self.pattern = pattern
@@ -540,12 +494,12 @@ class _BlockedSampler(threading.Thread):
         return self.blocked_s * 1000
 
 
-def _run(report: Report, lab, box: Sandbox, stmts: list[str], workers: int, jobs: int, job_ms: float,
+def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int, jobs: int, job_ms: float,
          crash_after: int = 3) -> None:
     """``lab`` is labkit's own view of the lab (it watches pg_stat_activity); the jobs are
     made, claimed and counted through the sandbox ``box``."""
-    from . import claims
-    from .procs import Worker
+    from ..labs import claims
+    from ..core.procs import Worker
 
     if not _stage(report, box, 2 * STEP_TIMEOUT_S, claims.fresh_jobs, box.lab, jobs):
         return
@@ -557,7 +511,7 @@ def _run(report: Report, lab, box: Sandbox, stmts: list[str], workers: int, jobs
     try:
         for i in range(workers):
             wid = f"g{i + 1}"
-            ws.append(Worker("labkit.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
+            ws.append(Worker("labkit.tools.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
                              worker_id=wid, script=bind(script, wid), job_ms=job_ms,
                              pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
                              statement_timeout_s=STEP_TIMEOUT_S, **box.worker_kwargs()).start())
@@ -600,7 +554,7 @@ def _run(report: Report, lab, box: Sandbox, stmts: list[str], workers: int, jobs
     _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, box.lab, ws)
 
 
-def _tally(report: Report, lab, ws) -> None:
+def _tally(report: Report, lab: Lab, ws) -> None:
     claimed_by: dict[int, set] = {}
     runs: dict[int, int] = {}
     lock_errors = 0
@@ -692,10 +646,10 @@ def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float
     stmts, no_order = _read(report, text)
     if stmts is None:
         return _verdict(report)
-    from . import connect
+    from ..core.db import connect
 
     db = db or connect(quiet=True)
-    lab = db.lab(f"grade_{os.getpid()}_{next(_counter)}")
+    lab = Lab.open(db, f"grade_{os.getpid()}_{next(_counter)}")
     try:
         # The claim's SQL runs as a role of its own (probe sessions, EXPLAIN, workers);
         # ``lab`` itself only watches and cleans up.

@@ -39,15 +39,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from .db import lab_user
-from .errors import LabkitError
-from .lab import drop_schemas, read_sql
-from .limits import bulk, number
-from .procs import describe_interrupt, entry_point, signal_exit_code
+from ..core.db import lab_user
+from ..core.files import data_file
+from ..core.errors import LabkitError
+from ..core.lab import drop_schemas, read_sql
+from ..core.limits import bulk, number
+from ..core.procs import describe_interrupt, entry_point, signal_exit_code
+from ..core.lab import Lab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-REFERENCE = ROOT / "data" / "bench_reference.json"
+REFERENCE = data_file("bench_reference.json")
 BATCHES = (1, 10, 100)
 HISTORY_FIRST_ID = 10_000_001          # finished jobs get ids far above the pending ones
 ROLE = "bench"                         # application_name labkit:<schema>:bench-...
@@ -350,12 +352,12 @@ class ClaimerPool:
     """labkit's client process (``clients`` threads, one connection each), started once and
     given orders run after run.  Leaving the ``with`` block ends it (even on Ctrl-C)."""
 
-    def __init__(self, lab, clients: int):
-        from .procs import Worker
+    def __init__(self, lab: Lab, clients: int):
+        from ..core.procs import Worker
 
         self.lab = lab
         self.clients = clients
-        self.worker = Worker("labkit.bench:claimer_main", name="labkit claimer", dsn=lab.db.dsn,
+        self.worker = Worker("labkit.tools.bench:claimer_main", name="labkit claimer", dsn=lab.db.dsn,
                              schema=lab.schema, clients=clients)
         self.rounds = 0
 
@@ -394,7 +396,7 @@ class ClaimerPool:
 
 # -- the queue's state ---------------------------------------------------------------------------
 
-def ensure_job_table(lab, *, index: bool = True) -> None:
+def ensure_job_table(lab: Lab, *, index: bool = True) -> None:
     """The job table (labkit/sql/job_table.sql), with or without the partial index."""
     if lab.execute("SELECT to_regclass('job')")[0][0] is None:
         lab.run_file("job_table.sql")
@@ -405,7 +407,7 @@ def ensure_job_table(lab, *, index: bool = True) -> None:
         lab.execute("DROP INDEX job_pending_created_idx")
 
 
-def fill(lab, pending: int, *, history: int | None = None) -> None:
+def fill(lab: Lab, pending: int, *, history: int | None = None) -> None:
     """Reset the queue to the same state before every run: ``pending`` fresh pending jobs
     (ids 1..pending).  Finished history rows stay if ``history`` is None; otherwise the
     table is emptied and gets ``history`` finished rows, all older than the pending ones.
@@ -427,7 +429,7 @@ def fill(lab, pending: int, *, history: int | None = None) -> None:
     lab.execute("VACUUM ANALYZE job")
 
 
-def count_status(lab, status: str) -> int:
+def count_status(lab: Lab, status: str) -> int:
     return lab.execute("SELECT count(*) FROM job WHERE status = %s", (status,))[0][0]
 
 
@@ -437,7 +439,7 @@ def pgbench_path(db) -> Path:
     """pgbench for this server: the embedded wheel's for the embedded server; for another
     server the one on PATH (or PostgreSQL's own folders), else the wheel's (a client talks
     to older servers too)."""
-    from .server import bin_dir
+    from ..core.server import bin_dir
 
     wheel = bin_dir() / "pgbench"
     if db.backend == "embedded":
@@ -465,7 +467,7 @@ class CeilingRun:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_labkit_ceiling(lab, pool: ClaimerPool, batch: int, seconds: float, style: str = "pq",
+def run_labkit_ceiling(lab: Lab, pool: ClaimerPool, batch: int, seconds: float, style: str = "pq",
                        synchronous_commit: str = "on") -> CeilingRun:
     before = count_status(lab, "IN_PROGRESS")
     res = pool.order(mode="ceiling", batch=batch, seconds=seconds, style=style, timeout=seconds + 120,
@@ -513,7 +515,7 @@ def pgbench_conninfo(dsn: str, env: dict) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_pgbench(lab, batch: int, clients: int, seconds: float, script: Path, binary: Path) -> CeilingRun:
+def run_pgbench(lab: Lab, batch: int, clients: int, seconds: float, script: Path, binary: Path) -> CeilingRun:
     before = count_status(lab, "IN_PROGRESS")
     # the same session settings as labkit's claimers (the guards cost a timer per statement)
     guards = " ".join(f"-c {k}={v}" for k, v in WORKER_SETTINGS.items())
@@ -547,7 +549,7 @@ def run_pgbench(lab, batch: int, clients: int, seconds: float, script: Path, bin
                       (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime))
 
 
-def claim_ceiling(lab, s: Settings, progress=None) -> dict:
+def claim_ceiling(lab: Lab, s: Settings, progress=None) -> dict:
     """Claim + mark as fast as possible for every batch size: labkit and pgbench alternate
     (``rounds`` times each, the median counts), each run from a refilled, vacuumed table."""
     progress = progress or (lambda msg: None)
@@ -612,7 +614,7 @@ def claim_ceiling(lab, s: Settings, progress=None) -> dict:
 DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
 
 
-def durability(lab, s: Settings, progress=None) -> dict:
+def durability(lab: Lab, s: Settings, progress=None) -> dict:
     """What the server promised for every commit of this run (fsync, synchronous_commit), and
     the claim ceiling at batch 1 and 10 measured twice in this run: with durable commits
     (synchronous_commit = on: COMMIT returns once the WAL is flushed) and with
@@ -747,15 +749,15 @@ def pgqueuer_worker_main(ctx, dsn: str, schema: str, prefix: str, driver: str, b
     return asyncio.run(go())
 
 
-def _drain_with_pgqueuer(lab, s: Settings, driver: str) -> dict:
-    from .procs import Worker
+def _drain_with_pgqueuer(lab: Lab, s: Settings, driver: str) -> dict:
+    from ..core.procs import Worker
 
     prefix = f"lkb{os.getpid()}_"
-    setup = Worker("labkit.bench:pgqueuer_setup_main", name="pgqueuer setup", dsn=lab.db.dsn,
+    setup = Worker("labkit.tools.bench:pgqueuer_setup_main", name="pgqueuer setup", dsn=lab.db.dsn,
                    schema=lab.schema, prefix=prefix, driver=driver, jobs=s.peer_jobs)
     with setup:
         names = setup.join(timeout=300)["result"]
-    workers = [Worker("labkit.bench:pgqueuer_worker_main", name=f"pgqueuer {i}", dsn=lab.db.dsn,
+    workers = [Worker("labkit.tools.bench:pgqueuer_worker_main", name=f"pgqueuer {i}", dsn=lab.db.dsn,
                       schema=lab.schema, prefix=prefix, driver=driver, batch=s.peer_batch)
                for i in range(s.clients)]
     try:
@@ -783,7 +785,7 @@ def _drain_with_pgqueuer(lab, s: Settings, driver: str) -> dict:
     return {"jobs": s.peer_jobs, "seconds": wall, "jobs_per_s": s.peer_jobs / wall}
 
 
-def _drain_with_labkit(lab, s: Settings) -> dict:
+def _drain_with_labkit(lab: Lab, s: Settings) -> dict:
     ensure_job_table(lab, index=True)
     fill(lab, s.peer_jobs, history=0)
     with ClaimerPool(lab, s.clients) as pool:
@@ -805,7 +807,7 @@ PEER_WORK = ("each side drains the same backlog of no-op jobs with {w} workers, 
              "batches. Time: first worker's start to last worker's exit.")
 
 
-def peer(lab, s: Settings, progress=None) -> dict:
+def peer(lab: Lab, s: Settings, progress=None) -> dict:
     progress = progress or (lambda msg: None)
     version, driver = peer_available()
     labkit_side = _drain_with_labkit(lab, s)
@@ -901,8 +903,8 @@ def amqp(s: Settings, progress=None) -> dict:
 
 # -- figure 4: the convoy ------------------------------------------------------------------------------
 
-def convoy_efficiency(lab, s: Settings, progress=None) -> dict:
-    from . import convoy
+def convoy_efficiency(lab: Lab, s: Settings, progress=None) -> dict:
+    from ..labs import convoy
 
     r = convoy.run(lab, "skip", 16, 20, s.convoy_seconds).row()
     (progress or (lambda m: None))(f"convoy: SKIP LOCKED, N = 16, d = 20 ms: {r['jobs_per_s']:,.0f} jobs/s, "
@@ -914,7 +916,7 @@ def convoy_efficiency(lab, s: Settings, progress=None) -> dict:
 
 # -- figure 5: history and the partial index ------------------------------------------------------------
 
-def history(lab, s: Settings, progress=None) -> dict:
+def history(lab: Lab, s: Settings, progress=None) -> dict:
     """The claim rate (labkit's claimer, batch ``history_batch``) with 0 and ``history_rows``
     finished rows in the table, with and without the partial index.  Every point starts
     from the same backlog of ``history_pending`` pending jobs, so history is the only thing
@@ -940,13 +942,13 @@ def history(lab, s: Settings, progress=None) -> dict:
 
 # -- figure 6: the embedded server's start and a warm connect -------------------------------------------
 
-def server_start(lab, s: Settings, progress=None) -> dict:
+def server_start(lab: Lab, s: Settings, progress=None) -> dict:
     """A throw-away embedded cluster in a temporary folder (the user's server is never
     touched): first start (initdb + start), then ``start_runs`` cold starts of the stopped
     cluster; and the median warm connect (connect + SELECT 1) to the server under test."""
     import psycopg
 
-    from .server import EmbeddedServer
+    from ..core.server import EmbeddedServer
 
     progress = progress or (lambda msg: None)
     tmp = Path(tempfile.mkdtemp(prefix="labkit-bench-pg-"))
@@ -1030,7 +1032,7 @@ def time_notebooks(names: list[str], progress=None, timeout: int = 600) -> dict:
 
 
 def _drop_schemas_of(user: str) -> None:
-    from . import db as dbmod
+    from ..core import db as dbmod
 
     try:
         with dbmod.connect(quiet=True).connect() as conn:
@@ -1095,7 +1097,7 @@ def machine() -> dict:
             "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
-def run(lab=None, settings: Settings | None = None, *, quick: bool = True, notebooks=...,
+def run(lab: Lab=None, settings: Settings | None = None, *, quick: bool = True, notebooks=...,
         progress=None, figures: tuple | None = None) -> dict:
     """Run the benchmark; return every figure as one dict (what ``--json`` prints).
 
@@ -1115,11 +1117,11 @@ def run(lab=None, settings: Settings | None = None, *, quick: bool = True, noteb
     names = notebook_names(s.notebooks) if "notebooks" in figures else []
     progress = progress or (lambda msg: None)
 
-    from . import db as dbmod
+    from ..core import db as dbmod
 
     own = lab is None
     if own:
-        lab = dbmod.connect(quiet=True).lab(f"bench_{os.getpid()}")
+        lab = Lab.open(dbmod.connect(quiet=True), f"bench_{os.getpid()}")
     t_start = time.perf_counter()
     result: dict = {"quick": s.quick, "server": lab.db.describe().split(" · ")[0] + " · " + lab.db.backend,
                     "machine": machine(), "settings": asdict(s)}
@@ -1304,7 +1306,7 @@ def plot_ceiling(mine: dict | None, reference: dict | None, ax=None):
     """Claim ceiling by batch size: labkit and pgbench, yours (solid) and the reference (hatched)."""
     import matplotlib.pyplot as plt
 
-    from .plots import PALETTE
+    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4))
@@ -1358,7 +1360,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
-        from . import db as dbmod
+        from ..core import db as dbmod
 
         s.check()                       # every setting, before any work
         progress(dbmod.connect(quiet=True).describe())

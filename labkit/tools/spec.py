@@ -49,9 +49,10 @@ from typing import Iterator
 
 from psycopg import pq
 
-from .errors import LabkitError, SpecError
-from .sandbox import Sandbox, check_number, read_input
-from .sessions import Sessions
+from ..core.errors import LabkitError, SpecError
+from ..core.sandbox import Sandbox, check_number, read_input
+from ..core.sessions import Sessions
+from ..core.lab import Lab
 
 MAX_SPEC_BYTES = 1_000_000
 MAX_PERMUTATIONS = 10_000
@@ -903,7 +904,7 @@ class _Runner:
         return canceled
 
 
-def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
+def run(spec_or_path, lab: Lab=None, *, timeout: float = 60.0, reset: bool = True,
         stderr=None) -> str:
     """Run every permutation of a spec; return what isolationtester would print.
 
@@ -923,7 +924,7 @@ def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
         print(w, file=stderr)
     own = lab is None
     if own:
-        from . import lab as make_lab
+        from ..core import lab as make_lab
 
         # One lab per process, so that runs in parallel never reset each other's schema.
         lab = make_lab(f"spec_{os.getpid()}", quiet=True)
@@ -942,7 +943,7 @@ def run(spec_or_path, lab=None, *, timeout: float = 60.0, reset: bool = True,
     return "".join(out)
 
 
-def run_file(path: str | os.PathLike, lab=None, **kw) -> str:
+def run_file(path: str | os.PathLike, lab: Lab=None, **kw) -> str:
     return run(parse_file(path), lab, **kw)
 
 

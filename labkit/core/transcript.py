@@ -1,12 +1,14 @@
 """A run of sessions, rendered: text (one row per event, one column per session),
-HTML (the same table, coloured) and a swimlane chart (holding vs waiting)."""
+HTML (the same table, coloured) and a swimlane chart (holding vs waiting).
+
+Only ``sessions`` imports this module (``Sessions.transcript()``); the names ``Sessions`` and
+``Step`` below are annotations, never imported, so the two modules do not import each other.
+"""
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-
-from .sessions import Sessions, Step
 
 
 @dataclass

@@ -20,7 +20,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .errors import LabkitError
+from ..core.errors import LabkitError
 from .nbtools import NOTEBOOKS
 
 ROOT = NOTEBOOKS.parent
@@ -47,7 +47,7 @@ def _notebooks(paths: list[str] | None) -> list[Path]:
 
 def _check_notebook(path: Path) -> None:
     """A one-paragraph error unless ``path`` is a readable Jupyter notebook of sane size."""
-    from .sandbox import read_input
+    from ..core.sandbox import read_input
 
     fix = "give paths like notebooks/01_one_lock_three_policies.ipynb, or none for all."
     text = read_input(path, what="notebook", fix=fix, max_bytes=MAX_NOTEBOOK_BYTES)
@@ -113,7 +113,7 @@ def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", ex
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 
-    from .db import current_user_tag, lab_user
+    from ..core.db import current_user_tag, lab_user
     from .nbtools import clean
 
     notebooks = _notebooks(paths)   # every input checked before anything is written

@@ -106,7 +106,7 @@ def _child_main(target: str, kwargs: dict, events, commands, name: str,
 
 
 class Worker:
-    """``Worker("labkit.relay:relay_main", name="relay 1", dsn=..., batch=100)``"""
+    """``Worker("labkit.labs.relay:relay_main", name="relay 1", dsn=..., batch=100)``"""
 
     def __init__(self, target: str | Callable, *, name: str = "worker", **kwargs: Any):
         if callable(target):

@@ -24,6 +24,8 @@ from psycopg import pq, sql
 from psycopg.adapt import Transformer
 
 from .errors import LabkitError
+from .transcript import Transcript
+from .lab import Lab
 
 # Guards: a mistyped script ends with an error, never a hung kernel.
 DEFAULT_LOCK_TIMEOUT = "5s"
@@ -207,7 +209,7 @@ class Sessions:
     rows' ``xmax`` and the sessions' transaction ids on the server).
     """
 
-    def __init__(self, lab, *names: str, watch: dict[str, str] | None = None,
+    def __init__(self, lab: Lab, *names: str, watch: dict[str, str] | None = None,
                  lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
                  statement_timeout: str = DEFAULT_STATEMENT_TIMEOUT,
                  setup: str | None = None, track_locks: bool = True):
@@ -458,8 +460,6 @@ class Sessions:
 
     # -- rendering --------------------------------------------------------------------------
     def transcript(self, **kw):
-        from .transcript import Transcript
-
         return Transcript.from_run(self, **kw)
 
     def result(self, index: int) -> Step:

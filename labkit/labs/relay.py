@@ -31,11 +31,12 @@ import psycopg
 
 from . import broker as brokers
 from .broker import Broker, BrokerDown
-from .errors import LabkitError
-from .lab import read_sql
-from .limits import number
-from .procs import Worker, entry_point
-from .trace import Trace
+from ..core.errors import LabkitError
+from ..core.lab import read_sql
+from ..core.limits import number
+from ..core.procs import Worker, entry_point
+from ..core.trace import Trace
+from ..core.lab import Lab
 
 ITEMS = ["kettle", "lamp", "mug", "teapot", "rug"]
 MAX_BATCH = 10_000         # rows in one relay tick (a trace places that many orders first)
@@ -74,13 +75,13 @@ def event_id(order_id: int) -> str:
 # -- set-up, producer, consumer ------------------------------------------------------------
 
 
-def create_outbox(lab) -> None:
+def create_outbox(lab: Lab) -> None:
     """(Re)create shop_order, outbox and inbox in the lab's schema."""
     lab.execute("DROP TABLE IF EXISTS " + ", ".join(OUTBOX_TABLES))
     lab.run_file("outbox_tables.sql")
 
 
-def place_orders(lab, n: int, *, start: int = 1, conn: psycopg.Connection | None = None) -> list[str]:
+def place_orders(lab: Lab, n: int, *, start: int = 1, conn: psycopg.Connection | None = None) -> list[str]:
     """The producer: ``n`` orders, each with its outbox row in one transaction.
     Returns the event ids written."""
     if n < 0:
@@ -102,7 +103,7 @@ def place_orders(lab, n: int, *, start: int = 1, conn: psycopg.Connection | None
             conn.close()
 
 
-def consume(lab, broker: Broker) -> list[str]:
+def consume(lab: Lab, broker: Broker) -> list[str]:
     """The consumer: take every message the broker holds and apply each event once
     (inbox row + effect in one transaction).  Returns the event ids of the messages
     the broker delivered, duplicates included, in delivery order."""
@@ -328,7 +329,7 @@ SELECT CASE WHEN l.locktype = 'relation' THEN c.relname || ' ' || l.mode
 class Observer:
     """Reads the state the traces show: outbox rows, row locks, pg_locks, the broker."""
 
-    def __init__(self, lab, broker: Broker):
+    def __init__(self, lab: Lab, broker: Broker):
         self.lab, self.broker = lab, broker
         self.conn = lab.connect(role="observer")
         self.relay_pids: list[int] = []   # backends the relays reported ("connected")
@@ -417,7 +418,7 @@ def _check(batch: int, point: int, name: str) -> None:
 class _OwnBroker:
     """The broker a lab function uses: the caller's, or its own, discarded at the end."""
 
-    def __init__(self, lab, broker: Broker | None):
+    def __init__(self, lab: Lab, broker: Broker | None):
         self.own = broker is None
         self.broker = broker or brokers.for_lab(lab)
 
@@ -432,19 +433,19 @@ class _OwnBroker:
                 self.broker.close()
 
 
-def _start(lab, broker: Broker, orders: int):
+def _start(lab: Lab, broker: Broker, orders: int):
     broker.reset()
     create_outbox(lab)
     place_orders(lab, orders)
     return broker, Observer(lab, broker)
 
 
-def _relay(lab, broker: Broker, role: str, **kw) -> Worker:
+def _relay(lab: Lab, broker: Broker, role: str, **kw) -> Worker:
     return Worker(relay_process, name=role.replace("-", " "), dsn=lab.db.dsn, schema=lab.schema,
                   broker=broker.spec(), role=role, **kw)
 
 
-def _finish(tr: Trace, lab, broker: Broker, obs: Observer, extra: dict) -> Trace:
+def _finish(tr: Trace, lab: Lab, broker: Broker, obs: Observer, extra: dict) -> Trace:
     depth = broker.depth()
     delivered = consume(lab, broker)
     out = obs.outcome(delivered, depth)
@@ -460,7 +461,7 @@ def _finish(tr: Trace, lab, broker: Broker, obs: Observer, extra: dict) -> Trace
     return tr
 
 
-def trace_relay_crash(lab, broker: Broker | None = None, *, batch: int = 100,
+def trace_relay_crash(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                       crash_after: int = 40) -> Trace:
     """Relay 1 claims ``batch`` rows, publishes ``crash_after`` of them, is SIGKILLed;
     relay 2 claims the same rows and publishes them all; the consumer deduplicates."""
@@ -469,7 +470,7 @@ def trace_relay_crash(lab, broker: Broker | None = None, *, batch: int = 100,
         return _trace_relay_crash(lab, bk, batch, crash_after)
 
 
-def _trace_relay_crash(lab, broker: Broker, batch: int, crash_after: int) -> Trace:
+def _trace_relay_crash(lab: Lab, broker: Broker, batch: int, crash_after: int) -> Trace:
     broker, obs = _start(lab, broker, batch)
     tr = Trace(f"Relay crash mid-batch: {batch} claimed, killed after {crash_after} publishes")
     try:
@@ -515,7 +516,7 @@ def _trace_relay_crash(lab, broker: Broker, batch: int, crash_after: int) -> Tra
         obs.close()
 
 
-def trace_dual_write(lab, broker: Broker | None = None, *, batch: int = 100,
+def trace_dual_write(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                      crash_after: int = 40) -> Trace:
     """The same relay written commit-first, publish-after, killed after ``crash_after``
     publishes: the rest are marked published and never reach the broker."""
@@ -524,7 +525,7 @@ def trace_dual_write(lab, broker: Broker | None = None, *, batch: int = 100,
         return _trace_dual_write(lab, bk, batch, crash_after)
 
 
-def _trace_dual_write(lab, broker: Broker, batch: int, crash_after: int) -> Trace:
+def _trace_dual_write(lab: Lab, broker: Broker, batch: int, crash_after: int) -> Trace:
     broker, obs = _start(lab, broker, batch)
     tr = Trace(f"The dual-write bug: commit first, publish after, killed after {crash_after} publishes")
     try:
@@ -568,7 +569,7 @@ def _trace_dual_write(lab, broker: Broker, batch: int, crash_after: int) -> Trac
         obs.close()
 
 
-def trace_broker_down(lab, broker: Broker | None = None, *, batch: int = 100,
+def trace_broker_down(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                       down_after: int = 40, backoff_s: float = 1.0) -> Trace:
     """The broker goes down after ``down_after`` publishes: the publish fails, the batch
     rolls back, the relay backs off (doubling) and catches up when the broker returns."""
@@ -580,7 +581,7 @@ def trace_broker_down(lab, broker: Broker | None = None, *, batch: int = 100,
         return _trace_broker_down(lab, bk, batch, down_after, backoff_s)
 
 
-def _trace_broker_down(lab, broker: Broker, batch: int, down_after: int, backoff_s: float) -> Trace:
+def _trace_broker_down(lab: Lab, broker: Broker, batch: int, down_after: int, backoff_s: float) -> Trace:
     broker, obs = _start(lab, broker, batch)
     tr = Trace(f"Broker down after {down_after} publishes: roll back, back off, catch up")
     try:
@@ -631,7 +632,7 @@ MAX_IDLE_TIMEOUT_S = 60
 MAX_WATCH_S = 600
 
 
-def server_bounds(lab) -> dict:
+def server_bounds(lab: Lab) -> dict:
     """What ends a backend whose client froze inside a transaction, as this server and this
     session are configured: the settings' values (0 = off), their units, the server's boot
     default, and whether the session came over TCP (keepalives) or a Unix socket."""
@@ -678,7 +679,7 @@ def _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_
 AUTO = "auto"
 
 
-def trace_relay_freeze(lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+def trace_relay_freeze(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
                        idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
                        watch_s: float = 15.0) -> Trace:
     """Relay 1 claims ``batch`` rows, publishes ``freeze_after``, and its process is frozen
@@ -700,7 +701,7 @@ def trace_relay_freeze(lab, broker: Broker | None = None, *, batch: int = 100, f
                                    watch_s)
 
 
-def freeze_trace(lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
                  idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
                  watch_s: float = 15.0) -> dict:
     """:func:`trace_relay_freeze` as a dict: the trace's summary (locks_held_while_frozen,
@@ -719,7 +720,7 @@ def _backend(obs: Observer, pid: int):
         "FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
 
 
-def _trace_relay_freeze(lab, broker, batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s):
+def _trace_relay_freeze(lab: Lab, broker, batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s):
     broker, obs = _start(lab, broker, batch)
     bound = (f"idle_in_transaction_session_timeout = {idle_timeout_s:g} s on its session"
              if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
@@ -826,7 +827,7 @@ def _trace_relay_freeze(lab, broker, batch, freeze_after, idle_timeout_s, publis
 # -- committing mid-batch ----------------------------------------------------------------------------
 
 
-def trace_commit_every(lab, broker: Broker | None = None, *, batch: int = 100,
+def trace_commit_every(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                        commit_every: int = 10) -> Trace:
     """Relay 1 claims ``batch`` rows and commits after every ``commit_every`` publishes
     (marking those); relay 2 ticks right after relay 1's first COMMIT.  No process
@@ -841,7 +842,7 @@ def trace_commit_every(lab, broker: Broker | None = None, *, batch: int = 100,
         return _trace_commit_every(lab, bk, batch, commit_every)
 
 
-def _trace_commit_every(lab, broker: Broker, batch: int, commit_every: int) -> Trace:
+def _trace_commit_every(lab: Lab, broker: Broker, batch: int, commit_every: int) -> Trace:
     broker, obs = _start(lab, broker, batch)
     tr = Trace(f"Commit every {commit_every} publishes: two relays, no crash")
     try:
@@ -882,7 +883,7 @@ def _trace_commit_every(lab, broker: Broker, batch: int, commit_every: int) -> T
         obs.close()
 
 
-def free_relays(lab, broker: Broker | None = None, *, orders: int = 1000, batch: int = 100,
+def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, batch: int = 100,
                 commit_every: int | None = None, relays: int = 2) -> dict:
     """``relays`` relay processes drain a backlog of ``orders`` with nothing scripted but a
     common start: each runs its own ticks until it finds nothing to claim.  No process
@@ -927,7 +928,7 @@ TRACES = {"relay": trace_relay_crash, "dual-write": trace_dual_write, "broker-do
 # -- two relays at once ---------------------------------------------------------------------------
 
 
-def two_relays(lab, broker: Broker | None = None, *, orders: int = 100, batch: int = 50) -> dict:
+def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, batch: int = 50) -> dict:
     """Two relay processes, each holding its claim while the other claims: the batches
     are disjoint.  Returns both claims and the broker's messages."""
     if orders < 0 or batch < 1:
@@ -938,7 +939,7 @@ def two_relays(lab, broker: Broker | None = None, *, orders: int = 100, batch: i
         return _two_relays(lab, bk, orders, batch)
 
 
-def _two_relays(lab, broker: Broker, orders: int, batch: int) -> dict:
+def _two_relays(lab: Lab, broker: Broker, orders: int, batch: int) -> dict:
     broker, obs = _start(lab, broker, orders)
     try:
         workers = [_relay(lab, broker, f"relay-{i}", batch=batch, pause_at=["claimed#1"])
@@ -971,7 +972,7 @@ def _two_relays(lab, broker: Broker, orders: int, batch: int) -> dict:
 MAX_ARRIVING = 100_000
 
 
-def _index_scan(lab) -> dict:
+def _index_scan(lab: Lab) -> dict:
     """Heap fetches and buffers of the metrics query's index-only scan of the partial index
     (sequential and bitmap scans switched off for it: the index's cost is what is read)."""
     import re
@@ -991,7 +992,7 @@ def _index_scan(lab) -> dict:
             "buffers": int(hit[1]) + int(hit[2] or 0) if hit else 0}
 
 
-def dead_index_entries(lab, arriving: int = 3000, wait_s: float = 30.0) -> dict:
+def dead_index_entries(lab: Lab, arriving: int = 3000, wait_s: float = 30.0) -> dict:
     """A batch of ``arriving`` events is inserted and marked published (autovacuum off on the
     outbox, so only the VACUUM here runs); the metrics query's index scan is read three times:
     right after, once more, and after VACUUM.  The outbox must exist with its statistics
@@ -1029,13 +1030,13 @@ def dead_index_entries(lab, arriving: int = 3000, wait_s: float = 30.0) -> dict:
 # -- lag -------------------------------------------------------------------------------------------
 
 
-def metrics(lab) -> tuple[int, float]:
+def metrics(lab: Lab) -> tuple[int, float]:
     """(depth, age of the oldest unpublished row in seconds), from the partial index."""
     depth, age = lab.execute(METRICS)[0]
     return depth, age
 
 
-def measure_lag(lab, broker: Broker | None = None, *, rate_per_s: float = 40, interval_s: float = 0.1,
+def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 40, interval_s: float = 0.1,
                 run_s: float = 3.0, pause: tuple[float, float] = (1.0, 2.0), sample_s: float = 0.05,
                 batch: int = 100):
     """Orders arrive at ``rate_per_s``; a relay process ticks every ``interval_s``; it is
@@ -1056,7 +1057,7 @@ def measure_lag(lab, broker: Broker | None = None, *, rate_per_s: float = 40, in
         return _measure_lag(lab, bk, rate_per_s, interval_s, run_s, pause, sample_s, batch)
 
 
-def _measure_lag(lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch):
+def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch):
     import pandas as pd
 
     broker, obs = _start(lab, broker, 0)
@@ -1095,7 +1096,7 @@ def _measure_lag(lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, ba
 def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag while the relay is paused"):
     import matplotlib.pyplot as plt
 
-    from .plots import PALETTE
+    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.6))
@@ -1143,7 +1144,7 @@ def main(argv: list[str]) -> int:
                    help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
     p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
     args = p.parse_args(argv)
-    from . import db as dbmod
+    from ..core import db as dbmod
 
     point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
     freeze = args.freeze_after is not None
@@ -1167,7 +1168,7 @@ def main(argv: list[str]) -> int:
                                                     **{point: args.crash_after})
         # A schema of this run's own (the process id in its name): two runs at once never
         # share, reset or drop each other's tables.
-        with dbmod.connect(quiet=True).lab(f"trace_{args.kind}_{os.getpid()}") as lab, \
+        with Lab.open(dbmod.connect(quiet=True), f"trace_{args.kind}_{os.getpid()}") as lab, \
                 brokers.for_lab(lab, args.broker) as bk:
             try:
                 tr = run(lab, bk)

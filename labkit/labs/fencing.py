@@ -26,23 +26,25 @@ from dataclasses import dataclass, field
 import psycopg
 
 from . import drain as dr
-from .errors import LabkitError
-from .limits import number
-from .procs import entry_point
-from .trace import Trace
+from ..core.errors import LabkitError
+from ..core.limits import number
+from ..core.procs import entry_point
+from ..core.trace import Trace
+from ..core.lab import Lab
+from ..core.db import connect
 
 ROW = ("SELECT status, attempts, claim_version, next_attempt_at, last_error "
        "FROM delivery WHERE id = 1")
 PUSHES_TO_DEVICE = "SELECT count(*) FROM device_push WHERE delivery_id = 1"
 
 
-def _row(lab, clock: dr.Clock) -> dict:
+def _row(lab: Lab, clock: dr.Clock) -> dict:
     status, attempts, version, due, error = lab.execute(ROW)[0]
     return {"status": status, "attempts": attempts, "claim_version": version,
             "next_attempt_at": clock.rel(due), "last_error": error or "-"}
 
 
-def zombie_trace(lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: float = 1,
+def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: float = 1,
                  timeout_s: float = 5, zombie_push: str = "lost") -> Trace:
     """Worker 1 claims, its send hangs past the lease; worker 2 re-claims and delivers;
     worker 1's request then times out and it writes "retry later" — fenced or not.
@@ -176,7 +178,7 @@ def _write(conn: psycopg.Connection, query: str, row: dr.Claimed, outcome: dr.Ou
     return conn.execute(query, _params(row, outcome)).rowcount
 
 
-def check_fenced_write(lab, query: str, *, lease_s: float = dr.LEASE_S) -> FenceCheck:
+def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> FenceCheck:
     """Run ``query`` (a completion write taking ``%(id)s``, ``%(claim_version)s``,
     ``%(outcome)s``, ``%(error)s``, ``%(max_attempts)s``) as a zombie and as the live
     worker, in a scratch schema next to ``lab``'s, in two orders:
@@ -190,7 +192,7 @@ def check_fenced_write(lab, query: str, *, lease_s: float = dr.LEASE_S) -> Fence
     if not isinstance(query, str) or not query.strip():
         raise LabkitError("The completion write to check is empty.",
                           "pass the SQL text of your UPDATE (see drain_complete.sql).")
-    scratch = lab.db.lab(f"{lab.name}_fence_check")
+    scratch = Lab.open(lab.db, f"{lab.name}_fence_check")
     scenarios, problem = [], ""
     try:
         for zombie_first in (False, True):
@@ -238,8 +240,6 @@ def check_fenced_write(lab, query: str, *, lease_s: float = dr.LEASE_S) -> Fence
 @entry_point("labkit trace zombie")
 def main(argv: list[str] | None = None) -> int:
     """``labkit trace zombie --fence|--no-fence [--json]``"""
-    import labkit
-
     p = argparse.ArgumentParser(prog="labkit trace zombie",
                                 description="Trace a zombie worker's stale write, with or without a fence.")
     g = p.add_mutually_exclusive_group(required=True)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dr.check_params(lease_s=args.lease)      # before anything is created
         # a schema of this run's own: two runs at once never touch each other's tables
-        with labkit.connect(quiet=args.json).lab(f"trace_zombie_{os.getpid()}") as lab:
+        with Lab.open(connect(quiet=args.json), f"trace_zombie_{os.getpid()}") as lab:
             tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease, zombie_push=args.zombie_push)
     except LabkitError as exc:
         print(f"labkit: {exc}", file=sys.stderr)

@@ -25,7 +25,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from .errors import LabkitError
+from ..core.errors import LabkitError
+from ..core.lab import Lab
 
 AMQP_ENV = "LABKIT_AMQP_URL"
 
@@ -96,11 +97,11 @@ class RecordingBroker(Broker):
                                             "-c statement_timeout=15s")
 
     @classmethod
-    def for_lab(cls, lab) -> "RecordingBroker":
+    def for_lab(cls, lab: Lab) -> "RecordingBroker":
         return cls(lab.db.dsn, lab.schema)
 
     def reset(self) -> "RecordingBroker":
-        from .lab import read_sql
+        from ..core.lab import read_sql
 
         self.conn.execute("DROP TABLE IF EXISTS broker_message, broker_switch")
         self.conn.execute(read_sql("outbox_recording_broker.sql"))
@@ -175,7 +176,7 @@ class RabbitBroker(Broker):
         return f"RabbitBroker({_redact_amqp(self.url)!r}, queue={self.queue!r})"
 
     @classmethod
-    def for_lab(cls, lab, url: str) -> "RabbitBroker":
+    def for_lab(cls, lab: Lab, url: str) -> "RabbitBroker":
         where = hashlib.sha1(lab.db.dsn.encode()).hexdigest()[:8]
         return cls(url, f"labkit.{lab.schema}.{where}")
 
@@ -302,7 +303,7 @@ def hide_amqp_secrets(text: str, url: str, params=None) -> str:
 # -- choosing one -------------------------------------------------------------------------
 
 
-def for_lab(lab, kind: str | None = None) -> Broker:
+def for_lab(lab: Lab, kind: str | None = None) -> Broker:
     """The lab's broker, empty and switched on: RabbitMQ when ``LABKIT_AMQP_URL`` is set
     (or ``kind="rabbitmq"``), else the recording broker."""
     url = os.environ.get(AMQP_ENV, "").strip()

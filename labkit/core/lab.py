@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
-from importlib import resources
 
 import psycopg
 from psycopg import sql
 
-from .db import Database, current_user_tag
+from .db import Database, Guards, current_user_tag
 from .errors import LabkitError, ServerError
+from .files import read_sql
 
 SCHEMA_PREFIX = "lab_"
 
@@ -77,11 +77,6 @@ def drop_schemas(conn: psycopg.Connection, like: str = r"lab\_%", *, tag: str | 
     return names
 
 
-def read_sql(name: str) -> str:
-    """The text of one of labkit's .sql files (``labkit/sql/NAME``)."""
-    return resources.files("labkit").joinpath("sql", name).read_text()
-
-
 class Lab:
     """A schema on a server, with helpers to open connections into it."""
 
@@ -94,6 +89,14 @@ class Lab:
         self._conns: weakref.WeakSet = weakref.WeakSet()
         self._admin: psycopg.Connection | None = None
 
+    @classmethod
+    def open(cls, db: Database, name: str, *, user: str | None = None, reset: bool = True) -> "Lab":
+        """The lab ``name`` on ``db``: its schema made afresh (``reset=False`` keeps what is there)."""
+        lab = cls(db, name, user=user)
+        if reset:
+            lab.reset()
+        return lab
+
     def __repr__(self) -> str:
         return f"Lab({self.schema!r} on {self.db.backend})"
 
@@ -105,9 +108,10 @@ class Lab:
         self.drop()
 
     # -- connections --------------------------------------------------------------
-    def connect(self, *, autocommit: bool = True, role: str = "") -> psycopg.Connection:
-        name = self.app_name + (f":{role}" if role else "")
-        conn = self.db.connect(autocommit=autocommit, schema=self.schema, application_name=name[:63])
+    def connect(self, *, autocommit: bool = True, role: str = "",
+                guards: Guards | None = None) -> psycopg.Connection:
+        """A connection into the lab's schema, named ``labkit:<schema>:<role>``."""
+        conn = self.db.connect(autocommit=autocommit, schema=self.schema, role=role, guards=guards)
         self._conns.add(conn)
         return conn
 

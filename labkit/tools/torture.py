@@ -43,13 +43,14 @@ from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
 
-from . import broker as brokers
-from . import claims as cl
-from . import drain as dr
-from . import relay as rl
-from .errors import LabkitError, ServerError
-from .limits import bulk, number
-from .procs import Worker, entry_point
+from ..labs import broker as brokers
+from ..labs import claims as cl
+from ..labs import drain as dr
+from ..labs import relay as rl
+from ..core.errors import LabkitError, ServerError
+from ..core.limits import bulk, number
+from ..core.procs import Worker, entry_point
+from ..core.lab import Lab
 
 DIALECTS = ("relay", "drain", "queue")
 KINDS = {"relay": ("sigkill", "terminate", "broker"),
@@ -222,13 +223,13 @@ QUEUE_CHECKS = {
 }
 
 
-def drain_counts(lab, max_attempts: int = dr.MAX_ATTEMPTS) -> dict[str, int]:
+def drain_counts(lab: Lab, max_attempts: int = dr.MAX_ATTEMPTS) -> dict[str, int]:
     """Every count of DRAIN_CHECKS, read from the lab's ledger, pushes and audit."""
     return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
             for name, q in DRAIN_CHECKS.items()}
 
 
-def queue_counts(lab, max_attempts: int) -> dict[str, int]:
+def queue_counts(lab: Lab, max_attempts: int) -> dict[str, int]:
     """Every count of QUEUE_CHECKS, read from the lab's job table and effect log."""
     return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
             for name, q in QUEUE_CHECKS.items()}
@@ -449,7 +450,7 @@ class _Run:
 
     progress_kind = "progress"
 
-    def __init__(self, lab, report: TortureReport, deadline: float):
+    def __init__(self, lab: Lab, report: TortureReport, deadline: float):
         self.lab = lab
         self.report = report
         self.deadline = deadline
@@ -700,7 +701,7 @@ class _Run:
 class _RelayRun(_Run):
     progress_kind = "published"
 
-    def __init__(self, lab, report, deadline, broker, order: str = "outbox"):
+    def __init__(self, lab: Lab, report, deadline, broker, order: str = "outbox"):
         super().__init__(lab, report, deadline)
         self.broker = broker
         self.order = order
@@ -802,7 +803,7 @@ class _DrainRun(_Run):
     progress_kind = "sent"
     LEASE_S = 120
 
-    def __init__(self, lab, report, deadline, fence: bool):
+    def __init__(self, lab: Lab, report, deadline, fence: bool):
         super().__init__(lab, report, deadline)
         self.fence = fence
         self.clock: dr.Clock | None = None
@@ -919,7 +920,7 @@ class _QueueRun(_Run):
     progress_kind = "ran"
     LEASE = "30 seconds"
 
-    def __init__(self, lab, report, deadline, max_attempts: int, job_ms: float):
+    def __init__(self, lab: Lab, report, deadline, max_attempts: int, job_ms: float):
         super().__init__(lab, report, deadline)
         self.max_attempts = max_attempts
         self.job_ms = job_ms
@@ -1003,7 +1004,7 @@ class _QueueRun(_Run):
 # -- entry points -----------------------------------------------------------------------------------
 
 
-def torture(lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: int = 2,
+def torture(lab: Lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: int = 2,
             batch: int | None = None, items: int | None = None, fence: bool = True,
             max_attempts: int = 5, job_ms: float = 1.0, max_seconds: float = 300,
             broker: brokers.Broker | None = None, relay_order: str = "outbox") -> TortureReport:
@@ -1112,14 +1113,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="relay: commit-first tortures the dual-write bug (it loses events)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
-    from . import db as dbmod
+    from ..core import db as dbmod
 
     try:
         # the parameters first: nothing is created for a run that cannot happen
         batch, items = _sizes(args.dialect, args.workers, args.batch, None)
         check_params(args.dialect, kills=args.kills, workers=args.workers, batch=batch, items=items,
                      max_seconds=args.max_seconds, seed=args.seed)
-        lab = dbmod.connect(quiet=True).lab(f"torture_{args.dialect}_{os.getpid()}")
+        lab = Lab.open(dbmod.connect(quiet=True), f"torture_{args.dialect}_{os.getpid()}")
         try:
             bk = brokers.for_lab(lab, args.broker) if args.dialect == "relay" else None
             try:

@@ -29,10 +29,12 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .plots import static_box
-from .errors import LabkitError
+from ..core.plots import static_box
+from ..core.files import data_file
+from ..core.errors import LabkitError
+from ..core.lab import Lab
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = data_file()
 QUESTIONS_FILE = DATA / "questions.yaml"
 COSTLY_FILE = DATA / "costly_answers.yaml"
 
@@ -621,12 +623,12 @@ class Check:
         return str(self)
 
 
-def _scratch(lab):
+def _scratch(lab: Lab):
     """A throw-away lab schema next to ``lab``'s (dropped by the caller)."""
-    return lab.db.lab(f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
+    return Lab.open(lab.db, f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
 
 
-def _bind(lab, query: str, params: dict) -> str:
+def _bind(lab: Lab, query: str, params: dict) -> str:
     """The reader's SQL with its parameters written in as literals (for a scripted session)."""
     import psycopg
 
@@ -646,7 +648,7 @@ def _jobs_newest_first(scratch, n: int) -> None:
     """The job table with ``n`` pending jobs numbered newest first (job n is the oldest)
     and without its index, so that rows come back in storage order — newest first —
     unless the claim says ORDER BY created_at."""
-    from .lab import read_sql
+    from ..core.lab import read_sql
 
     scratch.execute(read_sql("job_table.sql"))
     scratch.execute("DROP INDEX job_pending_created_idx")
@@ -662,14 +664,14 @@ CLAIM_HINT = ("A claim that works in parallel locks the oldest pending job with 
               "%(worker_id)s, claimed_at = now() FROM picked WHERE job.id = picked.id RETURNING job.id.")
 
 
-def check_claim(lab, query: str, *, workers: int = 3) -> Check:
+def check_claim(lab: Lab, query: str, *, workers: int = 3) -> Check:
     """Run ``query`` (one statement taking ``%(worker_id)s`` — and, if it likes,
     ``%(batch)s``, which is 1 — and returning the claimed job ids in its first column) in
     ``workers`` sessions at once, each inside its own open
     transaction, over six pending jobs.  It passes when no session waits or fails, each
     claims exactly one job, the jobs differ and are the oldest ones, and after the
     commits each job is IN_PROGRESS under the worker that claimed it."""
-    from .sessions import Sessions
+    from ..core.sessions import Sessions
 
     if not 2 <= workers <= 5:
         raise LabkitError(f"check_claim runs 2 to 5 workers, not {workers}.", "use workers=3 (the default).")
@@ -720,12 +722,12 @@ COUNT_HINT = ("A report reads with a plain SELECT: SELECT count(*) FROM job WHER
               "leave out the rows in flight.")
 
 
-def check_report_count(lab, query: str) -> Check:
+def check_report_count(lab: Lab, query: str) -> Check:
     """Run ``query`` (returning one number: the pending jobs) while a worker's claim of two
     of six jobs is in flight (locked, marked, not yet committed), and again after it
     committed.  It passes when it never waits and says 6, then 4."""
-    from .lab import read_sql
-    from .sessions import Sessions
+    from ..core.lab import read_sql
+    from ..core.sessions import Sessions
 
     check = Check("a dashboard counts pending jobs while a worker claims", hint=COUNT_HINT)
     scratch = _scratch(lab)
@@ -760,7 +762,7 @@ REAPER_HINT = ("Only stale claims go back: WHERE status = 'IN_PROGRESS' AND clai
                "fresh pending job.")
 
 
-def check_reaper(lab, query: str, *, lease: str = "5 minutes") -> Check:
+def check_reaper(lab: Lab, query: str, *, lease: str = "5 minutes") -> Check:
     """Run ``query`` (taking ``%(lease)s``, an interval as text) over six jobs: two claims
     older than the lease, one fresh claim, one finished job and two pending ones.  It passes
     when exactly the two stale claims are PENDING again, with worker_id and claimed_at
@@ -816,7 +818,7 @@ def _state(row) -> str:
 class _Solo:
     """One autocommit session of a lab, closed on exit (the reaper runs alone)."""
 
-    def __init__(self, lab):
+    def __init__(self, lab: Lab):
         self.conn = lab.connect(role="reaper")
         self.conn.execute("SET statement_timeout = '10s'")
 

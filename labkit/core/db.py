@@ -25,9 +25,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from .errors import BackendError, ServerError
 from .server import EmbeddedServer
 
-if TYPE_CHECKING:
-    from .lab import Lab
-
 MIN_SERVER_VERSION = 120000
 DEFAULT_DOCKER_IMAGE = "postgres:18.1"
 APP_NAME = "labkit"
@@ -106,31 +103,69 @@ class Database:
     def describe(self) -> str:
         return f"PostgreSQL {self.version} · {self.backend}: {self.where}"
 
-    def connect(self, *, autocommit: bool = True, schema: str | None = None,
-                application_name: str = APP_NAME, **kw) -> psycopg.Connection:
-        """A new connection.  ``schema`` sets the search_path for labs."""
-        options = []
-        if schema:
-            options.append(f"-c search_path={schema},public")
-        if self.version_num >= 140000:
-            # A client that vanished (a killed kernel) does not leave its query running on.
-            options.append("-c client_connection_check_interval=2000")
+    def connect(self, *, autocommit: bool = True, schema: str | None = None, role: str = "",
+                guards: Guards | None = None, **kw) -> psycopg.Connection:
+        """A new connection (see :func:`open_connection`); errors name the server and the fix."""
         try:
-            return psycopg.connect(self.dsn, autocommit=autocommit, application_name=application_name,
-                                   options=" ".join(options) or None, connect_timeout=10, **kw)
+            # A client that vanished (a killed kernel) does not leave its query running on:
+            # the server checks the socket every 2 s (PostgreSQL 14 and later).
+            return open_connection(self.dsn, schema=schema, role=role, guards=guards,
+                                   autocommit=autocommit,
+                                   check_client_ms=2000 if self.version_num >= 140000 else None, **kw)
         except psycopg.OperationalError as exc:
-            raise _unreachable(self, exc) from None
-
-    def lab(self, name: str, *, user: str | None = None, reset: bool = True) -> "Lab":
-        from .lab import Lab
-
-        lab = Lab(self, name, user=user)
-        if reset:
-            lab.reset()
-        return lab
+            raise unreachable(self, exc) from None
 
 
-def _unreachable(db: Database, exc: Exception) -> ServerError:
+# -- the one way labkit opens a connection ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Guards:
+    """Time limits a session carries, so that nothing it waits for can hang it for ever.
+    Each is a PostgreSQL duration ("5s", "1500ms"); None leaves the server's setting."""
+
+    lock_timeout: str | None = None
+    statement_timeout: str | None = None
+    idle_in_transaction: str | None = None    # idle_in_transaction_session_timeout
+
+    def options(self) -> list[str]:
+        pairs = [("lock_timeout", self.lock_timeout), ("statement_timeout", self.statement_timeout),
+                 ("idle_in_transaction_session_timeout", self.idle_in_transaction)]
+        return [f"-c {name}={value}" for name, value in pairs if value is not None]
+
+
+# What a worker process carries unless its lab says otherwise: a lock wait or a statement
+# that outlives these is a bug or a dead peer, never part of a lesson.
+WORKER_GUARDS = Guards(lock_timeout="10s", statement_timeout="60s", idle_in_transaction="60s")
+
+
+def session_name(schema: str | None = None, role: str = "") -> str:
+    """``labkit:<schema>:<role>``: the name reset(), ``labkit doctor``, ``labkit clean`` and the
+    tests find a lab's sessions by.  PostgreSQL keeps 63 characters of it."""
+    parts = [APP_NAME] + ([schema] if schema else []) + ([role] if role else [])
+    return ":".join(parts)[:63]
+
+
+def open_connection(dsn: str, *, schema: str | None = None, role: str = "",
+                    guards: Guards | None = None, autocommit: bool = True,
+                    check_client_ms: int | None = None, application_name: str | None = None,
+                    **kw) -> psycopg.Connection:
+    """A connection from any process (kernel, worker, child): ``search_path`` is the lab's
+    schema then public, ``application_name`` is ``labkit:<schema>:<role>``, and ``guards``
+    are set for the whole session.  ``kw`` passes on to psycopg (login for a sandbox role)."""
+    options = []
+    if schema:
+        options.append(f"-c search_path={schema},public")
+    if check_client_ms:
+        options.append(f"-c client_connection_check_interval={int(check_client_ms)}")
+    options += (guards or Guards()).options()
+    kw.setdefault("connect_timeout", 10)
+    return psycopg.connect(dsn, autocommit=autocommit,
+                           application_name=application_name or session_name(schema, role),
+                           options=" ".join(options) or None, **kw)
+
+
+def unreachable(db: Database, exc: Exception) -> ServerError:
+    """The error to raise when ``db`` refused a connection: it names the server and the fix."""
     error = _unreachable_error(db, exc)
     error.what = hide(error.what, db.dsn)
     error.args = (error._render(),)
@@ -180,7 +215,7 @@ def _check_version(db: Database, minimum: int = MIN_SERVER_VERSION) -> Database:
             db.version_num = conn.info.server_version
             db.version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
     except psycopg.OperationalError as exc:
-        raise _unreachable(db, exc) from None
+        raise unreachable(db, exc) from None
     if db.version_num < minimum:
         raise ServerError(
             f"The server at {db.where} runs PostgreSQL {db.version}; labkit needs {minimum // 10000} "

@@ -42,12 +42,15 @@ import stat
 import threading
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
+from .db import Guards, open_connection, unreachable
 from .errors import LabkitError
+from .lab import Lab
 
 ROLE_PREFIX = "labkit_sbx_"
 _COMMENT = "labkit sandbox for schema "
@@ -169,10 +172,9 @@ class _Server:
     def __getattr__(self, name):
         return getattr(self._db, name)
 
-    def connect(self, *, autocommit: bool = True, schema: str | None = None,
-                application_name: str = "labkit", **kw) -> psycopg.Connection:
-        return self._box.connect(autocommit=autocommit, schema=schema,
-                                 application_name=application_name, **kw)
+    def connect(self, *, autocommit: bool = True, schema: str | None = None, role: str = "",
+                guards: Guards | None = None, **kw) -> psycopg.Connection:
+        return self._box.connect(autocommit=autocommit, schema=schema, role=role, guards=guards, **kw)
 
 
 class Deadline:
@@ -211,7 +213,7 @@ class Sandbox:
     statement_timeout of every connection :meth:`connect` opens.
     """
 
-    def __init__(self, lab, *, connections: int = 16, statement_timeout_s: float = 30.0):
+    def __init__(self, lab: Lab, *, connections: int = 16, statement_timeout_s: float = 30.0):
         self.base = lab
         self.connections = connections
         self.statement_timeout_ms = max(1, int(statement_timeout_s * 1000))
@@ -284,7 +286,7 @@ class Sandbox:
             return
         self.role, self.password = role, password
         try:
-            self.connect(application_name=f"{self.base.app_name}:sandbox"[:63]).close()
+            self.connect(schema=self.base.schema, role="sandbox").close()
         except psycopg.OperationalError as exc:
             if superuser:
                 raise LabkitError(
@@ -336,25 +338,21 @@ class Sandbox:
         self.role = self.password = None
 
     # -- connections --------------------------------------------------------------------------
-    def connect(self, *, autocommit: bool = True, schema: str | None = None,
-                application_name: str = "labkit", **kw) -> psycopg.Connection:
-        """A connection as the sandbox role (as labkit's user, where there is none)."""
+    def connect(self, *, autocommit: bool = True, schema: str | None = None, role: str = "",
+                guards: Guards | None = None, **kw) -> psycopg.Connection:
+        """A connection as the sandbox role (as labkit's user, where there is none), with the
+        run's statement_timeout whatever the caller's guards say."""
         db = self.base.db
-        options = [f"-c statement_timeout={self.statement_timeout_ms}"]
-        if getattr(db, "version_num", 0) >= 140000:
-            # A client that vanished (a killed worker) does not leave its query running on.
-            options.append("-c client_connection_check_interval=2000")
-        if schema:
-            options.append(f"-c search_path={schema},public")
+        guards = replace(guards or Guards(), statement_timeout=f"{self.statement_timeout_ms}ms")
         if self.role is not None:
             kw.update(user=self.role, password=self.password)
         try:
-            conn = psycopg.connect(db.dsn, autocommit=autocommit, application_name=application_name,
-                                   options=" ".join(options), connect_timeout=10, **kw)
+            conn = open_connection(db.dsn, schema=schema, role=role, guards=guards, autocommit=autocommit,
+                                   check_client_ms=2000 if getattr(db, "version_num", 0) >= 140000 else None,
+                                   **kw)
         except psycopg.OperationalError as exc:
             if self.role is None:
-                from .db import _unreachable
-                raise _unreachable(db, exc) from None
+                raise unreachable(db, exc) from None
             raise
         self._conns.add(conn)
         return conn

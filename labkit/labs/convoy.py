@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from .errors import LabkitError
-from .lab import read_sql
-from .limits import bulk, number, writable_file
-from .procs import describe_interrupt, entry_point, signal_exit_code
+from ..core.files import data_file
+from ..core.errors import LabkitError
+from ..core.lab import read_sql
+from ..core.limits import bulk, number, writable_file
+from ..core.procs import describe_interrupt, entry_point, signal_exit_code
+from ..core.lab import Lab
 
 POLICIES = {"wait": "", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
 POLICY_NAMES = {"wait": "wait (FOR UPDATE)", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
@@ -307,7 +309,7 @@ def jobs_needed(workers: int, job_ms: float, seconds: float) -> int:
 class WorkerPool:
     """Worker connections, opened once and reused across the points of a sweep."""
 
-    def __init__(self, lab):
+    def __init__(self, lab: Lab):
         self.lab = lab
         self.conns: list[psycopg.Connection] = []
 
@@ -343,7 +345,7 @@ class WorkerPool:
         self.close()
 
 
-def prepare_queue(lab, n: int) -> None:
+def prepare_queue(lab: Lab, n: int) -> None:
     """Create the job table if needed and fill it with ``n`` fresh pending jobs."""
     if n > MAX_JOBS:
         raise LabkitError(f"This run would need {n} pending jobs (more than {MAX_JOBS}).",
@@ -371,12 +373,12 @@ def _backend_cpu_s(pids: list[int]) -> float | None:
     return total
 
 
-def _is_local(lab) -> bool:
+def _is_local(lab: Lab) -> bool:
     dsn = lab.db.dsn
     return any(h in dsn for h in ("127.0.0.1", "localhost", "host=/", "%2F")) or "@/" in dsn
 
 
-def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
+def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
         hold: bool = True, backoff: bool = False, backlog: int | None = None,
         backoff_base_ms: float = 1.0, backoff_cap_ms: float | None = None,
         pool: WorkerPool | None = None, seed: int = 2026, commit_delay_ms: float = 0.0) -> ConvoyRun:
@@ -548,7 +550,7 @@ def run(lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds
                      float(commit_delay_ms))
 
 
-def commit_cost_ms(lab, commits: int = 200) -> dict:
+def commit_cost_ms(lab: Lab, commits: int = 200) -> dict:
     """What one tiny commit costs on this server, in ms: with synchronous_commit on (COMMIT
     returns after the WAL flush; durable when fsync is on) and off, measured back to back on
     one connection; with the server's fsync and synchronous_commit."""
@@ -572,7 +574,7 @@ def commit_cost_ms(lab, commits: int = 200) -> dict:
         conn.close()
 
 
-def _commit_delay(lab, conns, delay_ms: float) -> None:
+def _commit_delay(lab: Lab, conns, delay_ms: float) -> None:
     """Set (or, with 0, reset) commit_delay on the worker connections."""
     if not delay_ms:
         for conn in conns:
@@ -599,7 +601,7 @@ def _commit_delay(lab, conns, delay_ms: float) -> None:
 
 # -- a sweep -------------------------------------------------------------------------------------
 
-def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip"), job_ms: float = 20,
+def sweep(lab: Lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip"), job_ms: float = 20,
           seconds: float | None = 2.0, *, hold: bool = True, backoff: bool = False, backlog: int | None = None,
           progress: bool = False, keep_runs: bool = False, commit_delay_ms: float = 0.0):
     """Every (policy, workers) point; a tidy DataFrame, one row per point (columns COLUMNS).
@@ -649,7 +651,7 @@ def sweep(lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip")
 def reference_path() -> str:
     from pathlib import Path
 
-    return str(Path(__file__).resolve().parent.parent / "data" / "convoy_reference.csv")
+    return str(data_file("convoy_reference.csv"))
 
 
 def load_reference(path: str | None = None):
@@ -669,7 +671,7 @@ POLICY_COLOURS = {"wait": 2, "nowait": 1, "skip": 0}
 
 
 def _colour(policy: str) -> str:
-    from .plots import PALETTE
+    from ..core.plots import PALETTE
 
     return PALETTE[POLICY_COLOURS[policy]]
 
@@ -803,7 +805,7 @@ def plot_errors(df, ax=None, title: str | None = None):
     """NOWAIT errors per second against workers, one line per variant."""
     import matplotlib.pyplot as plt
 
-    from .plots import PALETTE
+    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.5))
@@ -845,7 +847,7 @@ def plot_timeline(r: ConvoyRun, ax=None, title: str | None = None, until_ms: flo
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from .plots import PALETTE
+    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * r.workers))
@@ -913,7 +915,7 @@ def table(df, columns=None) -> str:
 
 # -- a widget for trainers ---------------------------------------------------------------------
 
-def trainer_panel(lab, policy: str = "wait", workers: int = 4, job_ms: float = 20, seconds: float = 1.0,
+def trainer_panel(lab: Lab, policy: str = "wait", workers: int = 4, job_ms: float = 20, seconds: float = 1.0,
                   hold: bool = True):
     """Re-run one point live with other N, d and policy.  Runs once with the given values
     and prints the text summary (static readers see that); the widget re-runs on click."""
@@ -950,7 +952,7 @@ def trainer_panel(lab, policy: str = "wait", workers: int = 4, job_ms: float = 2
             button.disabled = False
 
     button.on_click(on_click)
-    from .plots import static_box
+    from ..core.plots import static_box
 
     box = static_box([widgets.HBox([w_policy, w_n, w_d]), widgets.HBox([w_hold, button]), out],
                      lambda: "trainer panel: policy, workers N, d, lock held, run "
@@ -963,7 +965,7 @@ def trainer_panel(lab, policy: str = "wait", workers: int = 4, job_ms: float = 2
 
 def check_goals(df, wall_s: float | None = None, *, skip_min: float = 0.85, flat_tol: float = 0.15,
                 max_wall_s: float = 45.0) -> list[tuple[str, bool]]:
-    """The issue's speed goals, each with pass/fail (lock held, timed sweep)."""
+    """The convoy's speed goals, each with pass/fail (lock held, timed sweep)."""
     results = []
     skip = df[(df["policy"] == "skip") & (df["workers"] <= 16)]
     if len(skip):
@@ -1038,7 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
-    from . import db as dbmod
+    from ..core import db as dbmod
 
     lab = None
     try:
@@ -1051,7 +1053,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_plot_path(args.plot)
         database = dbmod.connect(quiet=True)
         print(database.describe(), file=sys.stderr)
-        lab = database.lab(f"convoy_cli_{os.getpid()}")
+        lab = Lab.open(database, f"convoy_cli_{os.getpid()}")
         t0 = time.perf_counter()
         df = sweep(lab, args.workers, args.policies, args.job_ms, None if args.drain else args.seconds,
                    hold=args.hold, backoff=args.backoff, backlog=args.drain, progress=not args.no_progress)
@@ -1077,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib
 
         matplotlib.use("Agg")
-        from .plots import setup_matplotlib
+        from ..core.plots import setup_matplotlib
 
         setup_matplotlib()
         plot_sweep(df, path=args.plot)

@@ -40,11 +40,13 @@ from typing import Any, Callable, Iterable, Mapping
 import psycopg
 from psycopg import sql
 
-from .errors import LabkitError
-from .lab import read_sql
-from .limits import bulk, number
-from .procs import entry_point
-from .trace import Trace
+from ..core.errors import LabkitError
+from ..core.lab import read_sql
+from ..core.limits import bulk, number
+from ..core.procs import entry_point
+from ..core.trace import Trace
+from ..core.lab import Lab
+from ..core.db import connect
 
 T0 = "2026-03-02 09:00:00+00"   # the instant a lab's clock is frozen at
 LEASE_S = 120
@@ -79,7 +81,7 @@ VALUES (%(id)s, %(claim_version)s, %(device_token)s, %(notification_id)s, %(coal
 # -- the ledger and the clock -------------------------------------------------------------
 
 
-def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, ...] = (),
+def create_ledger(lab: Lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, ...] = (),
                   no_collapse_every: int = 4, freeze_at: str | None = T0,
                   install: bool = True, poison: tuple[int, ...] = ()) -> "Clock":
     """(Re)create the drain's tables with ``n`` due deliveries, ids 1..n, oldest first.
@@ -126,7 +128,7 @@ def create_ledger(lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, .
 class Clock:
     """The lab's clock: ``lab_now()`` in SQL. Frozen in labs, the server's clock otherwise."""
 
-    def __init__(self, lab):
+    def __init__(self, lab: Lab):
         self.lab = lab
 
     def freeze(self, at: str = T0) -> "Clock":
@@ -229,7 +231,7 @@ READ_PUSHES = ("SELECT seq, delivery_id, claim_version, device_token, notificati
                "pushed_by FROM device_push ORDER BY seq")
 
 
-def read_pushes(lab) -> list[dict]:
+def read_pushes(lab: Lab) -> list[dict]:
     """Every push the push service delivered (``device_push``), in the order it delivered them."""
     cols = ("seq", "delivery_id", "claim_version", "device_token", "notification_id", "collapse_id",
             "pushed_by")
@@ -456,7 +458,7 @@ def lab_conn(dsn: str, schema: str, role: str, *, autocommit: bool = True) -> ps
                                    f"-c statement_timeout=60s")
 
 
-def make_drain(lab, name: str, **kw) -> Drain:
+def make_drain(lab: Lab, name: str, **kw) -> Drain:
     """An in-kernel drain with its own connections (sender included) into ``lab``."""
     sender_kw = {k: kw.pop(k) for k in ("latency_s", "speed", "flaky_failures") if k in kw}
     conn = lab.connect(role=name.replace(" ", "_"))
@@ -506,24 +508,24 @@ def drain_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, fence: 
 # -- trace 1: the drain crashes mid-send -----------------------------------------------------
 
 
-def _statuses(lab) -> dict[str, int]:
+def _statuses(lab: Lab) -> dict[str, int]:
     counts = dict(lab.execute(STATUS_COUNTS))
     return {s: counts.get(s, 0) for s in ("pending", "sent", "failed")}
 
 
-def _pushes(lab) -> dict[str, int]:
+def _pushes(lab: Lab) -> dict[str, int]:
     pushes, dups = lab.execute(PUSH_COUNTS)[0]
     return {"pushes": int(pushes), "duplicate_pushes": int(dups)}
 
 
-def _locked_among(lab, ids: list[int]) -> int:
+def locked_among(lab: Lab, ids: list[int]) -> int:
     """How many of ``ids`` some other session holds a row lock on (probe, then roll back)."""
     with lab.connect(role="probe") as conn:
         with conn.transaction(force_rollback=True):
             return int(conn.execute(LOCKED_AMONG, {"ids": ids, "n": len(ids)}).fetchone()[0])
 
 
-def _wait_backend_gone(lab, pid: int, timeout: float = 10) -> None:
+def _wait_backend_gone(lab: Lab, pid: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
         if time.monotonic() > deadline:
@@ -532,11 +534,11 @@ def _wait_backend_gone(lab, pid: int, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float = LEASE_S,
+def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: float = LEASE_S,
                 warmup: int = 10, others: int = 10) -> Trace:
     """A drain (a real process) claims ``batch`` rows with leases, sends ``crash_after`` pushes
     and is SIGKILLed; a second drain carries on; the leases run out; the rows come back."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     check_params(batch=batch, lease_s=lease_s, warmup=warmup, others=others)
     if lease_s < 2:
@@ -576,7 +578,7 @@ def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float =
                "attempts + 1, next_attempt_at = now + lease, claim_version + 1; the statement has "
                "committed, so no row lock is held while the pushes go out",
                {"claimed": len(got), "ids": f"{min(got)}..{max(got)}" if got else "-",
-                "lease_until": clock.rel(lease_until), "rows_locked": _locked_among(lab, got)})
+                "lease_until": clock.rel(lease_until), "rows_locked": locked_among(lab, got)})
         if crash_after:
             w.resume()
             w.wait_for("paused", tag=f"sent-{crash_after}", timeout=60)
@@ -594,7 +596,7 @@ def crash_trace(lab, *, batch: int = 50, crash_after: int = 12, lease_s: float =
     claimed_rows = lab.execute(
         "SELECT count(*) FROM delivery WHERE id = ANY(%s) AND status = 'pending' "
         "AND claim_version = 1 AND next_attempt_at > lab_now()", (crashed_ids,))[0][0]
-    locks_after = _locked_among(lab, crashed_ids)
+    locks_after = locked_among(lab, crashed_ids)
     tr.add("drain 1", "SIGKILL (the process dies mid-batch)",
            "nothing marked the sent rows: they still read claimed, lease in the future; the "
            "server saw the connection die, and no lock is left behind",
@@ -666,10 +668,10 @@ POISON_ROW = ("SELECT status, attempts, outcomes, attempts - outcomes AS never_r
               "FROM delivery WHERE id = %s")
 
 
-def _one_tick(lab, name: str, *, batch: int, lease_s: float, fence: bool = False,
+def _one_tick(lab: Lab, name: str, *, batch: int, lease_s: float, fence: bool = False,
               max_attempts: int = MAX_ATTEMPTS, timeout: float = 60) -> dict:
     """One drain tick in a process of its own; what it claimed and pushed, and how it ended."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                lease_s=lease_s, fence=fence, pause_after_claim=False, max_attempts=max_attempts)
@@ -688,7 +690,7 @@ def _one_tick(lab, name: str, *, batch: int, lease_s: float, fence: bool = False
             "exitcode": code, "killed": code == -signal.SIGKILL}
 
 
-def poison_trace(lab, *, rows: int = 3, poison: int = 3, batch: int = 3, lease_s: float = LEASE_S,
+def poison_trace(lab: Lab, *, rows: int = 3, poison: int = 3, batch: int = 3, lease_s: float = LEASE_S,
                  max_attempts: int = MAX_ATTEMPTS) -> Trace:
     """A poison row (its send kills the drain process: a real SIGKILL, every time) goes
     through its attempts to the dead letter.  Each tick is a new drain process, as a
@@ -749,9 +751,9 @@ OLD_CRASHED_TWICE = ("SELECT id FROM delivery WHERE status = 'pending' AND attem
                      "AND last_error IS NULL ORDER BY id")
 
 
-def _kill_after_claim(lab, name: str, *, batch: int, lease_s: float = LEASE_S) -> list[int]:
+def _kill_after_claim(lab: Lab, name: str, *, batch: int, lease_s: float = LEASE_S) -> list[int]:
     """A drain process claims ``batch`` rows and is SIGKILLed before it sends anything."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                lease_s=lease_s)
@@ -766,7 +768,7 @@ def _kill_after_claim(lab, name: str, *, batch: int, lease_s: float = LEASE_S) -
     return ids
 
 
-def crash_histories(lab) -> dict[int, int]:
+def crash_histories(lab: Lab) -> dict[int, int]:
     """Three deliveries with the histories that tell a right "crashed at least twice" query
     from a wrong one, made by real drain processes killed after their claims:
 
@@ -818,14 +820,14 @@ BACKENDS = ("SELECT coalesce(string_agg(DISTINCT state, ', '), 'gone') FROM pg_s
 LOCKS_OF = "SELECT count(*) FROM pg_locks WHERE pid = ANY(%s)"
 
 
-def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float = 5.0,
+def frozen_drain(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float = 5.0,
                  fence: bool = True, others: int = 10) -> Trace:
     """A drain (a real process) claims ``batch`` rows with a ``lease_s`` lease, sends
     ``freeze_after`` pushes and is frozen with SIGSTOP -- a paused VM, a stalled host, a
     long GC pause: the process is alive and its connections stay open.  What the server
     sees while it is frozen; who may take its rows and when; what it does when it wakes.
     The lab's clock is frozen, so the trace reproduces exactly."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     check_params(batch=batch, lease_s=lease_s, others=others)
     if lease_s < 2:
@@ -854,7 +856,7 @@ def frozen_drain(lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float
         lease_until = lab.execute("SELECT max(next_attempt_at) FROM delivery WHERE id = ANY(%s)",
                                   (got,))[0][0]
         locks = int(lab.execute(LOCKS_OF, (pids,))[0][0])
-        rows_locked = _locked_among(lab, got)
+        rows_locked = locked_among(lab, got)
         sessions = lab.execute(BACKENDS, (pids,))[0][0]
         tr.add("drain 1", f"claim {len(got)} rows ({lease_s:g} s leases), push {freeze_after}, "
                "then SIGSTOP: frozen mid-batch", "the process is alive and its connections are "
@@ -943,14 +945,14 @@ def held_worker(ctx, dsn: str, schema: str, batch: int, freeze_after: int,
     return {"committed": len(rows)}
 
 
-def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
+def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
                       idle_timeout_s: float = 2.0, wait_s: float = 30) -> dict:
     """The same freeze, for a drain that holds its claim in an open transaction (the
     anti-pattern of section 3): its session is *idle in transaction* and keeps its row
     locks while it is frozen.  Measured: how long until they go, and what ends them --
     here ``idle_in_transaction_session_timeout`` (``idle_timeout_s``, set on the frozen
     drain's session; 0, the default, would never end it)."""
-    from .procs import Worker
+    from ..core.procs import Worker
 
     check_params(batch=batch, idle_timeout_s=idle_timeout_s, wait_s=wait_s)
     if not 1 <= freeze_after < batch:
@@ -974,12 +976,12 @@ def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
         t0 = time.monotonic()
         _wait_stopped(w.pid)
         state = lab.execute(BACKENDS, ([pid],))[0][0]
-        locked = _locked_among(lab, got)
+        locked = locked_among(lab, got)
         others_early = len(second.claim())
-        while _locked_among(lab, got) and time.monotonic() - t0 < wait_s:
+        while locked_among(lab, got) and time.monotonic() - t0 < wait_s:
             time.sleep(0.02)
         released_after = time.monotonic() - t0
-        still = _locked_among(lab, got)
+        still = locked_among(lab, got)
         gone = not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
         taken = [c.id for c in second.tick().claimed] if not still else []
         os.kill(w.pid, signal.SIGCONT)
@@ -999,7 +1001,7 @@ def frozen_held_drain(lab, *, batch: int = 10, freeze_after: int = 3,
             "duplicate_pushes": shown["duplicate_pushes"]}
 
 
-def freeze_trace(lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
+def freeze_trace(lab: Lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
                  fence: bool = True, others: int = 10) -> dict:
     """:func:`frozen_drain`'s summary: ``locks_held_while_frozen``,
     ``claimed_by_others_while_frozen``, ``released_after_s``, ``released_by``,
@@ -1083,14 +1085,14 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return best
 
 
-def compare_claim_scopes(lab, *, drains: int = 4, rows: int = 40, batch: int = 5,
+def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: int = 5,
                          send_ms: float = 40, modes: tuple[str, ...] = tuple(MODES)):
     """Run the same work with ``drains`` drain processes in each mode; measure wall time,
     how many sends overlapped, and how long each drain's connection sat in a transaction.
     A send really sleeps ``send_ms`` (standing for ~2 s of APNs time)."""
     import pandas as pd
 
-    from .procs import Worker
+    from ..core.procs import Worker
 
     if drains < 1:
         raise LabkitError(f"{drains} drains cannot drain anything.", "pass drains >= 1 (4 is a good lab).")
@@ -1142,7 +1144,7 @@ def compare_claim_scopes(lab, *, drains: int = 4, rows: int = 40, batch: int = 5
 # -- a busy morning, for the metrics -------------------------------------------------------------
 
 
-def run_ticks(lab, clock: Clock, *, ticks: int, every_s: float, batch: int = 50,
+def run_ticks(lab: Lab, clock: Clock, *, ticks: int, every_s: float, batch: int = 50,
               lease_s: float = LEASE_S, fence: bool = False) -> list[int]:
     """``ticks`` drain ticks, the clock moved on ``every_s`` before each; claimed per tick."""
     check_params(batch=batch, lease_s=lease_s, ticks=ticks, every_s=every_s)
@@ -1164,8 +1166,6 @@ def run_ticks(lab, clock: Clock, *, ticks: int, every_s: float, batch: int = 50,
 def main(argv: list[str] | None = None) -> int:
     """``labkit trace drain [--batch 50] [--crash-after 12 | --freeze-after 12] [--lease S]
     [--no-fence] [--json]``"""
-    import labkit
-
     p = argparse.ArgumentParser(prog="labkit trace drain",
                                 description="Trace a lease-based drain killed (or frozen) mid-send, "
                                             "on a real server.")
@@ -1185,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_params(batch=args.batch, lease_s=lease)     # before anything is created
         # a schema of this run's own: two runs at once never touch each other's tables
-        with labkit.connect(quiet=args.json).lab(f"trace_drain_{os.getpid()}") as lab:
+        with Lab.open(connect(quiet=args.json), f"trace_drain_{os.getpid()}") as lab:
             if args.freeze_after is not None:
                 tr = frozen_drain(lab, batch=args.batch, freeze_after=args.freeze_after, lease_s=lease,
                                   fence=args.fence)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from .errors import LabkitError
+from .lab import Lab
 
 
 def _fmt(x) -> str:
@@ -81,7 +82,7 @@ def bulk_timeout_s(rows: int) -> float:
     return BULK_BASE_S + max(0, rows) / BULK_ROWS_PER_S
 
 
-def bulk(lab, query, params=None, *, rows: int) -> None:
+def bulk(lab: Lab, query, params=None, *, rows: int) -> None:
     """Run one bulk statement (an INSERT of ``rows`` rows) on the lab's admin connection,
     in a transaction of its own with a statement timeout sized for it, and with the server
     checking every two seconds that the client is still connected (PostgreSQL 14 and
