@@ -16,6 +16,7 @@ uses.  ``cli.py`` sits on top of all three rooms.
 from .core.db import Database, connect
 from .core.errors import LabkitError
 from .core.lab import Lab, read_sql, schema_name
+from .core.plots import setup_matplotlib
 from .core.sessions import Sessions, Step
 from .core.trace import Trace
 from .tools.nbtools import workbook_map
@@ -31,7 +32,6 @@ def lab(name: str, *, quiet: bool = False) -> Lab:
 def setup(notebook: str) -> Lab:
     """The one setup cell of every notebook: plot style, a server (named in one line),
     and a fresh lab schema for this notebook."""
-    from .core.plots import setup_matplotlib
 
     setup_matplotlib()
     return Lab.open(connect(), notebook)

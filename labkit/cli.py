@@ -1,59 +1,59 @@
-"""The ``labkit`` command line."""
+"""The ``labkit`` command line: one argparse tree (:func:`build_parser`) with every command.
+
+Each command calls a plain ``*_command`` function of its module with keyword parameters and
+exits with what it returns.  :func:`main` is the one place that turns a :class:`LabkitError`
+into one line on stderr (exit 2) and an interruption (Ctrl-C, SIGTERM, SIGHUP) into one line
+and exit code 128 + the signal, after the command's clean-up ran.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 
+from .core import db as dbmod
+from .core.db import connect
 from .core.errors import LabkitError
+from .core.lab import OTHER_LAB_SCHEMAS_SQL, Lab, own_lab_schemas
+from .core.lab import drop_schemas as drop_lab_schemas
+from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
+from .core.queries import query
+from .core.sandbox import sweep
+from .core.server import MIN_FREE_BYTES, EmbeddedServer
+from .labs import claims, convoy, drain, fencing, relay
+from .labs.convoy import POLICIES
+from .tools import bench, drill, grade, spec, torture, training
+from .tools.spec import drop_spec_databases
 
 
-def _server_cmd(args) -> int:
-    from .core.server import EmbeddedServer
+def server_command(*, action: str) -> int:
+    """``labkit server start|stop|status|url|reset``; ``status`` exits 3 when the server is
+    not running."""
 
     server = EmbeddedServer()
-    if args.action == "start":
+    if action == "start":
         print(server.start().line())
-    elif args.action == "stop":
+    elif action == "stop":
         print(server.stop().line())
-    elif args.action == "status":
+    elif action == "status":
         st = server.status()
         print(st.line())
         return 0 if st.running else 3
-    elif args.action == "url":
+    elif action == "url":
         print(server.url())
-    elif args.action == "reset":
+    elif action == "reset":
         server.reset()
         print(f"deleted the cluster and labkit's files in {server.data_dir}; "
               "`labkit server start` creates them again")
     return 0
 
 
-# A labkit session idle in a transaction for a while holds its locks for nothing: a
-# kernel that was interrupted, or a cell that forgot COMMIT.  A session of a notebook
-# that is running right now is idle in a transaction only for moments.
-LEFTOVERS_SQL = """
-SELECT pid, application_name, state, date_trunc('second', clock_timestamp() - state_change) AS idle_for,
-       (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid AND l.granted) AS locks
-  FROM pg_stat_activity a
- WHERE application_name LIKE 'labkit:%%'
-   AND pid <> pg_backend_pid()
-   AND state IN ('idle in transaction', 'idle in transaction (aborted)')
-   AND state_change < clock_timestamp() - make_interval(secs => %(idle)s)
- ORDER BY pid
-"""
-
-LAB_SCHEMAS_SQL = """
-SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lab\\_%%' ORDER BY 1
-"""
-
-
 def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
-    from .core import db as dbmod
-    from .core.server import MIN_FREE_BYTES, EmbeddedServer
 
     problems = 0
     out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
@@ -81,11 +81,9 @@ def doctor(idle_s: float = 60, out=print) -> int:
         return 1
     out(database.describe())
     with database.connect() as conn:
-        leftovers = conn.execute(LEFTOVERS_SQL, {"idle": idle_s}).fetchall()
-        schemas = [r[0] for r in conn.execute(LAB_SCHEMAS_SQL).fetchall()]
-        roles = [r[0] for r in conn.execute(
-            "SELECT rolname FROM pg_roles r WHERE rolname LIKE 'labkit\\_sbx\\_%%' AND NOT EXISTS "
-            "(SELECT 1 FROM pg_stat_activity a WHERE a.usename = r.rolname) ORDER BY 1").fetchall()]
+        leftovers = conn.execute(query("doctor.sql", "leftovers").sql, {"idle": idle_s}).fetchall()
+        schemas = [r[0] for r in conn.execute(query("doctor.sql", "lab_schemas").sql, {}).fetchall()]
+        roles = [r[0] for r in conn.execute(query("doctor.sql", "idle_sandbox_roles").sql, {}).fetchall()]
     out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
                                          if schemas else ""))
     if roles:
@@ -108,28 +106,23 @@ def doctor(idle_s: float = 60, out=print) -> int:
 
 
 def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:
-    from .core import db as dbmod
 
     database = dbmod.connect(quiet=True)
     with database.connect() as conn:
-        if every:
-            pids = [r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'labkit:%%' "
-                "AND pid <> pg_backend_pid() AND usename = current_user").fetchall()]
-        else:
-            pids = [r[0] for r in conn.execute(LEFTOVERS_SQL, {"idle": idle_s}).fetchall()]
+        sessions = query("doctor.sql", "my_sessions" if every else "leftovers").sql
+        pids = [r[0] for r in conn.execute(sessions, {"idle": idle_s}).fetchall()]
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         out(f"ended {len(pids)} labkit session(s)" +
             ("" if every else f" idle in a transaction for over {idle_s:g} s"))
-        from .core.sandbox import sweep
 
+        databases = drop_spec_databases(conn, tag=dbmod.current_user_tag())
+        if databases:
+            out(f"dropped {len(databases)} database(s) left by interrupted spec runs")
         roles = sweep(conn)
         if roles:
             out(f"dropped {len(roles)} throw-away role(s) left by interrupted grading or spec runs")
         if drop_schemas:
-            from .core.lab import OTHER_LAB_SCHEMAS_SQL, own_lab_schemas
-            from .core.lab import drop_schemas as drop_lab_schemas
 
             tag = dbmod.current_user_tag()
             role = conn.execute("SELECT current_user").fetchone()[0]
@@ -144,110 +137,325 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
     return 0
 
 
-# Subcommands whose parsers live in their own modules: name -> (module, passes its own name)
-DELEGATED = {
-    "spec": ("labkit.tools.spec", False),
-    "slides": ("labkit.tools.training", True),
-    "book": ("labkit.tools.training", True),
-    "student": ("labkit.tools.training", True),
-    "convoy": ("labkit.labs.convoy", False),
-    "drill": ("labkit.tools.drill", False),
-    "grade": ("labkit.tools.grade", False),
-    "bench-history": ("labkit.labs.claims", False),
-    "bench": ("labkit.tools.bench", False),
-    "torture": ("labkit.tools.torture", False),
-}
+# -- the tree ------------------------------------------------------------------------------------
 
-# labkit trace WHAT ...: which module replays which trace
-TRACES = {
-    "drain": "labkit.labs.drain",
-    "zombie": "labkit.labs.fencing",
-    "relay": "labkit.labs.relay",
-    "dual-write": "labkit.labs.relay",
-    "broker-down": "labkit.labs.relay",
-}
-# modules whose main() takes the trace's own name as its first argument
-TRACE_KEEPS_NAME = {"labkit.labs.relay"}
+def _run_lab(name: str, *, quiet: bool = True) -> Callable[[], Lab]:
+    """How a command opens its lab once its parameters are checked: a schema of this run's own
+    (the process id in its name), so two runs at once never share, reset or drop each other's
+    tables.  ``quiet=False`` prints which server it is, on stdout."""
+    def open_lab() -> Lab:
 
-USAGE = """usage: labkit COMMAND ...
+        return Lab.open(connect(quiet=quiet), f"{name}_{os.getpid()}")
+    return open_lab
 
-commands:
-  server start|stop|status|url|reset   the embedded PostgreSQL server
-  doctor [--idle-seconds 60]           backend, versions, leftovers; exit 1 on a problem
-  clean [--schemas] [--all]            end lab sessions idle in a transaction over 60 s
-  spec run FILE.spec ...               run PostgreSQL isolation-tester specs
-  slides [NOTEBOOK ...]                offline reveal.js decks into build/slides
-  book [NOTEBOOK ...] [--no-execute]   execute notebooks into an HTML handout set in build/book
-  student [--check]                    student copies of the exercise notebooks (no solutions)
-  convoy --workers 1,2,4 --policies wait,nowait,skip [--json]   the convoy, measured
-  grade claim FILE.sql [--json]        grade a claim: N workers, one killed mid-way; exit 1 on fail
-  bench [--quick] [--json] [--check]   how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ
-  torture relay|drain|queue --kills N --seed S [--json]   random kills; exit 1 if an invariant breaks
-  bench-history                        claim throughput as finished-job history grows (0 → 1M rows)
-  drill sheet [--level L] [--topic T] [--short]   the interview study sheet
-  drill quiz [--topic T] [--no-key]              the answers that cost you the question
-  drill check                                    validate the question bank and the quiz
-  trace relay|dual-write|broker-down [--batch 100 --crash-after 40] [--broker recording|rabbitmq] [--json]
-  trace drain [--batch 50 --crash-after 12] [--json]   the drain crashed mid-send, replayed
-  trace drain --freeze-after 12 [--no-fence] [--json]  the drain frozen (SIGSTOP) mid-send, then woken
-  trace zombie --fence|--no-fence [--zombie-push lost|delivered] [--json]   a zombie worker's late write
-"""
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    return values
+
+
+def _policy_list(text: str) -> list[str]:
+
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown policy {bad[0]!r} (use {', '.join(POLICIES)})")
+    return values
+
+
+def _number(text: str) -> int | float:
+    """An option's number as written: 12 stays an int, 1e20, inf and nan become floats
+    (and are then refused with the allowed range by the command)."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+Subcommands = argparse._SubParsersAction     # what add_subparsers() gives
+
+
+def _command(group: Subcommands, name: str, help: str, run: Callable[[argparse.Namespace], int], *,
+             description: str | None = None, prefix: str = "labkit") -> argparse.ArgumentParser:
+    """A command that runs: ``run(args)`` gives its exit code; ``prefix`` starts the line
+    that reports its error or its interruption."""
+    p = group.add_parser(name, help=help, description=description or _sentence(help))
+    p.set_defaults(run=run, prefix=prefix)
+    return p
+
+
+def _group(group: Subcommands, name: str, help: str, *, description: str | None = None) -> Subcommands:
+    """A command made of subcommands (``labkit trace drain``, ...)."""
+    p = group.add_parser(name, help=help, description=description or _sentence(help))
+    return p.add_subparsers(title="subcommands", dest=f"{name}_command", metavar="SUBCOMMAND",
+                            required=True)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every labkit command, subcommand and option, in one argparse tree."""
+
+    parser = argparse.ArgumentParser(prog="labkit", description="Claim Lab's helper commands.")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
+
+    # -- the server, and what is left over on it
+    server = _group(commands, "server", "manage the embedded PostgreSQL server")
+    for action, text in (("start", "start it (creating the cluster on first use)"),
+                         ("stop", "stop it"),
+                         ("status", "say whether it runs; exit 3 when it does not"),
+                         ("url", "print its connection URL"),
+                         ("reset", "delete the cluster and labkit's files (`labkit server start` "
+                                   "creates them again)")):
+        _command(server, action, text, lambda a, action=action: server_command(action=action))
+
+    p = _command(commands, "doctor", "show backend, versions and leftovers; exit 1 on a problem",
+                 lambda a: doctor(a.idle_seconds))
+    p.add_argument("--idle-seconds", type=float, default=60,
+                   help="a session idle in a transaction longer than this is a leftover")
+    p = _command(commands, "clean", "end labkit sessions left in a transaction (and drop lab schemas)",
+                 lambda a: clean(a.schemas, a.all, a.idle_seconds))
+    p.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
+    p.add_argument("--all", action="store_true",
+                   help="end every labkit session, not only those idle in a transaction")
+    p.add_argument("--idle-seconds", type=float, default=60,
+                   help="end sessions idle in a transaction longer than this")
+
+    # -- specs, training material, grading
+    specs = _group(commands, "spec", "run PostgreSQL isolation-tester specs",
+                   description="Run PostgreSQL isolation-tester specs and print the tester's output.")
+    p = _command(specs, "run", "run specs and print (or compare) their output",
+                 lambda a: spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout),
+                 prefix="labkit spec")
+    p.add_argument("specs", nargs="+", metavar="FILE.spec")
+    p.add_argument("--diff", action="append", metavar="EXPECTED.out",
+                   help="compare with this expected output (once per spec, in order); "
+                        "exit 1 and show a unified diff on a mismatch")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="cancel a step that has not finished after this long (default 60)")
+    p = _command(specs, "permutations", "parse specs and list the permutations they run",
+                 lambda a: spec.spec_command(what="permutations", specs=a.specs), prefix="labkit spec")
+    p.add_argument("specs", nargs="+", metavar="FILE.spec")
+
+    p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
+                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out))
+    p.add_argument("notebooks", nargs="*")
+    p.add_argument("--out", type=Path, default=training.ROOT / "build" / "slides")
+    p = _command(commands, "book", "execute the notebooks and write an HTML handout set",
+                 lambda a: training.book_command(notebooks=a.notebooks, out=a.out, execute=not a.no_execute))
+    p.add_argument("notebooks", nargs="*")
+    p.add_argument("--out", type=Path, default=training.ROOT / "build" / "book")
+    p.add_argument("--no-execute", action="store_true", help="use the committed outputs")
+    p = _command(commands, "student", "write the student copies (no solutions)",
+                 lambda a: training.student_command(check=a.check))
+    p.add_argument("--check", action="store_true", help="exit 1 if a copy is out of date")
+
+    grading = _group(commands, "grade", "grade a claim written in SQL")
+    p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong",
+                 lambda a: grade.grade_command(file=a.file, json=a.json, workers=a.workers, jobs=a.jobs,
+                                               job_ms=a.job_ms),
+                 description="Grade a claim written in SQL: N workers, one killed mid-way; exit 1 "
+                             "when it fails.", prefix="labkit grade")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--workers", type=_number, default=4, help=f"2 to {grade.MAX_WORKERS} (default 4)")
+    p.add_argument("--jobs", type=_number, default=120, help=f"up to {grade.MAX_JOBS:,} (default 120)")
+    p.add_argument("--job-ms", type=_number, default=2.0,
+                   help=f"how long each job runs, 0 to {grade.MAX_JOB_MS:,} ms (default 2)")
+
+    # -- measurements
+    p = _command(commands, "convoy", "measure the convoy: N workers claiming from one job table, per "
+                                     "claim policy",
+                 lambda a: convoy.convoy_command(
+                     open_lab=_run_lab("convoy_cli"), workers=a.workers, policies=a.policies,
+                     job_ms=a.job_ms, seconds=a.seconds, hold=a.hold, backoff=a.backoff, drain=a.drain,
+                     format=a.format, plot=a.plot, check=a.check, progress=not a.no_progress),
+                 prefix="labkit convoy")
+    p.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16, 32],
+                   help="worker counts, comma-separated (default 1,2,4,8,16,32)")
+    p.add_argument("--policies", type=_policy_list, default=["wait", "nowait", "skip"],
+                   help="claim policies: wait,nowait,skip (default all three)")
+    p.add_argument("--job-ms", type=float, default=20.0, help="job duration d in ms (default 20)")
+    p.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point (default 2)")
+    p.add_argument("--hold", dest="hold", action="store_true", default=True,
+                   help="hold the row lock for the whole job (default; the anti-pattern)")
+    p.add_argument("--no-hold", dest="hold", action="store_false",
+                   help="claim + mark + commit, run the job outside the transaction")
+    p.add_argument("--backoff", action="store_true",
+                   help="NOWAIT retries with capped exponential backoff and jitter (default: tight loop)")
+    p.add_argument("--drain", type=int, default=None, metavar="M",
+                   help="drain a backlog of M jobs instead of a timed run; reports the makespan")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--plot", metavar="FILE.png", help="also save the three sweep plots to this file")
+    p.add_argument("--check", action="store_true",
+                   help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
+                        "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = _command(commands, "bench", "how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ",
+                 lambda a: bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks,
+                                               clients=a.clients, seconds=a.seconds, check=a.check),
+                 description="How fast can a table queue go: every figure measured side by side in "
+                             "one run (progress on stderr, the table or JSON on stdout).",
+                 prefix="labkit bench")
+    p.add_argument("--quick", action="store_true",
+                   help="short runs, 50k history rows, one notebook timed (every figure still produced)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    p.add_argument("--notebooks", nargs="*", metavar="NAME", default=None,
+                   help="notebooks to time (default: 00_start_here with --quick, all otherwise; "
+                        "none when given without names)")
+    p.add_argument("--clients", type=int, default=None, help="client processes (default 4)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="measured seconds per claim point (default 1 with --quick, 3 otherwise)")
+    p.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+
+    p = _command(commands, "bench-history", "claim throughput as finished-job history grows (0 → 1M rows)",
+                 lambda a: claims.bench_history_command(
+                     open_lab=_run_lab("bench_history", quiet=False), ladder=a.ladder, claims=a.claims,
+                     claims_without_index=a.claims_without_index),
+                 description="Claim throughput as finished-job history grows, with and without the "
+                             "partial index.", prefix="labkit bench-history")
+    p.add_argument("--ladder", default="0,10000,100000,1000000",
+                   help="numbers of finished rows, comma separated")
+    p.add_argument("--claims", type=int, default=300, help="claims measured with the index")
+    p.add_argument("--claims-without-index", type=int, default=60,
+                   help="claims measured without it (each may scan the whole history)")
+
+    p = _command(commands, "torture", "kill workers at random points; check nothing was lost (exit 1 if "
+                                      "an invariant breaks)",
+                 lambda a: torture.torture_command(
+                     open_lab=_run_lab(f"torture_{a.dialect}"), dialect=a.dialect, kills=a.kills,
+                     seed=a.seed, workers=a.workers, batch=a.batch, fence=a.fence,
+                     max_seconds=a.max_seconds, broker=a.broker, order=a.order, json=a.json),
+                 description="Kill workers at random points; check nothing was lost.")
+    p.add_argument("dialect", choices=torture.DIALECTS)
+    p.add_argument("--kills", type=int, default=20, help="faults to inject (default 20)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the kill plan (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--batch", type=int, help="rows per claim (relay 10, drain 5, queue 2)")
+    p.add_argument("--no-fence", dest="fence", action="store_false",
+                   help="drain: completions by id only (the clobbers are counted)")
+    p.add_argument("--max-seconds", type=float, default=900,
+                   help="stop killing after this long, finish the work, report (default 900)")
+    p.add_argument("--broker", choices=["recording", "rabbitmq"],
+                   help="relay: default rabbitmq if LABKIT_AMQP_URL is set, else recording")
+    p.add_argument("--order", choices=relay.Relay.ORDERS, default="outbox",
+                   help="relay: commit-first tortures the dual-write bug (it loses events)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    # -- the interview drill
+    drills = _group(commands, "drill", "the interview drill")
+    p = _command(drills, "sheet", "print the study sheet",
+                 lambda a: drill.drill_command(what="sheet", level=a.level, topic=a.topic, short=a.short))
+    p.add_argument("--level", choices=drill.LEVELS)
+    p.add_argument("--topic")
+    p.add_argument("--short", action="store_true", help="questions and 20-second answers only")
+    p = _command(drills, "quiz", "print the answers that cost you the question",
+                 lambda a: drill.drill_command(what="quiz", topic=a.topic, key=not a.no_key))
+    p.add_argument("--topic")
+    p.add_argument("--no-key", action="store_true", help="leave out the answers")
+    _command(drills, "check", "validate data/questions.yaml and data/costly_answers.yaml",
+             lambda a: drill.drill_command(what="check"))
+
+    # -- crash traces, replayed on a real server
+    traces = _group(commands, "trace", "replay a crash, a freeze or a zombie on a real server")
+    for kind, text in (("relay", "the outbox relay killed (or frozen) mid-batch; a second relay "
+                                 "carries on"),
+                       ("dual-write", "the relay written commit-first, killed mid-batch: the rest "
+                                      "never reach the broker"),
+                       ("broker-down", "the broker goes down mid-batch; the relay backs off and "
+                                       "catches up")):
+        p = _command(traces, kind, text,
+                     lambda a, kind=kind: relay.trace_command(
+                         open_lab=_run_lab(f"trace_{kind}"), kind=kind, batch=a.batch,
+                         crash_after=a.crash_after, freeze_after=a.freeze_after,
+                         idle_timeout=a.idle_timeout, publish_timeout=a.publish_timeout, watch=a.watch,
+                         broker=a.broker, json=a.json))
+        p.add_argument("--batch", type=int, default=100, help="rows one relay tick claims (default 100)")
+        p.add_argument("--crash-after", type=int, default=40,
+                       help="publishes before the crash / the broker going down (default 40)")
+        p.add_argument("--freeze-after", type=int,
+                       help="relay only: freeze the relay (SIGSTOP) after this many publishes instead "
+                            "of killing it")
+        p.add_argument("--idle-timeout", type=float, default=2.0,
+                       help="with --freeze-after: the relay session's idle_in_transaction_session_timeout "
+                            "in seconds (default 2, short for the lab); 0: none")
+        p.add_argument("--publish-timeout", type=float,
+                       help="with --freeze-after: the relay's publish timeout in seconds (default: half "
+                            "the idle timeout); 0: none")
+        p.add_argument("--watch", type=float, default=15.0,
+                       help="with --freeze-after: how long to wait for the server to end the frozen "
+                            "session before the lab kills it (default 15)")
+        p.add_argument("--broker", choices=["recording", "rabbitmq"],
+                       help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
+        p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
+
+    p = _command(traces, "drain", "a lease-based drain killed (or frozen) mid-send",
+                 lambda a: drain.trace_command(
+                     open_lab=_run_lab("trace_drain", quiet=a.json), batch=a.batch,
+                     crash_after=a.crash_after, freeze_after=a.freeze_after, lease=a.lease,
+                     fence=a.fence, json=a.json),
+                 description="Trace a lease-based drain killed (or frozen) mid-send, on a real server.")
+    p.add_argument("--batch", type=int, default=50, help="rows the drain claims (default 50)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--crash-after", type=int, default=12, help="pushes sent before SIGKILL (default 12)")
+    how.add_argument("--freeze-after", type=int, default=None,
+                     help="freeze the drain (SIGSTOP) after this many pushes instead of killing it; "
+                          "wake it (SIGCONT) once the others re-claimed its rows")
+    p.add_argument("--lease", type=float, default=None,
+                   help="lease in seconds (default 120; 5 with --freeze-after)")
+    p.add_argument("--no-fence", dest="fence", action="store_false",
+                   help="with --freeze-after: outcome writes by id only (the late writes land)")
+    p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
+
+    p = _command(traces, "zombie", "a zombie worker's stale write, with or without a fence",
+                 lambda a: fencing.trace_command(
+                     open_lab=_run_lab("trace_zombie", quiet=a.json), fence=a.fence, lease=a.lease,
+                     zombie_push=a.zombie_push, json=a.json),
+                 description="Trace a zombie worker's stale write, with or without a fence.")
+    fenced = p.add_mutually_exclusive_group(required=True)
+    fenced.add_argument("--fence", dest="fence", action="store_true", help="writes carry claim_version")
+    fenced.add_argument("--no-fence", dest="fence", action="store_false", help="writes match by id only")
+    p.add_argument("--lease", type=float, default=drain.LEASE_S, help="lease in seconds (default 120)")
+    p.add_argument("--zombie-push", choices=["lost", "delivered"], default="lost",
+                   help="the zombie's own push: scripted never to arrive (default), or delivered "
+                        "although its request timed out")
+    p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
+    """``labkit ARGS``: the command's exit code.  No arguments: the usage, exit 2; a usage
+    error: argparse's message, exit 2; a :class:`LabkitError`: one line, exit 2; an
+    interruption: one line, 128 + the signal."""
 
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
     try:
         # SIGTERM and SIGHUP (a `kill`, a closed terminal) clean up as Ctrl-C does: worker
         # processes, sessions and lab schemas go; the exit code is 128 + the signal.
         with stop_signals_interrupt():
-            if argv[0] == "trace":
-                import importlib
-
-                if len(argv) < 2 or argv[1] not in TRACES:
-                    print(f"usage: labkit trace {{{'|'.join(TRACES)}}} ...", file=sys.stderr)
-                    return 2
-                module = TRACES[argv[1]]
-                return importlib.import_module(module).main(
-                    argv[1:] if module in TRACE_KEEPS_NAME else argv[2:])
-            if argv[0] in DELEGATED:
-                import importlib
-
-                module, keep_name = DELEGATED[argv[0]]
-                return importlib.import_module(module).main(argv if keep_name else argv[1:])
-            return _own(argv)
+            return args.run(args)
     except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
+        print(f"{args.prefix}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        print(f"labkit: {describe_interrupt(exc)}", file=sys.stderr)
+        print(f"{args.prefix}: {describe_interrupt(exc)}", file=sys.stderr)
         return signal_exit_code(exc)
-
-
-def _own(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="labkit", description="Claim Lab's helper commands.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_server = sub.add_parser("server", help="manage the embedded PostgreSQL server")
-    p_server.add_argument("action", choices=["start", "stop", "status", "url", "reset"])
-    p_doctor = sub.add_parser("doctor", help="show backend, versions and leftovers; exit 1 on a problem")
-    p_doctor.add_argument("--idle-seconds", type=float, default=60,
-                          help="a session idle in a transaction longer than this is a leftover")
-    p_clean = sub.add_parser("clean", help="end labkit sessions left in a transaction (and drop lab schemas)")
-    p_clean.add_argument("--schemas", action="store_true", help="also drop every lab_* schema")
-    p_clean.add_argument("--all", action="store_true",
-                         help="end every labkit session, not only those idle in a transaction")
-    p_clean.add_argument("--idle-seconds", type=float, default=60,
-                         help="end sessions idle in a transaction longer than this")
-    args = parser.parse_args(argv)
-    if args.cmd == "server":
-        return _server_cmd(args)
-    if args.cmd == "doctor":
-        return doctor(args.idle_seconds)
-    return clean(args.schemas, args.all, args.idle_seconds)
+    except BrokenPipeError:
+        # the reader stopped reading (`labkit drill sheet | head`): no traceback, and what is
+        # still buffered goes nowhere instead of failing again at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ MAY_IMPORT = {
     "labs": {"core", "labs"},
     "tools": {"core", "labs", "tools"},
     "cli": {"core", "labs", "tools"},
+    "__main__": {"cli"},                # python -m labkit: the command line, nothing else
     "facade": {"core", "labs", "tools"},
 }
 

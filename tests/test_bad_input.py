@@ -17,16 +17,15 @@ import psutil
 import pytest
 
 import labkit
+from labkit import Lab
+from labkit.core.errors import LabkitError, ServerError
 from labkit.labs import broker as brokers
 from labkit.labs import claims as cl
-from labkit.labs import convoy
+from labkit.labs import convoy, fencing
 from labkit.labs import drain as dr
-from labkit.labs import fencing
-from labkit.tools import grade
 from labkit.labs import relay as rl
+from labkit.tools import grade
 from labkit.tools import torture as tt
-from labkit.core.errors import LabkitError, ServerError
-from labkit import Lab
 
 
 def _workers() -> list[psutil.Process]:
@@ -58,10 +57,10 @@ IMPOSSIBLE = {
     "convoy: 0 workers": (lambda lab: convoy.run(lab, "skip", 0, 20, 1.0), "workers"),
     "convoy: negative job duration": (lambda lab: convoy.run(lab, "skip", 2, -5, 1.0), "job duration"),
     "convoy: negative run time": (lambda lab: convoy.run(lab, "skip", 2, 20, -1.0), "positive duration"),
-    "relay: batch 0": (lambda lab: rl.trace_relay_crash(lab, batch=0), "batch"),
-    "relay: crash point past the batch": (lambda lab: rl.trace_relay_crash(lab, batch=10, crash_after=30),
+    "relay: batch 0": (lambda lab: rl.crash_trace(lab, batch=0), "batch"),
+    "relay: crash point past the batch": (lambda lab: rl.crash_trace(lab, batch=10, crash_after=30),
                                           "outside the batch"),
-    "relay: negative backoff": (lambda lab: rl.trace_broker_down(lab, batch=10, down_after=2, backoff_s=-1),
+    "relay: negative backoff": (lambda lab: rl.broker_down_trace(lab, batch=10, down_after=2, backoff_s=-1),
                                 "backoff_s"),
     "relay lag: negative rate": (lambda lab: rl.measure_lag(lab, rate_per_s=-1), "positive"),
     "drain: batch 0": (lambda lab: dr.crash_trace(lab, batch=0), "batch"),
@@ -86,7 +85,7 @@ IMPOSSIBLE = {
     "convoy: endless run time": (lambda lab: convoy.run(lab, "skip", 2, 20, float("inf")), "seconds"),
     "convoy: nan backoff": (lambda lab: convoy.run(lab, "nowait", 2, 20, 1.0, backoff_base_ms=float("nan")),
                             "backoff_base_ms"),
-    "relay: nan backoff": (lambda lab: rl.trace_broker_down(lab, batch=10, down_after=2, backoff_s=float("nan")),
+    "relay: nan backoff": (lambda lab: rl.broker_down_trace(lab, batch=10, down_after=2, backoff_s=float("nan")),
                            "backoff_s"),
     "relay lag: endless run": (lambda lab: rl.measure_lag(lab, run_s=float("inf")), "run_s"),
     "drain: nan lease": (lambda lab: dr.crash_trace(lab, lease_s=float("nan")), "lease_s"),

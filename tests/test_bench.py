@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from labkit.tools import bench
-from labkit.core.errors import LabkitError
-
 from conftest import backends_gone
+
+from labkit.core.errors import LabkitError
+from labkit.core.queries import strip_comments
+from labkit.tools import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ def _digest(folder: Path) -> dict:
 def quick():
     """One `labkit bench --quick --json` run as a subprocess (the command a reader types)."""
     before = _digest(bench.NOTEBOOKS)
-    proc = subprocess.run([sys.executable, "-m", "labkit.tools.bench", "--quick", "--json",
+    proc = subprocess.run([sys.executable, "-m", "labkit", "bench", "--quick", "--json",
                            "--notebooks", "00_start_here"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -154,7 +154,7 @@ def test_claimer_claims_each_job_once_and_marks_it(lab):
 
 def test_pgbench_script_is_the_claim_file_with_pgbench_variables():
     script = bench.pgbench_script()
-    plain = bench._strip_comments(bench.claim_statement())
+    plain = strip_comments(bench.claim_statement())
     assert script.strip() == plain.replace("%(batch)s", ":batch").replace("%(worker_id)s", ":client_id")
     assert "FOR UPDATE SKIP LOCKED" in script and "RETURNING job.id" in script
 
@@ -251,3 +251,40 @@ def test_pgbench_never_gets_the_password_on_its_command_line(lab, tmp_path):
     assert argv and not any(secret in arg for arg in argv), argv
     assert not any("password" in arg for arg in argv), argv
     assert passfile and not os.path.exists(passfile) and not os.path.exists(os.path.dirname(passfile))
+
+
+def test_without_nbclient_the_notebook_figure_is_skipped_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nbclient", None)          # `import nbclient` now fails
+    said: list[str] = []
+    out = bench.time_notebooks(["00_start_here"], said.append)
+    assert out["notebook_seconds"] == {} and out["workbook_seconds"] is None
+    assert "pip install 'labkit[slides]'" in out["notebooks_skipped"]
+    assert any("pip install 'labkit[slides]'" in line for line in said)
+    assert {g["key"]: g["status"] for g in bench.goals(out)}["notebook_max_seconds"] == "not measured"
+
+
+def test_without_pika_the_broker_figure_is_skipped_naming_the_extra(monkeypatch):
+    monkeypatch.setenv("LABKIT_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+    monkeypatch.setitem(sys.modules, "pika", None)
+    said: list[str] = []
+    out = bench.amqp(bench.Settings.quick_settings(), said.append)
+    assert "pip install 'labkit[rabbitmq]'" in out["amqp"]["skipped"]
+    assert any("labkit[rabbitmq]" in line for line in said)
+
+
+def test_pgbench_sessions_carry_the_claimers_guards(lab, monkeypatch):
+    """pgbench gets the lab's search_path, a labkit session name and the workers' guards."""
+    seen: dict = {}
+
+    def fake_run(args, env, **kw):
+        seen.update(env)
+        raise subprocess.TimeoutExpired(args, 0)
+
+    bench.ensure_job_table(lab)
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    with pytest.raises(LabkitError, match="pgbench did not finish"):
+        bench.run_pgbench(lab, 1, 1, 1.0, Path("claim.sql"), Path("pgbench"))
+    assert seen["PGAPPNAME"] == f"labkit:{lab.schema}:bench-pgbench"[:63]
+    assert seen["PGOPTIONS"].split(" -c ") == [
+        f"-c search_path={lab.schema},public", "lock_timeout=10s", "statement_timeout=60s",
+        "idle_in_transaction_session_timeout=60s"]

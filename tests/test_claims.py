@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import labkit as lk
-from labkit.labs import claims
 from labkit.core.errors import LabkitError
+from labkit.labs import claims
 
 
 def test_claim_mark_commit_hands_out_disjoint_jobs_and_holds_no_lock(lab):
@@ -162,11 +162,11 @@ def test_bad_parameters_name_the_fix(lab):
 
 
 def test_bench_history_command_prints_figures():
-    out = subprocess.run([sys.executable, "-m", "labkit.labs.claims", "--ladder", "0,2000", "--claims", "40",
+    out = subprocess.run([sys.executable, "-m", "labkit", "bench-history", "--ladder", "0,2000", "--claims", "40",
                           "--claims-without-index", "20"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "claims/s" in out.stdout and "after archiving" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "labkit.labs.claims", "--ladder", "x"],
+    bad = subprocess.run([sys.executable, "-m", "labkit", "bench-history", "--ladder", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
 

@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import labkit
+from labkit import Lab
 from labkit.labs import convoy
 from labkit.labs import relay as rl
 from labkit.tools import torture as tt
@@ -131,7 +132,7 @@ if what == "convoy":
     convoy.run(lab, "wait", 4, 50, 60.0)
 elif what == "trace":
     while True:
-        relay.trace_relay_crash(lab, batch=50, crash_after=20)
+        relay.crash_trace(lab, batch=50, crash_after=20)
 else:
     torture.torture(lab, "drain", kills=500, seed=2)
 """
@@ -257,7 +258,7 @@ def test_a_trainee_needs_only_the_right_to_create_a_schema(trainee):
             assert b.rows == [(2,)]
             s.A("COMMIT")
             assert "id=2" in s.transcript().to_text()
-        tr = rl.trace_relay_crash(lab, batch=10, crash_after=4)
+        tr = rl.crash_trace(lab, batch=10, crash_after=4)
         assert tr.summary["lost_events"] == [] and tr.summary["duplicates"] == 4
         run = convoy.run(lab, "skip", workers=2, job_ms=5, seconds=None, backlog=10)
         assert sorted(c.job for c in run.claims) == list(range(1, 11))

@@ -1,13 +1,82 @@
-"""labkit doctor and labkit clean, run as a user would run them."""
+"""The labkit command line: its one argparse tree, the README's list of it, and labkit
+doctor and labkit clean run as a user would run them."""
 
+import argparse
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import cli
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def labkit_cmd(*args):
-    return subprocess.run([sys.executable, "-m", "labkit.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True,
                           text=True, env=os.environ.copy(), timeout=120)
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(path, help text, parser, has subcommands) of every command and subcommand in the tree."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                nested = any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+                yield (*path, name), helps.get(name), sub, nested
+                yield from commands(sub, (*path, name))
+
+
+def test_every_command_and_subcommand_has_help_and_its_help_exits_0(capsys):
+    tree = list(commands(cli.build_parser()))
+    assert {" ".join(path) for path, *_ in tree} >= {"server status", "trace drain", "drill check",
+                                                     "grade claim", "spec run", "bench-history"}
+    for path, text, _, _ in tree:
+        assert text and text.strip(), f"`labkit {' '.join(path)}` has no help text"
+        with pytest.raises(SystemExit) as done:
+            cli.main([*path, "--help"])
+        assert done.value.code == 0, path
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: labkit {' '.join(path)} "), shown
+
+
+def test_no_arguments_print_the_usage_and_exit_2_and_help_exits_0():
+    bare = labkit_cmd()
+    assert bare.returncode == 2 and bare.stdout.startswith("usage: labkit"), bare.stdout + bare.stderr
+    helped = labkit_cmd("--help")
+    assert helped.returncode == 0 and "trace" in helped.stdout and "bench-history" in helped.stdout
+    unknown = labkit_cmd("trace", "nothing")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+
+
+def readme_commands(tree: dict[tuple[str, ...], bool]) -> set[tuple[str, ...]]:
+    """The commands the README's command list shows (``labkit trace relay|dual-write ...``
+    stands for each of them); each must be one of ``tree`` (path -> has subcommands)."""
+    section = README.read_text().split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    found = set()
+    for line in block.splitlines():
+        words = line.split("#", 1)[0].split()
+        assert words[:1] == ["labkit"] and len(words) > 1, line
+        paths = [()]
+        for word in words[1:]:
+            paths = [(*p, w) for p in paths for w in word.split("|")]
+            unknown = [" ".join(p) for p in paths if p not in tree]
+            assert not unknown, f"the README lists what labkit does not have: {unknown}"
+            found.update(paths)
+            if not any(tree[p] for p in paths):       # commands that run: the rest is options
+                break
+    return found
+
+
+def test_the_readme_lists_every_command_of_the_tree():
+    tree = {path: nested for path, _, _, nested in commands(cli.build_parser())}
+    missing = sorted(" ".join(p) for p in set(tree) - readme_commands(tree))
+    assert not missing, f"the README's command list lacks: {missing}"
 
 
 def test_doctor_reports_a_session_left_in_a_transaction_and_clean_ends_it(lab):
@@ -33,7 +102,7 @@ def test_doctor_reports_a_session_left_in_a_transaction_and_clean_ends_it(lab):
 def test_doctor_exits_1_when_the_server_cannot_be_reached(tmp_path):
     env = os.environ.copy()
     env["LABKIT_DSN"] = "postgresql://nobody@127.0.0.1:1/none"
-    out = subprocess.run([sys.executable, "-m", "labkit.cli", "doctor"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "labkit", "doctor"], capture_output=True,
                          text=True, env=env, timeout=60)
     assert out.returncode == 1 and "PROBLEM" in out.stdout
 

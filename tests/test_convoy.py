@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
+from conftest import backends_gone
 
-from labkit.labs import convoy
+from labkit import cli
 from labkit.core.errors import LabkitError
 from labkit.core.lab import schema_name
-
-from conftest import backends_gone
+from labkit.labs import convoy
 
 D_MS = 20
 
@@ -136,7 +136,7 @@ def test_sweep_is_tidy(lab):
 
 def test_command_line_json_csv_and_plot(tmp_path, capsys, db):
     png = tmp_path / "convoy.png"
-    rc = convoy.main(["--workers", "1,3", "--policies", "nowait,skip", "--seconds", "0.3", "--format", "json",
+    rc = cli.main(["convoy", "--workers", "1,3", "--policies", "nowait,skip", "--seconds", "0.3", "--format", "json",
                       "--no-progress", "--plot", str(png)])
     out = capsys.readouterr()
     assert rc == 0, out.err
@@ -153,15 +153,15 @@ def test_command_line_json_csv_and_plot(tmp_path, capsys, db):
                             (schema_name(f"convoy_cli_{os.getpid()}"),)).fetchall()
     assert left == []
 
-    rc = convoy.main(["--workers", "2", "--policies", "skip", "--seconds", "0.2", "--format", "csv", "--no-progress"])
+    rc = cli.main(["convoy", "--workers", "2", "--policies", "skip", "--seconds", "0.2", "--format", "csv", "--no-progress"])
     out = capsys.readouterr().out.splitlines()
     assert rc == 0 and out[0].startswith("policy,workers,variant") and len(out) == 2
 
 
 def test_command_line_rejects_bad_input(capsys):
     with pytest.raises(SystemExit):
-        convoy.main(["--policies", "wait,sometimes"])
-    assert convoy.main(["--workers", "0", "--seconds", "0.2", "--no-progress"]) == 2
+        cli.main(["convoy", "--policies", "wait,sometimes"])
+    assert cli.main(["convoy", "--workers", "0", "--seconds", "0.2", "--no-progress"]) == 2
     assert "Fix:" in capsys.readouterr().err
 
 

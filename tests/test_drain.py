@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from labkit import cli, read_sql
+from labkit.core.errors import LabkitError
 from labkit.labs import drain as dr
 from labkit.labs import fencing
-from labkit import read_sql
-from labkit.core.errors import LabkitError
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def test_device_collapses_by_collapse_id_and_drops_repeated_keys():
 
 @pytest.mark.parametrize("fence", [True, False])
 def test_a_frozen_drain_holds_no_lock_and_the_lease_frees_its_rows(lab, fence):
-    s = dr.freeze_trace(lab, batch=10, freeze_after=4, lease_s=3, fence=fence)
+    s = dr.freeze_summary(lab, batch=10, freeze_after=4, lease_s=3, fence=fence)
     assert s["process_state_while_frozen"] == "stopped" and s["sessions_while_frozen"] == "idle"
     assert s["locks_held_while_frozen"] == 0 and s["rows_locked_while_frozen"] == 0
     assert s["claimed_by_others_before_lease_end"] == 0
@@ -241,7 +241,7 @@ def test_a_frozen_drain_holds_no_lock_and_the_lease_frees_its_rows(lab, fence):
     else:
         assert s["stale_writes_after_wake"] == 10 and s["late_writes_rejected"] == 0
     with pytest.raises(LabkitError, match="freeze_after"):
-        dr.freeze_trace(lab, batch=5, freeze_after=5)
+        dr.freeze_summary(lab, batch=5, freeze_after=5)
 
 
 # -- trace 1: the crash ---------------------------------------------------------------------
@@ -363,25 +363,25 @@ def test_fence_checker_accepts_the_reference_answer_and_reports_sql_errors(lab):
 
 
 def test_cli_trace_drain_and_zombie_json(capsys):
-    assert dr.main(["--batch", "10", "--crash-after", "3", "--json"]) == 0
+    assert cli.main(["trace", "drain", "--batch", "10", "--crash-after", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("claimed", "sent_before_crash", "locks_held_after_crash", "reclaimed_after_lease",
                 "duplicate_pushes", "visible_duplicates", "terminal_rows_reclaimed"):
         assert key in out
     assert out["claimed"] == 10 and out["sent_before_crash"] == 3 and out["duplicate_pushes"] == 3
-    assert fencing.main(["--no-fence", "--json"]) == 0
+    assert cli.main(["trace", "zombie", "--no-fence", "--json"]) == 0
     z = json.loads(capsys.readouterr().out)
     assert z["clobbered"] is True and z["zombie_write_rows"] == 1 and z["correct_status"] == "sent"
-    assert fencing.main(["--fence", "--json"]) == 0
+    assert cli.main(["trace", "zombie", "--fence", "--json"]) == 0
     z = json.loads(capsys.readouterr().out)
     assert z["clobbered"] is False and z["final_status"] == "sent"
-    assert fencing.main(["--fence", "--zombie-push", "delivered", "--json"]) == 0
+    assert cli.main(["trace", "zombie", "--fence", "--zombie-push", "delivered", "--json"]) == 0
     z = json.loads(capsys.readouterr().out)
     assert z["clobbered"] is False and z["pushes_to_device"] == 2 and z["banners_with_delivery_id_key"] == 1
 
 
 def test_cli_trace_drain_freeze_after(capsys):
-    assert dr.main(["--batch", "20", "--freeze-after", "5", "--json"]) == 0
+    assert cli.main(["trace", "drain", "--batch", "20", "--freeze-after", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("locks_held_while_frozen", "claimed_by_others_while_frozen", "released_after_s",
                 "released_by", "duplicates_after_wake", "stale_writes_after_wake"):
@@ -397,7 +397,7 @@ def test_traces_leave_no_session_or_worker_behind(lab, db):
     from conftest import backends_of
 
     dr.crash_trace(lab, batch=6, crash_after=2, warmup=0, others=0)
-    dr.freeze_trace(lab, batch=6, freeze_after=2, lease_s=2)
+    dr.freeze_summary(lab, batch=6, freeze_after=2, lease_s=2)
     dr.poison_trace(lab, rows=2, poison=1, max_attempts=2)
     fencing.zombie_trace(lab, fence=True)
     deadline = time.monotonic() + 10  # a closed connection's server process exits a moment later

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit.tools import drill
+from labkit import cli
 from labkit.core.errors import LabkitError
+from labkit.tools import drill
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -43,7 +44,7 @@ def test_the_bank_is_valid(raw_bank):
     assert drill.validate_bank(raw_bank) == []
 
 
-def test_the_bank_meets_the_issue(bank):
+def test_the_bank_has_enough_questions_at_every_level_for_every_notebook(bank):
     assert len(bank) >= 30
     levels = {lvl: len(bank.select(level=lvl)) for lvl in drill.LEVELS}
     assert all(n >= 4 for n in levels.values()), levels
@@ -124,7 +125,7 @@ def test_the_costly_answers_are_valid(raw_costly, raw_bank):
     assert drill.validate_costly(raw_costly, raw_bank["topics"]) == []
 
 
-def test_the_quiz_holds_the_seed_six_and_more(costly):
+def test_the_quiz_holds_the_classic_costly_answers_and_more(costly):
     assert len(costly) >= 12
     assert len({c.id for c in costly}) == len(costly)
     text = " ".join(c.statement for c in costly).lower()
@@ -210,14 +211,14 @@ def test_coverage_counts_add_up(bank):
 
 
 def test_cli(capsys):
-    assert drill.main(["check"]) == 0
+    assert cli.main(["drill", "check"]) == 0
     assert "topics — ok" in capsys.readouterr().out
-    assert drill.main(["sheet", "--level", "junior", "--short"]) == 0
+    assert cli.main(["drill", "sheet", "--level", "junior", "--short"]) == 0
     assert "junior" in capsys.readouterr().out
-    assert drill.main(["quiz", "--topic", "fencing", "--no-key"]) == 0
+    assert cli.main(["drill", "quiz", "--topic", "fencing", "--no-key"]) == 0
     out = capsys.readouterr().out
     assert "c09" in out and "Answer" not in out
-    assert drill.main(["sheet", "--topic", "kafka"]) == 1
+    assert cli.main(["drill", "sheet", "--topic", "kafka"]) == 1
     assert "no topic" in capsys.readouterr().err.lower()
 
 

@@ -8,10 +8,10 @@ pip extra of a dependency installs.  Where both files give a lower bound, it mus
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet

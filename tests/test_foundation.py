@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 import labkit
+from labkit import Lab
 from labkit.core import db as dbmod
 from labkit.core.errors import BackendError, ServerError
-from labkit import Lab
 
 
 def test_connect_says_which_server_in_one_line(capsys):
@@ -143,7 +143,7 @@ def test_embedded_server_starts_cold_and_is_shared(scratch_server):
     cold = time.monotonic() - t0
     assert st.running and st.port and st.pid
     # A second process finds the same server, it does not start another.
-    out = subprocess.run([sys.executable, "-m", "labkit.cli", "server", "status"],
+    out = subprocess.run([sys.executable, "-m", "labkit", "server", "status"],
                          capture_output=True, text=True, env=os.environ.copy())
     assert out.returncode == 0 and f"pid {st.pid}" in out.stdout
     assert scratch_server.start().pid == st.pid
@@ -153,7 +153,7 @@ def test_embedded_server_starts_cold_and_is_shared(scratch_server):
 
 def test_cli_server_start_stop_status_url(scratch_server):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "labkit.cli", "server", *args],
+        return subprocess.run([sys.executable, "-m", "labkit", "server", *args],
                               capture_output=True, text=True, env=os.environ.copy())
     assert "running" in cli("start").stdout
     url = cli("url").stdout.strip()
@@ -181,7 +181,7 @@ def test_a_bad_port_names_the_fix_and_starts_nothing(scratch_server, monkeypatch
         scratch_server.start()
     assert "1 to 65535" in str(err.value)
     assert not scratch_server.status().running
-    out = subprocess.run([sys.executable, "-m", "labkit.cli", "server", "start"],
+    out = subprocess.run([sys.executable, "-m", "labkit", "server", "start"],
                          capture_output=True, text=True, env=os.environ.copy())
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "LABKIT_PG_PORT" in out.stderr and out.stderr.count("\n") == 1

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from labkit import cli
+from labkit.core.errors import LabkitError
 from labkit.core.files import data_file
 from labkit.tools import grade
-from labkit.core.errors import LabkitError
 
 ANSWERS = data_file("grader")
 
@@ -115,18 +116,18 @@ def test_statements_are_split_outside_quotes_comments_and_dollar_quotes():
 
 def test_the_command_prints_json_and_exits_by_verdict():
     env = dict(os.environ)
-    ok = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", str(ANSWERS / "correct.sql"),
+    ok = subprocess.run([sys.executable, "-m", "labkit", "grade", "claim", str(ANSWERS / "correct.sql"),
                          "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)
     assert doc["verdict"] == "pass" and doc["problems"] == []
     for key in ("double_claims", "lost_jobs", "blocked_ms", "stuck_jobs", "uses_index"):
         assert key in doc
-    bad = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", str(ANSWERS / "wrong_syntax.sql"),
+    bad = subprocess.run([sys.executable, "-m", "labkit", "grade", "claim", str(ANSWERS / "wrong_syntax.sql"),
                           "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 1
     assert [p["code"] for p in json.loads(bad.stdout)["problems"]] == ["syntax_error"]
-    missing = subprocess.run([sys.executable, "-m", "labkit.tools.grade", "claim", "/nonexistent.sql"],
+    missing = subprocess.run([sys.executable, "-m", "labkit", "grade", "claim", "/nonexistent.sql"],
                              capture_output=True, text=True, env=env, timeout=60)
     assert missing.returncode == 2 and "No SQL file" in missing.stderr
 
@@ -160,7 +161,7 @@ def test_numbers_out_of_range_are_refused_before_anything_runs(kw, words):
     (["--workers", "1000"], "workers must be"),
 ])
 def test_the_command_refuses_them_with_one_paragraph_and_exit_2(args, words, capsys):
-    assert grade.main(["claim", str(ANSWERS / "correct.sql"), *args]) == 2
+    assert cli.main(["grade", "claim", str(ANSWERS / "correct.sql"), *args]) == 2
     err = capsys.readouterr().err
     assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
 
@@ -174,7 +175,7 @@ def test_files_that_are_not_sql_text_are_refused(tmp_path, capsys):
     big.write_text("-- padding\n" * 100_000 + CORRECT)
     for path, words in [(binary, "not UTF-8"), (nul, "NUL byte"), (big, "at most"),
                         (tmp_path, "is a folder")]:
-        assert grade.main(["claim", str(path)]) == 2, path
+        assert cli.main(["grade", "claim", str(path)]) == 2, path
         err = capsys.readouterr().err
         assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
     with pytest.raises(LabkitError, match="at most"):

@@ -12,9 +12,10 @@ import os
 import psycopg
 import pytest
 
+from labkit import cli
+from labkit.core.errors import LabkitError
 from labkit.labs import broker as brokers
 from labkit.labs import relay
-from labkit.core.errors import LabkitError
 
 AMQP = os.environ.get("LABKIT_AMQP_URL", "").strip()
 
@@ -104,7 +105,7 @@ def test_a_tick_claims_publishes_marks_and_an_empty_tick_is_idle(lab, broker):
 
 
 def test_relay_crash_mid_batch_duplicates_but_loses_nothing(lab, broker):
-    tr = relay.trace_relay_crash(lab, broker, batch=30, crash_after=12)
+    tr = relay.crash_trace(lab, broker, batch=30, crash_after=12)
     s = tr.summary
     assert s["reclaimed_same_rows"] is True
     assert s["marked_published_after_crash"] == 0 and s["locks_held_after_crash"] == 0
@@ -118,12 +119,12 @@ def test_relay_crash_mid_batch_duplicates_but_loses_nothing(lab, broker):
 
 def test_a_crash_right_after_the_claim_publishes_nothing_twice(lab):
     with brokers.for_lab(lab, "recording") as bk:
-        s = relay.trace_relay_crash(lab, bk, batch=10, crash_after=0).summary
+        s = relay.crash_trace(lab, bk, batch=10, crash_after=0).summary
     assert (s["broker_messages"], s["duplicates"], s["consumer_applied"]) == (10, 0, 10)
 
 
 def test_dual_write_loses_the_unpublished_events_for_good(lab, broker):
-    tr = relay.trace_dual_write(lab, broker, batch=20, crash_after=5)
+    tr = relay.dual_write_trace(lab, broker, batch=20, crash_after=5)
     s = tr.summary
     assert s["marked_published_after_crash"] == 20 and s["locks_held_after_crash"] == 0
     assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (5, 5, 0)
@@ -133,7 +134,7 @@ def test_dual_write_loses_the_unpublished_events_for_good(lab, broker):
 
 
 def test_broker_down_rolls_back_backs_off_and_catches_up(lab, broker):
-    tr = relay.trace_broker_down(lab, broker, batch=20, down_after=8)
+    tr = relay.broker_down_trace(lab, broker, batch=20, down_after=8)
     s = tr.summary
     assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (28, 20, 8)
     assert s["lost_events"] == [] and s["consumer_applied"] == 20
@@ -189,7 +190,7 @@ def test_lag_grows_while_the_relay_is_paused(lab):
 
 
 def test_a_frozen_relay_keeps_its_locks_until_the_server_ends_its_session(lab, broker):
-    out = relay.freeze_trace(lab, broker, batch=20, freeze_after=8, idle_timeout_s=2.0)
+    out = relay.freeze_summary(lab, broker, batch=20, freeze_after=8, idle_timeout_s=2.0)
     assert out["backend_state_while_frozen"] == "idle in transaction"
     assert out["locks_held_while_frozen"] == 20 and out["claimed_by_others_while_frozen"] == 0
     assert out["released_by"] == "idle_in_transaction_session_timeout"
@@ -206,15 +207,15 @@ def test_a_frozen_relay_keeps_its_locks_until_the_server_ends_its_session(lab, b
 
 def test_the_freeze_trace_reproduces_exactly(lab):
     with brokers.for_lab(lab, "recording") as bk:
-        a = relay.freeze_trace(lab, bk, batch=10, freeze_after=3)
-        b = relay.freeze_trace(lab, bk, batch=10, freeze_after=3)
+        a = relay.freeze_summary(lab, bk, batch=10, freeze_after=3)
+        b = relay.freeze_summary(lab, bk, batch=10, freeze_after=3)
     assert a["trace"].to_text() == b["trace"].to_text()
     assert "released_after_s" not in a["trace"].to_text()      # the one measured figure stays out
 
 
 def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):
     with brokers.for_lab(lab, "recording") as bk:
-        out = relay.freeze_trace(lab, bk, batch=20, freeze_after=8, idle_timeout_s=2.0,
+        out = relay.freeze_summary(lab, bk, batch=20, freeze_after=8, idle_timeout_s=2.0,
                                  publish_timeout_s=None)
     assert out["released_by"] == "idle_in_transaction_session_timeout"
     assert out["stale_publishes_after_wake"] == 12 and out["stale_writes_after_wake"] == 0
@@ -223,7 +224,7 @@ def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):
 
 def test_without_an_idle_timeout_nothing_on_the_server_ends_a_frozen_session(lab):
     with brokers.for_lab(lab, "recording") as bk:
-        out = relay.freeze_trace(lab, bk, batch=10, freeze_after=4, idle_timeout_s=None, watch_s=3)
+        out = relay.freeze_summary(lab, bk, batch=10, freeze_after=4, idle_timeout_s=None, watch_s=3)
     assert out["released_by"].startswith("SIGKILL by the lab after 3 s")
     assert out["released_after_s"] is None and out["held_for_at_least_s"] >= 3
     assert out["locks_held_while_frozen"] == 10 and out["duplicates"] == 4
@@ -240,7 +241,7 @@ def test_the_server_reports_its_bounds_on_a_frozen_session(lab):
 
 
 def test_committing_mid_batch_duplicates_with_no_crash(lab, broker):
-    tr = relay.trace_commit_every(lab, broker, batch=20, commit_every=5)
+    tr = relay.commit_every_trace(lab, broker, batch=20, commit_every=5)
     s = tr.summary
     assert s["crashes"] == 0 and s["claimed_by_both"] == 15
     assert (s["broker_messages"], s["distinct_events"], s["duplicates"]) == (35, 20, 15)
@@ -277,13 +278,13 @@ def test_a_relay_that_commits_every_n_leaves_the_rest_of_its_batch_unlocked(lab)
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=10), "freeze_after=10"),
-    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=2,
+    (lambda lab: relay.freeze_summary(lab, batch=10, freeze_after=10), "freeze_after=10"),
+    (lambda lab: relay.freeze_summary(lab, batch=10, freeze_after=3, idle_timeout_s=2,
                                     publish_timeout_s=2), "not shorter than"),
-    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=2, watch_s=2),
+    (lambda lab: relay.freeze_summary(lab, batch=10, freeze_after=3, idle_timeout_s=2, watch_s=2),
      "watch_s=2"),
-    (lambda lab: relay.freeze_trace(lab, batch=10, freeze_after=3, idle_timeout_s=0), "idle_timeout_s=0"),
-    (lambda lab: relay.trace_commit_every(lab, batch=10, commit_every=10), "commit_every=10"),
+    (lambda lab: relay.freeze_summary(lab, batch=10, freeze_after=3, idle_timeout_s=0), "idle_timeout_s=0"),
+    (lambda lab: relay.commit_every_trace(lab, batch=10, commit_every=10), "commit_every=10"),
 ])
 def test_bad_freeze_and_commit_parameters_name_the_fix(lab, call, match):
     with pytest.raises(LabkitError, match=match) as info:
@@ -292,7 +293,7 @@ def test_bad_freeze_and_commit_parameters_name_the_fix(lab, call, match):
 
 
 def test_command_line_replays_a_frozen_relay_as_json(capsys):
-    assert relay.main(["relay", "--batch", "10", "--freeze-after", "4", "--json"]) == 0
+    assert cli.main(["trace", "relay", "--batch", "10", "--freeze-after", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("locks_held_while_frozen", "claimed_by_others_while_frozen", "released_after_s",
                 "released_by", "duplicates_after_wake", "stale_writes_after_wake"):
@@ -301,15 +302,15 @@ def test_command_line_replays_a_frozen_relay_as_json(capsys):
     assert out["released_by"] == "idle_in_transaction_session_timeout"
     assert out["duplicates_after_wake"] == 4 and out["stale_writes_after_wake"] == 0
     assert any("SIGSTOP" in st["text"] for st in out["steps"])
-    assert relay.main(["dual-write", "--freeze-after", "4"]) == 2
+    assert cli.main(["trace", "dual-write", "--freeze-after", "4"]) == 2
     assert "--freeze-after applies to the relay trace" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda lab: relay.trace_relay_crash(lab, batch=0), "batch=0"),
-    (lambda lab: relay.trace_relay_crash(lab, batch=10, crash_after=10), "crash_after=10"),
-    (lambda lab: relay.trace_dual_write(lab, batch=10, crash_after=-1), "crash_after=-1"),
-    (lambda lab: relay.trace_broker_down(lab, batch=10, down_after=5, backoff_s=0), "backoff_s=0"),
+    (lambda lab: relay.crash_trace(lab, batch=0), "batch=0"),
+    (lambda lab: relay.crash_trace(lab, batch=10, crash_after=10), "crash_after=10"),
+    (lambda lab: relay.dual_write_trace(lab, batch=10, crash_after=-1), "crash_after=-1"),
+    (lambda lab: relay.broker_down_trace(lab, batch=10, down_after=5, backoff_s=0), "backoff_s=0"),
     (lambda lab: relay.measure_lag(lab, run_s=1, pause=(0.5, 2)), "pause="),
     (lambda lab: relay.place_orders(lab, -1), "n=0 or more"),
 ])
@@ -326,7 +327,7 @@ def test_relay_refuses_a_zero_batch(lab):
 
 
 def test_command_line_prints_the_summary_as_json(capsys):
-    assert relay.main(["dual-write", "--batch", "10", "--crash-after", "3", "--json"]) == 0
+    assert cli.main(["trace", "dual-write", "--batch", "10", "--crash-after", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     s = out["summary"]
     for key in ("outbox_rows", "marked_published_after_crash", "broker_messages", "distinct_events",
@@ -334,5 +335,5 @@ def test_command_line_prints_the_summary_as_json(capsys):
         assert key in s
     assert s["lost_events"] == [f"evt-{i:04d}" for i in range(4, 11)]
     assert out["broker"] == ("rabbitmq" if AMQP else "recording")
-    assert relay.main(["relay", "--batch", "5", "--crash-after", "9"]) == 2
+    assert cli.main(["trace", "relay", "--batch", "5", "--crash-after", "9"]) == 2
     assert "crash_after=9" in capsys.readouterr().err

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -22,8 +21,9 @@ import psycopg
 import pytest
 
 import labkit
+from labkit import Lab
 from labkit.core import db as dbmod
-from labkit.core.errors import BackendError, LabkitError, ServerError
+from labkit.core.errors import BackendError, ServerError
 from labkit.core.lab import own_lab_schemas
 from labkit.core.server import PG_SYSTEM_USER
 
@@ -31,7 +31,7 @@ ROOT = os.geteuid() == 0
 
 
 def _cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "labkit.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True,
                           text=True, env=env or os.environ.copy(), timeout=120, **kw)
 
 
@@ -49,7 +49,6 @@ def _stat_chain(path: Path) -> dict:
 
 ATTACK = r"""
 import socket, sys
-from labkit import Lab
 path, port = sys.argv[1], int(sys.argv[2])
 results = []
 try:

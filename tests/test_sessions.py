@@ -3,10 +3,11 @@
 import time
 
 import pytest
+from conftest import backends_of
 
 import labkit
 from labkit.core.errors import LabkitError
-from conftest import backends_of
+from labkit.core.sessions import MAX_SESSIONS
 
 CLAIM = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE"
 
@@ -161,3 +162,55 @@ def test_watching_a_missing_table_and_bad_session_names_are_explained(lab):
         labkit.Sessions(lab, "A", watch={"job": "no_such_column"})
     with pytest.raises(LabkitError, match="cannot name a session"):
         labkit.Sessions(lab, "A", "step")
+
+
+def test_send_settle_and_blockers_are_the_one_test_of_blocked_other_tools_use(jobs):
+    with labkit.Sessions(jobs, "A", "B") as s:
+        s.A("BEGIN")
+        s.A(CLAIM)
+        s.B("BEGIN")
+        b = s.send("B", CLAIM)             # sent, not waited for
+        assert not b.done and not b.waited
+        blockers = s.settle("B")           # until it finishes or the server says it waits
+        assert blockers.sessions == ["A"] and blockers.wait_event.startswith("Lock:")
+        assert s.blockers("B") == blockers and s.blockers("A") is None
+        assert s.settle("A") is None       # nothing running: finished
+        s.send("A", "ROLLBACK")
+        assert s.settle("A") is None
+        assert s.settle("B", until_done=True) is None and b.rows == [(1,)]
+        s.B("COMMIT")
+
+
+def test_a_watchdog_may_cancel_a_step_the_tools_way(jobs):
+    looks = []
+
+    def watchdog(elapsed):
+        if elapsed > 0.2 and not looks:
+            s.sessions["A"].conn.cancel()
+            looks.append(elapsed)
+
+    with labkit.Sessions(jobs, "A") as s:
+        slow = s.send("A", "SELECT pg_sleep(30)")
+        assert s.settle("A", watchdog=watchdog) is None
+    assert looks and slow.error.sqlstate == "57014" and "user request" in slow.error.message
+
+
+def test_eight_sessions_queue_for_one_row_and_the_bound_is_named(jobs):
+    names = [f"W{i}" for i in range(1, 9)]
+    lock_1 = "SELECT id FROM job WHERE id = 1 FOR UPDATE"
+    with labkit.Sessions(jobs, *names) as s:
+        s.W1("BEGIN")
+        s.W1(lock_1)
+        queued = [s.step(name, lock_1) for name in names[1:]]
+        for step in queued:
+            assert step.waited and step.blocked_by and set(step.blocked_by) <= set(names[:-1])
+        s.W1("COMMIT")
+        for name in names[1:]:
+            s.wait(name)
+        assert all(step.rows == [(1,)] for step in queued)
+    too_many = [f"S{i}" for i in range(MAX_SESSIONS + 1)]
+    with pytest.raises(LabkitError, match=rf"1 to {MAX_SESSIONS} sessions, not {MAX_SESSIONS + 1}"
+                                          rf".*at most {MAX_SESSIONS}"):
+        labkit.Sessions(jobs, *too_many)
+    with pytest.raises(LabkitError, match=rf"1 to {MAX_SESSIONS} sessions, not 0.*name the sessions"):
+        labkit.Sessions(jobs)

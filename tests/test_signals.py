@@ -19,11 +19,11 @@ import time
 
 import psutil
 import pytest
-
-from labkit.core.lab import schema_name
 from test_cleanup import _left_on_server, _workers
 
-LABKIT = [sys.executable, "-m", "labkit.cli"]
+from labkit.core.lab import Lab, schema_name
+
+LABKIT = [sys.executable, "-m", "labkit"]
 
 
 def _schema_exists(db, schema: str) -> bool:
@@ -140,7 +140,6 @@ def test_ctrl_c_while_workers_are_starting_leaves_nothing_behind(db, delay):
 PARENT = """
 import sys, threading, time
 from labkit.core.procs import Worker
-from labkit import Lab
 dsn, schema = sys.argv[1], sys.argv[2]
 ws = [Worker("test_signals:hold_row_then_pause", name=f"w{i}", dsn=dsn, schema=schema, row=i + 1)
       for i in range(3)]

@@ -1,15 +1,21 @@
 """The isolation-spec runner: PostgreSQL's own expected output, reproduced on a real server."""
 
+import dataclasses
+import io
 import os
 import re
 from pathlib import Path
 
+import psycopg
 import pytest
+from conftest import backends_of
+from psycopg.conninfo import make_conninfo
 
-from labkit.core.files import data_file
-from labkit.tools import spec as specmod
+from labkit import Lab, cli
 from labkit.core.errors import LabkitError, SpecError
-from labkit import Lab
+from labkit.core.files import data_file
+from labkit.core.sessions import MAX_SESSIONS
+from labkit.tools import spec as specmod
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = data_file("specs")
@@ -308,10 +314,192 @@ def test_notify_is_reported_by_the_receiving_session(spec_lab):
                         'listener: NOTIFY "jobs" with payload "job 7 is ready" from worker\n')
 
 
-def test_run_makes_and_drops_its_own_lab_when_given_none(db):
-    out = specmod.run(specmod.parse("session s1\nstep a { SELECT 41 + 1 AS answer; }\n"))
-    assert out == ("Parsed test spec with 1 sessions\n\nstarting permutation: a\n"
-                   "step a: SELECT 41 + 1 AS answer;\nanswer\n------\n    42\n(1 row)\n\n")
+def databases(db, like: str = r"labkit\_spec\_%") -> list[str]:
+    with db.connect() as c:
+        return [r[0] for r in c.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                                        (like,)).fetchall()]
+
+
+def test_run_makes_and_drops_a_database_of_its_own_when_given_no_lab(db):
+    name = specmod.spec_database_name()
+    text = ("session s1\nstep a { SELECT 41 + 1 AS answer; }\n"
+            "step where { SELECT current_database() AS db, current_schema() AS schema; }\n")
+    out = specmod.run(specmod.parse(text))
+    assert out == ("Parsed test spec with 1 sessions\n\nstarting permutation: a where\n"
+                   "step a: SELECT 41 + 1 AS answer;\nanswer\n------\n    42\n(1 row)\n\n"
+                   "step where: SELECT current_database() AS db, current_schema() AS schema;\n"
+                   + specmod.format_result(["db", "schema"], [(name, "public")]))
+    assert name not in databases(db)
+    with db.connect() as c:       # and no lab schema was made for it either
+        assert not c.execute("SELECT 1 FROM pg_namespace WHERE nspname LIKE %s",
+                             (f"lab\\_spec\\_{os.getpid()}\\_%",)).fetchone()
+
+
+EXPLAIN = """
+setup { CREATE TABLE t (id int PRIMARY KEY, payload text); }
+teardown { DROP TABLE t; }
+session s1
+step plan { EXPLAIN (VERBOSE, COSTS OFF) SELECT * FROM t WHERE id = 1; }
+"""
+
+
+def test_explain_verbose_names_public_t_as_postgres_does_and_every_run_alike(spec_lab):
+    spec = specmod.parse(EXPLAIN, "explain.spec")
+    first, second = specmod.run(spec, spec_lab), specmod.run(spec, spec_lab)
+    assert first == second == (
+        "Parsed test spec with 1 sessions\n"
+        "\n"
+        "starting permutation: plan\n"
+        "step plan: EXPLAIN (VERBOSE, COSTS OFF) SELECT * FROM t WHERE id = 1;\n"
+        "QUERY PLAN                         \n"
+        "-----------------------------------\n"
+        "Index Scan using t_pkey on public.t\n"
+        "  Output: id, payload              \n"
+        "  Index Cond: (t.id = 1)           \n"
+        "(3 rows)\n"
+        "\n")
+
+
+def test_the_database_is_dropped_after_an_error_and_after_an_interrupt(spec_lab, db, monkeypatch):
+    name = specmod.spec_database_name()
+    with pytest.raises(SpecError, match="setup failed"):
+        specmod.run(specmod.parse("setup { SELECT * FROM no_such_table; }\n"
+                                  "session s1\nstep a { SELECT 1; }\n"), spec_lab)
+    assert name not in databases(db)
+
+    seen = {}
+
+    def interrupt(runner, perm):
+        seen["db"] = runner.control.execute("SELECT current_database()").fetchone()[0]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(specmod._Runner, "run_permutation", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        specmod.run(specmod.parse("session s1\nstep a { SELECT 1; }\n"), spec_lab)
+    assert seen["db"] == name and name not in databases(db)
+    assert not backends_of(db, f"labkit:{name}%")
+
+
+def test_a_database_left_by_a_killed_run_is_dropped_by_drop_spec_databases(db):
+    tag = f"t_{os.getpid()}"
+    left, busy, foreign = (specmod.spec_database_name(tag, pid) for pid in (1, 2, 3))
+    with db.connect() as c:
+        for name in (left, busy, foreign):
+            c.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        c.execute(f"COMMENT ON DATABASE \"{left}\" IS 'labkit:{tag}'")
+        c.execute(f"COMMENT ON DATABASE \"{busy}\" IS 'labkit:{tag}'")      # a run still in it
+    inside = psycopg.connect(make_conninfo(db.dsn, dbname=busy), autocommit=True)
+    try:
+        with db.connect() as c:
+            assert specmod.spec_databases(c, tag=tag) == [left]
+            assert specmod.drop_spec_databases(c, tag=tag) == [left]
+            assert specmod.drop_spec_databases(c, tag="someone_else") == []
+        assert set(databases(db, f"labkit\\_spec\\_{tag}\\_%")) == {busy, foreign}
+    finally:
+        inside.close()
+        with db.connect() as c:
+            for name in (left, busy, foreign):
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_leftover_of_this_pid_is_replaced_and_one_in_use_is_left_alone(spec_lab, db):
+    name = specmod.spec_database_name()
+    one = specmod.parse("session s1\nstep a { SELECT 1 AS one; }\n")
+    with db.connect() as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')     # a killed run's
+    assert "one\n---\n  1\n" in specmod.run(one, spec_lab)
+    assert name not in databases(db)
+    with db.connect() as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    inside = psycopg.connect(make_conninfo(db.dsn, dbname=name), autocommit=True)
+    try:
+        with pytest.raises(LabkitError, match=f"{name} is in use by another spec run"):
+            specmod.run(one, spec_lab)
+        assert inside.execute("SELECT 1").fetchone() == (1,) and name in databases(db)
+    finally:
+        inside.close()
+        with db.connect() as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_the_database_name_is_recognisable_and_fits_postgres_names():
+    assert specmod.spec_database_name("bob", 4242) == "labkit_spec_bob_4242"
+    long_a = specmod.spec_database_name("a" * 80, 4242)
+    long_b = specmod.spec_database_name("a" * 79 + "b", 4242)
+    assert len(long_a) <= 63 and long_a.startswith("labkit_spec_aaa") and long_a.endswith("_4242")
+    assert long_a != long_b
+
+
+def test_sandbox_roles_of_a_dropped_spec_database_are_swept(db):
+    from labkit.core.sandbox import sweep
+
+    gone, alive = f"labkit_sbx_0000d0{os.getpid() % 100:02d}ne", f"labkit_sbx_0000a1{os.getpid() % 100:02d}ve"
+    with db.connect() as c:
+        dbname = c.info.dbname
+        c.execute(f"CREATE ROLE {gone} LOGIN")
+        c.execute(f"COMMENT ON ROLE {gone} IS 'labkit sandbox for database labkit_spec_gone_1'")
+        c.execute(f"CREATE ROLE {alive} LOGIN")
+        c.execute(f"COMMENT ON ROLE {alive} IS 'labkit sandbox for database {dbname}'")
+        try:
+            dropped = sweep(c)
+            assert gone in dropped and alive not in dropped
+        finally:
+            c.execute(f"DROP ROLE IF EXISTS {gone}")
+            c.execute(f"DROP ROLE IF EXISTS {alive}")
+
+
+@pytest.fixture
+def trainee(db, request):
+    """A login that is no superuser: by default one that may not create databases (nor
+    roles), as on a shared server; the rights to give it otherwise as the param."""
+    rights = getattr(request, "param", "NOCREATEDB NOCREATEROLE")
+    name = f"labkit_t_nocreatedb_{os.getpid()}"
+    with db.connect() as c:
+        c.execute(f"CREATE ROLE {name} LOGIN {rights}")
+        c.execute(f'GRANT CREATE ON DATABASE "{c.info.dbname}" TO {name}')
+    yield dataclasses.replace(db, dsn=make_conninfo(db.dsn, user=name))
+    with db.connect() as c:
+        for (schema,) in c.execute("SELECT nspname FROM pg_namespace n JOIN pg_roles r "
+                                   "ON r.oid = nspowner WHERE rolname = %s", (name,)).fetchall():
+            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        c.execute(f"DROP OWNED BY {name}")
+        c.execute(f"DROP ROLE {name}")
+
+
+def test_without_createdb_the_spec_runs_in_a_lab_schema_and_a_note_says_why(trainee, db):
+    lab = Lab.open(trainee, f"t_spec_nodb_{os.getpid()}")
+    try:
+        err = io.StringIO()
+        out = specmod.run(specmod.parse(EXPLAIN, "explain.spec"), lab, stderr=err)
+        assert f"Index Scan using t_pkey on {lab.schema}.t" in out
+        notes = [line for line in err.getvalue().splitlines() if "database of its own" in line]
+        assert notes == [f"labkit spec: ran in schema {lab.schema}, not in a database of its own as "
+                         f"PostgreSQL's tester does, because the database user "
+                         f"labkit_t_nocreatedb_{os.getpid()} may not create databases (it has no "
+                         f"CREATEDB); names that PostgreSQL prints as public.t read {lab.schema}.t "
+                         "here."], err.getvalue()
+        assert not databases(db, f"labkit\\_spec\\_%\\_{os.getpid()}")
+    finally:
+        lab.drop()
+
+
+@pytest.mark.parametrize("trainee", ["CREATEDB CREATEROLE"], indirect=True)
+def test_a_user_with_createdb_and_createrole_gets_a_database_and_a_sandbox(trainee, db):
+    err = io.StringIO()
+    text = EXPLAIN + ("step who { SELECT current_user LIKE 'labkit\\_sbx\\_%' AS sandboxed, "
+                      "pg_get_userbyid(datdba) AS owner FROM pg_database "
+                      "WHERE datname = current_database(); }\n")
+    on_its_server = Lab(trainee, f"t_spec_cr_{os.getpid()}")    # its schema is never made
+    out = specmod.run(specmod.parse(text, "explain.spec"), on_its_server, stderr=err)
+    owner = f"labkit_t_nocreatedb_{os.getpid()}"
+    assert "on public.t\n" in out, out
+    assert specmod.format_result(["sandboxed", "owner"], [("t", owner)]) in out, out
+    assert err.getvalue() == ""
+    assert not databases(db, f"labkit\\_spec\\_%\\_{os.getpid()}")
+    with db.connect() as c:
+        assert not c.execute("SELECT 1 FROM pg_roles WHERE rolname LIKE 'labkit\\_sbx\\_%%' AND "
+                             "shobj_description(oid, 'pg_authid') LIKE %s",
+                             (f"%labkit\\_spec\\_%\\_{os.getpid()}",)).fetchone()
 
 
 def test_a_failing_setup_is_an_error_that_names_it(spec_lab):
@@ -365,26 +553,68 @@ def test_a_step_of_a_session_that_is_still_waiting_waits_for_it_first(spec_lab):
                         "step done: COMMIT;\n")
 
 
-def test_more_sessions_than_the_engine_takes_is_a_clear_error(spec_lab):
-    text = "".join(f"session s{i}\nstep a{i} {{ SELECT {i}; }}\n" for i in range(7))
-    with pytest.raises(LabkitError, match="1 to 6 sessions"):
-        specmod.run(specmod.parse(text), spec_lab)
+def test_more_sessions_than_the_engine_takes_is_a_clear_error_naming_the_bound(spec_lab):
+    assert MAX_SESSIONS >= 8                  # PostgreSQL's own deadlock-hard has 8
+    n = MAX_SESSIONS + 1
+    text = "".join(f"session s{i}\nstep a{i} {{ SELECT {i}; }}\n" for i in range(n)) + \
+        "permutation " + " ".join(f"a{i}" for i in range(n)) + "\n"
+    with pytest.raises(SpecError, match=rf"has {n} sessions; labkit runs at most {MAX_SESSIONS}"):
+        specmod.run(specmod.parse(text, "many.spec"), spec_lab)
+
+
+# Modelled on PostgreSQL's deadlock-hard: 8 sessions in a lock cycle.  PostgreSQL's spec gives
+# s8 a short deadlock_timeout so that s8 is the one to find the deadlock; only a superuser may
+# set it, and a spec's SQL runs as a role that is none.  Here every session keeps the server's
+# deadlock_timeout, so the first session to wait (s1) is the first to look for a deadlock,
+# finds the cycle, and is the one rolled back.  s8a1(*): reported as waiting, as in
+# PostgreSQL's spec, however slow the machine.
+DEADLOCK_HARD = "".join(
+    ["# 8 sessions, each holding one table and waiting for the next one's\n"
+     "setup\n{\n" + "".join(f"  CREATE TABLE a{i} ();\n" for i in range(1, 9)) + "}\n\n"
+     "teardown\n{\n  DROP TABLE a1, a2, a3, a4, a5, a6, a7, a8;\n}\n\n"]
+    + [f"session s{i}\n"
+       "setup\t\t{ BEGIN; }\n"
+       f"step s{i}a{i}\t{{ LOCK TABLE a{i}; }}\n"
+       f"step s{i}a{i % 8 + 1}\t{{ LOCK TABLE a{i % 8 + 1}; }}\n"
+       f"step s{i}c\t{{ COMMIT; }}\n\n" for i in range(1, 9)]
+    + ["permutation s1a1 s2a2 s3a3 s4a4 s5a5 s6a6 s7a7 s8a8 s1a2 s2a3 s3a4 s4a5 s5a6 s6a7 "
+       "s7a8 s8a1(*) s8c s7c s6c s5c s4c s3c s2c s1c\n"])
+
+DEADLOCK_HARD_OUT = (
+    "Parsed test spec with 8 sessions\n\n"
+    "starting permutation: s1a1 s2a2 s3a3 s4a4 s5a5 s6a6 s7a7 s8a8 s1a2 s2a3 s3a4 s4a5 s5a6 "
+    "s6a7 s7a8 s8a1 s8c s7c s6c s5c s4c s3c s2c s1c\n"
+    + "".join(f"step s{i}a{i}: LOCK TABLE a{i};\n" for i in range(1, 9))
+    + "".join(f"step s{i}a{i + 1}: LOCK TABLE a{i + 1}; <waiting ...>\n" for i in range(1, 8))
+    + "step s8a1: LOCK TABLE a1; <waiting ...>\n"
+      "step s8a1: <... completed>\n"         # s8 runs next: the tester waits for s8a1 first,
+      "step s1a2: <... completed>\n"         # then reports s1's failure, which let s8a1 through
+      "ERROR:  deadlock detected\n"
+    + "".join(f"step s{i + 1}c: COMMIT;\nstep s{i}a{i + 1}: <... completed>\n" for i in range(7, 1, -1))
+    + "step s2c: COMMIT;\n"
+      "step s1c: COMMIT;\n")
+
+
+def test_eight_sessions_in_a_lock_cycle_like_postgres_deadlock_hard(spec_lab):
+    spec = specmod.parse(DEADLOCK_HARD, "deadlock-hard.spec")
+    assert len(spec.sessions) == 8 and not spec.warnings
+    assert_same(DEADLOCK_HARD_OUT, specmod.run(spec, spec_lab))
 
 
 # -- command line ------------------------------------------------------------------------------
 
 def test_cli_prints_the_output(capsys):
-    assert specmod.main(["run", str(SPECS / "nowait.spec")]) == 0
+    assert cli.main(["spec", "run", str(SPECS / "nowait.spec")]) == 0
     assert capsys.readouterr().out == (SPECS / "nowait.out").read_text()
 
 
 def test_cli_diff_passes_and_fails(tmp_path, capsys):
     spec, out = SPECS / "lock_timeout.spec", SPECS / "lock_timeout.out"
-    assert specmod.main(["spec", "run", str(spec), "--diff", str(out)]) == 0
+    assert cli.main(["spec", "run", str(spec), "--diff", str(out)]) == 0
     assert "ok:" in capsys.readouterr().out
     wrong = tmp_path / "wrong.out"
     wrong.write_text(out.read_text().replace("lock timeout", "lock tiemout"))
-    assert specmod.main(["run", str(spec), "--diff", str(wrong)]) == 1
+    assert cli.main(["spec", "run", str(spec), "--diff", str(wrong)]) == 1
     shown = capsys.readouterr().out
     assert "-ERROR:  canceling statement due to lock tiemout" in shown
     assert "+ERROR:  canceling statement due to lock timeout" in shown
@@ -393,12 +623,12 @@ def test_cli_diff_passes_and_fails(tmp_path, capsys):
 def test_cli_reports_a_malformed_spec(tmp_path, capsys):
     bad = tmp_path / "bad.spec"
     bad.write_text("session s1\nstep a { SELECT 1;\n")
-    assert specmod.main(["run", str(bad)]) == 2
+    assert cli.main(["spec", "run", str(bad)]) == 2
     assert f"{bad}:2:8: unterminated SQL block" in capsys.readouterr().err
 
 
 def test_cli_lists_permutations_with_annotations(capsys):
-    assert specmod.main(["permutations", str(SPECS / "lock_timeout.spec")]) == 0
+    assert cli.main(["spec", "permutations", str(SPECS / "lock_timeout.spec")]) == 0
     assert capsys.readouterr().out == "permutation s1claim s2timeout s2claim(*) s2abort s1commit\n"
 
 
@@ -425,14 +655,14 @@ def test_cli_refuses_a_spec_with_too_many_permutations(tmp_path, capsys):
     path.write_text("".join(f"session s{i}\n" + "".join(f"step s{i}x{j} {{ SELECT 1; }}\n"
                                                          for j in range(4)) for i in range(4)))
     for cmd in ("run", "permutations"):
-        assert specmod.main([cmd, str(path)]) == 2
+        assert cli.main(["spec", cmd, str(path)]) == 2
         err = capsys.readouterr().err
         assert "63,063,000 ways" in err and "permutation" in err and "Fix:" in err, err
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
 def test_cli_refuses_a_timeout_that_is_not_a_positive_number(value, capsys):
-    assert specmod.main(["run", str(SPECS / "nowait.spec"), "--timeout", value]) == 2
+    assert cli.main(["spec", "run", str(SPECS / "nowait.spec"), "--timeout", value]) == 2
     err = capsys.readouterr().err
     assert "timeout must be a finite number" in err and "Fix:" in err, err
     assert len(err.strip().splitlines()) == 1
@@ -447,11 +677,11 @@ def test_cli_refuses_files_that_are_not_spec_text(tmp_path, capsys):
     big.write_text("# padding\n" * 110_000 + "session s\nstep a { SELECT 1; }\n")
     for path, words in [(binary, "not UTF-8"), (nul, "NUL byte"), (big, "at most"),
                         (tmp_path, "is a folder"), (tmp_path / "none.spec", "No spec file")]:
-        assert specmod.main(["run", str(path)]) == 2, path
+        assert cli.main(["spec", "run", str(path)]) == 2, path
         err = capsys.readouterr().err
         assert words in err and "Fix:" in err and len(err.strip().splitlines()) == 1, err
     # and an expected-output file that is not text
-    assert specmod.main(["run", str(SPECS / "nowait.spec"), "--diff", str(binary)]) == 2
+    assert cli.main(["spec", "run", str(SPECS / "nowait.spec"), "--diff", str(binary)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
 
 

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from labkit import cli
+from labkit.core.errors import LabkitError
 from labkit.labs import drain as dr
 from labkit.tools import torture as tt
-from labkit.core.errors import LabkitError
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 FEW = settings(max_examples=2, deadline=None, derandomize=True, phases=[Phase.generate],
@@ -71,7 +72,7 @@ def test_fenced_drain_never_pushes_after_terminal_and_writes_nothing_stale(lab, 
 def test_the_unfenced_drain_breaks_the_zero_stale_writes_invariant(capsys):
     # seed 1 plans stalls: each stalled drain wakes up as a zombie and writes by id only
     assert "stall" in {k.kind for k in tt.plan("drain", 8, 1, 2, 5)}
-    assert tt.main(["drain", "--no-fence", "--kills", "8", "--seed", "1", "--json"]) == 1
+    assert cli.main(["torture", "drain", "--no-fence", "--kills", "8", "--seed", "1", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["invariants_hold"] is False and doc["fence"] is False and doc["stale_writes"] > 0
     assert doc["invariants"]["zero stale writes (the fence's promise)"] is False
@@ -145,10 +146,10 @@ def test_queue_checks_catch_a_corrupted_table(lab):
 
 
 def test_command_line_prints_the_json_report(capsys):
-    assert tt.main(["queue", "--kills", "2", "--seed", "4", "--json"]) == 0
+    assert cli.main(["torture", "queue", "--kills", "2", "--seed", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kills"] == 2 and doc["jobs"] > 0 and doc["invariants_hold"] is True
-    assert tt.main(["relay", "--kills", "1", "--workers", "0"]) == 2
+    assert cli.main(["torture", "relay", "--kills", "1", "--workers", "0"]) == 2
     assert "Fix:" in capsys.readouterr().err
 
 

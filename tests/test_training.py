@@ -4,11 +4,10 @@ import json
 
 import nbformat
 import pytest
+from browser import Browser
 
 from labkit.tools import training
 from labkit.tools.nbtools import NOTEBOOKS
-
-from browser import Browser
 
 ALL = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 

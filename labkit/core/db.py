@@ -16,14 +16,13 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from .errors import BackendError, ServerError
-from .server import EmbeddedServer
+from .server import EmbeddedServer, home_short
 
 MIN_SERVER_VERSION = 120000
 DEFAULT_DOCKER_IMAGE = "postgres:18.1"
@@ -242,7 +241,6 @@ def _from_dsn(dsn: str) -> Database:
 
 
 def _from_embedded() -> Database:
-    from .server import home_short
 
     server = EmbeddedServer()
     status = server.start()
@@ -272,7 +270,12 @@ def _from_docker() -> Database:
             "start Docker (Docker Desktop, or `sudo systemctl start docker`), or unset "
             "LABKIT_BACKEND to use the embedded PostgreSQL server, which needs no Docker.",
         )
-    from testcontainers.postgres import PostgresContainer
+    try:
+        from testcontainers.postgres import PostgresContainer
+    except ImportError:
+        raise BackendError("LABKIT_BACKEND=docker needs testcontainers, which is not installed.",
+                           "pip install 'labkit[docker]', or unset LABKIT_BACKEND to use the "
+                           "embedded PostgreSQL server.") from None
 
     image = os.environ.get("LABKIT_PG_IMAGE", DEFAULT_DOCKER_IMAGE)
     container = PostgresContainer(image, driver=None)

@@ -15,8 +15,11 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
-from .errors import LabkitError
+from psycopg.abc import Params, Query
+
+from .errors import LabkitError, ServerError
 from .lab import Lab
 
 
@@ -24,8 +27,8 @@ def _fmt(x) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
-def number(name: str, value, *, high, low=0, above: bool = False, whole: bool = False,
-           unit: str = "", example=None):
+def number(name: str, value: Any, *, high: float, low: float = 0, above: bool = False, whole: bool = False,
+           unit: str = "", example: float | None = None) -> int | float:
     """``value`` if it is a finite number with ``low <= value <= high`` (``low < value`` when
     ``above``); a whole number when ``whole``.  Otherwise a LabkitError naming ``name``."""
     example = example if example is not None else (low + 1 if whole else high / 10)
@@ -82,14 +85,13 @@ def bulk_timeout_s(rows: int) -> float:
     return BULK_BASE_S + max(0, rows) / BULK_ROWS_PER_S
 
 
-def bulk(lab: Lab, query, params=None, *, rows: int) -> None:
+def bulk(lab: Lab, query: Query, params: Params | None = None, *, rows: int) -> None:
     """Run one bulk statement (an INSERT of ``rows`` rows) on the lab's admin connection,
     in a transaction of its own with a statement timeout sized for it, and with the server
     checking every two seconds that the client is still connected (PostgreSQL 14 and
     newer), so that it stops when its client is gone."""
     import psycopg
 
-    from .errors import ServerError
 
     timeout_ms = int(bulk_timeout_s(rows) * 1000)
     conn = lab.admin

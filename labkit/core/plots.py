@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 # Okabe & Ito's colour-blind-safe palette.
 PALETTE = ["#0072B2", "#E69F00", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
@@ -28,7 +31,7 @@ def setup_matplotlib() -> None:
     })
 
 
-def static_box(children, describe):
+def static_box(children: list, describe: Callable[[], str]) -> Any:
     """A VBox whose text form is ``describe()``: what nbval, GitHub, the handouts and a kernel
     without the widget front end show instead of ``VBox(children=...)``."""
     import ipywidgets as w

@@ -325,21 +325,3 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, h)
         if noted:
             signal.raise_signal(noted[0])
-
-
-def entry_point(prog: str) -> Callable:
-    """For a command's ``main(argv)``: SIGTERM and SIGHUP take Ctrl-C's clean-up path, and
-    an interruption ends with one line on stderr and exit code 128 + the signal."""
-    def wrap(main: Callable[..., int]) -> Callable[..., int]:
-        import functools
-
-        @functools.wraps(main)
-        def run(*args, **kw) -> int:
-            try:
-                with stop_signals_interrupt():
-                    return main(*args, **kw)
-            except KeyboardInterrupt as exc:
-                print(f"{prog}: {describe_interrupt(exc)}", file=sys.stderr)
-                return signal_exit_code(exc)
-        return run
-    return wrap

@@ -26,6 +26,9 @@ of its own that may log in and do nothing else::
   owns is dropped, and the role is dropped.  A run that was killed before that leaves a
   role behind: the next run drops it once its schema is gone and it has no session.
 
+A spec runs in a database made for the run (:mod:`labkit.tools.spec`): there the "lab" is
+that database's ``public`` schema, and the role's mark names the database instead.
+
 Where labkit's user may not create roles (a trainee's account on a shared server), the
 SQL runs as that user, with that user's own rights, and :attr:`Sandbox.note` says so.
 """
@@ -44,6 +47,7 @@ import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -54,11 +58,12 @@ from .lab import Lab
 
 ROLE_PREFIX = "labkit_sbx_"
 _COMMENT = "labkit sandbox for schema "
+_DB_COMMENT = "labkit sandbox for database "     # a run with a database of its own (a spec)
 
 
 # -- input files --------------------------------------------------------------------------------
 
-def read_input(path, *, what: str, fix: str, max_bytes: int) -> str:
+def read_input(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int) -> str:
     """The text of a file the user named (a claim, a spec, a notebook), or a one-paragraph
     error: missing, a folder, not a regular file, unreadable, too large, not UTF-8 text."""
     p = Path(path)
@@ -110,7 +115,7 @@ def _size(n: int) -> str:
     return f"{n / 1_000_000:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
 
 
-def check_number(name: str, value, *, low: float, high: float, fix: str,
+def check_number(name: str, value: Any, *, low: float, high: float, fix: str,
                  integer: bool = False) -> None:
     """A finite number within [low, high], or a one-paragraph error naming the range."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -138,16 +143,22 @@ def _scram_verifier(password: str, iterations: int = 4096) -> str:
 
 
 def sweep(conn: psycopg.Connection) -> list[str]:
-    """Drop the sandbox roles that interrupted runs left: those whose schema is gone and
-    that have no session.  Returns the names dropped (a role this user may not drop is
-    left alone)."""
+    """Drop the sandbox roles that interrupted runs left: those whose schema (or, for a run
+    with a database of its own, whose database) is gone and that have no session.  Returns
+    the names dropped (a role this user may not drop, or that still has rights or objects
+    in another database, is left alone)."""
     rows = conn.execute(
         "SELECT r.rolname, shobj_description(r.oid, 'pg_authid') FROM pg_catalog.pg_roles r "
         "WHERE r.rolname LIKE %s AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a "
         "WHERE a.usename = r.rolname)", (ROLE_PREFIX.replace("_", r"\_") + "%",)).fetchall()
     dropped = []
     for name, comment in rows:
-        schema = (comment or "")[len(_COMMENT):] if (comment or "").startswith(_COMMENT) else ""
+        comment = comment or ""
+        if comment.startswith(_DB_COMMENT):
+            if conn.execute("SELECT 1 FROM pg_catalog.pg_database WHERE datname = %s",
+                            (comment[len(_DB_COMMENT):],)).fetchone():
+                continue
+        schema = comment[len(_COMMENT):] if comment.startswith(_COMMENT) else ""
         if schema and conn.execute("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s",
                                    (schema,)).fetchone():
             continue
@@ -210,11 +221,16 @@ class Sandbox:
     """A role of its own for SQL from a file, for the life of one ``with`` block.
 
     ``connections`` caps the role's sessions; ``statement_timeout_s`` is the
-    statement_timeout of every connection :meth:`connect` opens.
+    statement_timeout of every connection :meth:`connect` opens.  ``own_database`` says
+    that ``lab`` is the ``public`` schema of a database made for this run alone (a spec
+    run's): the role's mark then names that database, so that a later :func:`sweep`
+    drops the role once the database is gone.
     """
 
-    def __init__(self, lab: Lab, *, connections: int = 16, statement_timeout_s: float = 30.0):
+    def __init__(self, lab: Lab, *, connections: int = 16, statement_timeout_s: float = 30.0,
+                 own_database: bool = False) -> None:
         self.base = lab
+        self.own_database = own_database
         self.connections = connections
         self.statement_timeout_ms = max(1, int(statement_timeout_s * 1000))
         self.role: str | None = None
@@ -261,8 +277,9 @@ class Sandbox:
                     "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION "
                     "NOBYPASSRLS CONNECTION LIMIT {} PASSWORD {}").format(
                         ident, sql.Literal(self.connections), sql.Literal(_scram_verifier(password))))
-                admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(
-                    ident, sql.Literal(_COMMENT + self.base.schema)))
+                mark = (_DB_COMMENT + admin.info.dbname if self.own_database
+                        else _COMMENT + self.base.schema)
+                admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(ident, sql.Literal(mark)))
                 if superuser:
                     # Only a superuser may set (and so only one may lift) this limit: a
                     # statement that sorts or hashes more spills no more than this to disk.
@@ -297,8 +314,9 @@ class Sandbox:
             self.close()
             self._fallback(user, f"its throw-away role could not log in: {_first_line(exc)}")
             return
-        self.note = (f"ran as the throw-away role {role}, which may use schema "
-                     f"{self.base.schema} and nothing else")
+        where = (f"schema public of the database {admin.info.dbname} made for this run"
+                 if self.own_database else f"schema {self.base.schema}")
+        self.note = f"ran as the throw-away role {role}, which may use {where} and nothing else"
 
     def _fallback(self, user: str, why: str) -> None:
         self.role = self.password = None

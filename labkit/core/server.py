@@ -42,7 +42,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -643,7 +642,3 @@ def _remove(path: Path) -> None:
 
 def default_server() -> EmbeddedServer:
     return EmbeddedServer()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    print(default_server().start().line(), file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Two or three sessions, one ordered script.
+"""A few named sessions (up to MAX_SESSIONS), one ordered script.
 
 Each session is its own connection.  A step is sent with libpq's asynchronous
 API (no threads); the engine then waits on the socket and, while the step has
@@ -10,6 +10,11 @@ script moves on; it completes when its blocker commits or rolls back, and the
 engine notices that after the next step, again by asking the server.
 
 No ``sleep()`` decides anything: the order of events is the script's.
+
+A tool that plays its own script (the isolation-spec runner) uses the same pieces one by
+one: :meth:`Sessions.send` sends a step without waiting, :meth:`Sessions.settle` waits
+until it finishes or the server says it is blocked, and :meth:`Sessions.blockers` is that
+one question to the server.
 """
 
 from __future__ import annotations
@@ -17,122 +22,34 @@ from __future__ import annotations
 import selectors
 import time
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.adapt import Transformer
 
 from .errors import LabkitError
-from .transcript import Transcript
 from .lab import Lab
+from .steps import (
+    Blockers,
+    Result,
+    Step,
+    StepError,
+    classify,
+)
+from .transcript import Transcript
 
 # Guards: a mistyped script ends with an error, never a hung kernel.
 DEFAULT_LOCK_TIMEOUT = "5s"
 DEFAULT_STATEMENT_TIMEOUT = "15s"
 POLL_S = 0.002
-
-NOWAIT = "nowait"
-LOCK_TIMEOUT = "lock_timeout"
-STATEMENT_TIMEOUT = "statement_timeout"
-DEADLOCK = "deadlock"
-
-
-@dataclass
-class StepError:
-    sqlstate: str
-    message: str
-    kind: str  # nowait, lock_timeout, statement_timeout, deadlock, other
-
-    def short(self) -> str:
-        return f"ERROR {self.sqlstate} {self.message}"
-
-    def brief(self) -> str:
-        """A transcript-sized form: the known lock errors in a few words."""
-        known = {NOWAIT: "could not obtain lock", LOCK_TIMEOUT: "lock timeout",
-                 STATEMENT_TIMEOUT: "statement timeout", DEADLOCK: "deadlock detected"}
-        return f"ERROR {self.sqlstate} {known.get(self.kind, self.message)}"
-
-
-def classify(sqlstate: str, message: str) -> str:
-    if sqlstate == "55P03":
-        # NOWAIT and lock_timeout share the SQLSTATE; only the message differs.
-        return LOCK_TIMEOUT if "lock timeout" in message else NOWAIT
-    if sqlstate == "57014" and "statement timeout" in message:
-        return STATEMENT_TIMEOUT
-    if sqlstate == "40P01":
-        return DEADLOCK
-    return "other"
-
-
-@dataclass
-class Result:
-    """One statement's outcome inside a step (a step may hold several statements)."""
-
-    columns: list[str]
-    rows: list[tuple]          # typed values
-    text_rows: list[tuple]     # the server's text, as psql shows it
-    numeric: list[bool]        # per column: right-align like PQprint
-    command: str
-
-
-@dataclass
-class Step:
-    index: int
-    session: str
-    sql: str
-    label: str
-    results: list[Result] = field(default_factory=list)
-    error: StepError | None = None
-    notices: list[str] = field(default_factory=list)
-    waited: bool = False            # was it ever blocked?
-    blocked_by: list[str] = field(default_factory=list)
-    wait_event: str | None = None
-    started: float = 0.0
-    finished: float | None = None
-    completed_after: int | None = None   # index of the step after which it completed (if it waited)
-    script_waited: bool = False          # completed while the script waited for it (no unblocking step)
-    rewaits: list[tuple[int, list[str]]] = field(default_factory=list)  # (after step, new blockers)
-    locks_after: dict[str, list] = field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return self.finished is not None
-
-    @property
-    def elapsed_ms(self) -> float | None:
-        return None if self.finished is None else (self.finished - self.started) * 1000
-
-    @property
-    def rows(self) -> list[tuple]:
-        """Rows of the last statement that returned any."""
-        for r in reversed(self.results):
-            if r.columns:
-                return r.rows
-        return []
-
-    def outcome(self, brief: bool = False) -> str:
-        if self.error:
-            return self.error.brief() if brief else self.error.short()
-        if not self.done:
-            return "<waiting ...>"
-        shown = [r for r in self.results if r.columns]
-        if shown:
-            r = shown[-1]
-            if not r.text_rows:
-                return "(no rows)"
-            if len(r.columns) == 1:
-                vals = ", ".join("NULL" if v[0] is None else v[0] for v in r.text_rows)
-                return f"{r.columns[0]}={vals}"
-            return "; ".join("(" + ", ".join("NULL" if v is None else v for v in row) + ")"
-                             for row in r.text_rows)
-        return self.results[-1].command if self.results else "ok"
-
+# One run, one connection per session: PostgreSQL's own isolation specs use up to 8.
+MAX_SESSIONS = 16
 
 class Session:
     """One named connection taking part in a run."""
 
-    def __init__(self, name: str, conn: psycopg.Connection):
+    def __init__(self, name: str, conn: psycopg.Connection) -> None:
         self.name = name
         self.conn = conn
         self.pgconn: pq.abc.PGconn = conn.pgconn
@@ -212,10 +129,12 @@ class Sessions:
     def __init__(self, lab: Lab, *names: str, watch: dict[str, str] | None = None,
                  lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
                  statement_timeout: str = DEFAULT_STATEMENT_TIMEOUT,
-                 setup: str | None = None, track_locks: bool = True):
-        if not 1 <= len(names) <= 6:
-            raise LabkitError(f"A run takes 1 to 6 sessions, not {len(names)}.",
-                              "name the sessions, for example Sessions(lab, 'A', 'B').")
+                 setup: str | None = None, track_locks: bool = True) -> None:
+        if not 1 <= len(names) <= MAX_SESSIONS:
+            raise LabkitError(f"A run takes 1 to {MAX_SESSIONS} sessions, not {len(names)}.",
+                              "name the sessions, for example Sessions(lab, 'A', 'B')." if not names
+                              else f"use at most {MAX_SESSIONS} (each session is a connection of "
+                              "its own to the server).")
         if len(set(names)) != len(names):
             raise LabkitError(f"Session names must differ: {names}.", "give each session its own name.")
         for name in names:
@@ -292,7 +211,7 @@ class Sessions:
         except Exception:
             pass
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., Step]:
         sessions = self.__dict__.get("sessions", {})
         if name in sessions:
             return lambda sql_text, label=None: self.step(name, sql_text, label=label)
@@ -304,6 +223,19 @@ class Sessions:
     # -- running steps ------------------------------------------------------------------
     def step(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
         """Run one step in ``session``; return it (done, failed or waiting)."""
+        step = self.send(session, sql_text, label=label)
+        blockers = self.settle(session)
+        if blockers is not None:
+            step.waited = True
+            step.blocked_by, step.wait_event = blockers
+        self._check_waiters(exclude=self.sessions[session])
+        self._record_locks(step)
+        return step
+
+    def send(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
+        """Send one step to ``session`` and return it at once, still running: :meth:`settle`
+        waits for it.  (:meth:`step` is send, settle, then a look at the other sessions'
+        waiting steps.)"""
         if self._closed:
             raise LabkitError("This run is closed.", "start a new Sessions(...) run.")
         self._check_name(session)
@@ -320,9 +252,6 @@ class Sessions:
         step = Step(len(self.steps), session, sql_text.strip(), label or _label(sql_text))
         self.steps.append(step)
         s.send(step)
-        self._settle(s)
-        self._check_waiters(exclude=s)
-        self._record_locks(step)
         return step
 
     def wait(self, session: str) -> Step | None:
@@ -333,7 +262,12 @@ class Sessions:
         if s.pending is None:
             return None
         step = s.pending
-        self._wait_for(s)
+        self.settle(session, until_done=True)
+        for earlier in reversed(self.steps):
+            if earlier.session == session and earlier.waited and earlier.completed_after is None:
+                earlier.completed_after = self.steps[-1].index
+                earlier.script_waited = True
+                break
         self._record_locks(self.steps[-1])
         return step
 
@@ -342,37 +276,59 @@ class Sessions:
             raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
                               "use one of the names given to Sessions(...); they are case-sensitive.")
 
-    def script(self, steps) -> "Sessions":
+    def script(self, steps: Iterable[tuple]) -> "Sessions":
         """Run a list of ``(session, sql)`` or ``(session, sql, label)`` tuples in order."""
         for item in steps:
             self.step(*item[:2], label=item[2] if len(item) > 2 else None)
         return self
 
-    def _settle(self, s: Session) -> None:
-        """Wait until the step finishes or the server says it is blocked."""
-        step = s.pending
-        deadline = time.monotonic() + self._deadline_s
-        while True:
-            if s.poll(POLL_S):
-                return
-            blockers = self._blockers(s)
-            if blockers is not None:
-                step.waited = True
-                step.blocked_by, step.wait_event = blockers
-                return
-            if time.monotonic() > deadline:
-                self._give_up(s)
+    def settle(self, session: str, *, until_done: bool = False,
+               watchdog: Callable[[float], None] | None = None) -> Blockers | None:
+        """Wait for the step ``session`` is running.  Returns None once it has finished (at
+        once when none is running), or, unless ``until_done``, what it waits for as soon as
+        the server says it is blocked by another session of this run (:meth:`blockers`).
 
-    def _wait_for(self, s: Session) -> None:
-        deadline = time.monotonic() + self._deadline_s
-        while not s.poll(0.05):
-            if time.monotonic() > deadline:
+        Between two looks, ``watchdog(seconds since this call)`` may cancel the step or
+        raise.  Without one, a step still running after the run's ``statement_timeout``
+        plus 5 s is cancelled and a LabkitError raised."""
+        self._check_name(session)
+        s = self.sessions[session]
+        start = time.monotonic()
+        while s.pending is not None:
+            if s.poll(0.05 if until_done else POLL_S):
+                return None
+            if not until_done:
+                blockers = self.blockers(session)
+                if blockers is not None:
+                    # Asking took a moment: the result may have come meanwhile.
+                    return None if s.poll(0) else blockers
+            elapsed = time.monotonic() - start
+            if watchdog is not None:
+                watchdog(elapsed)
+            elif elapsed > self._deadline_s:
                 self._give_up(s)
-        for step in reversed(self.steps):
-            if step.session == s.name and step.waited and step.completed_after is None:
-                step.completed_after = self.steps[-1].index
-                step.script_waited = True
-                break
+        return None
+
+    def blockers(self, session: str) -> Blockers | None:
+        """The sessions of this run that ``session``'s running step waits for, as the server
+        says (None when it waits for none of them).  It is PostgreSQL's isolation tester's
+        test: a heavyweight lock held or queued for by another session
+        (``pg_blocking_pids``), or a SERIALIZABLE READ ONLY DEFERRABLE transaction waiting
+        for a safe snapshot (``pg_safe_snapshot_blocking_pids``)."""
+        self._check_name(session)
+        pid = self.sessions[session].pid
+        row = self.monitor.execute(
+            "SELECT pg_blocking_pids(%s) || pg_safe_snapshot_blocking_pids(%s), "
+            "wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
+            (pid, pid, pid),
+        ).fetchone()
+        if row is None:
+            return None
+        pids, etype, event = row
+        names = [self._pids[p] for p in (pids or []) if p in self._pids]
+        if not names:
+            return None
+        return Blockers(names, f"{etype}:{event}" if etype else None)
 
     def _give_up(self, s: Session) -> None:
         step = s.pending
@@ -391,36 +347,15 @@ class Sessions:
         for s in self.sessions.values():
             if s is exclude or s.pending is None:
                 continue
-            deadline = time.monotonic() + self._deadline_s
-            while True:
-                waiting_step = s.pending
-                if s.poll(POLL_S):
-                    waiting_step.completed_after = after.index
-                    break
-                blockers = self._blockers(s)
-                if blockers is not None:
-                    # Still waiting; maybe now behind another session (its row moved on).
-                    current = waiting_step.rewaits[-1][1] if waiting_step.rewaits else waiting_step.blocked_by
-                    if blockers[0] != current:
-                        waiting_step.rewaits.append((after.index, blockers[0]))
-                    break
-                if time.monotonic() > deadline:
-                    self._give_up(s)
-
-    def _blockers(self, s: Session):
-        """(blocking session names, wait event) if the server says s waits on the run."""
-        row = self.monitor.execute(
-            "SELECT pg_blocking_pids(%s), wait_event_type, wait_event "
-            "FROM pg_stat_activity WHERE pid = %s",
-            (s.pid, s.pid),
-        ).fetchone()
-        if row is None:
-            return None
-        pids, etype, event = row
-        names = [self._pids[p] for p in (pids or []) if p in self._pids]
-        if not names:
-            return None
-        return names, (f"{etype}:{event}" if etype else None)
+            waiting_step = s.pending
+            blockers = self.settle(s.name)
+            if blockers is None:
+                waiting_step.completed_after = after.index
+                continue
+            # Still waiting; maybe now behind another session (its row moved on).
+            current = waiting_step.rewaits[-1][1] if waiting_step.rewaits else waiting_step.blocked_by
+            if blockers.sessions != current:
+                waiting_step.rewaits.append((after.index, blockers.sessions))
 
     def _record_locks(self, step: Step) -> None:
         if not self.track_locks:
@@ -459,7 +394,7 @@ class Sessions:
         ).fetchall()
 
     # -- rendering --------------------------------------------------------------------------
-    def transcript(self, **kw):
+    def transcript(self, **kw) -> Transcript:
         return Transcript.from_run(self, **kw)
 
     def result(self, index: int) -> Step:

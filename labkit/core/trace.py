@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .plots import PALETTE, static_box
+
 
 @dataclass
 class TraceStep:
@@ -102,7 +104,6 @@ class Trace:
 
         slider.observe(show, names="value")
         show()
-        from .plots import static_box
 
         box = static_box([widgets.HBox([play, slider]), out],
                          lambda: f"step-through replay of {n} steps (every step is in the transcript above)")
@@ -114,7 +115,6 @@ class Trace:
         """One lane per actor; a mark per step; crashes and errors stand out."""
         import matplotlib.pyplot as plt
 
-        from .plots import PALETTE
 
         if ax is None:
             _, ax = plt.subplots(figsize=(9, 0.8 + 0.55 * len(self.actors)))

@@ -1,14 +1,18 @@
 """A run of sessions, rendered: text (one row per event, one column per session),
 HTML (the same table, coloured) and a swimlane chart (holding vs waiting).
 
-Only ``sessions`` imports this module (``Sessions.transcript()``); the names ``Sessions`` and
-``Step`` below are annotations, never imported, so the two modules do not import each other.
+``Sessions.transcript()`` builds one from a run; this module needs only the run's names, its
+steps and whether it tracked locks (:class:`Run`), so it never imports the session engine.
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Protocol
+
+from .plots import PALETTE
+from .steps import Step
 
 
 @dataclass
@@ -21,6 +25,14 @@ class Row:
     kind: str              # ok, error, waiting, completed
 
 
+class Run(Protocol):
+    """What a transcript reads from a run of sessions."""
+
+    names: list[str]
+    steps: list[Step]
+    track_locks: bool
+
+
 class Transcript:
     def __init__(self, names: list[str], rows: list[Row], steps: list[Step], show_locks: bool):
         self.names = names
@@ -29,7 +41,7 @@ class Transcript:
         self.show_locks = show_locks
 
     @classmethod
-    def from_run(cls, run: Sessions, *, show_locks: bool | None = None) -> "Transcript":
+    def from_run(cls, run: Run, *, show_locks: bool | None = None) -> "Transcript":
         rows: list[Row] = []
         locks_known = run.track_locks if show_locks is None else show_locks
         for step in run.steps:
@@ -115,7 +127,6 @@ class Transcript:
         """Per session: spans where it holds row locks (solid) and waits (hatched), by step."""
         import matplotlib.pyplot as plt
 
-        from .plots import PALETTE
 
         if ax is None:
             _, ax = plt.subplots(figsize=(8, 0.8 + 0.6 * len(self.names)))

@@ -23,10 +23,13 @@ import json
 import os
 from typing import Any
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
 from ..core.lab import Lab
+from ..core.queries import query
 
 AMQP_ENV = "LABKIT_AMQP_URL"
 
@@ -72,7 +75,7 @@ class Broker:
     def close(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> "Broker":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -86,45 +89,38 @@ class RecordingBroker(Broker):
     """Messages in the table ``broker_message``, written over the broker's own connection."""
 
     kind = "recording"
+    SQL = "outbox_recording_broker.sql"
 
     def __init__(self, dsn: str, schema: str, *, role: str = "broker"):
-        import psycopg
-
         self.dsn, self.schema = dsn, schema
-        self.conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10,
-                                    application_name=f"labkit:{schema}:{role}"[:63],
-                                    options=f"-c search_path={schema} -c lock_timeout=5s "
-                                            "-c statement_timeout=15s")
+        self.conn = open_connection(dsn, schema=schema, role=role, guards=WORKER_GUARDS)
 
     @classmethod
     def for_lab(cls, lab: Lab) -> "RecordingBroker":
         return cls(lab.db.dsn, lab.schema)
 
     def reset(self) -> "RecordingBroker":
-        from ..core.lab import read_sql
-
-        self.conn.execute("DROP TABLE IF EXISTS broker_message, broker_switch")
-        self.conn.execute(read_sql("outbox_recording_broker.sql"))
+        # the lab's own tables only, never a namesake further along the search_path
+        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {s}.broker_message, {s}.broker_switch")
+                          .format(s=sql.Identifier(self.schema)))
+        for statement in query(self.SQL, "create").statements:
+            self.conn.execute(statement)
         return self
 
     def publish(self, event_id: str, body: dict) -> None:
-        cur = self.conn.execute(
-            "INSERT INTO broker_message (event_id, body) "
-            "SELECT %s, %s WHERE (SELECT up FROM broker_switch)", (event_id, Jsonb(body)))
+        cur = self.conn.execute(query(self.SQL, "publish").sql, {"event_id": event_id, "body": Jsonb(body)})
         if cur.rowcount != 1:
             raise BrokerDown(f"recording broker is down: {event_id} not accepted")
 
     def depth(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM broker_message WHERE NOT delivered").fetchone()[0]
+        return self.conn.execute(query(self.SQL, "depth").sql).fetchone()[0]
 
     def take_all(self) -> list[tuple[str, dict]]:
-        rows = self.conn.execute(
-            "UPDATE broker_message SET delivered = true WHERE NOT delivered "
-            "RETURNING seq, event_id, body").fetchall()
+        rows = self.conn.execute(query(self.SQL, "take_all").sql).fetchall()
         return [(e, b) for _, e, b in sorted(rows)]
 
     def set_up(self, up: bool) -> None:
-        self.conn.execute("UPDATE broker_switch SET up = %s", (bool(up),))
+        self.conn.execute(query(self.SQL, "switch").sql, {"up": bool(up)})
 
     def spec(self) -> dict:
         return {"kind": self.kind, "dsn": self.dsn, "schema": self.schema}
@@ -180,7 +176,7 @@ class RabbitBroker(Broker):
         where = hashlib.sha1(lab.db.dsn.encode()).hexdigest()[:8]
         return cls(url, f"labkit.{lab.schema}.{where}")
 
-    def _channel(self):
+    def _channel(self) -> Any:
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()
             self._ch.confirm_delivery()
@@ -280,7 +276,7 @@ def _redact_amqp(url: str) -> str:
     return scheme + rest
 
 
-def hide_amqp_secrets(text: str, url: str, params=None) -> str:
+def hide_amqp_secrets(text: str, url: str, params: Any = None) -> str:
     """``text`` with every piece of ``url`` that may be a password replaced by ***."""
     from urllib.parse import unquote
 

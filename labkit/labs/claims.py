@@ -7,29 +7,33 @@ needs them).  Workers that must be able to crash run as real OS processes
 (:class:`labkit.procs.Worker`) with :func:`worker_main` as their body; the parent
 kills them with SIGKILL at a scripted pause.
 
-``python -m labkit.claims bench-history`` measures claim throughput against a
+``labkit bench-history`` measures claim throughput against a
 growing history of finished jobs (0 → 10k → 100k → 1M), with and without the
 partial index on the pending predicate.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import signal
-import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
-from ..core.lab import read_sql
-from ..core.limits import bulk, number
-from ..core.procs import entry_point
+from ..core.files import read_sql
 from ..core.lab import Lab
+from ..core.limits import bulk, number
+from ..core.procs import Context, Worker
+from ..core.queries import query
 
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
 HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
@@ -41,6 +45,11 @@ REAPER_SQL = read_sql("reaper.sql")
 STYLES = ("claim_mark_commit", "hold_open", "per_key")
 EFFECTS = ("log", "once")
 HISTORY_FIRST_ID = 10_000_001   # finished jobs get ids far above the pending ones
+
+# A worker process's limits: a worker's, but with no limit on idling in a transaction,
+# since the held-open worker does that on purpose (it runs its jobs, or sits paused,
+# inside the claim's transaction) and the lessons watch it do so.
+CLAIM_WORKER_GUARDS = replace(WORKER_GUARDS, idle_in_transaction=None)
 
 
 # -- checks ---------------------------------------------------------------------------------
@@ -82,11 +91,9 @@ def claim_per_key(conn: psycopg.Connection, worker_id: str) -> list[int]:
     return [r[0] for r in conn.execute(PER_KEY_SQL, {"worker_id": worker_id}).fetchall()]
 
 
-def inline(sql_text: str, **params) -> str:
+def inline(sql_text: str, **params: Any) -> str:
     """The SQL text with each ``%(name)s`` replaced by the value as a quoted literal, for
     a :class:`labkit.Sessions` step (which sends plain text)."""
-    from psycopg import sql
-
     out = sql_text
     for name, value in params.items():
         marker = f"%({name})s"
@@ -101,7 +108,7 @@ def inline(sql_text: str, **params) -> str:
     return out.replace("%%", "%")
 
 
-def keyed_queue(lab: Lab, customers, *, leases: bool = False) -> None:
+def keyed_queue(lab: Lab, customers: Iterable[str], *, leases: bool = False) -> None:
     """A fresh job table with one pending job per entry of ``customers`` (job i belongs to
     ``customers[i - 1]``; ids and created_at follow the list's order), plus the customer
     column of job_table_keys.sql and, with ``leases``, job_table_leases.sql."""
@@ -129,10 +136,7 @@ def partitioned_queue(lab: Lab, layout: str, jobs: int = 3) -> None:
     number("jobs", jobs, low=1, high=1_000_000, whole=True, example=3)
     lab.execute("DROP TABLE IF EXISTS job, job_archive CASCADE")
     lab.run_file(PARTITION_LAYOUTS[layout])
-    bulk(lab,
-         "INSERT INTO job (id, created_at, payload) "
-         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-         "FROM generate_series(1, %s) AS g", (jobs,), rows=jobs)
+    add_pending(lab, jobs)
 
 
 def finish(conn: psycopg.Connection, worker_id: str, ids: list[int]) -> list[int]:
@@ -140,7 +144,8 @@ def finish(conn: psycopg.Connection, worker_id: str, ids: list[int]) -> list[int
     return [r[0] for r in conn.execute(FINISH_SQL, {"ids": list(ids), "worker_id": worker_id}).fetchall()]
 
 
-def reap(lab: Lab, *, lease: str = "30 seconds", max_attempts: int = 3, as_of=None) -> list[tuple]:
+def reap(lab: Lab, *, lease: str = "30 seconds", max_attempts: int = 3,
+         as_of: datetime | None = None) -> list[tuple]:
     """Run the reaper once; returns (id, new status, attempts) of every job it took back.
     ``as_of`` is the reaper's "now" (default: the server's clock)."""
     _positive("max_attempts", max_attempts)
@@ -166,7 +171,7 @@ def effect_counts(lab: Lab) -> dict[int, dict[str, int]]:
     return out
 
 
-def job_row(lab: Lab, job_id: int) -> dict:
+def job_row(lab: Lab, job_id: int) -> dict[str, Any]:
     """One job as a dict: status, worker_id, claimed (bool), attempts (if the column exists)."""
     cols = [r[0] for r in lab.execute(
         "SELECT column_name FROM information_schema.columns "
@@ -189,7 +194,7 @@ def fresh_jobs(lab: Lab, n: int) -> None:
     lab.create_jobs(n)
 
 
-def backend_gone(lab: Lab, worker, timeout: float = 10) -> None:
+def backend_gone(lab: Lab, worker: Worker, timeout: float = 10) -> None:
     """Wait until the server no longer shows the backends of a killed worker (their
     transactions rolled back, their locks freed).  The worker reported their pids in its
     ``connected`` event."""
@@ -204,14 +209,6 @@ def backend_gone(lab: Lab, worker, timeout: float = 10) -> None:
 
 # -- a worker as a real process -------------------------------------------------------------------
 
-def _child_connect(dsn: str, schema: str, role: str) -> psycopg.Connection:
-    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
-                           application_name=f"labkit:{schema}:{role}"[:63], connect_timeout=10)
-    conn.execute("SET lock_timeout = '10s'")
-    conn.execute("SET statement_timeout = '60s'")
-    return conn
-
-
 def job_duration_ms(job_id: int, job_ms: float, jitter: float) -> float:
     """A job's run time: ``job_ms`` give or take ``jitter`` (a fraction), fixed per job id."""
     if not jitter:
@@ -219,10 +216,10 @@ def job_duration_ms(job_id: int, job_ms: float, jitter: float) -> float:
     return job_ms * (1 + random.Random(job_id).uniform(-jitter, jitter))
 
 
-def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_mark_commit",
-                batch: int = 1, job_ms: float = 0.0, jitter: float = 0.0, effects: tuple = (),
-                pause_after: int | None = None, poison: tuple = (), max_claims: int | None = None,
-                report: str = "jobs", sync_start: bool = False) -> dict:
+def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str = "claim_mark_commit",
+                batch: int = 1, job_ms: float = 0.0, jitter: float = 0.0, effects: Sequence[str] = (),
+                pause_after: int | None = None, poison: Sequence[int] = (), max_claims: int | None = None,
+                report: str = "jobs", sync_start: bool = False) -> dict[str, int]:
     """The body of a worker process.
 
     ``style``: ``claim_mark_commit`` (claim in one short transaction, run, then mark
@@ -237,8 +234,12 @@ def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_
     """
     _style(style)
     with ExitStack() as stack:
-        conn = stack.enter_context(_child_connect(dsn, schema, worker_id))
-        fx = stack.enter_context(_child_connect(dsn, schema, worker_id + ":fx")) if effects else None
+        def connect(role: str) -> psycopg.Connection:
+            return stack.enter_context(open_connection(dsn, schema=schema, role=role,
+                                                       guards=CLAIM_WORKER_GUARDS))
+
+        conn = connect(worker_id)
+        fx = connect(worker_id + ":fx") if effects else None
         ran = done = claims = 0
         ctx.emit("connected", pids=[c.info.backend_pid for c in (conn, fx) if c is not None])
         if sync_start:
@@ -250,7 +251,7 @@ def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_
                 conn.execute("BEGIN")
                 ids = [r[0] for r in conn.execute(HOLD_OPEN_SQL, {"batch": batch}).fetchall()]
             elif style == "per_key":
-                ids = [r[0] for r in conn.execute(PER_KEY_SQL, {"worker_id": worker_id}).fetchall()]
+                ids = claim_per_key(conn, worker_id)
             else:
                 ids = claim(conn, worker_id, batch)
             claim_ms = (time.monotonic() - t_tx) * 1000
@@ -276,8 +277,8 @@ def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_
                     ctx.pause("mid-job")
             t_work_end = time.monotonic()
             if style == "hold_open":
-                conn.execute("UPDATE job SET status = 'DONE', worker_id = %s, claimed_at = now() "
-                             "WHERE id = ANY(%s)", (worker_id, ids))
+                conn.execute(query("claim_worker.sql", "finish_held").sql,
+                             {"worker_id": worker_id, "ids": ids})
                 conn.execute("COMMIT")
                 marked = ids
             else:
@@ -293,24 +294,18 @@ def worker_main(ctx, dsn: str, schema: str, worker_id: str, style: str = "claim_
 
 
 def _write_effect(fx: psycopg.Connection, kind: str, job_id: int, worker_id: str) -> None:
-    if kind == "log":
-        fx.execute("INSERT INTO effect_log (job_id, worker_id) VALUES (%s, %s)", (job_id, worker_id))
-    elif kind == "once":
-        fx.execute("INSERT INTO effect_once (job_id, worker_id) VALUES (%s, %s) "
-                   "ON CONFLICT (job_id) DO NOTHING", (job_id, worker_id))
-    else:
+    if kind not in EFFECTS:
         raise ValueError(f"unknown effect {kind!r}")
+    fx.execute(query("claim_worker.sql", f"effect_{kind}").sql, {"job_id": job_id, "worker_id": worker_id})
 
 
-def wait_exit(worker, timeout: float = 60) -> int | None:
+def wait_exit(worker: Worker, timeout: float = 60) -> int | None:
     """Wait for a worker that is expected to die on its own (a poison job); its exit code."""
     return worker.wait_exit(timeout)
 
 
-def start_worker(lab: Lab, worker_id: str, **kw):
+def start_worker(lab: Lab, worker_id: str, **kw: Any) -> Worker:
     """A started :class:`labkit.procs.Worker` running :func:`worker_main` in ``lab``."""
-    from ..core.procs import Worker
-
     _style(kw.get("style", "claim_mark_commit"))
     _positive("batch", kw.get("batch", 1))
     _positive("job_ms", kw.get("job_ms", 0.0), zero_ok=True)
@@ -321,7 +316,7 @@ def start_worker(lab: Lab, worker_id: str, **kw):
                   worker_id=worker_id, **kw).start()
 
 
-def run_workers(lab: Lab, n: int, *, timeout: float = 120, **kw) -> list:
+def run_workers(lab: Lab, n: int, *, timeout: float = 120, **kw: Any) -> list[Worker]:
     """Start ``n`` workers (w1..wn) with the same settings, wait for all; returns them
     (their ``events`` hold what they did).  Every worker is killed on the way out."""
     _positive("workers", n)
@@ -344,8 +339,8 @@ def run_workers(lab: Lab, n: int, *, timeout: float = 120, **kw) -> list:
 # -- measurements -----------------------------------------------------------------------------------
 
 @dataclass
-class Drain:
-    """What a set of workers did with a queue."""
+class DrainRun:
+    """What a set of workers did with a queue (one run of :func:`drain`)."""
 
     workers: int
     batch: int
@@ -359,7 +354,7 @@ class Drain:
 
 
 def drain(lab: Lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: float = 0.0,
-          jitter: float = 0.0, style: str = "claim_mark_commit", report: str = "none") -> Drain:
+          jitter: float = 0.0, style: str = "claim_mark_commit", report: str = "none") -> DrainRun:
     """Fresh job table with ``jobs`` pending jobs, drained by ``workers`` processes.
     Time runs from the first worker's start event to the last worker's end event (the
     processes' start-up is not counted)."""
@@ -372,16 +367,16 @@ def drain(lab: Lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: floa
     return _drain_result(lab, ws, workers, batch)
 
 
-def _drain_result(lab: Lab, ws, workers: int, batch: int) -> Drain:
+def _drain_result(lab: Lab, ws: list[Worker], workers: int, batch: int) -> DrainRun:
     starts = [e["t"] for w in ws for e in w.events if e["kind"] == "start"]
     ends = [e["t"] for w in ws for e in w.events if e["kind"] == "end"]
     finished = sorted((e["t"], i, w.name) for w in ws for e in w.events if e["kind"] == "finished"
                       for i in e["ids"])
     done = lab.execute("SELECT count(*) FROM job WHERE status = 'DONE'")[0][0]
-    return Drain(workers, batch, done, max(ends) - min(starts), finished)
+    return DrainRun(workers, batch, done, max(ends) - min(starts), finished)
 
 
-def inversions(order: list[int], key=None) -> int:
+def inversions(order: Sequence[int], key: dict[int, str] | None = None) -> int:
     """Pairs of jobs finished in the opposite order of their ids (ids follow creation
     order).  With ``key`` (job id -> key) only pairs within the same key count."""
     n = 0
@@ -393,7 +388,7 @@ def inversions(order: list[int], key=None) -> int:
 
 
 def ordering_run(lab: Lab, *, jobs: int, workers: int, customers: int = 0, job_ms: float = 5.0,
-                 jitter: float = 0.8, per_key: bool = True) -> dict:
+                 jitter: float = 0.8, per_key: bool = True) -> dict[str, Any]:
     """Drain ``jobs`` jobs with ``workers`` processes, jobs of uneven length; return the
     finishing order and its inversions.  With ``customers`` > 0, every job belongs to one
     of that many customers (round robin) and, with ``per_key``, the workers claim with
@@ -467,22 +462,30 @@ def make_queue(lab: Lab, *, pending: int, done: int = 0, index: bool = True) -> 
     if not index:
         lab.execute("DROP INDEX job_pending_created_idx")
     add_history(lab, done)
-    bulk(lab,
-         "INSERT INTO job (id, created_at, payload) "
-         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
+    add_pending(lab, pending)
     lab.execute("VACUUM ANALYZE job")
 
 
+def add_pending(lab: Lab, n: int) -> None:
+    """``n`` pending jobs, ids 1..n, one a second from 2026-01-01 09:00 UTC
+    (sql/job_rows.sql: pending)."""
+    _positive("pending", n, zero_ok=True)
+    if n:
+        bulk(lab, query("job_rows.sql", "pending").sql, {"n": n}, rows=n)
+
+
 def add_history(lab: Lab, n: int) -> None:
-    """``n`` finished jobs, all created before 2026 (ids from 10,000,001)."""
+    """``n`` finished jobs, all created before 2026, ids from 10,000,001
+    (sql/job_rows.sql: history)."""
     _positive("done", n, zero_ok=True)
     if n:
-        bulk(lab,
-             "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
-             "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
-             "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
-             "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, n), rows=n)
+        bulk(lab, query("job_rows.sql", "history").sql, {"n": n, "first_id": HISTORY_FIRST_ID}, rows=n)
+
+
+def table_pages(lab: Lab, relation: str = "job") -> int:
+    """The size of a table or index of the lab, in pages."""
+    return lab.execute("SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                       (relation,))[0][0]
 
 
 def archive_done(lab: Lab, *, settle_s: float = 20.0) -> int:
@@ -495,7 +498,7 @@ def archive_done(lab: Lab, *, settle_s: float = 20.0) -> int:
     deadline = time.monotonic() + settle_s
     while True:
         lab.execute("VACUUM FULL ANALYZE job")
-        pages = lab.execute("SELECT pg_relation_size('job') / current_setting('block_size')::int")[0][0]
+        pages = table_pages(lab)
         # about 80 rows of the job table fit in a page; allow generous slack
         if pages <= live // 40 + 2 or time.monotonic() > deadline:
             return pages
@@ -510,14 +513,7 @@ def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
     xid = lab.execute("SELECT pg_current_xact_id()::text")[0][0]   # a transaction of its own
     deadline = time.monotonic() + timeout
     while True:
-        # A snapshot (backend_xmin) or a transaction id (backend_xid: a writing transaction
-        # idle between statements has no snapshot, but its id still counts) older than ours.
-        old = lab.execute(
-            "SELECT pid, xact_start FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND (age(backend_xmin) >= age(xid(%(x)s::xid8)) "
-            "     OR age(backend_xid) >= age(xid(%(x)s::xid8))) "
-            "ORDER BY xact_start", {"x": xid})
+        old = lab.execute(query("xmin_horizon.sql", "older_transactions").sql, {"x": xid})
         if not old:
             return
         if time.monotonic() > deadline:
@@ -536,7 +532,7 @@ def _claim_buffers(lab: Lab) -> int:
     return plan_of(lab, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)["buffers"]
 
 
-def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> dict:
+def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> dict[str, int]:
     """What a mass UPDATE out of PENDING leaves in the partial index.  A fresh table of
     ``pending`` pending jobs, vacuumed, with autovacuum off for this table only (so that
     nothing cleans up between the readings); then one UPDATE sets the ``done`` oldest to
@@ -550,26 +546,23 @@ def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> d
                           "pass done smaller than pending, for example pending=100_000, done=99_900.")
     fresh_jobs(lab, 0)
     lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
-    bulk(lab,
-         "INSERT INTO job (id, created_at, payload) "
-         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
+    add_pending(lab, pending)
     lab.execute("VACUUM ANALYZE job")
-    size = "SELECT pg_relation_size('job_pending_created_idx') / current_setting('block_size')::int"
-    out = {"index pages before": lab.execute(size)[0][0]}
+    index = "job_pending_created_idx"
+    out = {"index pages before": table_pages(lab, index)}
     lab.execute("UPDATE job SET status = 'DONE', worker_id = 'old', claimed_at = now() WHERE id <= %s",
                 (done,))
     wait_for_horizon(lab)              # the old versions are dead to everyone now
-    out["index pages after update"] = lab.execute(size)[0][0]
+    out["index pages after update"] = table_pages(lab, index)
     out["after update"] = _claim_buffers(lab)
     out["next claim"] = _claim_buffers(lab)
     lab.execute("VACUUM job")
     out["after vacuum"] = _claim_buffers(lab)
-    out["index pages after vacuum"] = lab.execute(size)[0][0]
+    out["index pages after vacuum"] = table_pages(lab, index)
     return out
 
 
-def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> dict:
+def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> dict[str, int]:
     """A table of ``rows`` jobs loses half of them to a DELETE — the newest half
     (``where="tail"``: the empty pages end the table) or a block in the middle
     (``where="middle"``: live rows stay on the last pages) — then a plain VACUUM runs.
@@ -580,20 +573,16 @@ def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> d
                           "pass where='tail' or where='middle'.")
     fresh_jobs(lab, 0)
     lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
-    bulk(lab,
-         "INSERT INTO job (id, created_at, payload) "
-         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-         "FROM generate_series(1, %s) AS g", (rows,), rows=rows)
-    size = "SELECT pg_relation_size('job') / current_setting('block_size')::int"
-    out = {"before": lab.execute(size)[0][0]}
+    add_pending(lab, rows)
+    out = {"before": table_pages(lab)}
     if where == "tail":
         lab.execute("DELETE FROM job WHERE id > %s", (rows // 2,))
     else:
         lab.execute("DELETE FROM job WHERE id > %s AND id <= %s", (rows // 4, rows // 4 + rows // 2))
-    out["after delete"] = lab.execute(size)[0][0]
+    out["after delete"] = table_pages(lab)
     wait_for_horizon(lab)
     lab.execute("VACUUM job")
-    out["after vacuum"] = lab.execute(size)[0][0]
+    out["after vacuum"] = table_pages(lab)
     return out
 
 
@@ -614,9 +603,9 @@ def claim_rate(lab: Lab, *, claims: int = 200, worker_id: str = "bench") -> floa
         return claims / (time.perf_counter() - t0)
 
 
-def history_ladder(lab: Lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
+def history_ladder(lab: Lab, ladder: Sequence[int] = (0, 10_000, 100_000), *, claims: int = 200,
                    claims_without_index: int | None = None, rounds: int = 1,
-                   out=None) -> list[dict]:
+                   out: Callable[[str], object] | None = None) -> list[dict[str, Any]]:
     """Claim throughput with ``done`` finished rows in the table, with and without the
     partial index.  Every (done, index) point gets a table of its own (in a schema of its
     own, dropped at the end), all built first; then ``rounds`` rounds each run
@@ -635,12 +624,9 @@ def history_ladder(lab: Lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
             subs.append(sub)
             make_queue(sub, pending=n * rounds + 10, done=done, index=index)
             plan = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)
-            sizes = sub.execute(
-                "SELECT pg_relation_size('job') / current_setting('block_size')::int, "
-                "pg_relation_size('job_pkey') / current_setting('block_size')::int")[0]
             rows.append({"done rows": done, "partial index": index, "claims/s": 0.0,
                          "search pages": plan["search_buffers"], "claim buffers": plan["buffers"],
-                         "table pages": sizes[0], "pkey pages": sizes[1],
+                         "table pages": table_pages(sub), "pkey pages": table_pages(sub, "job_pkey"),
                          "_n": n})
         for _ in range(rounds):
             for sub, row in zip(subs, rows):
@@ -656,7 +642,8 @@ def history_ladder(lab: Lab, ladder=(0, 10_000, 100_000), *, claims: int = 200,
     return rows
 
 
-def plan_of(lab: Lab, query: str, params=None, *, analyze: bool = False) -> dict:
+def plan_of(lab: Lab, query: str, params: dict[str, Any] | None = None, *,
+            analyze: bool = False) -> dict[str, Any]:
     """EXPLAIN a claim inside a transaction that is rolled back.  Returns the plan's node
     types (top down), the indexes it uses and, with ``analyze``, shared buffers touched
     and the execution time."""
@@ -715,48 +702,26 @@ def _ladder(text: str) -> list[int]:
     return ladder
 
 
-@entry_point("labkit bench-history")
-def main(argv: list[str] | None = None) -> int:
-    """``labkit bench-history [--ladder 0,10000,100000,1000000] [--claims N]``"""
-    p = argparse.ArgumentParser(prog="labkit bench-history",
-                                description="Claim throughput as finished-job history grows, "
-                                            "with and without the partial index.")
-    p.add_argument("--ladder", default="0,10000,100000,1000000",
-                   help="numbers of finished rows, comma separated")
-    p.add_argument("--claims", type=int, default=300, help="claims measured with the index")
-    p.add_argument("--claims-without-index", type=int, default=60,
-                   help="claims measured without it (each may scan the whole history)")
-    args = p.parse_args(argv)
-    try:
-        ladder = _ladder(args.ladder)
-        number("claims", args.claims, low=1, high=MAX_CLAIMS, whole=True, example=300)
-        number("claims_without_index", args.claims_without_index, low=1, high=MAX_CLAIMS // 10,
-               whole=True, example=60)
-    except LabkitError as exc:
-        print(f"labkit bench-history: {exc}", file=sys.stderr)
-        return 2
-    from ..core.db import connect
-
-    db = connect()
-    # a schema of this run's own: two runs at once never touch each other's tables
-    lab = Lab.open(db, f"bench_history_{os.getpid()}")
-    try:
-        print(f"claim + finish, one at a time, one connection; ladder {ladder}")
-        rows = history_ladder(lab, ladder, claims=args.claims,
-                              claims_without_index=args.claims_without_index, out=print)
-        make_queue(lab, pending=args.claims + 10, done=max(ladder), index=False)
+def bench_history_command(*, open_lab: Callable[[], Lab], ladder: str, claims: int,
+                          claims_without_index: int) -> int:
+    """``labkit bench-history``: claim throughput at each point of ``ladder`` (finished rows,
+    comma separated), with and without the partial index.  ``open_lab()`` gives the run its
+    own lab (a schema of this run's own: two runs at once never touch each other's tables)."""
+    points = _ladder(ladder)
+    number("claims", claims, low=1, high=MAX_CLAIMS, whole=True, example=300)
+    number("claims_without_index", claims_without_index, low=1, high=MAX_CLAIMS // 10,
+           whole=True, example=60)
+    with open_lab() as lab:
+        print(f"claim + finish, one at a time, one connection; ladder {points}")
+        rows = history_ladder(lab, points, claims=claims,
+                              claims_without_index=claims_without_index, out=print)
+        make_queue(lab, pending=claims + 10, done=max(points), index=False)
         archive_done(lab)
-        archived = claim_rate(lab, claims=args.claims)
-        print(f"  after archiving {max(ladder):,} done rows (no partial index): {archived:9.0f} claims/s")
+        archived = claim_rate(lab, claims=claims)
+        print(f"  after archiving {max(points):,} done rows (no partial index): {archived:9.0f} claims/s")
         by = {(r["done rows"], r["partial index"]): r["claims/s"] for r in rows}
-        top = max(ladder)
-        print(f"slow-down from {min(ladder):,} to {top:,} done rows: "
-              f"with index ×{by[(min(ladder), True)] / by[(top, True)]:.1f}, "
-              f"without ×{by[(min(ladder), False)] / by[(top, False)]:.1f}")
-    finally:
-        lab.drop()
+        top = max(points)
+        print(f"slow-down from {min(points):,} to {top:,} done rows: "
+              f"with index ×{by[(min(points), True)] / by[(top, True)]:.1f}, "
+              f"without ×{by[(min(points), False)] / by[(top, False)]:.1f}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

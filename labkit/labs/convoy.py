@@ -14,37 +14,40 @@ the number of workers (they all want the head of the queue, and only its holder
 works), while *SKIP LOCKED* completes ``N/d``.  With claim + mark + commit, the
 lock is held only for the claim, so every policy is modelled at ``N/d``.
 
-``sweep()`` returns a tidy DataFrame; ``main(argv)`` is ``labkit convoy``.
+``sweep()`` returns a tidy DataFrame; ``convoy_command()`` is ``labkit convoy``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import random
-import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
-from ..core.files import data_file
+from ..core.db import WORKER_GUARDS
 from ..core.errors import LabkitError
-from ..core.lab import read_sql
-from ..core.limits import bulk, number, writable_file
-from ..core.procs import describe_interrupt, entry_point, signal_exit_code
+from ..core.files import data_file
 from ..core.lab import Lab
+from ..core.limits import bulk, number, writable_file
+from ..core.plots import PALETTE, setup_matplotlib, static_box
+from ..core.queries import queries
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 POLICIES = {"wait": "", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
 POLICY_NAMES = {"wait": "wait (FOR UPDATE)", "nowait": "NOWAIT", "skip": "SKIP LOCKED"}
-# Guards: a worker never hangs a notebook, whatever goes wrong.
-WORKER_SETTINGS = {"lock_timeout": "10s", "statement_timeout": "30s",
-                   "idle_in_transaction_session_timeout": "60s"}
 MAX_WORKERS = 64
 MAX_JOBS = 400_000
 MAX_JOB_MS = 60_000        # a job of a minute
@@ -63,28 +66,13 @@ COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_pe
 
 # -- the SQL the workers send ----------------------------------------------------------
 
-def worker_sql() -> dict[str, list[str]]:
-    """The sections of ``convoy_worker.sql``: name → list of statements."""
-    sections: dict[str, list[str]] = {}
-    name = None
-    for line in read_sql("convoy_worker.sql").splitlines():
-        m = re.match(r"--\s*name:\s*(\w+)", line)
-        if m:
-            name = m.group(1)
-            sections[name] = [""]
-        elif name is not None and not line.startswith("--"):
-            sections[name][-1] += line + "\n"
-            if line.rstrip().endswith(";"):
-                sections[name].append("")
-    return {k: [s.strip().rstrip(";") for s in v if s.strip()] for k, v in sections.items()}
+WORKER_SQL = "convoy_worker.sql"     # named queries: claim, finish_holding, mark, finish, refill
 
 
 def claim_sql(policy: str) -> sql.Composed:
     """The claim statement for one policy (``wait``, ``nowait`` or ``skip``)."""
     _check_policy(policy)
-    text = worker_sql()["claim"][0]
-    return sql.SQL(text.replace("{policy}", "{}")).format(sql.SQL(POLICIES[policy])) \
-        if "{policy}" in text else sql.SQL(text)
+    return sql.SQL(queries(WORKER_SQL)["claim"].sql).format(policy=sql.SQL(POLICIES[policy]))
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -191,7 +179,7 @@ class ConvoyRun:
             return sum(log.errors for log in self.logs)
         return sum(1 for log in self.logs for t in log.error_times if t <= self.seconds)
 
-    def events(self):
+    def events(self) -> pd.DataFrame:
         """One row per claim: worker, job, and the times (ms) it asked, got the row, released
         the lock and finished."""
         import pandas as pd
@@ -202,7 +190,7 @@ class ConvoyRun:
         return pd.DataFrame(rows, columns=["worker", "job", "asked_ms", "claimed_ms", "released_ms",
                                            "done_ms", "errors"])
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, Any]:
         """The tidy row this run contributes to a sweep."""
         import numpy as np
 
@@ -268,7 +256,8 @@ class ConvoyRun:
                          f"(model {r['model_makespan_s']:.2f} s)")
         return "\n".join(lines)
 
-    def timeline(self, ax=None, title: str | None = None, until_ms: float | None = None):
+    def timeline(self, ax: Axes | None = None, title: str | None = None,
+                 until_ms: float | None = None) -> Axes:
         """One lane per worker: waiting for the claim (hatched), holding the row lock
         (solid), running the job after the lock was released (light), NOWAIT errors (|)."""
         return plot_timeline(self, ax=ax, title=title, until_ms=until_ms)
@@ -316,11 +305,9 @@ class WorkerPool:
     def get(self, n: int) -> list[psycopg.Connection]:
         self.conns = [c for c in self.conns if not c.closed and not c.broken]
         while len(self.conns) < n:
-            conn = self.lab.connect(autocommit=True, role=f"{ROLE_PREFIX}{len(self.conns)}")
-            for name, value in WORKER_SETTINGS.items():
-                conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-            conn.autocommit = False
-            self.conns.append(conn)
+            # the guards: a worker never hangs a notebook, whatever goes wrong
+            self.conns.append(self.lab.connect(autocommit=False, role=f"{ROLE_PREFIX}{len(self.conns)}",
+                                               guards=WORKER_GUARDS))
         return self.conns[:n]
 
     def cancel(self) -> None:
@@ -352,7 +339,7 @@ def prepare_queue(lab: Lab, n: int) -> None:
                           "use fewer workers, fewer seconds or a longer job_ms.")
     if lab.execute("SELECT to_regclass('job')")[0][0] is None:
         lab.run_file("job_table.sql")
-    for stmt in worker_sql()["refill"]:
+    for stmt in queries(WORKER_SQL)["refill"].statements:
         if "%(n)s" in stmt:
             bulk(lab, stmt, {"n": n}, rows=n)
         else:
@@ -407,7 +394,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
     prepare_queue(lab, n_jobs)
     own_pool = pool is None
     pool = pool or WorkerPool(lab)
-    stmts = worker_sql()
+    stmts = {name: queries(WORKER_SQL)[name].sql for name in ("finish_holding", "mark", "finish")}
     claim = claim_sql(policy)
     d = job_ms / 1000.0
     deadline = float("inf") if backlog else float(seconds)
@@ -467,15 +454,15 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
                 params = {"id": job, "worker": me}
                 if hold:
                     time.sleep(d)                                   # the job, row locked
-                    conn.execute(stmts["finish_holding"][0], params)
+                    conn.execute(stmts["finish_holding"], params)
                     conn.commit()
                     released = done = now()
                 else:
-                    conn.execute(stmts["mark"][0], params)
+                    conn.execute(stmts["mark"], params)
                     conn.commit()
                     released = now()
                     time.sleep(d)                                   # the job, no lock held
-                    conn.execute(stmts["finish"][0], params)
+                    conn.execute(stmts["finish"], params)
                     conn.commit()
                     done = now()
                 log.claims.append(Claim(w, job, asked, claimed, released, done, errors))
@@ -550,7 +537,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
                      float(commit_delay_ms))
 
 
-def commit_cost_ms(lab: Lab, commits: int = 200) -> dict:
+def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:
     """What one tiny commit costs on this server, in ms: with synchronous_commit on (COMMIT
     returns after the WAL flush; durable when fsync is on) and off, measured back to back on
     one connection; with the server's fsync and synchronous_commit."""
@@ -574,7 +561,7 @@ def commit_cost_ms(lab: Lab, commits: int = 200) -> dict:
         conn.close()
 
 
-def _commit_delay(lab: Lab, conns, delay_ms: float) -> None:
+def _commit_delay(lab: Lab, conns: list[psycopg.Connection], delay_ms: float) -> None:
     """Set (or, with 0, reset) commit_delay on the worker connections."""
     if not delay_ms:
         for conn in conns:
@@ -601,9 +588,11 @@ def _commit_delay(lab: Lab, conns, delay_ms: float) -> None:
 
 # -- a sweep -------------------------------------------------------------------------------------
 
-def sweep(lab: Lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "skip"), job_ms: float = 20,
+def sweep(lab: Lab, workers: Sequence[int] = (1, 2, 4, 8, 16, 32),
+          policies: Sequence[str] = ("wait", "nowait", "skip"), job_ms: float = 20,
           seconds: float | None = 2.0, *, hold: bool = True, backoff: bool = False, backlog: int | None = None,
-          progress: bool = False, keep_runs: bool = False, commit_delay_ms: float = 0.0):
+          progress: bool = False, keep_runs: bool = False,
+          commit_delay_ms: float = 0.0) -> pd.DataFrame | tuple[pd.DataFrame, list[ConvoyRun]]:
     """Every (policy, workers) point; a tidy DataFrame, one row per point (columns COLUMNS).
     ``keep_runs=True`` also returns the ConvoyRun objects: ``(df, runs)``."""
     import pandas as pd
@@ -649,12 +638,10 @@ def sweep(lab: Lab, workers=(1, 2, 4, 8, 16, 32), policies=("wait", "nowait", "s
 # -- reference data ------------------------------------------------------------------------------
 
 def reference_path() -> str:
-    from pathlib import Path
-
     return str(data_file("convoy_reference.csv"))
 
 
-def load_reference(path: str | None = None):
+def load_reference(path: str | None = None) -> pd.DataFrame:
     """The reference sweep recorded with ``labkit convoy --format csv`` (data/)."""
     import pandas as pd
 
@@ -671,12 +658,11 @@ POLICY_COLOURS = {"wait": 2, "nowait": 1, "skip": 0}
 
 
 def _colour(policy: str) -> str:
-    from ..core.plots import PALETTE
 
     return PALETTE[POLICY_COLOURS[policy]]
 
 
-def _log2_workers(ax, workers) -> None:
+def _log2_workers(ax: Axes, workers: Iterable[int]) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted(set(int(w) for w in workers))
     ax.set_xticks(ticks)
@@ -684,21 +670,47 @@ def _log2_workers(ax, workers) -> None:
     ax.minorticks_off()
 
 
-def plot_throughput(df, reference=None, ax=None, title: str | None = None):
+def _axes(ax: Axes | None, size: tuple[float, float]) -> Axes:
+    """``ax``, or the axes of a new figure ``size`` inches large."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=size)
+    return ax
+
+
+def _by_policy(df: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, str]]:
+    """(policy, its rows sorted by workers, its colour) for each policy in the sweep."""
+    present = set(df["policy"])
+    for policy in POLICIES:
+        if policy in present:
+            yield policy, df[df["policy"] == policy].sort_values("workers"), _colour(policy)
+
+
+def _against_workers(ax: Axes, workers: Iterable[int], ylabel: str, title: str) -> Axes:
+    """What every per-policy plot ends with: workers on a log2 axis, a log y axis, the
+    labels, and the legend beside the axes."""
+    _log2_workers(ax, workers)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
+
+
+def plot_throughput(df: pd.DataFrame, reference: pd.DataFrame | None = None, ax: Axes | None = None,
+                    title: str | None = None) -> Axes:
     """Jobs per second against workers, per policy, with the model's lines (dashed) and,
     if given, a reference sweep (faint)."""
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 5))
+    ax = _axes(ax, (8, 5))
     job_ms = float(df["job_ms"].iloc[0])
     hold = df["variant"].iloc[0].startswith("hold")
     workers = sorted(set(df["workers"]) | (set(reference["workers"]) if reference is not None else set()))
     grid = np.array(workers, dtype=float)
-    for policy in [p for p in POLICIES if p in set(df["policy"])]:
-        part = df[df["policy"] == policy].sort_values("workers")
-        colour = _colour(policy)
+    for policy, part, colour in _by_policy(df):
         if reference is not None:
             ref = reference[(reference["policy"] == policy)
                             & reference["variant"].isin(set(part["variant"]))].sort_values("workers")
@@ -709,7 +721,7 @@ def plot_throughput(df, reference=None, ax=None, title: str | None = None):
                 label=f"{POLICY_NAMES[policy]}, this run")
     # the model, once per distinct line, in black
     shown = set()
-    for policy in [p for p in POLICIES if p in set(df["policy"])]:
+    for policy, _, _ in _by_policy(df):
         model = tuple(model_jobs_per_s(policy, int(n), job_ms, hold) for n in grid)
         if model in shown:
             continue
@@ -717,25 +729,15 @@ def plot_throughput(df, reference=None, ax=None, title: str | None = None):
         flat = model[0] == model[-1]
         ax.plot(grid, model, ls="--" if flat else ":", color="black", lw=1.3,
                 label="model 1/d (wait, NOWAIT)" if flat else "model N/d")
-    _log2_workers(ax, workers)
-    ax.set_yscale("log")
-    ax.set_xlabel("workers N")
-    ax.set_ylabel("jobs per second (log)")
-    ax.set_title(title or f"Throughput against workers (d = {job_ms:g} ms, "
-                          f"{'lock held for the job' if hold else 'claim + mark + commit'})")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
-    return ax
+    return _against_workers(ax, workers, "jobs per second (log)",
+                            title or f"Throughput against workers (d = {job_ms:g} ms, "
+                                     f"{'lock held for the job' if hold else 'claim + mark + commit'})")
 
 
-def plot_claim_wait(df, ax=None, title: str | None = None):
+def plot_claim_wait(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Claim-wait percentiles (p50 solid, p99 dashed) against workers, log scale."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 5))
-    for policy in [p for p in POLICIES if p in set(df["policy"])]:
-        part = df[df["policy"] == policy].sort_values("workers")
-        colour = _colour(policy)
+    ax = _axes(ax, (8, 5))
+    for policy, part, colour in _by_policy(df):
         ax.plot(part["workers"], part["claim_wait_p50_ms"].clip(lower=0.01), "o-", color=colour,
                 label=f"{POLICY_NAMES[policy]} p50")
         ax.plot(part["workers"], part["claim_wait_p99_ms"].clip(lower=0.01), "s--", color=colour,
@@ -750,16 +752,11 @@ def plot_claim_wait(df, ax=None, title: str | None = None):
         ax.annotate("length of a run: no wait can be measured longer", (df["workers"].min(),
                     float(timed.max()) * 1000), xytext=(0, 4), textcoords="offset points",
                     fontsize=9, color="0.35")
-    _log2_workers(ax, df["workers"])
-    ax.set_yscale("log")
-    ax.set_xlabel("workers N")
-    ax.set_ylabel("time to claim a job (ms, log)")
-    ax.set_title(title or f"Claim wait against workers (d = {float(df['job_ms'].iloc[0]):g} ms)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
-    return ax
+    return _against_workers(ax, df["workers"], "time to claim a job (ms, log)",
+                            title or f"Claim wait against workers (d = {float(df['job_ms'].iloc[0]):g} ms)")
 
 
-def queue_positions(r: ConvoyRun):
+def queue_positions(r: ConvoyRun) -> pd.DataFrame:
     """For every claim of a timed run: how many other workers were already waiting when it
     asked (its place in the line), how long it waited, and what a first-come-first-served
     line would have made it wait (one job of d for each worker ahead, plus half a job for
@@ -779,12 +776,9 @@ def queue_positions(r: ConvoyRun):
     return pd.DataFrame(rows, columns=["worker", "position", "wait_ms", "fifo_ms", "censored"])
 
 
-def plot_wait_by_position(q, ax=None, title: str | None = None):
+def plot_wait_by_position(q: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Claim wait against the place in the line at arrival, beside first-come-first-served."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+    ax = _axes(ax, (8, 4.5))
     done, cut = q[~q["censored"]], q[q["censored"]]
     ax.scatter(done["position"], done["wait_ms"].clip(lower=0.1), s=18, alpha=0.6, color=_colour("wait"),
                label="a claim: its wait")
@@ -801,14 +795,10 @@ def plot_wait_by_position(q, ax=None, title: str | None = None):
     return ax
 
 
-def plot_errors(df, ax=None, title: str | None = None):
+def plot_errors(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """NOWAIT errors per second against workers, one line per variant."""
-    import matplotlib.pyplot as plt
 
-    from ..core.plots import PALETTE
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
+    ax = _axes(ax, (8, 4.5))
     part = df[df["policy"] == "nowait"]
     for i, (variant, rows) in enumerate(part.groupby("variant", sort=False)):
         rows = rows.sort_values("workers")
@@ -822,35 +812,25 @@ def plot_errors(df, ax=None, title: str | None = None):
     return ax
 
 
-def plot_makespan(df, ax=None, title: str | None = None):
+def plot_makespan(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Time to drain a backlog against workers, per policy, with the model (dashed)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.5))
-    for policy in [p for p in POLICIES if p in set(df["policy"])]:
-        part = df[df["policy"] == policy].sort_values("workers")
-        colour = _colour(policy)
+    ax = _axes(ax, (8, 4.5))
+    for policy, part, colour in _by_policy(df):
         ax.plot(part["workers"], part["makespan_s"], "o-", color=colour, label=f"{POLICY_NAMES[policy]}, measured")
         ax.plot(part["workers"], part["model_makespan_s"], "--", color=colour, lw=1.2, label=f"{POLICY_NAMES[policy]}, model")
-    _log2_workers(ax, df["workers"])
-    ax.set_yscale("log")
-    ax.set_xlabel("workers N")
-    ax.set_ylabel("time to drain the backlog (s, log)")
     backlog = int(df["backlog"].iloc[0])
-    ax.set_title(title or f"Draining {backlog} jobs of {float(df['job_ms'].iloc[0]):g} ms")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
-    return ax
+    return _against_workers(ax, df["workers"], "time to drain the backlog (s, log)",
+                            title or f"Draining {backlog} jobs of {float(df['job_ms'].iloc[0]):g} ms")
 
 
-def plot_timeline(r: ConvoyRun, ax=None, title: str | None = None, until_ms: float | None = None):
+def plot_timeline(r: ConvoyRun, ax: Axes | None = None, title: str | None = None,
+                  until_ms: float | None = None) -> Axes:
+    """One lane per worker (see :meth:`ConvoyRun.timeline`)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from ..core.plots import PALETTE
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * r.workers))
+    ax = _axes(ax, (10, 0.9 + 0.45 * r.workers))
     until = until_ms if until_ms is not None else (r.window_s * 1e3)
     for log in r.logs:
         y = r.workers - 1 - log.worker
@@ -881,7 +861,7 @@ def plot_timeline(r: ConvoyRun, ax=None, title: str | None = None, until_ms: flo
     return ax
 
 
-def plot_sweep(df, reference=None, path: str | None = None):
+def plot_sweep(df: pd.DataFrame, reference: pd.DataFrame | None = None, path: str | None = None) -> Figure:
     """The three sweep panels in one figure (throughput, claim wait, NOWAIT errors)."""
     import matplotlib.pyplot as plt
 
@@ -901,7 +881,7 @@ TABLE_COLUMNS = ["policy", "workers", "variant", "jobs_per_s", "model_jobs_per_s
                  "claim_wait_p50_ms", "claim_wait_p99_ms", "errors_per_s", "busy_workers"]
 
 
-def table(df, columns=None) -> str:
+def table(df: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
     """The sweep as aligned text, rounded for reading."""
     cols = [c for c in (columns or TABLE_COLUMNS) if c in df.columns]
     if df["backlog"].fillna(0).astype(int).any() and "makespan_s" not in cols:
@@ -916,7 +896,7 @@ def table(df, columns=None) -> str:
 # -- a widget for trainers ---------------------------------------------------------------------
 
 def trainer_panel(lab: Lab, policy: str = "wait", workers: int = 4, job_ms: float = 20, seconds: float = 1.0,
-                  hold: bool = True):
+                  hold: bool = True) -> ConvoyRun:
     """Re-run one point live with other N, d and policy.  Runs once with the given values
     and prints the text summary (static readers see that); the widget re-runs on click."""
     import ipywidgets as widgets
@@ -952,7 +932,6 @@ def trainer_panel(lab: Lab, policy: str = "wait", workers: int = 4, job_ms: floa
             button.disabled = False
 
     button.on_click(on_click)
-    from ..core.plots import static_box
 
     box = static_box([widgets.HBox([w_policy, w_n, w_d]), widgets.HBox([w_hold, button]), out],
                      lambda: "trainer panel: policy, workers N, d, lock held, run "
@@ -963,7 +942,7 @@ def trainer_panel(lab: Lab, policy: str = "wait", workers: int = 4, job_ms: floa
 
 # -- the speed goals (the benchmark) ---------------------------------------------------------------
 
-def check_goals(df, wall_s: float | None = None, *, skip_min: float = 0.85, flat_tol: float = 0.15,
+def check_goals(df: pd.DataFrame, wall_s: float | None = None, *, skip_min: float = 0.85, flat_tol: float = 0.15,
                 max_wall_s: float = 45.0) -> list[tuple[str, bool]]:
     """The convoy's speed goals, each with pass/fail (lock held, timed sweep)."""
     results = []
@@ -983,22 +962,6 @@ def check_goals(df, wall_s: float | None = None, *, skip_min: float = 0.85, flat
 
 # -- command line ----------------------------------------------------------------------------------
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    return values
-
-
-def _policy_list(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [v for v in values if v not in POLICIES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown policy {bad[0]!r} (use {', '.join(POLICIES)})")
-    return values
-
-
 def _check_plot_path(path: str) -> None:
     """The plot's file can be written, in a format matplotlib writes: found out before the
     sweep, not after it."""
@@ -1012,86 +975,49 @@ def _check_plot_path(path: str) -> None:
     writable_file(path, "the plot's file")
 
 
-@entry_point("labkit convoy")
-def main(argv: list[str] | None = None) -> int:
-    """``labkit convoy``: run a sweep and print it as a table, CSV or JSON."""
-    parser = argparse.ArgumentParser(
-        prog="labkit convoy",
-        description="Measure the convoy: N workers claiming from one job table, per claim policy.")
-    parser.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16, 32],
-                        help="worker counts, comma-separated (default 1,2,4,8,16,32)")
-    parser.add_argument("--policies", type=_policy_list, default=["wait", "nowait", "skip"],
-                        help="claim policies: wait,nowait,skip (default all three)")
-    parser.add_argument("--job-ms", type=float, default=20.0, help="job duration d in ms (default 20)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per point (default 2)")
-    parser.add_argument("--hold", dest="hold", action="store_true", default=True,
-                        help="hold the row lock for the whole job (default; the anti-pattern)")
-    parser.add_argument("--no-hold", dest="hold", action="store_false",
-                        help="claim + mark + commit, run the job outside the transaction")
-    parser.add_argument("--backoff", action="store_true",
-                        help="NOWAIT retries with capped exponential backoff and jitter (default: tight loop)")
-    parser.add_argument("--drain", type=int, default=None, metavar="M",
-                        help="drain a backlog of M jobs instead of a timed run; reports the makespan")
-    parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    parser.add_argument("--plot", metavar="FILE.png", help="also save the three sweep plots to this file")
-    parser.add_argument("--check", action="store_true",
-                        help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
-                             "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-
-    from ..core import db as dbmod
-
+def convoy_command(*, open_lab: Callable[[], Lab], workers: list[int], policies: list[str],
+                   job_ms: float, seconds: float, hold: bool, backoff: bool, drain: int | None,
+                   format: str, plot: str | None, check: bool, progress: bool) -> int:
+    """``labkit convoy``: run a sweep and print it as a table, CSV or JSON; with ``check``,
+    exit 1 when a speed goal is missed.  ``open_lab()`` gives the run its own lab."""
     lab = None
     try:
         # every parameter, and the plot's file, checked before any work
-        sweep_params = dict(job_ms=args.job_ms, seconds=None if args.drain else args.seconds,
-                            backlog=args.drain)
-        for n in args.workers if args.policies else []:
-            _validate(args.policies[0], n, **sweep_params)
-        if args.plot:
-            _check_plot_path(args.plot)
-        database = dbmod.connect(quiet=True)
+        sweep_params = dict(job_ms=job_ms, seconds=None if drain else seconds, backlog=drain)
+        for n in workers if policies else []:
+            _validate(policies[0], n, **sweep_params)
+        if plot:
+            _check_plot_path(plot)
+        lab = open_lab()
+        database = lab.db
         print(database.describe(), file=sys.stderr)
-        lab = Lab.open(database, f"convoy_cli_{os.getpid()}")
         t0 = time.perf_counter()
-        df = sweep(lab, args.workers, args.policies, args.job_ms, None if args.drain else args.seconds,
-                   hold=args.hold, backoff=args.backoff, backlog=args.drain, progress=not args.no_progress)
+        df = sweep(lab, workers, policies, job_ms, None if drain else seconds,
+                   hold=hold, backoff=backoff, backlog=drain, progress=progress)
         wall = time.perf_counter() - t0
-    except LabkitError as exc:
-        print(f"labkit convoy: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(f"labkit convoy: {describe_interrupt(exc)}", file=sys.stderr)
-        return signal_exit_code(exc)
     finally:
         if lab is not None:
             lab.discard()
-    if args.format == "csv":
+    if format == "csv":
         sys.stdout.write(df.to_csv(index=False, float_format="%.4g"))
-    elif args.format == "json":
+    elif format == "json":
         records = json.loads(df.to_json(orient="records", double_precision=6))
         print(json.dumps(records, indent=1))
     else:
         print(table(df))
     print(f"{len(df)} point(s) in {wall:.1f} s ({database.describe()})", file=sys.stderr)
-    if args.plot:
+    if plot:
         import matplotlib
 
         matplotlib.use("Agg")
-        from ..core.plots import setup_matplotlib
 
         setup_matplotlib()
-        plot_sweep(df, path=args.plot)
-        print(f"plots saved to {args.plot}", file=sys.stderr)
-    if args.check:
+        plot_sweep(df, path=plot)
+        print(f"plots saved to {plot}", file=sys.stderr)
+    if check:
         ok = True
-        for text, passed in check_goals(df, wall if not args.drain else None):
+        for text, passed in check_goals(df, wall if not drain else None):
             print(f"{'PASS' if passed else 'FAIL'}  {text}", file=sys.stderr)
             ok = ok and passed
         return 0 if ok else 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

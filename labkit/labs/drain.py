@@ -25,57 +25,50 @@ is dead-lettered by the claim itself (``drain_claim.sql``): status ``failed``, w
 ``last_error`` that says it was abandoned. :class:`Device` shows what a phone displays
 of the pushes it received (collapse ids replace a banner; an idempotency key can drop a
 repeat). :func:`freeze_trace` freezes a drain (SIGSTOP) instead of killing it.
+
+The other SQL the labs run -- filling the ledger, the sender's record, what the traces
+(``*_trace``) read back -- is in ``drain_lab.sql``; the anti-pattern that holds its claim
+across the sends is ``drain_claim_held.sql``.  A drain process connects with
+:func:`drain_connection`.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import psycopg
 from psycopg import sql
 
+from ..core.db import WORKER_GUARDS, Guards, open_connection
 from ..core.errors import LabkitError
-from ..core.lab import read_sql
+from ..core.lab import Lab, read_sql
 from ..core.limits import bulk, number
-from ..core.procs import entry_point
+from ..core.procs import Context, Worker
+from ..core.queries import query
 from ..core.trace import Trace
-from ..core.lab import Lab
-from ..core.db import connect
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 T0 = "2026-03-02 09:00:00+00"   # the instant a lab's clock is frozen at
 LEASE_S = 120
 MAX_ATTEMPTS = 5
 LATENCY_S = 2.0                 # what one APNs call "takes" in the story
 
-# Small read-only queries for the traces' state snapshots.
-STATUS_COUNTS = ("SELECT status, count(*) FROM delivery GROUP BY status ORDER BY status")
-DUE_COUNT = ("SELECT count(*) FROM delivery "
-             "WHERE status = 'pending' AND next_attempt_at <= lab_now()")
-PUSH_COUNTS = """
-SELECT count(*)                                                AS pushes,
-       count(*) - count(DISTINCT (device_token, notification_id)) AS duplicates
-  FROM device_push
-"""
-# (What a user sees of the duplicates is not a count in SQL: drain.Device shows it.)
-LOCKED_AMONG = """
-SELECT %(n)s - count(*) FROM (
-    SELECT id FROM delivery WHERE id = ANY(%(ids)s) FOR UPDATE SKIP LOCKED) AS free
-"""
-HELD_BUMP = ("UPDATE delivery SET attempts = attempts + 1, claim_version = claim_version + 1, "
-             "next_attempt_at = lab_now() + make_interval(secs => %(lease_s)s) "
-             "WHERE id = ANY(%(ids)s)")
-RECORD_PUSH = """
-INSERT INTO device_push (delivery_id, claim_version, device_token, notification_id, collapse_id,
-                         pushed_by, pushed_at)
-VALUES (%(id)s, %(claim_version)s, %(device_token)s, %(notification_id)s, %(coalesce_key)s, %(by)s,
-        lab_now())
-"""
+
+def _lab_sql(name: str) -> str:
+    """One of the queries of the drain's labs (``drain_lab.sql``)."""
+    return query("drain_lab.sql", name).sql
+
+
+STATUS_COUNTS = "SELECT status, count(*) FROM delivery GROUP BY status ORDER BY status"
+DUE_COUNT = _lab_sql("due_count")
 
 
 # -- the ledger and the clock -------------------------------------------------------------
@@ -108,19 +101,9 @@ def create_ledger(lab: Lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[i
     else:
         clock.real()
     number("n", n, high=MAX_OTHER, whole=True, example=50)
-    bulk(
-        lab,
-        """
-        INSERT INTO delivery (id, notification_id, device_token, next_attempt_at, coalesce_key)
-        SELECT g, 1000 + g,
-               CASE WHEN g = ANY(%(bad)s) THEN 'bad-' WHEN g = ANY(%(flaky)s) THEN 'flaky-'
-                    WHEN g = ANY(%(poison)s) THEN 'poison-' ELSE 'dev-' END || lpad(g::text, 4, '0'),
-               lab_now() - make_interval(secs => %(n)s - g + 1),
-               CASE WHEN g %% %(every)s = 0 THEN NULL ELSE 'notif-' || (1000 + g) END
-          FROM generate_series(1, %(n)s) AS g
-        """,
-        {"n": n, "bad": list(bad), "flaky": list(flaky), "poison": list(poison),
-         "every": no_collapse_every}, rows=n)
+    bulk(lab, _lab_sql("fill_ledger"),
+         {"n": n, "bad": list(bad), "flaky": list(flaky), "poison": list(poison),
+          "every": no_collapse_every}, rows=n)
     lab.execute("ANALYZE delivery")
     return clock
 
@@ -149,7 +132,8 @@ class Clock:
                          (seconds,))
         return self
 
-    def now(self):
+    def now(self) -> datetime:
+        """``lab_now()``: the lab's time."""
         return self.lab.execute("SELECT lab_now()")[0][0]
 
     @property
@@ -160,7 +144,7 @@ class Clock:
         """Seconds the clock has been moved on since it was frozen."""
         return float(self.lab.execute("SELECT extract(epoch FROM shift) FROM lab_clock")[0][0])
 
-    def rel(self, ts) -> str:
+    def rel(self, ts: datetime) -> str:
         """``ts`` as "T+120 s", relative to the instant the clock was frozen at."""
         secs = self.lab.execute("SELECT extract(epoch FROM %s::timestamptz - frozen_at) FROM lab_clock",
                                 (ts,))[0][0]
@@ -220,22 +204,18 @@ class PushSender:
                                   "that sends it.", "send poison rows from a drain process of its own "
                                   "(drain_worker, poison_trace, the torture), not from this kernel.")
             os.kill(os.getpid(), signal.SIGKILL)     # a real crash: no clean-up runs
-        self.conn.execute(RECORD_PUSH, {**asdict(row), "by": by or self.name})
+        self.conn.execute(_lab_sql("record_push"), {**asdict(row), "by": by or self.name})
         return Outcome("sent")
 
 
 # -- the phone: what a user sees of the pushes ---------------------------------------------
 
 
-READ_PUSHES = ("SELECT seq, delivery_id, claim_version, device_token, notification_id, collapse_id, "
-               "pushed_by FROM device_push ORDER BY seq")
-
-
 def read_pushes(lab: Lab) -> list[dict]:
     """Every push the push service delivered (``device_push``), in the order it delivered them."""
     cols = ("seq", "delivery_id", "claim_version", "device_token", "notification_id", "collapse_id",
             "pushed_by")
-    return [dict(zip(cols, r)) for r in lab.execute(READ_PUSHES)]
+    return [dict(zip(cols, r)) for r in lab.execute(_lab_sql("read_pushes"))]
 
 
 @dataclass
@@ -449,16 +429,14 @@ def check_params(*, batch: int = 1, lease_s: float = 1, max_attempts: int = 1, *
         number(name, value, high=MAX_OTHER, example=1)
 
 
-def lab_conn(dsn: str, schema: str, role: str, *, autocommit: bool = True) -> psycopg.Connection:
-    """A connection for a worker process (it has no Lab object): same search_path and
-    application_name as ``lab.connect(role=...)``, with guards against hanging."""
-    return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10,
-                           application_name=f"labkit:{schema}:{role}"[:63],
-                           options=f"-c search_path={schema},public -c lock_timeout=30s "
-                                   f"-c statement_timeout=60s")
+def drain_connection(dsn: str, schema: str, role: str, *,
+                     guards: Guards = WORKER_GUARDS) -> psycopg.Connection:
+    """The connection of a drain in a process of its own (it has no Lab object): autocommit,
+    with the search_path and the name ``lab.connect(role=...)`` gives, and ``guards``."""
+    return open_connection(dsn, schema=schema, role=role, guards=guards)
 
 
-def make_drain(lab: Lab, name: str, **kw) -> Drain:
+def make_drain(lab: Lab, name: str, **kw: Any) -> Drain:
     """An in-kernel drain with its own connections (sender included) into ``lab``."""
     sender_kw = {k: kw.pop(k) for k in ("latency_s", "speed", "flaky_failures") if k in kw}
     conn = lab.connect(role=name.replace(" ", "_"))
@@ -467,6 +445,7 @@ def make_drain(lab: Lab, name: str, **kw) -> Drain:
 
 
 def close_drain(drain: Drain) -> None:
+    """Close both of ``drain``'s connections (its own and its sender's)."""
     for conn in (drain.conn, drain.sender.conn):
         if not conn.closed:
             conn.close()
@@ -475,14 +454,21 @@ def close_drain(drain: Drain) -> None:
 # -- a drain in its own OS process (for the crash) --------------------------------------------
 
 
-def drain_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, fence: bool = False,
+def _process_connections(ctx: Context, dsn: str, schema: str, *, guards: Guards = WORKER_GUARDS,
+                         **sender_kw: Any) -> tuple[psycopg.Connection, PushSender]:
+    """A drain process's connection (with ``guards``) and its push sender, on a connection of
+    its own (``<name>_apns``), as :func:`make_drain` gives a drain in the kernel."""
+    role = ctx.name.replace(" ", "_")
+    conn = drain_connection(dsn, schema, role, guards=guards)
+    return conn, PushSender(drain_connection(dsn, schema, role + "_apns"), name=ctx.name, **sender_kw)
+
+
+def drain_worker(ctx: Context, dsn: str, schema: str, batch: int, lease_s: float, fence: bool = False,
                  pause_after_claim: bool = True, pause_after_sends: int | None = None,
                  max_attempts: int = MAX_ATTEMPTS) -> dict:
     """Child process: one tick of the drain, with scripted pauses the parent may kill (or
     freeze) it at.  A poison row kills it for real."""
-    role = ctx.name.replace(" ", "_")
-    conn = lab_conn(dsn, schema, role)
-    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name, die_on_poison=True)
+    conn, sender = _process_connections(ctx, dsn, schema, die_on_poison=True)
     drain = Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s, fence=fence,
                   max_attempts=max_attempts)
     ctx.emit("connected", pid=conn.info.backend_pid, sender_pid=sender.conn.info.backend_pid)
@@ -514,15 +500,20 @@ def _statuses(lab: Lab) -> dict[str, int]:
 
 
 def _pushes(lab: Lab) -> dict[str, int]:
-    pushes, dups = lab.execute(PUSH_COUNTS)[0]
+    pushes, dups = lab.execute(_lab_sql("push_counts"))[0]
     return {"pushes": int(pushes), "duplicate_pushes": int(dups)}
 
 
 def locked_among(lab: Lab, ids: list[int]) -> int:
-    """How many of ``ids`` some other session holds a row lock on (probe, then roll back)."""
+    """How many of the deliveries ``ids`` some other session holds a row lock on right now.
+
+    A probe session of its own (``labkit:<schema>:probe``) locks the free ones with
+    ``FOR UPDATE SKIP LOCKED``, counts the ones it had to skip, and rolls back at once, so
+    that the probe itself leaves no lock behind (``drain_lab.sql``, ``locked_among``).  A
+    lease claim has committed before the sends: ``locked_among(lab, claimed_ids)`` is 0."""
     with lab.connect(role="probe") as conn:
         with conn.transaction(force_rollback=True):
-            return int(conn.execute(LOCKED_AMONG, {"ids": ids, "n": len(ids)}).fetchone()[0])
+            return int(conn.execute(_lab_sql("locked_among"), {"ids": ids, "n": len(ids)}).fetchone()[0])
 
 
 def _wait_backend_gone(lab: Lab, pid: int, timeout: float = 10) -> None:
@@ -538,7 +529,6 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
                 warmup: int = 10, others: int = 10) -> Trace:
     """A drain (a real process) claims ``batch`` rows with leases, sends ``crash_after`` pushes
     and is SIGKILLed; a second drain carries on; the leases run out; the rows come back."""
-    from ..core.procs import Worker
 
     check_params(batch=batch, lease_s=lease_s, warmup=warmup, others=others)
     if lease_s < 2:
@@ -593,9 +583,7 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
     _wait_backend_gone(lab, pid)
     sent_before = lab.execute("SELECT count(DISTINCT delivery_id) FROM device_push "
                               "WHERE delivery_id = ANY(%s)", (crashed_ids,))[0][0]
-    claimed_rows = lab.execute(
-        "SELECT count(*) FROM delivery WHERE id = ANY(%s) AND status = 'pending' "
-        "AND claim_version = 1 AND next_attempt_at > lab_now()", (crashed_ids,))[0][0]
+    claimed_rows = lab.execute(_lab_sql("still_leased"), {"ids": crashed_ids})[0][0]
     locks_after = locked_among(lab, crashed_ids)
     tr.add("drain 1", "SIGKILL (the process dies mid-batch)",
            "nothing marked the sent rows: they still read claimed, lease in the future; the "
@@ -664,14 +652,9 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
 # -- trace: a poison row, through its attempts to its dead letter ---------------------------------
 
 
-POISON_ROW = ("SELECT status, attempts, outcomes, attempts - outcomes AS never_reported, last_error "
-              "FROM delivery WHERE id = %s")
-
-
 def _one_tick(lab: Lab, name: str, *, batch: int, lease_s: float, fence: bool = False,
               max_attempts: int = MAX_ATTEMPTS, timeout: float = 60) -> dict:
     """One drain tick in a process of its own; what it claimed and pushed, and how it ended."""
-    from ..core.procs import Worker
 
     w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                lease_s=lease_s, fence=fence, pause_after_claim=False, max_attempts=max_attempts)
@@ -710,11 +693,10 @@ def poison_trace(lab: Lab, *, rows: int = 3, poison: int = 3, batch: int = 3, le
                               "run `labkit doctor`; the claim may not dead-letter (drain_claim.sql).")
         t = _one_tick(lab, f"drain {ticks}", batch=batch, lease_s=lease_s, max_attempts=max_attempts)
         crashes += t["killed"]
-        st, att, outs, never, err = lab.execute(POISON_ROW, (poison,))[0]
+        st, att, outs, never, err = lab.execute(_lab_sql("poison_row"), {"id": poison})[0]
         state = {"claimed": t["claimed"] or "-", "pushed": t["sent"] or "-",
                  f"row {poison}": f"{st}, attempts {att}, outcomes {outs}",
-                 "suspects": lab.execute("SELECT count(*) FROM delivery WHERE status = 'pending' "
-                                         "AND attempts - outcomes >= 2")[0][0],
+                 "suspects": lab.execute(_lab_sql("suspects"))[0][0],
                  "sent": lab.execute("SELECT count(*) FROM delivery WHERE status = 'sent'")[0][0]}
         if t["killed"]:
             tr.add(f"drain {ticks}", f"claim {len(t['claimed'])}; push {t['sent'] or 'nothing'}; "
@@ -730,7 +712,7 @@ def poison_trace(lab: Lab, *, rows: int = 3, poison: int = 3, batch: int = 3, le
                    "recorded first" if any(t["claimed"]) else "nothing due", state)
         clock.advance(lease_s)
     final = dict(zip(("status", "attempts", "outcomes", "never_reported", "last_error"),
-                     lab.execute(POISON_ROW, (poison,))[0]))
+                     lab.execute(_lab_sql("poison_row"), {"id": poison})[0]))
     others = lab.execute("SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FROM delivery "
                          "WHERE id <> %s", (poison,))[0]
     shown = Device.count(read_pushes(lab))
@@ -747,13 +729,11 @@ def poison_trace(lab: Lab, *, rows: int = 3, poison: int = 3, batch: int = 3, le
 # -- rows that crashed their drain: the histories of notebook 07's exercise 4 ---------------------
 
 
-OLD_CRASHED_TWICE = ("SELECT id FROM delivery WHERE status = 'pending' AND attempts >= 2 "
-                     "AND last_error IS NULL ORDER BY id")
+OLD_CRASHED_TWICE = _lab_sql("crashed_twice_guess")     # attempts >= 2 AND last_error IS NULL: wrong
 
 
 def _kill_after_claim(lab: Lab, name: str, *, batch: int, lease_s: float = LEASE_S) -> list[int]:
     """A drain process claims ``batch`` rows and is SIGKILLed before it sends anything."""
-    from ..core.procs import Worker
 
     w = Worker(drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                lease_s=lease_s)
@@ -815,19 +795,21 @@ def _wait_stopped(pid: int, timeout: float = 5) -> str:
         time.sleep(0.005)
 
 
-BACKENDS = ("SELECT coalesce(string_agg(DISTINCT state, ', '), 'gone') FROM pg_stat_activity "
-            "WHERE pid = ANY(%s)")
 LOCKS_OF = "SELECT count(*) FROM pg_locks WHERE pid = ANY(%s)"
 
 
-def frozen_drain(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float = 5.0,
+def _sessions_state(lab: Lab, pids: list[int]) -> str:
+    """The states of backends ``pids`` as pg_stat_activity shows them ("gone": none left)."""
+    return lab.execute(_lab_sql("sessions_state"), {"pids": pids})[0][0]
+
+
+def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: float = 5.0,
                  fence: bool = True, others: int = 10) -> Trace:
     """A drain (a real process) claims ``batch`` rows with a ``lease_s`` lease, sends
     ``freeze_after`` pushes and is frozen with SIGSTOP -- a paused VM, a stalled host, a
     long GC pause: the process is alive and its connections stay open.  What the server
     sees while it is frozen; who may take its rows and when; what it does when it wakes.
     The lab's clock is frozen, so the trace reproduces exactly."""
-    from ..core.procs import Worker
 
     check_params(batch=batch, lease_s=lease_s, others=others)
     if lease_s < 2:
@@ -857,7 +839,7 @@ def frozen_drain(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
                                   (got,))[0][0]
         locks = int(lab.execute(LOCKS_OF, (pids,))[0][0])
         rows_locked = locked_among(lab, got)
-        sessions = lab.execute(BACKENDS, (pids,))[0][0]
+        sessions = _sessions_state(lab, pids)
         tr.add("drain 1", f"claim {len(got)} rows ({lease_s:g} s leases), push {freeze_after}, "
                "then SIGSTOP: frozen mid-batch", "the process is alive and its connections are "
                "open; it sends nothing. The claim committed before the sends, so its sessions are "
@@ -921,27 +903,35 @@ def frozen_drain(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
     return tr
 
 
-def held_worker(ctx, dsn: str, schema: str, batch: int, freeze_after: int,
+def _held_claim(policy: str) -> sql.Composed:
+    """The anti-pattern's claim (``drain_claim_held.sql``) with its locking clause ``policy``."""
+    return sql.SQL(query("drain_claim_held.sql", "claim").sql).format(policy=sql.SQL(policy))
+
+
+def _count_held_attempt(conn: psycopg.Connection, rows: list[Claimed], lease_s: float) -> None:
+    """The anti-pattern's other half, in the transaction its claim opened, after the sends."""
+    conn.execute(query("drain_claim_held.sql", "count_attempt").sql,
+                 {"ids": [r.id for r in rows], "lease_s": lease_s})
+
+
+def held_worker(ctx: Context, dsn: str, schema: str, batch: int, freeze_after: int,
                 idle_timeout_s: float) -> dict:
     """Child process: the anti-pattern drain -- FOR UPDATE SKIP LOCKED inside a transaction
     held open across the sends -- with ``idle_in_transaction_session_timeout`` set on its
     session.  It pauses after ``freeze_after`` pushes (the parent freezes it there)."""
-    role = ctx.name.replace(" ", "_")
-    conn = lab_conn(dsn, schema, role)
-    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name)
-    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                 (f"{int(idle_timeout_s * 1000)}ms",))
+    idle = dataclasses.replace(WORKER_GUARDS, idle_in_transaction=f"{int(idle_timeout_s * 1000)}ms")
+    conn, sender = _process_connections(ctx, dsn, schema, guards=idle)
     ctx.emit("connected", pid=conn.info.backend_pid, sender_pid=sender.conn.info.backend_pid)
-    query = sql.SQL(read_sql("drain_claim_held.sql")).format(policy=sql.SQL("FOR UPDATE SKIP LOCKED"))
     with conn.transaction():
-        rows = [Claimed(*r) for r in conn.execute(query, {"batch": batch}).fetchall()]
+        rows = [Claimed(*r) for r in conn.execute(_held_claim("FOR UPDATE SKIP LOCKED"),
+                                                  {"batch": batch}).fetchall()]
         ctx.emit("claimed", ids=[r.id for r in rows])
         for i, row in enumerate(rows, 1):
             sender.send(row, by=ctx.name)
             ctx.emit("sent", id=row.id)
             if i == freeze_after:
                 ctx.pause("frozen-here")
-        conn.execute(HELD_BUMP, {"ids": [r.id for r in rows], "lease_s": LEASE_S})
+        _count_held_attempt(conn, rows, LEASE_S)
     return {"committed": len(rows)}
 
 
@@ -952,7 +942,6 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
     locks while it is frozen.  Measured: how long until they go, and what ends them --
     here ``idle_in_transaction_session_timeout`` (``idle_timeout_s``, set on the frozen
     drain's session; 0, the default, would never end it)."""
-    from ..core.procs import Worker
 
     check_params(batch=batch, idle_timeout_s=idle_timeout_s, wait_s=wait_s)
     if not 1 <= freeze_after < batch:
@@ -975,7 +964,7 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
         w.resume()
         t0 = time.monotonic()
         _wait_stopped(w.pid)
-        state = lab.execute(BACKENDS, ([pid],))[0][0]
+        state = _sessions_state(lab, [pid])
         locked = locked_among(lab, got)
         others_early = len(second.claim())
         while locked_among(lab, got) and time.monotonic() - t0 < wait_s:
@@ -1001,12 +990,12 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
             "duplicate_pushes": shown["duplicate_pushes"]}
 
 
-def freeze_trace(lab: Lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
-                 fence: bool = True, others: int = 10) -> dict:
-    """:func:`frozen_drain`'s summary: ``locks_held_while_frozen``,
+def freeze_summary(lab: Lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
+                   fence: bool = True, others: int = 10) -> dict:
+    """:func:`freeze_trace`'s summary: ``locks_held_while_frozen``,
     ``claimed_by_others_while_frozen``, ``released_after_s``, ``released_by``,
     ``duplicates_after_wake``, ``stale_writes_after_wake`` (late writes that landed) and more."""
-    return dict(frozen_drain(lab, batch=batch, freeze_after=freeze_after, lease_s=lease_s,
+    return dict(freeze_trace(lab, batch=batch, freeze_after=freeze_after, lease_s=lease_s,
                              fence=fence, others=others).summary)
 
 
@@ -1020,17 +1009,13 @@ MODES = {
 }
 
 
-def bench_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, latency_s: float,
+def bench_worker(ctx: Context, dsn: str, schema: str, batch: int, lease_s: float, latency_s: float,
                  speed: float) -> dict:
     """Child process: runs the drain in whichever mode the parent resumes it with, until
     nothing is due; reports its send intervals and the time it spent inside a transaction."""
-    role = ctx.name.replace(" ", "_")
-    conn = lab_conn(dsn, schema, role)
-    sender = PushSender(lab_conn(dsn, schema, role + "_apns"), name=ctx.name,
-                        latency_s=latency_s, speed=speed)
+    conn, sender = _process_connections(ctx, dsn, schema, latency_s=latency_s, speed=speed)
     drain = Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s)
-    held = {p: sql.SQL(read_sql("drain_claim_held.sql")).format(policy=sql.SQL(p))
-            for p in ("FOR UPDATE", "FOR UPDATE SKIP LOCKED")}
+    held = {p: _held_claim(p) for p in ("FOR UPDATE", "FOR UPDATE SKIP LOCKED")}
     runs = 0
     while True:
         mode = ctx.pause("ready")
@@ -1062,7 +1047,7 @@ def bench_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, latency
                         sender.send(row, by=ctx.name)
                         sends.append((s, time.monotonic(), row.id))
                     if rows:
-                        conn.execute(HELD_BUMP, {"ids": [r.id for r in rows], "lease_s": lease_s})
+                        _count_held_attempt(conn, rows, lease_s)
                         for row in rows:
                             drain.complete(row, Outcome("sent"))
                 in_tx += time.monotonic() - t
@@ -1086,13 +1071,12 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: int = 5,
-                         send_ms: float = 40, modes: tuple[str, ...] = tuple(MODES)):
+                         send_ms: float = 40, modes: tuple[str, ...] = tuple(MODES)) -> pd.DataFrame:
     """Run the same work with ``drains`` drain processes in each mode; measure wall time,
     how many sends overlapped, and how long each drain's connection sat in a transaction.
     A send really sleeps ``send_ms`` (standing for ~2 s of APNs time)."""
     import pandas as pd
 
-    from ..core.procs import Worker
 
     if drains < 1:
         raise LabkitError(f"{drains} drains cannot drain anything.", "pass drains >= 1 (4 is a good lab).")
@@ -1162,41 +1146,17 @@ def run_ticks(lab: Lab, clock: Clock, *, ticks: int, every_s: float, batch: int 
 # -- command line: labkit trace drain -----------------------------------------------------------
 
 
-@entry_point("labkit trace drain")
-def main(argv: list[str] | None = None) -> int:
+def trace_command(*, open_lab: Callable[[], Lab], batch: int, crash_after: int,
+                  freeze_after: int | None, lease: float | None, fence: bool, json: bool) -> int:
     """``labkit trace drain [--batch 50] [--crash-after 12 | --freeze-after 12] [--lease S]
-    [--no-fence] [--json]``"""
-    p = argparse.ArgumentParser(prog="labkit trace drain",
-                                description="Trace a lease-based drain killed (or frozen) mid-send, "
-                                            "on a real server.")
-    p.add_argument("--batch", type=int, default=50, help="rows the drain claims (default 50)")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--crash-after", type=int, default=12, help="pushes sent before SIGKILL (default 12)")
-    how.add_argument("--freeze-after", type=int, default=None,
-                     help="freeze the drain (SIGSTOP) after this many pushes instead of killing it; "
-                          "wake it (SIGCONT) once the others re-claimed its rows")
-    p.add_argument("--lease", type=float, default=None,
-                   help="lease in seconds (default 120; 5 with --freeze-after)")
-    p.add_argument("--no-fence", dest="fence", action="store_false",
-                   help="with --freeze-after: outcome writes by id only (the late writes land)")
-    p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
-    args = p.parse_args(argv)
-    lease = args.lease if args.lease is not None else (5.0 if args.freeze_after is not None else LEASE_S)
-    try:
-        check_params(batch=args.batch, lease_s=lease)     # before anything is created
-        # a schema of this run's own: two runs at once never touch each other's tables
-        with Lab.open(connect(quiet=args.json), f"trace_drain_{os.getpid()}") as lab:
-            if args.freeze_after is not None:
-                tr = frozen_drain(lab, batch=args.batch, freeze_after=args.freeze_after, lease_s=lease,
-                                  fence=args.fence)
-            else:
-                tr = crash_trace(lab, batch=args.batch, crash_after=args.crash_after, lease_s=lease)
-    except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
-        return 2
-    print(tr.report(args.json))
+    [--no-fence] [--json]``.  ``open_lab()`` gives the run its own lab (a schema of this
+    run's own: two runs at once never touch each other's tables)."""
+    lease = lease if lease is not None else (5.0 if freeze_after is not None else LEASE_S)
+    check_params(batch=batch, lease_s=lease)     # before anything is created
+    with open_lab() as lab:
+        if freeze_after is not None:
+            tr = freeze_trace(lab, batch=batch, freeze_after=freeze_after, lease_s=lease, fence=fence)
+        else:
+            tr = crash_trace(lab, batch=batch, crash_after=crash_after, lease_s=lease)
+    print(tr.report(json))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

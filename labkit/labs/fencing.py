@@ -8,30 +8,37 @@ the zombie's send returns and it writes its stale outcome:
 * with a fence (``... AND claim_version = %(claim_version)s``) it matches zero rows,
   and the zombie learns it lost the lease.
 
-Both runs are scripted steps in one process on the lab's frozen clock, so the trace
-reproduces exactly.  ``zombie_push`` scripts the zombie's own push: ``"lost"`` (it never
-reaches the device) or ``"delivered"`` (it reached the device; only the answer was lost, so
-the request timed out) -- the case the fence cannot help with: the device then has the push
-twice, and only a receiver that checks a key (the delivery id) shows it once. :func:`check_fenced_write` runs a reader's completion write as the
-zombie and as the live worker and says whether the stale write got through.
+Notebook 08 writes this interleaving out itself, one SQL statement per step, with
+``lk.Sessions``: :func:`bind` gives the drain's SQL with its parameters written in (a session
+sends plain text), :func:`write_text` one worker's outcome write, :func:`story` prints the run
+with the scripted events that are not SQL (the pushes) in their worker's column, and
+:func:`check_late_write` is the checker it calls afterwards -- did the zombie's late write land
+(a lost update) or was it fenced?
+
+:func:`zombie_trace` runs the same story with the drain's own code (``Drain``, the push
+service stand-in, the phone) and is what ``labkit trace zombie`` prints.  Both are scripted
+steps in one process on the lab's frozen clock, so they reproduce exactly.  ``zombie_push``
+scripts the zombie's own push: ``"lost"`` (it never reaches the device) or ``"delivered"`` (it
+reached the device; only the answer was lost, so the request timed out) -- the case the fence
+cannot help with: the device then has the push twice, and only a receiver that checks a key
+(the delivery id) shows it once. :func:`check_fenced_write` runs a reader's completion write as
+the zombie and as the live worker, in both orders, on the row's second attempt and on its last,
+and says whether the stale write got through.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import psycopg
 
-from . import drain as dr
 from ..core.errors import LabkitError
-from ..core.limits import number
-from ..core.procs import entry_point
-from ..core.trace import Trace
 from ..core.lab import Lab
-from ..core.db import connect
+from ..core.queries import strip_comments
+from ..core.sessions import Sessions, Step
+from ..core.trace import Trace
+from . import drain as dr
 
 ROW = ("SELECT status, attempts, claim_version, next_attempt_at, last_error "
        "FROM delivery WHERE id = 1")
@@ -44,12 +51,184 @@ def _row(lab: Lab, clock: dr.Clock) -> dict:
             "next_attempt_at": clock.rel(due), "last_error": error or "-"}
 
 
+# -- the interleaving written out with Sessions (notebook 08) -------------------------------------
+
+
+def bind(lab: Lab, query: str, **params: object) -> str:
+    """``query`` (one of the drain's .sql files) with its ``%(name)s`` parameters written in
+    as SQL literals and its comment lines dropped: the plain text a scripted session
+    (``lk.Sessions``) sends, since a session step takes no parameters."""
+    if not isinstance(query, str) or not query.strip():
+        raise LabkitError("The SQL to write the parameters into is empty.",
+                          "pass the text of a statement, e.g. lk.read_sql('drain_claim.sql').")
+    try:
+        return psycopg.ClientCursor(lab.admin).mogrify(strip_comments(query), params)
+    except (psycopg.ProgrammingError, KeyError, TypeError, ValueError) as exc:
+        raise LabkitError(f"The SQL's parameters could not be filled in ({exc}).",
+                          f"pass a value for every %(name)s it uses (given: {', '.join(params) or 'none'}), "
+                          "and write a literal % as %%.") from None
+
+
+def write_params(row: dr.Claimed, outcome: dr.Outcome) -> dict:
+    """The parameters of an outcome write (drain_complete*.sql) for one claimed row: its id,
+    the claim_version its claim handed out, the outcome and error, and max_attempts."""
+    return {"id": row.id, "claim_version": row.claim_version, "outcome": outcome.outcome,
+            "error": outcome.error, "max_attempts": dr.MAX_ATTEMPTS}
+
+
+def write_text(lab: Lab, query: str, row: dr.Claimed, outcome: dr.Outcome) -> str:
+    """The outcome write ``query`` as the worker holding ``row`` sends it: :func:`write_params`
+    written in by :func:`bind`.  Every write carries its own claim's version; only a fenced
+    ``WHERE`` (``AND claim_version = %(claim_version)s``) looks at it."""
+    return bind(lab, query, **write_params(row, outcome))
+
+
+def story(run: Sessions, *, scripted: Mapping[int, tuple[str, str]] | None = None,
+          notes: Mapping[int | str, str] | None = None) -> str:
+    """``run``'s transcript as text, with what happened outside SQL and a few notes.
+
+    ``scripted`` maps a step number to ``(session, text)``: an event of that session that is
+    not SQL (a push that hangs, one that is delivered), shown right after the step as a row
+    marked ``·`` in the session's own column.  Under the table come the column names of every
+    answer of more than one column (as the server named them) and then ``notes``, keyed by a
+    step number (or a few: ``"2, 8"``); a note's further lines are indented under its first."""
+    scripted, notes = dict(scripted or {}), dict(notes or {})
+    for n, event in scripted.items():
+        if not (isinstance(n, int) and 1 <= n <= len(run.steps)):
+            raise LabkitError(f"scripted={{{n!r}: ...}}: the run has steps 1 to {len(run.steps)}.",
+                              "key each scripted event by the number of the step it follows.")
+        if not (isinstance(event, tuple) and len(event) == 2 and event[0] in run.names):
+            raise LabkitError(f"scripted={{{n}: {event!r}}} is not (session, text) of this run "
+                              f"(sessions: {', '.join(run.names)}).",
+                              "pass e.g. scripted={1: ('W1', 'calls APNs: no answer (scripted)')}.")
+    t = run.transcript()
+    rows = []
+    for row in t.rows:
+        rows.append(row)
+        if row.n.isdigit() and int(row.n) in scripted:
+            session, text = scripted[int(row.n)]
+            rows.append(replace(row, n="·", session=session, text=text, note="", locks="", kind="ok"))
+    t.rows = rows
+    lines = [t.to_text()]
+    seen: dict[tuple[str, ...], list[str]] = {}         # columns -> the labels of the steps
+    for step in run.steps:
+        shown = [r for r in step.results if r.columns]
+        if shown and len(shown[-1].columns) > 1:
+            labels = seen.setdefault(tuple(shown[-1].columns), [])
+            if step.label not in labels:
+                labels.append(step.label)
+    width = max([len(str(k)) for k in notes] + [6])
+    for i, (cols, labels) in enumerate(seen.items()):
+        lines.append(f"{'' if i else 'answers':<{width + 5}}  {' / '.join(labels)} → ({', '.join(cols)})")
+    for key, text in notes.items():
+        for i, part in enumerate(str(text).splitlines() or [""]):
+            lines.append(f"{'' if i else 'step ' + str(key):<{width + 5}}  {part}".rstrip())
+    return "\n".join(lines)
+
+
+LATE_ROW = "SELECT status, outcomes FROM delivery WHERE id = %s"
+
+
+@dataclass(frozen=True)
+class LateWrite:
+    """The checker's verdict on a zombie's late outcome write, read from the server.
+
+    ``matched`` is how many rows the late write touched; ``carried`` the claim_version the
+    zombie's claim handed out (and its write carried); ``owner_version`` the claim_version of
+    the claim that re-claimed the row (the new owner's); ``status`` and ``outcomes`` are the
+    row as it is now; ``correct_status`` is what the new owner recorded."""
+    delivery_id: int
+    matched: int
+    carried: int
+    owner_version: int
+    status: str
+    outcomes: int
+    correct_status: str
+
+    @property
+    def lost_update(self) -> bool:
+        """The stale write landed: the row's outcome is no longer the new owner's."""
+        return self.matched > 0
+
+    @property
+    def fenced(self) -> bool:
+        """The stale write matched nothing and the new owner's outcome stands."""
+        return self.matched == 0 and self.status == self.correct_status
+
+    @property
+    def clobbered(self) -> bool:
+        """The row's status is not the one the new owner recorded."""
+        return self.status != self.correct_status
+
+    def report(self) -> str:
+        verdict = ("LOST UPDATE" if self.lost_update else "FENCED" if self.fenced
+                   else "NOT FENCED CORRECTLY")
+        lines = [f"{verdict} on delivery {self.delivery_id}",
+                 f"  the late write carried claim_version {self.carried}; the new owner's claim "
+                 f"is version {self.owner_version}"]
+        if self.lost_update:
+            lines.append(f"  it matched {self.matched} row: the stale worker overwrote the new "
+                         "owner's outcome")
+        elif self.fenced:
+            lines.append("  it matched 0 rows: the zombie learns it lost the lease and drops "
+                         "its result")
+        else:
+            lines.append("  it matched 0 rows, but the new owner's own write did not land "
+                         "either")
+        lines.append(f"  status now '{self.status}'; the new owner recorded "
+                     f"'{self.correct_status}'; outcome writes on the row: {self.outcomes}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+def _late_write(lab: Lab, delivery_id: int, matched: int, carried: int, owner_version: int,
+                correct_status: str) -> LateWrite:
+    status, outcomes = lab.execute(LATE_ROW, (delivery_id,))[0]
+    return LateWrite(delivery_id, matched, carried, owner_version, status, outcomes, correct_status)
+
+
+def rows_matched(step: Step) -> int:
+    """How many rows a write step touched: the ``n`` of the server's ``UPDATE n``."""
+    if step.error is not None:
+        raise LabkitError(f"Step {step.index + 1} ({step.label!r}) failed: {step.error.short()}.",
+                          "fix the statement; the checker reads how many rows a write touched.")
+    if not step.done:
+        raise LabkitError(f"Step {step.index + 1} ({step.label!r}) is still waiting.",
+                          "let it finish (end its blocker's transaction, or run.wait(...)) first.")
+    tag = step.results[-1].command.split() if step.results else []
+    if len(tag) < 2 or tag[0] not in ("UPDATE", "DELETE", "INSERT") or not tag[-1].isdigit():
+        raise LabkitError(f"Step {step.index + 1} ({step.label!r}) is not a write "
+                          f"(the server answered {step.outcome()!r}).",
+                          "pass the step of the late UPDATE.")
+    return int(tag[-1])
+
+
+def check_late_write(lab: Lab, late: Step, zombie: dr.Claimed, owner: dr.Claimed, *,
+                     correct_status: str = "sent") -> LateWrite:
+    """The checker for a zombie interleaving written out with ``lk.Sessions``: ``late`` is the
+    step of the zombie's outcome write, ``zombie`` the row its claim returned (its id and the
+    claim_version it carried), ``owner`` the row the re-claim returned (the new owner's).
+    Reads the row from the server: a lost update if the late write touched a row, fenced if
+    it touched none and the status is ``correct_status`` (what the new owner recorded)."""
+    if zombie.id != owner.id or zombie.claim_version >= owner.claim_version:
+        raise LabkitError(f"The zombie's claim (delivery {zombie.id}, version {zombie.claim_version}) "
+                          f"must be an older claim of the same row as the owner's (delivery "
+                          f"{owner.id}, version {owner.claim_version}).",
+                          "pass the first claim's row as zombie and the re-claim's row as owner.")
+    return _late_write(lab, zombie.id, rows_matched(late), zombie.claim_version,
+                       owner.claim_version, correct_status)
+
+
 def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_s: float = 1,
                  timeout_s: float = 5, zombie_push: str = "lost") -> Trace:
-    """Worker 1 claims, its send hangs past the lease; worker 2 re-claims and delivers;
-    worker 1's request then times out and it writes "retry later" — fenced or not.
-    ``zombie_push="delivered"``: worker 1's push did reach the device before its request
-    timed out."""
+    """Worker 1 claims, its send hangs past the lease; ``overrun_s`` after the lease ran out
+    worker 2 re-claims and delivers; ``timeout_s`` after the lease ran out worker 1's request
+    times out and it writes "retry later" (with ``Drain.complete_all``, which returns the ids
+    whose lease was lost) — fenced or not.  Then the clock moves on by the backoff that
+    "retry later" asks for and worker 2 claims again.  ``zombie_push="delivered"``: worker 1's
+    push did reach the device before its request timed out."""
     dr.check_params(lease_s=lease_s, overrun_s=overrun_s, timeout_s=timeout_s)
     if zombie_push not in ("lost", "delivered"):
         raise LabkitError(f"zombie_push={zombie_push!r}: the zombie's push is either lost or delivered.",
@@ -83,7 +262,8 @@ def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_
                    "the request hangs (a slow network, a stalled connection): the worker waits; "
                    "scripted: this push never reaches the device", {})
         clock.advance(lease_s + overrun_s)
-        tr.add("clock", f"+{lease_s + overrun_s:.0f} s: the lease has run out",
+        tr.add("clock", f"+{lease_s + overrun_s:g} s (the {lease_s:g} s lease, then {overrun_s:g} s "
+                        "more): the lease has run out",
                "worker 1 is still waiting for APNs: alive, but no longer the owner — a zombie",
                {"at": f"T+{clock.elapsed():.0f} s", "due_now": lab.execute(dr.DUE_COUNT)[0][0]})
         (theirs,) = w2.claim()
@@ -98,23 +278,28 @@ def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_
         correct = "sent"                # worker 2's push was delivered and recorded
 
         clock.advance(timeout_s - overrun_s)
-        zombie_rows = w1.complete(mine, dr.Outcome("retry", "timeout: no answer from APNs"))
-        final = lab.execute(ROW)[0][0]
+        timed_out = (f"clock +{timeout_s - overrun_s:g} s ({timeout_s:g} s after the lease ran out): "
+                     "the request times out; write 'retry later'")
+        lost = w1.complete_all([(mine, dr.Outcome("retry", "timeout: no answer from APNs"))])
+        zombie_rows = 0 if lost else 1          # by id, at most one row
+        verdict = _late_write(lab, mine.id, zombie_rows, mine.claim_version, theirs.claim_version,
+                              correct)
+        final = verdict.status
+        at = {"at": f"T+{clock.elapsed():.0f} s"}
         if zombie_rows:
-            tr.add("worker 1", f"request times out; write 'retry later' with WHERE id = 1 "
-                               f"(matched {zombie_rows} row)",
+            tr.add("worker 1", f"{timed_out} with WHERE id = 1 (matched {zombie_rows} row)",
                    "the stale outcome overwrites the correct one: the delivered push is "
-                   "scheduled to go out again", _row(lab, clock), kind="error")
+                   "scheduled to go out again", {**at, **_row(lab, clock)}, kind="error")
         else:
-            tr.add("worker 1", f"request times out; write 'retry later' with claim_version = "
-                               f"{mine.claim_version} (matched 0 rows)",
+            tr.add("worker 1", f"{timed_out} with claim_version = {mine.claim_version} (matched 0 rows)",
                    f"the row's claim_version is {theirs.claim_version}, so the fenced write "
-                   "changes nothing: worker 1 is told it lost the lease and drops its result",
-                   _row(lab, clock), kind="check")
+                   "changes nothing: Drain.complete_all returns the id as lease lost and worker 1 "
+                   "does nothing more with it", {**at, **_row(lab, clock), "lease_lost": lost},
+                   kind="check")
 
-        # Move on by one backoff: when the zombie's "retry later" would fall due.
-        wait = float(lab.execute("SELECT extract(epoch FROM drain_backoff(attempts)) "
-                                 "FROM delivery WHERE id = 1")[0][0])
+        # Move on by one backoff: when the zombie's "retry later" falls due (or would have).
+        attempts = lab.execute("SELECT attempts FROM delivery WHERE id = 1")[0][0]
+        wait = float(lab.execute("SELECT extract(epoch FROM drain_backoff(%s))", (attempts,))[0][0])
         clock.advance(wait)
         res = w2.tick()
         pushes = lab.execute(PUSHES_TO_DEVICE)[0][0]
@@ -128,7 +313,10 @@ def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_
                    "the zombie's, delivered before its request timed out, and worker 2's")
         else:
             why = "nothing is due: the delivery stays sent, pushed once"
-        tr.add("worker 2", f"clock +{wait:.0f} s; the next tick claims {len(res.claimed)} row(s)", why,
+        due = ("when the 'retry later' falls due" if zombie_rows
+               else "when the refused 'retry later' would have fallen due")
+        tr.add("worker 2", f"clock +{wait:g} s = drain_backoff({attempts}), {due}; the next tick "
+                           f"claims {len(res.claimed)} row(s)", why,
                {"at": f"T+{clock.elapsed():.0f} s", "status": lab.execute(ROW)[0][0],
                 "pushes_to_device": pushes})
         tr.add("device", "show the pushes (drain.Device; the pushes carry no collapse id)",
@@ -139,7 +327,7 @@ def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_
         dr.close_drain(w1)
         dr.close_drain(w2)
     tr.summary = {"fence": fence, "zombie_push": zombie_push, "zombie_write_rows": zombie_rows,
-                  "final_status": final, "correct_status": correct, "clobbered": final != correct,
+                  "lease_lost": lost, "final_status": final, "correct_status": correct, "clobbered": verdict.clobbered,
                   "reclaimed_after_zombie": len(res.claimed), "pushes_to_device": pushes,
                   "banners_shown": shown, "banners_with_delivery_id_key": keyed}
     return tr
@@ -157,10 +345,19 @@ class FenceCheck:
     def report(self) -> str:
         lines = [("PASS" if self.passed else "FAIL") + ": the completion write "
                  + ("is fenced" if self.passed else "is not fenced correctly")]
-        for s in self.scenarios:
-            lines.append(f"  {s['scenario']}: zombie's write matched {s['zombie_rows']} row(s), "
-                         f"live worker's matched {s['live_rows']}; final status {s['final_status']} "
-                         f"({'ok' if s['ok'] else 'WRONG'})")
+        if self.scenarios:
+            lines.append("  ok: the zombie's late 'retry' matches 0 rows, the live worker's 'sent' "
+                         "1 row, and the")
+            lines.append("      delivery (its push was delivered) ends 'sent'; anything else: WRONG")
+            head = ("the zombie writes", "live's attempt", "zombie's write", "live's write", "ends")
+            rows = [(s["scenario"], f"{s['attempt']} of {s['max_attempts']}",
+                     _rows(s["zombie_rows"]), _rows(s["live_rows"]), s["final_status"])
+                    for s in self.scenarios]
+            widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip())
+            for r, s in zip(rows, self.scenarios):
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))
+                             + ("  ok" if s["ok"] else "  WRONG"))
         if self.problem:
             lines.append(f"  {self.problem}")
         return "\n".join(lines)
@@ -169,25 +366,33 @@ class FenceCheck:
         return self.report()
 
 
-def _params(row: dr.Claimed, outcome: dr.Outcome) -> dict:
-    return {"id": row.id, "claim_version": row.claim_version, "outcome": outcome.outcome,
-            "error": outcome.error, "max_attempts": dr.MAX_ATTEMPTS}
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
 
 
 def _write(conn: psycopg.Connection, query: str, row: dr.Claimed, outcome: dr.Outcome) -> int:
-    return conn.execute(query, _params(row, outcome)).rowcount
+    return conn.execute(query, write_params(row, outcome)).rowcount
+
+
+AFTER, WHILE = "after the live 'sent'", "while live is sending"
 
 
 def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> FenceCheck:
     """Run ``query`` (a completion write taking ``%(id)s``, ``%(claim_version)s``,
     ``%(outcome)s``, ``%(error)s``, ``%(max_attempts)s``) as a zombie and as the live
-    worker, in a scratch schema next to ``lab``'s, in two orders:
+    worker, in a scratch schema next to ``lab``'s.  The zombie's late outcome is 'retry'
+    (its request timed out), the live worker's 'sent' (its push was delivered), in two orders:
 
     * the zombie writes *after* the live worker recorded 'sent';
     * the zombie writes *while* the live worker is still sending (so the status is
-      still 'pending': a status check alone cannot tell the two workers apart).
+      still 'pending': a status check alone cannot tell the two workers apart);
 
-    Fenced correctly means: the zombie's write matches 0 rows both times, the live
+    each with the live worker's claim on the row's second attempt, and on its last one
+    (``MAX_ATTEMPTS``: the row had ``MAX_ATTEMPTS - 2`` attempts, all answered 'retry', before
+    the zombie claimed it).  On the last attempt a 'retry' written by id ends the row
+    'failed'.
+
+    Fenced correctly means: the zombie's write matches 0 rows every time, the live
     worker's write matches 1 row, and the delivery ends 'sent'."""
     if not isinstance(query, str) or not query.strip():
         raise LabkitError("The completion write to check is empty.",
@@ -195,38 +400,46 @@ def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> 
     scratch = Lab.open(lab.db, f"{lab.name}_fence_check")
     scenarios, problem = [], ""
     try:
-        for zombie_first in (False, True):
-            clock = dr.create_ledger(scratch, 1, no_collapse_every=1)
-            zombie = dr.make_drain(scratch, "zombie", batch=1, lease_s=lease_s)
-            live = dr.make_drain(scratch, "live", batch=1, lease_s=lease_s)
-            try:
-                (old,) = zombie.claim()
-                clock.advance(lease_s + 1)
-                (new,) = live.claim()
-                late = dr.Outcome("retry", "timeout: no answer from APNs")
-                if zombie_first:
-                    z = _write(zombie.conn, query, old, late)
-                    n = _write(live.conn, query, new, live.sender.send(new))
-                else:
-                    n = _write(live.conn, query, new, live.sender.send(new))
-                    z = _write(zombie.conn, query, old, late)
-            except psycopg.Error as exc:
-                problem = f"the SQL failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        for earlier in (0, dr.MAX_ATTEMPTS - 2):
+            for zombie_first in (False, True):
+                clock = dr.create_ledger(scratch, 1, no_collapse_every=1)
+                scratch.execute("UPDATE delivery SET attempts = %s, outcomes = %s WHERE id = 1",
+                                (earlier, earlier))
+                zombie = dr.make_drain(scratch, "zombie", batch=1, lease_s=lease_s)
+                live = dr.make_drain(scratch, "live", batch=1, lease_s=lease_s)
+                try:
+                    (old,) = zombie.claim()
+                    clock.advance(lease_s + 1)
+                    (new,) = live.claim()
+                    late = dr.Outcome("retry", "timeout: no answer from APNs")
+                    if zombie_first:
+                        z = _write(zombie.conn, query, old, late)
+                        n = _write(live.conn, query, new, live.sender.send(new))
+                    else:
+                        n = _write(live.conn, query, new, live.sender.send(new))
+                        z = _write(zombie.conn, query, old, late)
+                except psycopg.Error as exc:
+                    problem = f"the SQL failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                    break
+                finally:
+                    dr.close_drain(zombie)
+                    dr.close_drain(live)
+                final = scratch.execute("SELECT status FROM delivery WHERE id = 1")[0][0]
+                wrong = ((["the zombie's write landed"] if z else [])
+                         + (["the live worker's write was refused"] if n != 1 else [])
+                         + ([f"the delivered push ends '{final}'"] if final != "sent" else []))
+                scenarios.append({
+                    "scenario": WHILE if zombie_first else AFTER,
+                    "attempt": new.attempts, "max_attempts": dr.MAX_ATTEMPTS,
+                    "zombie_rows": z, "live_rows": n, "final_status": final,
+                    "ok": not wrong, "wrong": wrong})
+            if problem:
                 break
-            finally:
-                dr.close_drain(zombie)
-                dr.close_drain(live)
-            final = scratch.execute("SELECT status FROM delivery WHERE id = 1")[0][0]
-            scenarios.append({
-                "scenario": ("zombie writes while the live worker is still sending" if zombie_first
-                             else "zombie writes after the live worker finished"),
-                "zombie_rows": z, "live_rows": n, "final_status": final,
-                "ok": z == 0 and n == 1 and final == "sent"})
     finally:
         scratch.drop()
     passed = bool(scenarios) and not problem and all(s["ok"] for s in scenarios)
     if not passed and not problem:
-        if any(s["live_rows"] == 0 for s in scenarios):
+        if any(s["live_rows"] == 0 for s in scenarios if not s["zombie_rows"]):
             problem = "the live worker's own write matched nothing: the fence must let the current claim through."
         elif any(s["zombie_rows"] for s in scenarios):
             problem = ("the zombie's write still lands: carry the claim version it was issued "
@@ -237,31 +450,12 @@ def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> 
 # -- command line: labkit trace zombie ------------------------------------------------------------
 
 
-@entry_point("labkit trace zombie")
-def main(argv: list[str] | None = None) -> int:
-    """``labkit trace zombie --fence|--no-fence [--json]``"""
-    p = argparse.ArgumentParser(prog="labkit trace zombie",
-                                description="Trace a zombie worker's stale write, with or without a fence.")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--fence", dest="fence", action="store_true", help="writes carry claim_version")
-    g.add_argument("--no-fence", dest="fence", action="store_false", help="writes match by id only")
-    p.add_argument("--lease", type=float, default=dr.LEASE_S, help="lease in seconds (default 120)")
-    p.add_argument("--zombie-push", choices=["lost", "delivered"], default="lost",
-                   help="the zombie's own push: scripted never to arrive (default), or delivered "
-                        "although its request timed out")
-    p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
-    args = p.parse_args(argv)
-    try:
-        dr.check_params(lease_s=args.lease)      # before anything is created
-        # a schema of this run's own: two runs at once never touch each other's tables
-        with Lab.open(connect(quiet=args.json), f"trace_zombie_{os.getpid()}") as lab:
-            tr = zombie_trace(lab, fence=args.fence, lease_s=args.lease, zombie_push=args.zombie_push)
-    except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
-        return 2
-    print(tr.report(args.json))
+def trace_command(*, open_lab: Callable[[], Lab], fence: bool, lease: float, zombie_push: str,
+                  json: bool) -> int:
+    """``labkit trace zombie --fence|--no-fence [--json]``.  ``open_lab()`` gives the run its
+    own lab (a schema of this run's own: two runs at once never touch each other's tables)."""
+    dr.check_params(lease_s=lease)      # before anything is created
+    with open_lab() as lab:
+        tr = zombie_trace(lab, fence=fence, lease_s=lease, zombie_push=zombie_push)
+    print(tr.report(json))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,34 +9,42 @@ moves outbox rows to a broker, one *tick* at a time::
     UPDATE outbox SET published_at = now() WHERE id = ANY(claimed);               -- mark
     COMMIT;
 
-The crash labs run each relay in its own OS process (:class:`labkit.procs.Worker`),
-stop it at a scripted point (``ctx.pause``) and kill it with SIGKILL there.  Every
-number a trace reports is read back from the database (``outbox``, ``inbox``,
-``shop_order``, ``pg_locks``, tuple ``xmax``) or from the broker — never counted by
-the script.
+The crash labs run each relay in its own OS process (:class:`labkit.core.procs.Worker`,
+connected by :func:`relay_connection`), stop it at a scripted point (``ctx.pause``) and
+kill it with SIGKILL there.  Every number a trace (``*_trace``) reports is read back from
+the database (``outbox``, ``inbox``, ``shop_order``, ``pg_locks``, tuple ``xmax``: the
+queries are in ``labkit/sql/outbox_lab.sql``) or from the broker — never counted by the
+script.
 
-``labkit trace relay|dual-write|broker-down`` prints the traces (:func:`main`).
+``labkit trace relay|dual-write|broker-down`` prints the traces (:func:`trace_command`).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import signal
-import sys
 import time
-from typing import Callable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable
 
 import psycopg
 
+from ..core.db import WORKER_GUARDS, open_connection
+from ..core.errors import LabkitError
+from ..core.lab import Lab, read_sql
+from ..core.limits import number
+from ..core.plots import PALETTE
+from ..core.procs import Context, Worker
+from ..core.queries import query, statements
+from ..core.trace import Trace
 from . import broker as brokers
 from .broker import Broker, BrokerDown
-from ..core.errors import LabkitError
-from ..core.lab import read_sql
-from ..core.limits import number
-from ..core.procs import Worker, entry_point
-from ..core.trace import Trace
-from ..core.lab import Lab
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
 
 ITEMS = ["kettle", "lamp", "mug", "teapot", "rug"]
 MAX_BATCH = 10_000         # rows in one relay tick (a trace places that many orders first)
@@ -45,26 +53,23 @@ MAX_BACKOFF_S = 60
 OUTBOX_TABLES = ["inbox", "outbox", "shop_order"]
 
 
-def _statements(text: str) -> list[str]:
-    """Split a .sql file into its statements (comments dropped, one ``;`` per line end)."""
-    out, cur = [], []
-    for line in text.splitlines():
-        if line.strip().startswith("--") or not line.strip():
-            continue
-        cur.append(line)
-        if line.rstrip().endswith(";"):
-            out.append("\n".join(cur).rstrip().rstrip(";"))
-            cur = []
-    if cur:
-        out.append("\n".join(cur))
-    return out
+CLAIM, = statements(read_sql("outbox_claim.sql"))
+MARK, = statements(read_sql("outbox_mark.sql"))
+PRODUCE = statements(read_sql("outbox_produce.sql"))
+CONSUME, = statements(read_sql("outbox_consume.sql"))
+METRICS, = statements(read_sql("outbox_metrics.sql"))
 
 
-CLAIM = _statements(read_sql("outbox_claim.sql"))[0]
-MARK = _statements(read_sql("outbox_mark.sql"))[0]
-PRODUCE = _statements(read_sql("outbox_produce.sql"))
-CONSUME = _statements(read_sql("outbox_consume.sql"))[0]
-METRICS = _statements(read_sql("outbox_metrics.sql"))[0]
+def _lab_sql(name: str) -> str:
+    """One of the queries the relay's labs look at the systems with (``outbox_lab.sql``)."""
+    return query("outbox_lab.sql", name).sql
+
+
+def claim_text(batch: int) -> str:
+    """The relay's claim with its batch size written in, for scripted sessions."""
+    if int(batch) < 1:
+        raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
+    return CLAIM.replace("%(batch)s", str(int(batch)))
 
 
 def event_id(order_id: int) -> str:
@@ -143,8 +148,8 @@ class Relay:
     ORDERS = ("outbox", "commit-first")
 
     def __init__(self, conn: psycopg.Connection, broker: Broker, *, batch: int = 100,
-                 order: str = "outbox", hook: Callable = _no_hook,
-                 publish_timeout_s: float | None = None, commit_every: int | None = None):
+                 order: str = "outbox", hook: Callable[..., None] = _no_hook,
+                 publish_timeout_s: float | None = None, commit_every: int | None = None) -> None:
         if batch < 1:
             raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
         if order not in self.ORDERS:
@@ -247,27 +252,30 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _relay_conn(dsn: str, schema: str, role: str, idle_timeout_s: float | None = None) -> psycopg.Connection:
-    extra = ""
-    if idle_timeout_s is not None:
-        extra = f" -c idle_in_transaction_session_timeout={int(round(idle_timeout_s * 1000))}"
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=10,
-                           application_name=f"labkit:{schema}:{role}"[:63],
-                           options=f"-c search_path={schema} -c lock_timeout=5s -c statement_timeout=15s"
-                                   + extra)
+def relay_connection(dsn: str, schema: str, role: str, *,
+                     idle_timeout_s: float | None = None) -> psycopg.Connection:
+    """The connection of a relay in a process of its own (it has no Lab object): autocommit
+    (the relay opens its transactions itself), named ``labkit:<schema>:<role>``, with the
+    worker guards, except that ``idle_in_transaction_session_timeout`` is ``idle_timeout_s``
+    (None: the server's setting, off by default) -- what ends a frozen relay's session is
+    the frozen-relay lesson's subject."""
+    idle = None if idle_timeout_s is None else f"{int(round(idle_timeout_s * 1000))}ms"
+    return open_connection(dsn, schema=schema, role=role,
+                           guards=dataclasses.replace(WORKER_GUARDS, idle_in_transaction=idle))
 
 
-def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
-                  batch: int = 100, order: str = "outbox", pause_at=(), backoff_s: float = 1.0,
-                  idle_timeout_s: float | None = None, publish_timeout_s: float | None = None,
-                  commit_every: int | None = None):
-    """A relay in its own OS process (run by a Worker).  Pauses at the tags in
-    ``pause_at`` ("claimed", "committed", "published:N", "publish_failed"; "TAG#K" pauses
-    at the K-th time only) so the parent can look at the database, or kill it there.  While scripted (``pause_at`` given) the
-    backoff is the parent's to decide: the relay reports the delay and pauses.
-    ``idle_timeout_s`` sets idle_in_transaction_session_timeout on the relay's session."""
+def relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
+                  batch: int = 100, order: str = "outbox", pause_at: Iterable[str] = (),
+                  backoff_s: float = 1.0, idle_timeout_s: float | None = None,
+                  publish_timeout_s: float | None = None, commit_every: int | None = None) -> int:
+    """A relay in its own OS process (run by a Worker), scripted: it runs until nothing is
+    left to claim, and pauses at the tags in ``pause_at`` ("claimed", "committed",
+    "published:N", "publish_failed"; "TAG#K" pauses at the K-th time only) so the parent can
+    look at the database, or kill it there.  While scripted (``pause_at`` given) the backoff
+    is the parent's to decide: the relay reports the delay and pauses.  ``idle_timeout_s``
+    sets idle_in_transaction_session_timeout on the relay's session."""
     pause_at = set(pause_at)
-    conn = _relay_conn(dsn, schema, role, idle_timeout_s)
+    conn = relay_connection(dsn, schema, role, idle_timeout_s=idle_timeout_s)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     ctx.emit("connected", pid=conn.info.backend_pid)
     if "ready" in pause_at:                   # a common start for relays that then run free
@@ -294,10 +302,12 @@ def relay_process(ctx, *, dsn: str, schema: str, broker: dict, role: str = "rela
         conn.close()
 
 
-def relay_loop(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
-               batch: int = 100, interval_s: float = 0.1, run_for_s: float = 3.0):
-    """A relay that ticks every ``interval_s`` for ``run_for_s`` seconds (the lag lab)."""
-    conn = _relay_conn(dsn, schema, role)
+def timed_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, role: str = "relay-1",
+                        batch: int = 100, interval_s: float = 0.1, run_for_s: float = 3.0) -> int:
+    """A relay in its own OS process (run by a Worker) that ticks every ``interval_s`` for
+    ``run_for_s`` seconds, whether or not it finds rows (the lag lab); returns the rows it
+    claimed."""
+    conn = relay_connection(dsn, schema, role)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     try:
         relay = Relay(conn, bk, batch=batch)
@@ -315,21 +325,11 @@ def relay_loop(ctx, *, dsn: str, schema: str, broker: dict, role: str = "relay-1
 
 # -- looking at the systems ---------------------------------------------------------------------
 
-LOCKS_SQL = """
-SELECT CASE WHEN l.locktype = 'relation' THEN c.relname || ' ' || l.mode
-            ELSE 'own ' || l.locktype || ' ' || l.mode END
-  FROM pg_locks l
-  LEFT JOIN pg_class c ON c.oid = l.relation
- WHERE l.pid = ANY(%(pids)s) AND l.granted
-   AND (l.locktype = 'transactionid' OR (l.locktype = 'relation' AND c.relname = 'outbox'))
- ORDER BY 1
-"""
-
-
 class Observer:
-    """Reads the state the traces show: outbox rows, row locks, pg_locks, the broker."""
+    """Reads the state the traces show: outbox rows, row locks, pg_locks, the broker
+    (with the queries of ``outbox_lab.sql``)."""
 
-    def __init__(self, lab: Lab, broker: Broker):
+    def __init__(self, lab: Lab, broker: Broker) -> None:
         self.lab, self.broker = lab, broker
         self.conn = lab.connect(role="observer")
         self.relay_pids: list[int] = []   # backends the relays reported ("connected")
@@ -344,15 +344,18 @@ class Observer:
         self.conn.close()
 
     def relay_backends(self) -> list[tuple[int, str | None]]:
-        return self.conn.execute(
-            "SELECT pid, backend_xid::text FROM pg_stat_activity WHERE pid = ANY(%s)",
-            (self.relay_pids,)).fetchall()
+        """(pid, transaction id or None) of each relay backend still on the server."""
+        return self.conn.execute(_lab_sql("relay_backends"), {"pids": self.relay_pids}).fetchall()
+
+    def backend_state(self, pid: int) -> tuple[str, str | None, float] | None:
+        """(state, transaction id, seconds in that state) of backend ``pid``; None once it is gone."""
+        return self.conn.execute(_lab_sql("backend_state"), {"pid": pid}).fetchone()
 
     def relay_locks(self, pids: list[int] | None = None) -> list[str]:
         """Locks the relay backends hold, from pg_locks (the outbox table and own xid)."""
         if pids is None:
             pids = [p for p, _ in self.relay_backends()]
-        return [r[0] for r in self.conn.execute(LOCKS_SQL, {"pids": pids}).fetchall()]
+        return [r[0] for r in self.conn.execute(_lab_sql("relay_locks"), {"pids": pids}).fetchall()]
 
     def relay_locks_text(self) -> str:
         return " + ".join(self.relay_locks()) or "none"
@@ -365,13 +368,10 @@ class Observer:
         xids = [x for _, x in self.relay_backends() if x]
         if not xids:
             return 0
-        return self.conn.execute("SELECT count(*) FROM outbox WHERE xmax::text = ANY(%s)",
-                                 (xids,)).fetchone()[0]
+        return self.conn.execute(_lab_sql("locked_rows"), {"xids": xids}).fetchone()[0]
 
     def snapshot(self) -> dict:
-        unpublished, marked = self.conn.execute(
-            "SELECT count(*) FILTER (WHERE published_at IS NULL), "
-            "count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox").fetchone()
+        unpublished, marked = self.conn.execute(_lab_sql("outbox_rows")).fetchone()
         return {"unpublished": unpublished, "marked": marked, "locked_rows": self.locked_rows(),
                 "relay_locks": self.relay_locks_text(), "broker": self.broker.depth()}
 
@@ -389,13 +389,8 @@ class Observer:
         broker handed to the consumer, ``broker_messages`` the broker's depth before."""
         c = self.conn
         outbox_rows = c.execute("SELECT count(*) FROM outbox").fetchone()[0]
-        lost = [r[0] for r in c.execute(
-            "SELECT o.event_id FROM outbox o WHERE o.published_at IS NOT NULL "
-            "AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.event_id = o.event_id) "
-            "ORDER BY o.event_id").fetchall()]
-        applied, twice = c.execute(
-            "SELECT coalesce(sum(labels_printed), 0), count(*) FILTER (WHERE labels_printed > 1) "
-            "FROM shop_order").fetchone()
+        lost = [r[0] for r in c.execute(_lab_sql("lost_events")).fetchall()]
+        applied, twice = c.execute(_lab_sql("labels_printed")).fetchone()
         distinct = len(set(delivered))
         return {"outbox_rows": outbox_rows, "broker_messages": broker_messages,
                 "distinct_events": distinct, "duplicates": broker_messages - distinct,
@@ -433,11 +428,35 @@ class _OwnBroker:
                 self.broker.close()
 
 
-def _start(lab: Lab, broker: Broker, orders: int):
+def _fresh_outbox(lab: Lab, broker: Broker, orders: int) -> None:
+    """An empty broker, and a new outbox with ``orders`` orders placed."""
     broker.reset()
     create_outbox(lab)
     place_orders(lab, orders)
-    return broker, Observer(lab, broker)
+
+
+@contextmanager
+def _outbox_run(lab: Lab, broker: Broker | None, orders: int) -> Iterator[tuple[Broker, Observer]]:
+    """The start every relay lab shares: the broker (the lab's own when ``broker`` is None,
+    discarded at the end), a new outbox with ``orders`` orders placed, and an Observer."""
+    with _OwnBroker(lab, broker) as bk:
+        _fresh_outbox(lab, bk, orders)
+        obs = Observer(lab, bk)
+        try:
+            yield bk, obs
+        finally:
+            obs.close()
+
+
+@contextmanager
+def _traced(lab: Lab, broker: Broker | None, orders: int,
+            title: str) -> Iterator[tuple[Trace, Broker, Observer]]:
+    """:func:`_outbox_run`, with the Trace ``title`` whose first step is the producer's."""
+    with _outbox_run(lab, broker, orders) as (bk, obs):
+        tr = Trace(title)
+        tr.add("producer", f"place {orders} orders", "each order and its outbox row commit together",
+               obs.snapshot())
+        yield tr, bk, obs
 
 
 def _relay(lab: Lab, broker: Broker, role: str, **kw) -> Worker:
@@ -445,10 +464,41 @@ def _relay(lab: Lab, broker: Broker, role: str, **kw) -> Worker:
                   broker=broker.spec(), role=role, **kw)
 
 
-def _finish(tr: Trace, lab: Lab, broker: Broker, obs: Observer, extra: dict) -> Trace:
+def _claimed(relay: Worker) -> list[int]:
+    """The ids ``relay`` claimed, once it has paused right after its claim."""
+    ids = relay.wait_for("claimed", timeout=60)["ids"]
+    relay.wait_for("paused", tag="claimed", timeout=60)
+    return ids
+
+
+def _resume_to(relay: Worker, tag: str) -> None:
+    """Let ``relay`` run on to its pause at ``tag``."""
+    relay.resume()
+    relay.wait_for("paused", tag=tag, timeout=60)
+
+
+def _sigkill(obs: Observer, relay: Worker, pid: int) -> tuple[dict, dict]:
+    """SIGKILL ``relay`` (its backend: ``pid``) and wait until the server has noticed.
+    Returns the state then, and what the crash left: rows marked, locks still held."""
+    relay.kill()
+    obs.wait_gone(pid)
+    after = obs.snapshot()
+    return after, {"marked_published_after_crash": after["marked"],
+                   "locks_held_after_crash": obs.pg_locks_of(pid) + after["locked_rows"]}
+
+
+def _deliver(lab: Lab, broker: Broker, obs: Observer) -> tuple[list[str], dict]:
+    """The consumer takes every message the broker holds: the event ids it got, and the
+    end state (:meth:`Observer.outcome`)."""
     depth = broker.depth()
     delivered = consume(lab, broker)
-    out = obs.outcome(delivered, depth)
+    return delivered, obs.outcome(delivered, depth)
+
+
+def _finish(tr: Trace, lab: Lab, broker: Broker, obs: Observer, extra: dict) -> Trace:
+    """The trace's last step (the consumer) and its summary: the outbox's rows, ``extra``,
+    then what the broker and the consumer show."""
+    delivered, out = _deliver(lab, broker, obs)
     tr.add("consumer", f"take {len(delivered)} messages; apply each event once",
            "the inbox's primary key on event_id turns every duplicate into a no-op",
            {"delivered": len(delivered), "distinct": out["distinct_events"],
@@ -461,45 +511,31 @@ def _finish(tr: Trace, lab: Lab, broker: Broker, obs: Observer, extra: dict) -> 
     return tr
 
 
-def trace_relay_crash(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
-                      crash_after: int = 40) -> Trace:
+def crash_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
+                crash_after: int = 40) -> Trace:
     """Relay 1 claims ``batch`` rows, publishes ``crash_after`` of them, is SIGKILLed;
     relay 2 claims the same rows and publishes them all; the consumer deduplicates."""
     _check(batch, crash_after, "crash_after")
-    with _OwnBroker(lab, broker) as bk:
-        return _trace_relay_crash(lab, bk, batch, crash_after)
-
-
-def _trace_relay_crash(lab: Lab, broker: Broker, batch: int, crash_after: int) -> Trace:
-    broker, obs = _start(lab, broker, batch)
-    tr = Trace(f"Relay crash mid-batch: {batch} claimed, killed after {crash_after} publishes")
-    try:
-        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
-               obs.snapshot())
+    title = f"Relay crash mid-batch: {batch} claimed, killed after {crash_after} publishes"
+    with _traced(lab, broker, batch, title) as (tr, broker, obs):
         crash_tag = f"published:{crash_after}" if crash_after else "claimed"
         with _relay(lab, broker, "relay-1", batch=batch, pause_at=["claimed", crash_tag]) as r1:
             pid = obs.watch(r1)
-            first = r1.wait_for("claimed", timeout=60)["ids"]
-            r1.wait_for("paused", tag="claimed", timeout=60)
+            first = _claimed(r1)
             tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
                    "the row locks are the claim; they last until this transaction ends",
                    obs.snapshot())
             if crash_after:
-                r1.resume()
-                r1.wait_for("paused", tag=crash_tag, timeout=60)
+                _resume_to(r1, crash_tag)
                 tr.add("relay 1", f"publish {crash_after} of {len(first)}",
                        "the broker holds them now; no outbox row is marked yet", obs.snapshot())
-            r1.kill()
-        obs.wait_gone(pid)
-        after = obs.snapshot()
-        locks_after = obs.pg_locks_of(pid)
+            after, crashed = _sigkill(obs, r1, pid)
         tr.add("relay 1", "SIGKILL (the process dies mid-batch)",
                "the server sees the connection drop and rolls back: nothing marked, locks gone, "
                "the broker keeps what it got", after, kind="crash")
         with _relay(lab, broker, "relay-2", batch=batch, pause_at=["claimed#1"]) as r2:
             obs.watch(r2)
-            again = r2.wait_for("claimed", timeout=60)["ids"]
-            r2.wait_for("paused", tag="claimed", timeout=60)
+            again = _claimed(r2)
             same = "the same rows" if again == first else "other rows"
             tr.add("relay 2", f"BEGIN; claim {len(again)} rows FOR UPDATE SKIP LOCKED",
                    f"{same}: nothing marked them, and nothing locks them any more", obs.snapshot())
@@ -508,50 +544,31 @@ def _trace_relay_crash(lab: Lab, broker: Broker, batch: int, crash_after: int) -
         tr.add("relay 2", f"publish all {len(again)}, mark them, COMMIT",
                "the first publishes are sent a second time: at-least-once, by design",
                obs.snapshot())
-        return _finish(tr, lab, broker, obs, {
-            "reclaimed_same_rows": again == first,
-            "marked_published_after_crash": after["marked"],
-            "locks_held_after_crash": locks_after + after["locked_rows"]})
-    finally:
-        obs.close()
+        return _finish(tr, lab, broker, obs, {"reclaimed_same_rows": again == first, **crashed})
 
 
-def trace_dual_write(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
+def dual_write_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                      crash_after: int = 40) -> Trace:
     """The same relay written commit-first, publish-after, killed after ``crash_after``
     publishes: the rest are marked published and never reach the broker."""
     _check(batch, crash_after, "crash_after")
-    with _OwnBroker(lab, broker) as bk:
-        return _trace_dual_write(lab, bk, batch, crash_after)
-
-
-def _trace_dual_write(lab: Lab, broker: Broker, batch: int, crash_after: int) -> Trace:
-    broker, obs = _start(lab, broker, batch)
-    tr = Trace(f"The dual-write bug: commit first, publish after, killed after {crash_after} publishes")
-    try:
-        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
-               obs.snapshot())
+    title = f"The dual-write bug: commit first, publish after, killed after {crash_after} publishes"
+    with _traced(lab, broker, batch, title) as (tr, broker, obs):
         crash_tag = f"published:{crash_after}" if crash_after else "committed"
         with _relay(lab, broker, "relay-1", batch=batch, order="commit-first",
                     pause_at=["claimed", "committed", crash_tag]) as r1:
             pid = obs.watch(r1)
-            first = r1.wait_for("claimed", timeout=60)["ids"]
-            r1.wait_for("paused", tag="claimed", timeout=60)
+            first = _claimed(r1)
             tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
                    "the same claim as the correct relay", obs.snapshot())
-            r1.resume()
-            r1.wait_for("paused", tag="committed", timeout=60)
+            _resume_to(r1, "committed")
             tr.add("relay 1", f"mark {len(first)} published, COMMIT — before publishing",
                    "the database now says every event was sent; none was", obs.snapshot())
             if crash_after:
-                r1.resume()
-                r1.wait_for("paused", tag=crash_tag, timeout=60)
+                _resume_to(r1, crash_tag)
                 tr.add("relay 1", f"publish {crash_after} of {len(first)}",
                        "publishing runs outside any transaction", obs.snapshot())
-            r1.kill()
-        obs.wait_gone(pid)
-        after = obs.snapshot()
-        locks_after = obs.pg_locks_of(pid)
+            after, crashed = _sigkill(obs, r1, pid)
         tr.add("relay 1", "SIGKILL (the process dies mid-batch)",
                "nothing to roll back: the marks were committed before the publishes",
                after, kind="crash")
@@ -562,14 +579,10 @@ def _trace_dual_write(lab: Lab, broker: Broker, batch: int, crash_after: int) ->
         tr.add("relay 2", "BEGIN; claim … FOR UPDATE SKIP LOCKED → no rows",
                "every row is marked published, so no relay will ever send the rest",
                obs.snapshot())
-        return _finish(tr, lab, broker, obs, {
-            "marked_published_after_crash": after["marked"],
-            "locks_held_after_crash": locks_after + after["locked_rows"]})
-    finally:
-        obs.close()
+        return _finish(tr, lab, broker, obs, crashed)
 
 
-def trace_broker_down(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
+def broker_down_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                       down_after: int = 40, backoff_s: float = 1.0) -> Trace:
     """The broker goes down after ``down_after`` publishes: the publish fails, the batch
     rolls back, the relay backs off (doubling) and catches up when the broker returns."""
@@ -577,24 +590,15 @@ def trace_broker_down(lab: Lab, broker: Broker | None = None, *, batch: int = 10
     if isinstance(backoff_s, (int, float)) and backoff_s <= 0:
         raise LabkitError(f"backoff_s={backoff_s} would retry in a tight loop.", "use backoff_s > 0.")
     number("backoff_s", backoff_s, above=True, high=MAX_BACKOFF_S, unit=" s", example=1)
-    with _OwnBroker(lab, broker) as bk:
-        return _trace_broker_down(lab, bk, batch, down_after, backoff_s)
-
-
-def _trace_broker_down(lab: Lab, broker: Broker, batch: int, down_after: int, backoff_s: float) -> Trace:
-    broker, obs = _start(lab, broker, batch)
-    tr = Trace(f"Broker down after {down_after} publishes: roll back, back off, catch up")
-    try:
-        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
-               obs.snapshot())
+    title = f"Broker down after {down_after} publishes: roll back, back off, catch up"
+    with _traced(lab, broker, batch, title) as (tr, broker, obs):
         stop_tag = f"published:{down_after}" if down_after else "claimed"
         with _relay(lab, broker, "relay-1", batch=batch, backoff_s=backoff_s,
                     pause_at=["claimed#1", f"{stop_tag}#1", "publish_failed"]) as r1:
             obs.watch(r1)
             r1.wait_for("paused", tag="claimed", timeout=60)
             if down_after:
-                r1.resume()
-                r1.wait_for("paused", tag=stop_tag, timeout=60)
+                _resume_to(r1, stop_tag)
                 tr.add("relay 1", f"BEGIN; claim {batch}; publish {down_after}",
                        "a normal tick, so far", obs.snapshot())
             broker.set_up(False)
@@ -618,9 +622,6 @@ def _trace_broker_down(lab: Lab, broker: Broker, batch: int, down_after: int, ba
         tr.add("relay 1", f"claim {batch} again; publish all, mark them, COMMIT",
                "caught up: every event is in the broker, some of them twice", obs.snapshot())
         return _finish(tr, lab, broker, obs, {})
-    finally:
-        obs.close()
-
 
 # -- a frozen relay ------------------------------------------------------------------------------
 
@@ -636,12 +637,7 @@ def server_bounds(lab: Lab) -> dict:
     """What ends a backend whose client froze inside a transaction, as this server and this
     session are configured: the settings' values (0 = off), their units, the server's boot
     default, and whether the session came over TCP (keepalives) or a Unix socket."""
-    rows = lab.execute(
-        "SELECT name, setting, coalesce(unit, ''), boot_val FROM pg_settings WHERE name = ANY(%s) "
-        "ORDER BY name",
-        (["idle_in_transaction_session_timeout", "transaction_timeout", "tcp_keepalives_idle",
-          "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout",
-          "client_connection_check_interval"],))
+    rows = lab.execute(_lab_sql("freeze_bounds"))
     over = lab.execute("SELECT CASE WHEN inet_client_addr() IS NULL THEN 'unix socket' ELSE 'tcp' END")[0][0]
     return {"connection": over,
             "settings": {n: {"value": v, "unit": u, "default": b} for n, v, u, b in rows}}
@@ -679,9 +675,9 @@ def _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_
 AUTO = "auto"
 
 
-def trace_relay_freeze(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
-                       idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
-                       watch_s: float = 15.0) -> Trace:
+def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+                 idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
+                 watch_s: float = 15.0) -> Trace:
     """Relay 1 claims ``batch`` rows, publishes ``freeze_after``, and its process is frozen
     (SIGSTOP) there, its transaction open.  Another relay's claim skips every locked row.
     The server ends the frozen backend after ``idle_timeout_s`` (its session's
@@ -696,107 +692,88 @@ def trace_relay_freeze(lab: Lab, broker: Broker | None = None, *, batch: int = 1
     if publish_timeout_s == AUTO:
         publish_timeout_s = None if idle_timeout_s is None else idle_timeout_s / 2
     _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s)
-    with _OwnBroker(lab, broker) as bk:
-        return _trace_relay_freeze(lab, bk, batch, freeze_after, idle_timeout_s, publish_timeout_s,
-                                   watch_s)
-
-
-def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
-                 idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
-                 watch_s: float = 15.0) -> dict:
-    """:func:`trace_relay_freeze` as a dict: the trace's summary (locks_held_while_frozen,
-    claimed_by_others_while_frozen, released_by, duplicates_after_wake,
-    stale_writes_after_wake, ...), the measured released_after_s, and the trace itself
-    under ``"trace"``."""
-    tr = trace_relay_freeze(lab, broker, batch=batch, freeze_after=freeze_after,
-                            idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s,
-                            watch_s=watch_s)
-    return {**tr.summary, **tr.measured, "trace": tr}
-
-
-def _backend(obs: Observer, pid: int):
-    return obs.conn.execute(
-        "SELECT state, backend_xid::text, extract(epoch FROM clock_timestamp() - state_change)::float8 "
-        "FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-
-
-def _trace_relay_freeze(lab: Lab, broker, batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s):
-    broker, obs = _start(lab, broker, batch)
     bound = (f"idle_in_transaction_session_timeout = {idle_timeout_s:g} s on its session"
              if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
-    tr = Trace(f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})")
-    tr.measured = {}
-    r1 = None
-    try:
-        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
-               obs.snapshot())
+    title = f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})"
+    with _traced(lab, broker, batch, title) as (tr, broker, obs):
+        tr.measured = {}
         tag = f"published:{freeze_after}" if freeze_after else "claimed"
         r1 = _relay(lab, broker, "relay-1", batch=batch, pause_at=[f"{tag}#1"],
-                    idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s).start()
-        pid = obs.watch(r1)
-        r1.wait_for("paused", tag=tag, timeout=60)
-        os.kill(r1.pid, signal.SIGSTOP)           # the freeze: the process runs no more code
-        r1.resume()                               # read by the process only once it is woken
-        state, xid, idle_for = _backend(obs, pid) or (None, None, None)
-        idle_since = time.monotonic() - (idle_for or 0.0)   # when the backend went idle
-        frozen = obs.snapshot()
-        held = frozen["locked_rows"]
-        tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
-               "a host freeze, a paused VM, a long GC pause: the process stops, its connection stays "
-               f"open, and the server sees a session '{state}'", frozen, kind="crash")
-        # Another relay's claim, while relay 1 is frozen: the same SQL, its own session.
-        with lab.connect(role="relay-2", autocommit=False) as other:
-            others = len(other.execute(CLAIM, {"batch": batch}).fetchall())
-            other.rollback()
-        tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
-               "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
-               "nothing publishes them", obs.snapshot())
-        # Who ends the frozen backend, and when.
-        deadline = time.monotonic() + watch_s
-        while _backend(obs, pid) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        gone_at = time.monotonic()
-        last = _backend(obs, pid)
-        killed = last is not None
-        if killed:
-            tr.measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
-            r1.kill()                             # SIGKILL ends a stopped process too
-            obs.wait_gone(pid)
-            tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
-                          "SIGKILL the frozen process", "only a process that dies closes its connection; "
-                   "the kill is the lab's, to end the demonstration", obs.snapshot(), kind="crash")
-        else:
-            # From the moment the backend went idle in its transaction to the first poll that
-            # found it gone (so late by at most one poll, 50 ms).
-            tr.measured["released_after_s"] = round(gone_at - idle_since, 3)
-            tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server ends "
-                             "relay 1's backend", "its transaction rolls back: nothing marked, every "
-                   "lock released, while relay 1 is still frozen", obs.snapshot())
-        with _relay(lab, broker, "relay-2", batch=batch) as r2:
-            obs.watch(r2)
-            again = r2.wait_for("claimed", timeout=60)["ids"]
-            r2.join(60)
-        tr.add("relay 2", f"claim {len(again)} rows; publish all, mark them, COMMIT",
-               f"the {freeze_after} events relay 1 published before it froze go out a second time",
-               obs.snapshot())
-        stale_publishes, woke_to = 0, None
-        if not killed:
-            seen = len([e for e in r1.events if e["kind"] == "published"])
-            os.kill(r1.pid, signal.SIGCONT)       # the freeze ends
-            r1.wait_exit(60)
-            stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
-            errors = [e for e in r1.events if e.get("sqlstate")]
-            woke_to = errors[0] if errors else None
-            gave_up = any(e["kind"] == "publish_timeout" for e in r1.events)
-            what = (f"publish timeout passed ({publish_timeout_s:g} s): give the batch up, ROLLBACK"
-                    if gave_up else
-                    f"publish the other {stale_publishes} of its batch; then mark")
-            err = f"{woke_to['error']} ({woke_to['sqlstate']})" if woke_to else "no error"
-            tr.add("relay 1", f"SIGCONT (wakes): {what} → {err}",
-                   "its connection is gone: nothing it does reaches the database and it cannot "
-                   "commit; " + ("it publishes nothing more" if gave_up else
-                                 "every event it published after waking is a duplicate"),
-                   obs.snapshot(), kind="error")
+                    idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s)
+        try:
+            r1.start()
+            pid = obs.watch(r1)
+            r1.wait_for("paused", tag=tag, timeout=60)
+            os.kill(r1.pid, signal.SIGSTOP)           # the freeze: the process runs no more code
+            r1.resume()                               # read by the process only once it is woken
+            asked = time.monotonic()
+            state, xid, idle_for = obs.backend_state(pid) or (None, None, None)
+            # When the backend went idle: measured from before the question, so that the
+            # released_after_s below is never short of the real time.
+            idle_since = asked - (idle_for or 0.0)
+            frozen = obs.snapshot()
+            held = frozen["locked_rows"]
+            tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
+                   "a host freeze, a paused VM, a long GC pause: the process stops, its connection "
+                   f"stays open, and the server sees a session '{state}'", frozen, kind="crash")
+            # Another relay's claim, while relay 1 is frozen: the same SQL, its own session.
+            with lab.connect(role="relay-2", autocommit=False) as other:
+                others = len(other.execute(CLAIM, {"batch": batch}).fetchall())
+                other.rollback()
+            tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
+                   "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
+                   "nothing publishes them", obs.snapshot())
+            # Who ends the frozen backend, and when.
+            deadline = time.monotonic() + watch_s
+            while obs.backend_state(pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            gone_at = time.monotonic()
+            last = obs.backend_state(pid)
+            killed = last is not None
+            if killed:
+                tr.measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
+                r1.kill()                             # SIGKILL ends a stopped process too
+                obs.wait_gone(pid)
+                tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
+                              "SIGKILL the frozen process", "only a process that dies closes its "
+                       "connection; the kill is the lab's, to end the demonstration", obs.snapshot(),
+                       kind="crash")
+            else:
+                # From the moment the backend went idle in its transaction to the first poll
+                # that found it gone (so late by at most one poll, 50 ms).
+                tr.measured["released_after_s"] = round(gone_at - idle_since, 3)
+                tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server "
+                                 "ends relay 1's backend", "its transaction rolls back: nothing "
+                       "marked, every lock released, while relay 1 is still frozen", obs.snapshot())
+            with _relay(lab, broker, "relay-2", batch=batch) as r2:
+                obs.watch(r2)
+                again = r2.wait_for("claimed", timeout=60)["ids"]
+                r2.join(60)
+            tr.add("relay 2", f"claim {len(again)} rows; publish all, mark them, COMMIT",
+                   f"the {freeze_after} events relay 1 published before it froze go out a second time",
+                   obs.snapshot())
+            stale_publishes, woke_to = 0, None
+            if not killed:
+                seen = len([e for e in r1.events if e["kind"] == "published"])
+                os.kill(r1.pid, signal.SIGCONT)       # the freeze ends
+                r1.wait_exit(60)
+                stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
+                errors = [e for e in r1.events if e.get("sqlstate")]
+                woke_to = errors[0] if errors else None
+                gave_up = any(e["kind"] == "publish_timeout" for e in r1.events)
+                what = (f"publish timeout passed ({publish_timeout_s:g} s): give the batch up, ROLLBACK"
+                        if gave_up else
+                        f"publish the other {stale_publishes} of its batch; then mark")
+                err = f"{woke_to['error']} ({woke_to['sqlstate']})" if woke_to else "no error"
+                tr.add("relay 1", f"SIGCONT (wakes): {what} → {err}",
+                       "its connection is gone: nothing it does reaches the database and it cannot "
+                       "commit; " + ("it publishes nothing more" if gave_up else
+                                     "every event it published after waking is a duplicate"),
+                       obs.snapshot(), kind="error")
+        finally:
+            if r1.alive:
+                os.kill(r1.pid, signal.SIGCONT)
+                r1.kill()
         stale_writes = 0
         if xid:
             stale_writes = obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
@@ -814,20 +791,27 @@ def _trace_relay_freeze(lab: Lab, broker, batch, freeze_after, idle_timeout_s, p
             "released_by": released_by,
             "stale_publishes_after_wake": stale_publishes,
             "stale_writes_after_wake": stale_writes})
-        s = out.summary
-        s["duplicates_after_wake"] = s["duplicates"]
+        out.summary["duplicates_after_wake"] = out.summary["duplicates"]
         return out
-    finally:
-        if r1 is not None and r1.alive:
-            os.kill(r1.pid, signal.SIGCONT)
-            r1.kill()
-        obs.close()
+
+
+def freeze_summary(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
+                   idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
+                   watch_s: float = 15.0) -> dict:
+    """:func:`freeze_trace` as a dict: the trace's summary (locks_held_while_frozen,
+    claimed_by_others_while_frozen, released_by, duplicates_after_wake,
+    stale_writes_after_wake, ...), the measured released_after_s, and the trace itself
+    under ``"trace"``."""
+    tr = freeze_trace(lab, broker, batch=batch, freeze_after=freeze_after,
+                      idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s,
+                      watch_s=watch_s)
+    return {**tr.summary, **tr.measured, "trace": tr}
 
 
 # -- committing mid-batch ----------------------------------------------------------------------------
 
 
-def trace_commit_every(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
+def commit_every_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100,
                        commit_every: int = 10) -> Trace:
     """Relay 1 claims ``batch`` rows and commits after every ``commit_every`` publishes
     (marking those); relay 2 ticks right after relay 1's first COMMIT.  No process
@@ -838,32 +822,21 @@ def trace_commit_every(lab: Lab, broker: Broker | None = None, *, batch: int = 1
     if commit_every >= batch:
         raise LabkitError(f"commit_every={commit_every} never commits inside a batch of {batch}.",
                           "use commit_every smaller than batch (10 of 100, say).")
-    with _OwnBroker(lab, broker) as bk:
-        return _trace_commit_every(lab, bk, batch, commit_every)
-
-
-def _trace_commit_every(lab: Lab, broker: Broker, batch: int, commit_every: int) -> Trace:
-    broker, obs = _start(lab, broker, batch)
-    tr = Trace(f"Commit every {commit_every} publishes: two relays, no crash")
-    try:
-        tr.add("producer", f"place {batch} orders", "each order and its outbox row commit together",
-               obs.snapshot())
+    title = f"Commit every {commit_every} publishes: two relays, no crash"
+    with _traced(lab, broker, batch, title) as (tr, broker, obs):
         with _relay(lab, broker, "relay-1", batch=batch, commit_every=commit_every,
                     pause_at=["claimed#1", "committed#1"]) as r1:
             obs.watch(r1)
-            first = r1.wait_for("claimed", timeout=60)["ids"]
-            r1.wait_for("paused", tag="claimed", timeout=60)
+            first = _claimed(r1)
             tr.add("relay 1", f"BEGIN; claim {len(first)} rows FOR UPDATE SKIP LOCKED",
                    "the whole batch is locked", obs.snapshot())
-            r1.resume()
-            r1.wait_for("paused", tag="committed", timeout=60)
+            _resume_to(r1, "committed")
             tr.add("relay 1", f"publish {commit_every}; mark them; COMMIT",
                    f"the COMMIT ends the transaction, and with it the locks on all {len(first)} rows: "
                    f"the {len(first) - commit_every} unpublished ones are free to claim", obs.snapshot())
             with _relay(lab, broker, "relay-2", batch=batch, pause_at=["claimed#1"]) as r2:
                 obs.watch(r2)
-                second = r2.wait_for("claimed", timeout=60)["ids"]
-                r2.wait_for("paused", tag="claimed", timeout=60)
+                second = _claimed(r2)
                 overlap = len(set(first) & set(second))
                 tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {len(second)} rows",
                        f"{overlap} of them are rows relay 1 claimed and still means to publish",
@@ -879,8 +852,32 @@ def _trace_commit_every(lab: Lab, broker: Broker, batch: int, commit_every: int)
                           "marking and committing each time",
                "it never claimed again, so it does not know relay 2 sent them already", obs.snapshot())
         return _finish(tr, lab, broker, obs, {"crashes": 0, "claimed_by_both": overlap})
+
+
+@contextmanager
+def _paused_relays(lab: Lab, broker: Broker, obs: Observer, n: int, pause_at: str,
+                   **kw) -> Iterator[list[Worker]]:
+    """Relay processes relay-1 .. relay-``n``, started one after the other: each is followed
+    by ``obs`` and has paused at ``pause_at`` before the next one starts.  Whatever is left
+    of them is SIGKILLed when the block ends."""
+    workers = [_relay(lab, broker, f"relay-{i}", pause_at=[pause_at], **kw) for i in range(1, n + 1)]
+    try:
+        for w in workers:
+            w.start()
+            obs.watch(w)
+            w.wait_for("paused", tag=pause_at.partition("#")[0], timeout=60)
+        yield workers
     finally:
-        obs.close()
+        for w in workers:
+            w.kill()
+
+
+def _let_go(workers: list[Worker], timeout: float) -> None:
+    """Resume every paused worker, then wait for each one to end."""
+    for w in workers:
+        w.resume()
+    for w in workers:
+        w.join(timeout)
 
 
 def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, batch: int = 100,
@@ -894,35 +891,16 @@ def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, b
     number("relays", relays, low=1, high=16, whole=True, example=2)
     if commit_every is not None:
         number("commit_every", commit_every, low=1, high=MAX_BATCH, whole=True, example=10)
-    with _OwnBroker(lab, broker) as bk:
-        broker, obs = _start(lab, bk, orders)
-        try:
-            workers = [_relay(lab, broker, f"relay-{i}", batch=batch, commit_every=commit_every,
-                              pause_at=["ready"]) for i in range(1, relays + 1)]
-            try:
-                for w in workers:
-                    w.start()
-                    obs.watch(w)
-                    w.wait_for("paused", tag="ready", timeout=60)
-                for w in workers:
-                    w.resume()
-                for w in workers:
-                    w.join(120)
-            finally:
-                for w in workers:
-                    w.kill()
-            published = [len([e for e in w.events if e["kind"] == "published"]) for w in workers]
-            depth = broker.depth()
-            delivered = consume(lab, broker)
-            return {"relays": relays, "commit_every": commit_every, "published_by": published,
-                    **obs.outcome(delivered, depth)}
-        finally:
-            obs.close()
+    with _outbox_run(lab, broker, orders) as (broker, obs):
+        with _paused_relays(lab, broker, obs, relays, "ready", batch=batch,
+                            commit_every=commit_every) as workers:
+            _let_go(workers, 120)
+        published = [len([e for e in w.events if e["kind"] == "published"]) for w in workers]
+        _, out = _deliver(lab, broker, obs)
+        return {"relays": relays, "commit_every": commit_every, "published_by": published, **out}
 
 
-TRACES = {"relay": trace_relay_crash, "dual-write": trace_dual_write, "broker-down": trace_broker_down}
-
-
+TRACES = {"relay": crash_trace, "dual-write": dual_write_trace, "broker-down": broker_down_trace}
 
 
 # -- two relays at once ---------------------------------------------------------------------------
@@ -935,36 +913,14 @@ def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, bat
         raise LabkitError(f"orders={orders}, batch={batch}: nothing to share.", "use orders >= 0 and batch >= 1.")
     number("orders", orders, high=MAX_ORDERS, whole=True, example=100)
     number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=50)
-    with _OwnBroker(lab, broker) as bk:
-        return _two_relays(lab, bk, orders, batch)
-
-
-def _two_relays(lab: Lab, broker: Broker, orders: int, batch: int) -> dict:
-    broker, obs = _start(lab, broker, orders)
-    try:
-        workers = [_relay(lab, broker, f"relay-{i}", batch=batch, pause_at=["claimed#1"])
-                   for i in (1, 2)]
-        claims = []
-        try:
-            for w in workers:
-                w.start()
-                obs.watch(w)
-                claims.append(w.wait_for("claimed", timeout=60)["ids"])
-                w.wait_for("paused", tag="claimed", timeout=60)
+    with _outbox_run(lab, broker, orders) as (broker, obs):
+        with _paused_relays(lab, broker, obs, 2, "claimed#1", batch=batch) as workers:
+            claims = [w.wait_for("claimed", timeout=60)["ids"] for w in workers]
             held = obs.locked_rows()
-            for w in workers:
-                w.resume()
-            for w in workers:
-                w.join(60)
-        finally:
-            for w in workers:
-                w.kill()
-        depth = broker.depth()
-        delivered = consume(lab, broker)
-        return {"claims": claims, "locked_while_both_held": held, "broker_messages": depth,
-                "delivered": delivered, **obs.outcome(delivered, depth)}
-    finally:
-        obs.close()
+            _let_go(workers, 60)
+        delivered, out = _deliver(lab, broker, obs)
+        return {"claims": claims, "locked_while_both_held": held,
+                "broker_messages": out["broker_messages"], "delivered": delivered, **out}
 
 
 # -- what marking a row published leaves in the partial index -------------------------------------
@@ -1001,16 +957,10 @@ def dead_index_entries(lab: Lab, arriving: int = 3000, wait_s: float = 30.0) -> 
     number("arriving", arriving, low=1, high=MAX_ARRIVING, whole=True, example=3000)
     number("wait_s", wait_s, high=600, unit=" s", example=30)
     lab.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
-    lo, hi = lab.execute(
-        "WITH ins AS (INSERT INTO outbox (event_id, aggregate, payload) "
-        "  SELECT 'evt-arrived-' || g, 'shop_order:' || g, jsonb_build_object('order_id', g) "
-        "    FROM generate_series(1, %s) g RETURNING id) SELECT min(id), max(id) FROM ins", (arriving,))[0]
+    lo, hi = lab.execute(_lab_sql("arrive"), {"n": arriving})[0]
     lab.execute("UPDATE outbox SET published_at = now() WHERE id BETWEEN %s AND %s", (lo, hi))
     xid = lab.execute("SELECT xmin::text FROM outbox WHERE id = %s", (lo,))[0][0]
-    older = ("SELECT pid, application_name FROM pg_stat_activity "
-             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-             "AND ((backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(x)s::xid)) "
-             "  OR (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(x)s::xid)))")
+    older = _lab_sql("older_snapshots")
     deadline = time.monotonic() + wait_s
     while (held := lab.execute(older, {"x": xid})) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -1038,7 +988,7 @@ def metrics(lab: Lab) -> tuple[int, float]:
 
 def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 40, interval_s: float = 0.1,
                 run_s: float = 3.0, pause: tuple[float, float] = (1.0, 2.0), sample_s: float = 0.05,
-                batch: int = 100):
+                batch: int = 100) -> pd.DataFrame:
     """Orders arrive at ``rate_per_s``; a relay process ticks every ``interval_s``; it is
     frozen (SIGSTOP) during ``pause`` and thawed (SIGCONT) after.  Samples depth and the
     oldest row's age every ``sample_s``.  Returns a DataFrame (t_s, depth, oldest_age_s, relay)."""
@@ -1060,10 +1010,9 @@ def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 4
 def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch):
     import pandas as pd
 
-    broker, obs = _start(lab, broker, 0)
-    obs.close()
-    w = Worker(relay_loop, name="relay loop", dsn=lab.db.dsn, schema=lab.schema, broker=broker.spec(),
-               batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
+    _fresh_outbox(lab, broker, 0)
+    w = Worker(timed_relay_process, name="timed relay", dsn=lab.db.dsn, schema=lab.schema,
+               broker=broker.spec(), batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
     rows, stopped, placed, next_id = [], False, 0.0, 1
     producer = lab.connect(role="producer")
     try:
@@ -1093,10 +1042,12 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
     return pd.DataFrame(rows, columns=["t_s", "depth", "oldest_age_s", "relay"])
 
 
-def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag while the relay is paused"):
+def plot_lag(df: pd.DataFrame, pause: tuple[float, float], ax: Axes | None = None,
+             title: str = "Relay lag while the relay is paused") -> Axes:
+    """The lag of :func:`measure_lag`: the oldest row's age and the outbox's depth over time,
+    the pause shaded."""
     import matplotlib.pyplot as plt
 
-    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.6))
@@ -1118,78 +1069,38 @@ def plot_lag(df, pause: tuple[float, float], ax=None, title: str = "Relay lag wh
 # -- command line --------------------------------------------------------------------------------
 
 
-@entry_point("labkit trace")
-def main(argv: list[str]) -> int:
+def trace_command(*, open_lab: Callable[[], Lab], kind: str, batch: int, crash_after: int,
+                  freeze_after: int | None, idle_timeout: float, publish_timeout: float | None,
+                  watch: float, broker: str | None, json: bool) -> int:
     """``labkit trace relay|dual-write|broker-down [--batch N] [--crash-after N] [--json]``;
     ``labkit trace relay --freeze-after N [--idle-timeout S] [--publish-timeout S]`` freezes
-    the relay instead of killing it."""
-    p = argparse.ArgumentParser(prog="labkit trace", description="Run an outbox relay crash trace.")
-    p.add_argument("kind", choices=sorted(TRACES))
-    p.add_argument("--batch", type=int, default=100, help="rows one relay tick claims (default 100)")
-    p.add_argument("--crash-after", type=int, default=40,
-                   help="publishes before the crash / the broker going down (default 40)")
-    p.add_argument("--freeze-after", type=int,
-                   help="relay only: freeze the relay (SIGSTOP) after this many publishes instead "
-                        "of killing it")
-    p.add_argument("--idle-timeout", type=float, default=2.0,
-                   help="with --freeze-after: the relay session's idle_in_transaction_session_timeout "
-                        "in seconds (default 2, short for the lab); 0: none")
-    p.add_argument("--publish-timeout", type=float,
-                   help="with --freeze-after: the relay's publish timeout in seconds (default: half "
-                        "the idle timeout); 0: none")
-    p.add_argument("--watch", type=float, default=15.0,
-                   help="with --freeze-after: how long to wait for the server to end the frozen "
-                        "session before the lab kills it (default 15)")
-    p.add_argument("--broker", choices=["recording", "rabbitmq"],
-                   help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
-    p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
-    args = p.parse_args(argv)
-    from ..core import db as dbmod
-
-    point = {"broker-down": "down_after"}.get(args.kind, "crash_after")
-    freeze = args.freeze_after is not None
-    try:
-        if freeze:
-            if args.kind != "relay":
-                raise LabkitError(f"--freeze-after applies to the relay trace, not {args.kind}.",
-                                  "use `labkit trace relay --freeze-after 40`.")
-            idle = args.idle_timeout or None
-            pub = AUTO if args.publish_timeout is None else (args.publish_timeout or None)
-            if pub == AUTO:
-                pub = None if idle is None else idle / 2
-            _check_freeze(args.batch, args.freeze_after, idle, pub, args.watch)
-            run = lambda lab, bk: trace_relay_freeze(lab, bk, batch=args.batch,          # noqa: E731
-                                                     freeze_after=args.freeze_after,
-                                                     idle_timeout_s=idle, publish_timeout_s=pub,
-                                                     watch_s=args.watch)
-        else:
-            _check(args.batch, args.crash_after, point)       # before anything is created
-            run = lambda lab, bk: TRACES[args.kind](lab, bk, batch=args.batch,           # noqa: E731
-                                                    **{point: args.crash_after})
-        # A schema of this run's own (the process id in its name): two runs at once never
-        # share, reset or drop each other's tables.
-        with Lab.open(dbmod.connect(quiet=True), f"trace_{args.kind}_{os.getpid()}") as lab, \
-                brokers.for_lab(lab, args.broker) as bk:
-            try:
-                tr = run(lab, bk)
-            finally:
-                bk.discard()
-    except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
-        return 2
+    the relay instead of killing it.  ``open_lab()`` gives the run its own lab (the process
+    id in its name: two runs at once never share, reset or drop each other's tables)."""
+    point = {"broker-down": "down_after"}.get(kind, "crash_after")
+    if freeze_after is not None:
+        if kind != "relay":
+            raise LabkitError(f"--freeze-after applies to the relay trace, not {kind}.",
+                              "use `labkit trace relay --freeze-after 40`.")
+        idle = idle_timeout or None
+        pub = AUTO if publish_timeout is None else (publish_timeout or None)
+        if pub == AUTO:
+            pub = None if idle is None else idle / 2
+        _check_freeze(batch, freeze_after, idle, pub, watch)
+        run = lambda lab, bk: freeze_trace(lab, bk, batch=batch,          # noqa: E731
+                                                 freeze_after=freeze_after,
+                                                 idle_timeout_s=idle, publish_timeout_s=pub,
+                                                 watch_s=watch)
+    else:
+        _check(batch, crash_after, point)       # before anything is created
+        run = lambda lab, bk: TRACES[kind](lab, bk, batch=batch,           # noqa: E731
+                                           **{point: crash_after})
+    with open_lab() as lab, brokers.for_lab(lab, broker) as bk:
+        try:
+            tr = run(lab, bk)
+        finally:
+            bk.discard()
     measured = getattr(tr, "measured", {})
-    print(tr.report(args.json, broker=bk.kind, **measured))
-    if measured and not args.json:
+    print(tr.report(json, broker=bk.kind, **measured))
+    if measured and not json:
         print("measured: " + ", ".join(f"{k}={v}" for k, v in measured.items()))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
-def claim_text(batch: int) -> str:
-    """The relay's claim with its batch size written in, for scripted sessions."""
-    if int(batch) < 1:
-        raise LabkitError(f"A relay batch of {batch} rows claims nothing.", "use batch=1 or more.")
-    return CLAIM.replace("%(batch)s", str(int(batch)))

@@ -9,21 +9,21 @@ What is measured, side by side on the same server:
   counted in the table afterwards;
 * a **peer library** (PgQueuer, the ``bench`` extra) draining the same backlog of no-op jobs
   with the same number of workers and the same batch size as labkit's claim + finish loop;
-* a **broker**: RabbitMQ publish and consume rates, when ``LABKIT_AMQP_URL`` is set;
+* a **broker**: RabbitMQ publish and consume rates, when ``LABKIT_AMQP_URL`` is set (the
+  ``rabbitmq`` extra);
 * the **convoy**: SKIP LOCKED efficiency (jobs/s over N/d) at N = 16, d = 20 ms;
 * **history**: the claim ceiling with 0 and many finished rows, with and without the partial
   index on the pending predicate;
 * the embedded server's **start** (first use, cold start) and a warm **connect**;
-* the headless run time of **notebooks** (each, and the whole workbook).
+* the headless run time of **notebooks** (each, and the whole workbook; the ``slides`` extra).
 
-Every client is an OS process with its own connection (``labkit.procs``): Python's GIL
-never limits a figure.  ``run()`` returns a plain dict (the JSON); ``main(argv)`` is
-``labkit bench`` and ``python -m labkit.bench``.
+Every client runs in an OS process of its own (``labkit.core.procs``) with its own
+connections: Python's GIL never limits a figure.  ``run()`` returns a plain dict (the JSON);
+``labkit bench`` prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -37,24 +37,40 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..core.db import lab_user
-from ..core.files import data_file
+from ..core import db as dbmod
+from ..core.db import WORKER_GUARDS, Database, lab_user, open_connection, session_name
 from ..core.errors import LabkitError
-from ..core.lab import drop_schemas, read_sql
-from ..core.limits import bulk, number
-from ..core.procs import describe_interrupt, entry_point, signal_exit_code
-from ..core.lab import Lab
+from ..core.files import data_file
+from ..core.lab import Lab, drop_schemas, read_sql
+from ..core.limits import number
+from ..core.plots import PALETTE
+from ..core.procs import Worker
+from ..core.queries import strip_comments
+from ..core.server import EmbeddedServer, bin_dir
+from ..labs import claims, convoy
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import EllipsisType
+
+    import pandas as pd
+    import psycopg
+    from matplotlib.axes import Axes
+
+    from ..core.procs import Context
+
+Progress = Callable[[str], None]        # where a figure reports its progress lines
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 REFERENCE = data_file("bench_reference.json")
 BATCHES = (1, 10, 100)
-HISTORY_FIRST_ID = 10_000_001          # finished jobs get ids far above the pending ones
 ROLE = "bench"                         # application_name labkit:<schema>:bench-...
-WORKER_SETTINGS = {"lock_timeout": "10s", "statement_timeout": "60s",
-                   "idle_in_transaction_session_timeout": "60s"}
+# Every client session (labkit's claimers and pgbench alike) carries the workers' guards:
+# they cost a timer per statement, so both sides pay for them.
+GUARDS = WORKER_GUARDS
 INT4, INT8_ARRAY, TEXT = 23, 1016, 25   # parameter type oids for the prepared statements
 
 # A generous first guess of the ceiling (jobs/s) sizes the queue for a run; a run that
@@ -92,13 +108,13 @@ class Settings:
     start_runs: int = 3                 # cold starts of a throw-away embedded cluster
 
     @classmethod
-    def quick_settings(cls, **kw) -> "Settings":
+    def quick_settings(cls, **kw: Any) -> "Settings":
         base = cls(quick=True, seconds=1.0, rounds=1, peer_jobs=4_000, history_rows=50_000,
                    convoy_seconds=1.0, amqp_messages=3_000, notebooks=("00_start_here",), start_runs=1)
         return replace(base, **kw)
 
     @classmethod
-    def full_settings(cls, **kw) -> "Settings":
+    def full_settings(cls, **kw: Any) -> "Settings":
         return replace(cls(), **kw)
 
     def check(self) -> "Settings":
@@ -133,21 +149,17 @@ class Settings:
 
 # -- the SQL -------------------------------------------------------------------------------------
 
-def _strip_comments(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--")).strip()
-
-
 def numbered(text: str) -> tuple[str, list[str]]:
     """``%(name)s`` placeholders as ``$1, $2 ...`` (first appearance order), comments dropped:
     the form libpq prepares.  Returns the text and the parameter names in order."""
     names: list[str] = []
 
-    def sub(m):
+    def sub(m: re.Match) -> str:
         if m.group(1) not in names:
             names.append(m.group(1))
         return f"${names.index(m.group(1)) + 1}"
 
-    return re.sub(r"%\((\w+)\)s", sub, _strip_comments(text)), names
+    return re.sub(r"%\((\w+)\)s", sub, strip_comments(text)), names
 
 
 def claim_statement() -> str:
@@ -158,11 +170,11 @@ def claim_statement() -> str:
 def pgbench_script() -> str:
     """The pgbench script: the same statement, with pgbench's variables for the parameters
     (``:batch`` from ``-D batch=N``, the worker id from pgbench's own ``:client_id``)."""
-    text = _strip_comments(claim_statement())
+    text = strip_comments(claim_statement())
     text = text.replace("%(batch)s", ":batch").replace("%(worker_id)s", ":client_id")
     if "%(" in text:
         raise LabkitError("claim_skip_locked.sql has a parameter the pgbench script does not map.",
-                          "map it in labkit.bench.pgbench_script().")
+                          "map it in labkit.tools.bench.pgbench_script().")
     return text + "\n"
 
 
@@ -174,7 +186,7 @@ class Claimer:
     returning the claimed ids.  The same work as one pgbench transaction, with the least
     client-side work psycopg allows."""
 
-    def __init__(self, conn, worker_id: str, batch: int = 10):
+    def __init__(self, conn: psycopg.Connection, worker_id: str, batch: int = 10):
         from psycopg import pq
 
         if conn.autocommit is False:
@@ -238,11 +250,11 @@ class CursorClaimer:
     ``fetchall()``): what most application code writes.  Measured beside the lean claimer
     to show what the convenience layer costs on the client."""
 
-    def __init__(self, conn, worker_id: str, batch: int = 10):
+    def __init__(self, conn: psycopg.Connection, worker_id: str, batch: int = 10):
         self.conn = conn
         self.cur = conn.cursor()
         self.params = {"batch": batch, "worker_id": worker_id}
-        self.query = _strip_comments(claim_statement())
+        self.query = strip_comments(claim_statement())
         self.calls = self.claimed = 0
 
     def close(self) -> None:
@@ -256,17 +268,6 @@ class CursorClaimer:
         return ids
 
 
-def _worker_connection(dsn: str, schema: str, role: str):
-    import psycopg
-    from psycopg import sql
-
-    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
-                           application_name=f"labkit:{schema}:{role}"[:63], connect_timeout=10)
-    for name, value in WORKER_SETTINGS.items():
-        conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
-    return conn
-
-
 def _wait_until(t: float) -> None:
     while True:
         left = t - time.monotonic()
@@ -275,7 +276,7 @@ def _wait_until(t: float) -> None:
         time.sleep(min(left, 0.01))
 
 
-def _claim_loop(claimer, order: dict, out: dict) -> None:
+def _claim_loop(claimer: Claimer | CursorClaimer, order: dict, out: dict) -> None:
     """One client thread: claim for the order's time window, or drain the queue."""
     try:
         _wait_until(order["start_at"])
@@ -300,7 +301,7 @@ def _claim_loop(claimer, order: dict, out: dict) -> None:
         out["error"] = f"{type(exc).__name__}: {exc}"
 
 
-def claimer_main(ctx, dsn: str, schema: str, clients: int) -> dict:
+def claimer_main(ctx: Context, dsn: str, schema: str, clients: int) -> dict:
     """The labkit client: one process with ``clients`` threads, each with its own connection
     (the shape of ``pgbench -c N -j N``).  psycopg releases the GIL while a thread waits for
     the server, so the threads claim in parallel.
@@ -315,7 +316,7 @@ def claimer_main(ctx, dsn: str, schema: str, clients: int) -> dict:
     conns = []
     try:
         for i in range(clients):
-            conns.append(_worker_connection(dsn, schema, f"{ROLE}-c{i}"))
+            conns.append(open_connection(dsn, schema=schema, role=f"{ROLE}-c{i}", guards=GUARDS))
         while True:
             order = ctx.pause("ready")
             if order is None:
@@ -353,7 +354,6 @@ class ClaimerPool:
     given orders run after run.  Leaving the ``with`` block ends it (even on Ctrl-C)."""
 
     def __init__(self, lab: Lab, clients: int):
-        from ..core.procs import Worker
 
         self.lab = lab
         self.clients = clients
@@ -370,10 +370,10 @@ class ClaimerPool:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def order(self, timeout: float = 120, **order) -> dict:
+    def order(self, timeout: float = 120, **order: Any) -> dict:
         """Send one order; wait for and return the result (per-client figures and CPU)."""
         order["start_at"] = time.monotonic() + 0.05
         self.worker.resume(order)
@@ -412,20 +412,13 @@ def fill(lab: Lab, pending: int, *, history: int | None = None) -> None:
     (ids 1..pending).  Finished history rows stay if ``history`` is None; otherwise the
     table is emptied and gets ``history`` finished rows, all older than the pending ones.
     Then VACUUM ANALYZE, so every run starts from a vacuumed, analysed table."""
+
     if history is not None:
         lab.execute("TRUNCATE job")
-        if history:
-            bulk(lab,
-                 "INSERT INTO job (id, status, created_at, worker_id, claimed_at, payload) "
-                 "SELECT %s + g, 'DONE', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', "
-                 "'old', timestamptz '2025-01-01 00:00:00+00' + g * interval '10 ms', 'done ' || g "
-                 "FROM generate_series(0, %s - 1) AS g", (HISTORY_FIRST_ID, history), rows=history)
+        claims.add_history(lab, history)
     else:
         lab.execute("DELETE FROM job WHERE status <> 'DONE'")
-    bulk(lab,
-         "INSERT INTO job (id, created_at, payload) "
-         "SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g "
-         "FROM generate_series(1, %s) AS g", (pending,), rows=pending)
+    claims.add_pending(lab, pending)
     lab.execute("VACUUM ANALYZE job")
 
 
@@ -435,11 +428,10 @@ def count_status(lab: Lab, status: str) -> int:
 
 # -- figure 1: the claim ceiling, labkit vs pgbench -------------------------------------------------
 
-def pgbench_path(db) -> Path:
+def pgbench_path(db: Database) -> Path:
     """pgbench for this server: the embedded wheel's for the embedded server; for another
     server the one on PATH (or PostgreSQL's own folders), else the wheel's (a client talks
     to older servers too)."""
-    from ..core.server import bin_dir
 
     wheel = bin_dir() / "pgbench"
     if db.backend == "embedded":
@@ -476,12 +468,12 @@ def run_labkit_ceiling(lab: Lab, pool: ClaimerPool, batch: int, seconds: float, 
     if set(res["synchronous_commit"]) != {synchronous_commit}:
         raise LabkitError(f"The claimers ran with synchronous_commit {res['synchronous_commit']}, "
                           f"not {synchronous_commit!r}.",
-                          "this is a bug in labkit.bench: report it with the command you ran.")
+                          "this is a bug in labkit bench: report it with the command you ran.")
     jobs = count_status(lab, "IN_PROGRESS") - before
     said = sum(r["claimed"] for r in results)
     if said != jobs:
         raise LabkitError(f"The claimers reported {said} claimed jobs but the table shows {jobs}.",
-                          "this is a bug in labkit.bench: report it with the command you ran.")
+                          "this is a bug in labkit bench: report it with the command you ran.")
     start = min(r["started"] for r in results)
     wall = max(r["ended"] for r in results) - start
     who = "labkit" if style == "pq" else "labkit (cursor API)"
@@ -517,10 +509,9 @@ def pgbench_conninfo(dsn: str, env: dict) -> Iterator[str]:
 
 def run_pgbench(lab: Lab, batch: int, clients: int, seconds: float, script: Path, binary: Path) -> CeilingRun:
     before = count_status(lab, "IN_PROGRESS")
-    # the same session settings as labkit's claimers (the guards cost a timer per statement)
-    guards = " ".join(f"-c {k}={v}" for k, v in WORKER_SETTINGS.items())
-    env = dict(os.environ, PGOPTIONS=f"-c search_path={lab.schema},public {guards}",
-               PGAPPNAME=f"labkit:{lab.schema}:{ROLE}-pgbench"[:63])
+    # the same session as labkit's claimers: search_path, name and guards
+    options = [f"-c search_path={lab.schema},public", *GUARDS.options()]
+    env = dict(os.environ, PGOPTIONS=" ".join(options), PGAPPNAME=session_name(lab.schema, f"{ROLE}-pgbench"))
     secs = max(1, int(round(seconds)))
     import resource
 
@@ -549,7 +540,7 @@ def run_pgbench(lab: Lab, batch: int, clients: int, seconds: float, script: Path
                       (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime))
 
 
-def claim_ceiling(lab: Lab, s: Settings, progress=None) -> dict:
+def claim_ceiling(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     """Claim + mark as fast as possible for every batch size: labkit and pgbench alternate
     (``rounds`` times each, the median counts), each run from a refilled, vacuumed table."""
     progress = progress or (lambda msg: None)
@@ -614,7 +605,7 @@ def claim_ceiling(lab: Lab, s: Settings, progress=None) -> dict:
 DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
 
 
-def durability(lab: Lab, s: Settings, progress=None) -> dict:
+def durability(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     """What the server promised for every commit of this run (fsync, synchronous_commit), and
     the claim ceiling at batch 1 and 10 measured twice in this run: with durable commits
     (synchronous_commit = on: COMMIT returns once the WAL is flushed) and with
@@ -659,7 +650,7 @@ def peer_available() -> tuple[str | None, str]:
 
         version = metadata.version("pgqueuer")
     except Exception:
-        return None, "PgQueuer is not installed (pip install -e '.[bench]')"
+        return None, "PgQueuer is not installed (pip install 'labkit[bench]')"
     try:
         import asyncpg  # noqa: F401
 
@@ -674,26 +665,26 @@ def _pgqueuer_env(prefix: str) -> None:
     os.environ["PGQUEUER_PREFIX"] = prefix
 
 
-async def _pgqueuer_driver(dsn: str, schema: str, driver: str, role: str):
+async def _pgqueuer_driver(dsn: str, schema: str, driver: str, role: str) -> tuple[Any, Any]:
+    """An async connection for PgQueuer (labkit's factory is synchronous), named and placed
+    in the lab's schema as every labkit session is."""
+    search_path, name = f"{schema},public", session_name(schema, role)
     if driver == "asyncpg":
         import asyncpg
-
         from pgqueuer.db import AsyncpgDriver
 
-        conn = await asyncpg.connect(dsn, server_settings={
-            "search_path": f"{schema},public", "application_name": f"labkit:{schema}:{role}"[:63]})
+        conn = await asyncpg.connect(dsn, server_settings={"search_path": search_path,
+                                                           "application_name": name})
         return conn, AsyncpgDriver(conn)
     import psycopg
-
     from pgqueuer.db import PsycopgDriver
 
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True,
-                                                 options=f"-c search_path={schema},public",
-                                                 application_name=f"labkit:{schema}:{role}"[:63])
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, application_name=name,
+                                                 options=f"-c search_path={search_path}")
     return conn, PsycopgDriver(conn)
 
 
-def pgqueuer_setup_main(ctx, dsn: str, schema: str, prefix: str, driver: str, jobs: int) -> dict:
+def pgqueuer_setup_main(ctx: Context, dsn: str, schema: str, prefix: str, driver: str, jobs: int) -> dict:
     """Install PgQueuer's tables in the lab schema and enqueue ``jobs`` no-op jobs."""
     import asyncio
 
@@ -718,7 +709,7 @@ def pgqueuer_setup_main(ctx, dsn: str, schema: str, prefix: str, driver: str, jo
     return asyncio.run(go())
 
 
-def pgqueuer_worker_main(ctx, dsn: str, schema: str, prefix: str, driver: str, batch: int) -> dict:
+def pgqueuer_worker_main(ctx: Context, dsn: str, schema: str, prefix: str, driver: str, batch: int) -> dict:
     """One PgQueuer QueueManager with a no-op entrypoint, drained (``mode=drain``) from the
     shared start time; reports when it started and stopped."""
     import asyncio
@@ -750,7 +741,6 @@ def pgqueuer_worker_main(ctx, dsn: str, schema: str, prefix: str, driver: str, b
 
 
 def _drain_with_pgqueuer(lab: Lab, s: Settings, driver: str) -> dict:
-    from ..core.procs import Worker
 
     prefix = f"lkb{os.getpid()}_"
     setup = Worker("labkit.tools.bench:pgqueuer_setup_main", name="pgqueuer setup", dsn=lab.db.dsn,
@@ -794,7 +784,7 @@ def _drain_with_labkit(lab: Lab, s: Settings) -> dict:
     finished = sum(r["finished"] for r in results)
     if done != s.peer_jobs or finished != s.peer_jobs:
         raise LabkitError(f"labkit's drain finished {finished} jobs ({done} DONE in the table) of "
-                          f"{s.peer_jobs}.", "this is a bug in labkit.bench: report it.")
+                          f"{s.peer_jobs}.", "this is a bug in labkit bench: report it with the command you ran.")
     wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
     return {"jobs": s.peer_jobs, "seconds": wall, "jobs_per_s": s.peer_jobs / wall}
 
@@ -807,7 +797,7 @@ PEER_WORK = ("each side drains the same backlog of no-op jobs with {w} workers, 
              "batches. Time: first worker's start to last worker's exit.")
 
 
-def peer(lab: Lab, s: Settings, progress=None) -> dict:
+def peer(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     progress = progress or (lambda msg: None)
     version, driver = peer_available()
     labkit_side = _drain_with_labkit(lab, s)
@@ -828,7 +818,7 @@ def peer(lab: Lab, s: Settings, progress=None) -> dict:
 
 # -- figure 3: a broker ------------------------------------------------------------------------------
 
-def amqp(s: Settings, progress=None) -> dict:
+def amqp(s: Settings, progress: Progress | None = None) -> dict:
     """Publish, then consume with acks, ``amqp_messages`` messages through RabbitMQ: a
     transient queue without publisher confirms, and a durable queue with persistent
     messages and publisher confirms (what the broker promises against a durable commit; compare
@@ -841,7 +831,9 @@ def amqp(s: Settings, progress=None) -> dict:
     try:
         import pika
     except ImportError:
-        return {"amqp": {"skipped": "pika is not installed (pip install -e '.[bench]')"}}
+        why = "the RabbitMQ client pika is not installed (pip install 'labkit[rabbitmq]')"
+        progress(f"broker: skipped ({why})")
+        return {"amqp": {"skipped": why}}
     out = {}
     try:
         conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -903,8 +895,7 @@ def amqp(s: Settings, progress=None) -> dict:
 
 # -- figure 4: the convoy ------------------------------------------------------------------------------
 
-def convoy_efficiency(lab: Lab, s: Settings, progress=None) -> dict:
-    from ..labs import convoy
+def convoy_efficiency(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
 
     r = convoy.run(lab, "skip", 16, 20, s.convoy_seconds).row()
     (progress or (lambda m: None))(f"convoy: SKIP LOCKED, N = 16, d = 20 ms: {r['jobs_per_s']:,.0f} jobs/s, "
@@ -916,7 +907,7 @@ def convoy_efficiency(lab: Lab, s: Settings, progress=None) -> dict:
 
 # -- figure 5: history and the partial index ------------------------------------------------------------
 
-def history(lab: Lab, s: Settings, progress=None) -> dict:
+def history(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     """The claim rate (labkit's claimer, batch ``history_batch``) with 0 and ``history_rows``
     finished rows in the table, with and without the partial index.  Every point starts
     from the same backlog of ``history_pending`` pending jobs, so history is the only thing
@@ -942,13 +933,10 @@ def history(lab: Lab, s: Settings, progress=None) -> dict:
 
 # -- figure 6: the embedded server's start and a warm connect -------------------------------------------
 
-def server_start(lab: Lab, s: Settings, progress=None) -> dict:
+def server_start(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     """A throw-away embedded cluster in a temporary folder (the user's server is never
     touched): first start (initdb + start), then ``start_runs`` cold starts of the stopped
     cluster; and the median warm connect (connect + SELECT 1) to the server under test."""
-    import psycopg
-
-    from ..core.server import EmbeddedServer
 
     progress = progress or (lambda msg: None)
     tmp = Path(tempfile.mkdtemp(prefix="labkit-bench-pg-"))
@@ -963,7 +951,7 @@ def server_start(lab: Lab, s: Settings, progress=None) -> dict:
             server.stop()
             t0 = time.perf_counter()
             server.start()
-            with psycopg.connect(server.url(), connect_timeout=10) as c:
+            with open_connection(server.url(), role=f"{ROLE}-start") as c:
                 c.execute("SELECT 1")
             cold.append(time.perf_counter() - t0)
     finally:
@@ -974,7 +962,7 @@ def server_start(lab: Lab, s: Settings, progress=None) -> dict:
     warm = []
     for _ in range(10):
         t0 = time.perf_counter()
-        with psycopg.connect(lab.db.dsn, connect_timeout=10) as c:
+        with open_connection(lab.db.dsn, schema=lab.schema, role=f"{ROLE}-connect") as c:
             c.execute("SELECT 1")
         warm.append(time.perf_counter() - t0)
     out = {"first_start_s": first, "cold_start_s": statistics.median(cold),
@@ -986,7 +974,7 @@ def server_start(lab: Lab, s: Settings, progress=None) -> dict:
 
 # -- figure 7: notebooks, headless ---------------------------------------------------------------------
 
-def notebook_names(wanted=None) -> list[str]:
+def notebook_names(wanted: Iterable[str] | None = None) -> list[str]:
     names = [p.stem for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))]
     if wanted is None:
         return names
@@ -997,15 +985,20 @@ def notebook_names(wanted=None) -> list[str]:
     return [w for w in names if w in set(wanted)]
 
 
-def time_notebooks(names: list[str], progress=None, timeout: int = 600) -> dict:
+def time_notebooks(names: list[str], progress: Progress | None = None, timeout: int = 600) -> dict:
     """Run each notebook headless (nbclient, a fresh kernel, from notebooks/) on an in-memory
     copy — nothing in notebooks/ is rewritten — and time it.  The kernels run as their own
     LABKIT_USER so the reader's and the test suite's lab schemas are left alone; the schemas
-    they create are dropped afterwards."""
-    import nbformat
-    from nbclient import NotebookClient
-
+    they create are dropped afterwards.  Without nbclient (the ``slides`` extra) the figure
+    is skipped, and the result says why."""
     progress = progress or (lambda msg: None)
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+    except ImportError:
+        why = "nbclient is not installed (pip install 'labkit[slides]')"
+        progress(f"notebooks: skipped ({why})")
+        return _no_notebooks(notebooks_skipped=why)
     user = f"bench{os.getpid()}"
     times: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -1031,8 +1024,13 @@ def time_notebooks(names: list[str], progress=None, timeout: int = 600) -> dict:
             "workbook_complete": len(names) == len(notebook_names())}
 
 
+def _no_notebooks(**why: str) -> dict:
+    """The notebook figures of a run that timed none."""
+    return {"notebook_seconds": {}, "workbook_seconds": None, "workbook_notebooks": 0,
+            "workbook_complete": False, "notebook_errors": {}, **why}
+
+
 def _drop_schemas_of(user: str) -> None:
-    from ..core import db as dbmod
 
     try:
         with dbmod.connect(quiet=True).connect() as conn:
@@ -1079,8 +1077,8 @@ LIMITS = [
     "The claim ceiling is set by the server's work per transaction (index search, row lock, "
     "UPDATE, WAL, commit); a lean client adds little, and bigger batches spread the commit over "
     "more jobs.",
-    "The cursor-API figure shows what psycopg's convenience layer costs on the client: on 2 cores "
-    "that CPU is taken from the server.",
+    "The cursor-API figure shows what psycopg's convenience layer costs on the client: on a "
+    "machine with few cores that CPU is taken from the server.",
 ]
 
 
@@ -1097,8 +1095,9 @@ def machine() -> dict:
             "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
-def run(lab: Lab=None, settings: Settings | None = None, *, quick: bool = True, notebooks=...,
-        progress=None, figures: tuple | None = None) -> dict:
+def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool = True,
+        notebooks: Iterable[str] | None | EllipsisType = ..., progress: Progress | None = None,
+        figures: tuple[str, ...] | None = None) -> dict:
     """Run the benchmark; return every figure as one dict (what ``--json`` prints).
 
     ``lab``: the lab schema to work in (a fresh one of its own when None, dropped after).
@@ -1114,10 +1113,10 @@ def run(lab: Lab=None, settings: Settings | None = None, *, quick: bool = True, 
     bad = [f for f in figures if f not in all_figures]
     if bad:
         raise LabkitError(f"Unknown benchmark figure {bad[0]!r}.", f"use some of {', '.join(all_figures)}.")
-    names = notebook_names(s.notebooks) if "notebooks" in figures else []
     progress = progress or (lambda msg: None)
+    no_workbook = "notebooks" in figures and not notebook_names()
+    names = notebook_names(s.notebooks) if "notebooks" in figures and not no_workbook else []
 
-    from ..core import db as dbmod
 
     own = lab is None
     if own:
@@ -1142,10 +1141,13 @@ def run(lab: Lab=None, settings: Settings | None = None, *, quick: bool = True, 
             result |= history(lab, s, progress)
         if "server" in figures:
             result |= server_start(lab, s, progress)
-        if "notebooks" in figures:
-            result |= time_notebooks(names, progress) if names else {
-                "notebook_seconds": {}, "workbook_seconds": None, "workbook_notebooks": 0,
-                "workbook_complete": False, "notebook_errors": {}}
+        if no_workbook:
+            # an installed labkit without the workbook beside it: nothing to time
+            why = f"no notebooks in {NOTEBOOKS} (labkit installed without the workbook): run from a checkout"
+            progress(f"notebooks: skipped ({why})")
+            result |= _no_notebooks(notebooks_skipped=why)
+        elif "notebooks" in figures:
+            result |= time_notebooks(names, progress) if names else _no_notebooks()
     finally:
         if own:
             lab.discard()
@@ -1225,6 +1227,8 @@ def table(result: dict) -> str:
         n, complete = result["workbook_notebooks"], result["workbook_complete"]
         add(f"{'whole workbook' if complete else f'{n} notebook(s)'} headless (s)", f"{result['workbook_seconds']:.1f}",
             "", "")
+    if result.get("notebooks_skipped"):
+        add("notebooks headless (s)", "—", f"skipped: {result['notebooks_skipped']}", "—")
     head = ("figure", "labkit", "other side", "ratio")
     w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
     lines = [f"labkit bench{' --quick' if result.get('quick') else ''} · {result.get('server', '')} · "
@@ -1253,10 +1257,10 @@ def table(result: dict) -> str:
 
 
 def load_reference(path: Path = REFERENCE) -> dict:
-    """The reference run recorded in data/ (bench_reference.md describes the machine)."""
+    """The reference run recorded in labkit/data/ (bench_reference.md describes the machine)."""
     if not path.exists():
         raise LabkitError(f"The benchmark reference {path} is missing.",
-                          "record one with `labkit bench --json > data/bench_reference.json`.")
+                          f"record one with `labkit bench --json > {path}`.")
     return json.loads(path.read_text())
 
 
@@ -1290,7 +1294,7 @@ def headline(result: dict) -> dict:
     return out
 
 
-def compare(mine: dict, reference: dict):
+def compare(mine: dict, reference: dict) -> pd.DataFrame:
     """Your figures beside the reference's: a DataFrame indexed by figure, with both values
     and yours / reference (figures one side did not measure are left out)."""
     import pandas as pd
@@ -1302,11 +1306,10 @@ def compare(mine: dict, reference: dict):
     return df
 
 
-def plot_ceiling(mine: dict | None, reference: dict | None, ax=None):
+def plot_ceiling(mine: dict | None, reference: dict | None, ax: Axes | None = None) -> Axes:
     """Claim ceiling by batch size: labkit and pgbench, yours (solid) and the reference (hatched)."""
     import matplotlib.pyplot as plt
 
-    from ..core.plots import PALETTE
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4))
@@ -1332,54 +1335,26 @@ def plot_ceiling(mine: dict | None, reference: dict | None, ax=None):
 
 # -- command line --------------------------------------------------------------------------------------
 
-@entry_point("labkit bench")
-def main(argv: list[str] | None = None) -> int:
-    """``labkit bench [--quick] [--json] [--notebooks NAME ...]``"""
-    parser = argparse.ArgumentParser(
-        prog="labkit bench",
-        description="How fast can a table queue go: every figure measured side by side in one run "
-                    "(progress on stderr, the table or JSON on stdout).")
-    parser.add_argument("--quick", action="store_true",
-                        help="short runs, 50k history rows, one notebook timed (every figure still produced)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
-    parser.add_argument("--notebooks", nargs="*", metavar="NAME", default=None,
-                        help="notebooks to time (default: 00_start_here with --quick, all otherwise; "
-                             "none when given without names)")
-    parser.add_argument("--clients", type=int, default=None, help="client processes (default 4)")
-    parser.add_argument("--seconds", type=float, default=None,
-                        help="measured seconds per claim point (default 1 with --quick, 3 otherwise)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
-    args = parser.parse_args(argv)
+def bench_command(*, quick: bool, json: bool, notebooks: list[str] | None, clients: int | None,
+                  seconds: float | None, check: bool) -> int:
+    """``labkit bench [--quick] [--json] [--notebooks NAME ...]``: progress on stderr, the
+    table or JSON on stdout; with ``check``, exit 1 when a goal is missed."""
+    from json import dumps  # (the parameter ``json`` is the --json switch)
 
-    kw = {k: v for k, v in (("clients", args.clients), ("seconds", args.seconds)) if v is not None}
-    s = Settings.quick_settings(**kw) if args.quick else Settings.full_settings(**kw)
-    if args.notebooks is not None:
-        s = replace(s, notebooks=tuple(args.notebooks))
+
+    kw = {k: v for k, v in (("clients", clients), ("seconds", seconds)) if v is not None}
+    s = Settings.quick_settings(**kw) if quick else Settings.full_settings(**kw)
+    if notebooks is not None:
+        s = replace(s, notebooks=tuple(notebooks))
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    try:
-        from ..core import db as dbmod
-
-        s.check()                       # every setting, before any work
-        progress(dbmod.connect(quiet=True).describe())
-        result = run(settings=s, progress=progress)
-    except LabkitError as exc:
-        print(f"labkit bench: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        print(f"labkit bench: {describe_interrupt(exc)}", file=sys.stderr)
-        return signal_exit_code(exc)
-    if args.json:
-        print(json.dumps(result, indent=1, default=str))
-    else:
-        print(table(result))
+    s.check()                       # every setting, before any work
+    progress(dbmod.connect(quiet=True).describe())
+    result = run(settings=s, progress=progress)
+    print(dumps(result, indent=1, default=str) if json else table(result))
     progress(f"benchmark done in {result['bench_seconds']:.0f} s")
-    if args.check and any(g["status"] == "missed" for g in result["goals"]):
+    if check and any(g["status"] == "missed" for g in result["goals"]):
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

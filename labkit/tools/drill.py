@@ -4,22 +4,21 @@ question, flashcards, and self-check exercises run on the real server.
 Everything here prints as plain text (GitHub, nbval, handouts) and, in JupyterLab, also
 comes as a small widget:
 
-* :func:`load_bank` reads ``data/questions.yaml``; :func:`validate_bank` lists what is
+* :func:`load_bank` reads ``labkit/data/questions.yaml``; :func:`validate_bank` lists what is
   wrong with it (the test suite and ``labkit drill check`` use it);
 * :func:`print_study_sheet` prints the static study sheet, :func:`flashcards` shows the
   reveal / next widget;
-* :func:`load_costly` reads ``data/costly_answers.yaml``; :func:`print_quiz` prints the
+* :func:`load_costly` reads ``labkit/data/costly_answers.yaml``; :func:`print_quiz` prints the
   quiz with its key, :func:`quiz` is the pick-an-answer widget, :func:`grade_quiz`
   marks a dict of answers;
 * :func:`check_claim`, :func:`check_report_count` and :func:`check_reaper` run the
   reader's SQL in a scratch schema with real sessions and say what is right and wrong.
 
-Command line (``main``): ``labkit drill sheet|quiz|check``.
+Command line (``drill_command``): ``labkit drill sheet|quiz|check``.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import itertools
 import os
@@ -28,11 +27,19 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Collection, Iterator
 
-from ..core.plots import static_box
-from ..core.files import data_file
+from ..core.db import Guards
 from ..core.errors import LabkitError
-from ..core.lab import Lab
+from ..core.files import data_file
+from ..core.lab import Lab, read_sql
+from ..core.plots import static_box
+from ..core.queries import query as named_query  # ``query`` is the reader's SQL below
+from ..core.sessions import Sessions
+
+if TYPE_CHECKING:
+    import ipywidgets
+    import psycopg
 
 DATA = data_file()
 QUESTIONS_FILE = DATA / "questions.yaml"
@@ -135,7 +142,7 @@ def _read_yaml(path: Path) -> dict:
 
     if not path.exists():
         raise LabkitError(f"The drill's data file {path} is missing.",
-                          "run from a full checkout of the workbook (the file lives in data/).")
+                          "reinstall labkit (pip install labkit): the file ships in labkit/data/.")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -172,13 +179,7 @@ def validate_bank(data: dict) -> list[str]:
     questions = data.get("questions") if isinstance(data, dict) else None
     if not isinstance(questions, list):
         return problems + ["no questions: the file needs a `questions:` list"]
-    seen: set[str] = set()
-    for i, q in enumerate(questions):
-        if not isinstance(q, dict):
-            problems.append(f"question #{i + 1}: is not a mapping")
-            continue
-        where = f"question {q.get('id') or '#' + str(i + 1)}"
-        _check_entry(q, where, QUESTION_FIELDS, "follow_ups", "q", seen, problems)
+    for where, q in _entries(questions, "question", QUESTION_FIELDS, "follow_ups", "q", problems):
         if not _blank(q.get("level")) and q["level"] not in LEVELS:
             problems.append(f"{where}: level {q['level']!r} is not one of {', '.join(LEVELS)}")
         if not _blank(q.get("topic")) and q["topic"] not in topics:
@@ -211,7 +212,22 @@ def validate_bank(data: dict) -> list[str]:
     return problems
 
 
-def _check_entry(entry: dict, where: str, fields, list_field: str, id_letter: str,
+def _entries(items: list, kind: str, fields: tuple[str, ...], list_field: str, id_letter: str,
+             problems: list[str]) -> Iterator[tuple[str, dict]]:
+    """Each entry of a data file's list that is a mapping, with the name its problems are
+    told by ("question q07"), once the checks every entry gets have run; an entry that is
+    not a mapping is a problem itself."""
+    seen: set[str] = set()
+    for i, entry in enumerate(items):
+        if not isinstance(entry, dict):
+            problems.append(f"{kind} #{i + 1}: is not a mapping")
+            continue
+        where = f"{kind} {entry.get('id') or '#' + str(i + 1)}"
+        _check_entry(entry, where, fields, list_field, id_letter, seen, problems)
+        yield where, entry
+
+
+def _check_entry(entry: dict, where: str, fields: tuple[str, ...], list_field: str, id_letter: str,
                  seen: set, problems: list[str]) -> None:
     """The checks a question and a costly answer share: every field present and non-empty
     (``list_field`` must also hold items), no unknown field, an id like q01 / c01 used once."""
@@ -230,19 +246,13 @@ def _check_entry(entry: dict, where: str, fields, list_field: str, id_letter: st
         seen.add(eid)
 
 
-def validate_costly(data: dict, topics=()) -> list[str]:
+def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
     """Everything wrong with the raw contents of costly_answers.yaml."""
     problems: list[str] = []
     items = data.get("answers") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
         return ["no answers: the file needs an `answers:` list"]
-    seen: set[str] = set()
-    for i, c in enumerate(items):
-        if not isinstance(c, dict):
-            problems.append(f"answer #{i + 1}: is not a mapping")
-            continue
-        where = f"answer {c.get('id') or '#' + str(i + 1)}"
-        _check_entry(c, where, COSTLY_FIELDS, "choices", "c", seen, problems)
+    for where, c in _entries(items, "answer", COSTLY_FIELDS, "choices", "c", problems):
         if topics and not _blank(c.get("topic")) and c["topic"] not in topics:
             problems.append(f"{where}: topic {c['topic']!r} is not a topic of questions.yaml")
         _check_notebook(where, c.get("notebook"), problems)
@@ -279,7 +289,7 @@ def load_bank(path: Path | str | None = None) -> Bank:
     return Bank(topics, questions)
 
 
-def load_costly(path: Path | str | None = None, *, topics=None) -> list[Costly]:
+def load_costly(path: Path | str | None = None, *, topics: Collection[str] | None = None) -> list[Costly]:
     """The answers that cost you the question, validated."""
     path = Path(path) if path else COSTLY_FILE
     data = _read_yaml(path)
@@ -436,7 +446,29 @@ def _pre(text: str) -> str:
             + html.escape(text) + "</pre>")
 
 
-class Flashcards:
+class _Stepper:
+    """What the flashcards and the quiz share: previous / <action> / next buttons and a
+    position label; ``move(step)`` goes to another item."""
+
+    def _controls(self, action: str, on_action: Callable[[], object]) -> tuple[ipywidgets.Button, ipywidgets.HBox]:
+        """The action's button, and the row of buttons and position label."""
+        import ipywidgets as w
+
+        button = w.Button(description=action, button_style="info")
+        self.next_button = w.Button(description="next")
+        self.prev_button = w.Button(description="previous")
+        self.position = w.Label()
+        button.on_click(lambda _: on_action())
+        self.next_button.on_click(lambda _: self.move(+1))
+        self.prev_button.on_click(lambda _: self.move(-1))
+        return button, w.HBox([self.prev_button, button, self.next_button, self.position])
+
+    def move(self, step: int) -> None:
+        """Go ``step`` items on (back when negative)."""
+        raise NotImplementedError
+
+
+class Flashcards(_Stepper):
     """Reveal / next flashcards, filtered by level and topic.  ``.box`` is the widget."""
 
     def __init__(self, bank: Bank | None = None, level: str | None = None,
@@ -450,19 +482,12 @@ class Flashcards:
         self.topic_pick = w.Dropdown(
             options=[("every topic", None)] + [(f"{k}: {t.title}", k) for k, t in self.bank.topics.items()],
             value=topic, description="topic", layout={"width": "420px"})
-        self.reveal_button = w.Button(description="reveal", button_style="info")
-        self.next_button = w.Button(description="next")
-        self.prev_button = w.Button(description="previous")
-        self.position = w.Label()
+        self.reveal_button, controls = self._controls("reveal", self.reveal)
         self.card = w.HTML()
-        self.reveal_button.on_click(lambda _: self.reveal())
-        self.next_button.on_click(lambda _: self.move(+1))
-        self.prev_button.on_click(lambda _: self.move(-1))
         self.level_pick.observe(lambda _: self.refilter(), names="value")
         self.topic_pick.observe(lambda _: self.refilter(), names="value")
-        self.box = static_box([w.HBox([self.level_pick, self.topic_pick]),
-                         w.HBox([self.prev_button, self.reveal_button, self.next_button, self.position]),
-                         self.card], self.describe)
+        self.box = static_box([w.HBox([self.level_pick, self.topic_pick]), controls, self.card],
+                              self.describe)
         self.refilter()
 
     @property
@@ -517,7 +542,7 @@ def flashcards(level: str | None = None, topic: str | None = None) -> Flashcards
     return cards
 
 
-class Quiz:
+class Quiz(_Stepper):
     """Pick what is wrong with each statement, check, see why; ``.box`` is the widget."""
 
     def __init__(self, items: list[Costly] | None = None):
@@ -530,17 +555,9 @@ class Quiz:
         self.picked: dict[str, str] = {}
         self.statement = w.HTML()
         self.choice = w.RadioButtons(options=[], layout={"width": "95%"})
-        self.check_button = w.Button(description="check", button_style="info")
-        self.next_button = w.Button(description="next")
-        self.prev_button = w.Button(description="previous")
-        self.position = w.Label()
+        self.check_button, controls = self._controls("check", self.check)
         self.verdict = w.HTML()
-        self.check_button.on_click(lambda _: self.check())
-        self.next_button.on_click(lambda _: self.move(+1))
-        self.prev_button.on_click(lambda _: self.move(-1))
-        self.box = static_box([self.statement, self.choice,
-                         w.HBox([self.prev_button, self.check_button, self.next_button, self.position]),
-                         self.verdict], self.describe)
+        self.box = static_box([self.statement, self.choice, controls, self.verdict], self.describe)
         self._render()
 
     def describe(self) -> str:
@@ -623,7 +640,7 @@ class Check:
         return str(self)
 
 
-def _scratch(lab: Lab):
+def _scratch(lab: Lab) -> Lab:
     """A throw-away lab schema next to ``lab``'s (dropped by the caller)."""
     return Lab.open(lab.db, f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
 
@@ -644,18 +661,13 @@ def _bind(lab: Lab, query: str, params: dict) -> str:
     return text
 
 
-def _jobs_newest_first(scratch, n: int) -> None:
+def _jobs_newest_first(scratch: Lab, n: int) -> None:
     """The job table with ``n`` pending jobs numbered newest first (job n is the oldest)
     and without its index, so that rows come back in storage order — newest first —
     unless the claim says ORDER BY created_at."""
-    from ..core.lab import read_sql
-
-    scratch.execute(read_sql("job_table.sql"))
+    scratch.run_file("job_table.sql")
     scratch.execute("DROP INDEX job_pending_created_idx")
-    scratch.execute(
-        "INSERT INTO job (id, created_at, payload) "
-        "SELECT g, timestamptz '2026-01-01 09:00:00+00' - g * interval '1 minute', 'job ' || g "
-        "FROM generate_series(1, %s) AS g", (n,))
+    scratch.execute(named_query("drill.sql", "jobs_newest_first").sql, {"n": n})
 
 
 CLAIM_HINT = ("A claim that works in parallel locks the oldest pending job with FOR UPDATE SKIP "
@@ -671,7 +683,6 @@ def check_claim(lab: Lab, query: str, *, workers: int = 3) -> Check:
     transaction, over six pending jobs.  It passes when no session waits or fails, each
     claims exactly one job, the jobs differ and are the oldest ones, and after the
     commits each job is IN_PROGRESS under the worker that claimed it."""
-    from ..core.sessions import Sessions
 
     if not 2 <= workers <= 5:
         raise LabkitError(f"check_claim runs 2 to 5 workers, not {workers}.", "use workers=3 (the default).")
@@ -726,8 +737,6 @@ def check_report_count(lab: Lab, query: str) -> Check:
     """Run ``query`` (returning one number: the pending jobs) while a worker's claim of two
     of six jobs is in flight (locked, marked, not yet committed), and again after it
     committed.  It passes when it never waits and says 6, then 4."""
-    from ..core.lab import read_sql
-    from ..core.sessions import Sessions
 
     check = Check("a dashboard counts pending jobs while a worker claims", hint=COUNT_HINT)
     scratch = _scratch(lab)
@@ -780,12 +789,7 @@ def check_reaper(lab: Lab, query: str, *, lease: str = "5 minutes") -> Check:
     scratch = _scratch(lab)
     try:
         scratch.create_jobs(6)
-        scratch.execute(
-            "UPDATE job SET status = v.status, worker_id = v.worker, "
-            "       claimed_at = now() - v.age::interval "
-            "  FROM (VALUES (1, 'DONE', 'w1', '2 hours'), (2, 'IN_PROGRESS', 'w2', '10 minutes'), "
-            "               (3, 'IN_PROGRESS', 'w3', '10 seconds'), (5, 'IN_PROGRESS', 'w5', '1 hour')) "
-            "       AS v(id, status, worker, age) WHERE job.id = v.id")
+        scratch.execute(named_query("drill.sql", "reaper_scene").sql)
         before = {r[0]: r[1:] for r in scratch.execute("SELECT id, status, worker_id, claimed_at FROM job")}
         text = _bind(scratch, query, {"lease": lease})
         with _Solo(scratch) as conn:
@@ -819,37 +823,27 @@ class _Solo:
     """One autocommit session of a lab, closed on exit (the reaper runs alone)."""
 
     def __init__(self, lab: Lab):
-        self.conn = lab.connect(role="reaper")
-        self.conn.execute("SET statement_timeout = '10s'")
+        self.conn = lab.connect(role="reaper", guards=Guards(statement_timeout="10s"))
 
-    def __enter__(self):
+    def __enter__(self) -> psycopg.Connection:
         return self.conn
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.conn.close()
 
 
 # -- command line: labkit drill ---------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def drill_command(*, what: str, level: str | None = None, topic: str | None = None,
+                  short: bool = False, key: bool = True) -> int:
     """``labkit drill sheet [--level L] [--topic T] [--short]`` · ``labkit drill quiz
-    [--topic T] [--no-key]`` · ``labkit drill check`` (validate both data files)."""
-    parser = argparse.ArgumentParser(prog="labkit drill", description="The interview drill.")
-    sub = parser.add_subparsers(dest="what", required=True)
-    sheet = sub.add_parser("sheet", help="print the study sheet")
-    sheet.add_argument("--level", choices=LEVELS)
-    sheet.add_argument("--topic")
-    sheet.add_argument("--short", action="store_true", help="questions and 20-second answers only")
-    qz = sub.add_parser("quiz", help="print the answers that cost you the question")
-    qz.add_argument("--topic")
-    qz.add_argument("--no-key", action="store_true", help="leave out the answers")
-    sub.add_parser("check", help="validate data/questions.yaml and data/costly_answers.yaml")
-    args = parser.parse_args(argv)
+    [--topic T] [--no-key]`` · ``labkit drill check`` (validate both data files; exit 1 on
+    a problem)."""
     try:
-        if args.what == "sheet":
-            print_study_sheet(args.level, args.topic, short=args.short)
-        elif args.what == "quiz":
-            print_quiz(args.topic, key=not args.no_key)
+        if what == "sheet":
+            print_study_sheet(level, topic, short=short)
+        elif what == "quiz":
+            print_quiz(topic, key=key)
         else:
             qdata, cdata = _read_yaml(QUESTIONS_FILE), _read_yaml(COSTLY_FILE)
             problems = ([f"questions.yaml: {p}" for p in validate_bank(qdata)]
@@ -865,7 +859,3 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

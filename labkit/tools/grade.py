@@ -23,7 +23,7 @@ stages, each in a throw-away lab schema of its own:
    the claim's transaction.
 
 The claim's SQL runs as a throw-away role that may use its own schema and nothing
-else (:mod:`labkit.sandbox`), and every stage is time-boxed: a statement that runs too
+else (:mod:`labkit.core.sandbox`), and every stage is time-boxed: a statement that runs too
 long is cancelled, and the claim fails with ``too_slow``.
 
 The verdict is ``pass`` only when no problem was found.  Every problem is a short
@@ -33,12 +33,10 @@ not a claim, or a runtime error is a problem in the report, never a crash.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import re
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -46,11 +44,15 @@ from pathlib import Path
 
 import psycopg
 
-from ..core.files import data_file
+from ..core.db import Database, Guards, connect, open_connection
 from ..core.errors import LabkitError, ServerError
+from ..core.files import data_file
+from ..core.lab import Lab
+from ..core.procs import Context, Worker
 from ..core.queries import statements
 from ..core.sandbox import Sandbox, check_number, read_input
-from ..core.lab import Lab
+from ..core.sessions import Sessions, classify
+from ..labs import claims
 
 PARAM_RE = re.compile(r"%\((\w+)\)s")
 TX_CONTROL = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|COMMIT|END|ROLLBACK|ABORT)\b", re.I)
@@ -267,7 +269,6 @@ def _claim_statements(stmts: list[str]) -> list[str]:
 
 def _probe(report: Report, lab: Lab, stmts: list[str], no_order: bool) -> bool:
     """Two claims in flight at once.  Returns False when the claim cannot be run further."""
-    from ..labs import claims
 
     claims.fresh_jobs(lab, PROBE_JOBS)
     body = _claim_statements(stmts)
@@ -286,7 +287,6 @@ def _probe(report: Report, lab: Lab, stmts: list[str], no_order: bool) -> bool:
 
 
 def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -> bool:
-    from ..core.sessions import Sessions
 
     with Sessions(lab, "A", "B", watch={"job": "id"}, lock_timeout="2s",
                   statement_timeout=f"{int(STEP_TIMEOUT_S * 1000)}ms") as run:
@@ -359,7 +359,6 @@ def _ids(rows) -> list[int] | None:
 
 
 def _plan(report: Report, lab: Lab, stmts: list[str]) -> None:
-    from ..labs import claims
 
     claims.make_queue(lab, pending=50, done=HISTORY_ROWS)
     nodes, buffers, seq = [], 0, False
@@ -390,23 +389,21 @@ def _plan(report: Report, lab: Lab, stmts: list[str]) -> None:
 LOCK_KINDS = ("nowait", "lock_timeout", "deadlock", "serialization")
 
 
-def grade_worker(ctx, dsn: str, schema: str, worker_id: str, script: str, job_ms: float = 2.0,
+def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: str, job_ms: float = 2.0,
                  pause_after: int | None = None, deadline_s: float = 30.0,
-                 statement_timeout_s: float = STEP_TIMEOUT_S, **login) -> dict:
+                 statement_timeout_s: float = STEP_TIMEOUT_S, check_client_ms: int | None = None,
+                 **login: str) -> dict:
     """Body of one graded worker process: run the reader's script, run each claimed job
     (job_ms, outside the script), mark it DONE, and report everything as events.
     ``login`` (user, password) is the sandbox role the script runs as."""
-    from ..core.sessions import classify
 
-    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema},public",
-                           application_name=f"labkit:{schema}:{worker_id}"[:63], connect_timeout=10,
+    # Killed (as one worker will be), its query does not run on without it: the server
+    # checks the client's socket every check_client_ms (PostgreSQL 14 and later).
+    conn = open_connection(dsn, schema=schema, role=worker_id, check_client_ms=check_client_ms,
+                           guards=Guards(lock_timeout="5s",
+                                         statement_timeout=f"{int(statement_timeout_s * 1000)}ms"),
                            **login)
     try:
-        conn.execute("SET lock_timeout = '5s'")
-        conn.execute("SET statement_timeout = %s" % int(statement_timeout_s * 1000))
-        if conn.info.server_version >= 140000:
-            # Killed (as one worker will be), its query does not run on without it.
-            conn.execute("SET client_connection_check_interval = 2000")
         ran = errors = empties = 0
         ctx.emit("connected", pids=[conn.info.backend_pid])
         ctx.pause("ready")                      # all workers start claiming together
@@ -498,12 +495,11 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
          crash_after: int = 3) -> None:
     """``lab`` is labkit's own view of the lab (it watches pg_stat_activity); the jobs are
     made, claimed and counted through the sandbox ``box``."""
-    from ..labs import claims
-    from ..core.procs import Worker
 
     if not _stage(report, box, 2 * STEP_TIMEOUT_S, claims.fresh_jobs, box.lab, jobs):
         return
     script = "; ".join(stmts)
+    check_client_ms = 2000 if lab.db.version_num >= 140000 else None
     sampler = _BlockedSampler(lab, f"{lab.app_name}:g%")
     ws: list[Worker] = []
     t0 = time.monotonic()
@@ -514,7 +510,8 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
             ws.append(Worker("labkit.tools.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
                              worker_id=wid, script=bind(script, wid), job_ms=job_ms,
                              pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
-                             statement_timeout_s=STEP_TIMEOUT_S, **box.worker_kwargs()).start())
+                             statement_timeout_s=STEP_TIMEOUT_S, check_client_ms=check_client_ms,
+                             **box.worker_kwargs()).start())
         for w in ws:
             w.wait_for("paused", tag="ready", timeout=60)
         sampler.start()
@@ -620,7 +617,7 @@ def _stage(report: Report, box: Sandbox, seconds: float, fn, *args):
     return result
 
 
-def check_settings(workers, jobs, job_ms) -> None:
+def check_settings(workers: int | float, jobs: int | float, job_ms: int | float) -> None:
     """The grader's numbers, or a one-paragraph error naming the allowed range."""
     check_number("workers", workers, low=2, high=MAX_WORKERS, integer=True,
                  fix=f"pass 2 to {MAX_WORKERS} workers (one is killed; the default is 4).")
@@ -633,8 +630,8 @@ def check_settings(workers, jobs, job_ms) -> None:
                  fix=f"pass a job time from 0 to {MAX_JOB_MS:,} ms (the default is 2).")
 
 
-def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float = 2.0,
-                db=None, name: str | None = None, run: bool = True) -> Report:
+def grade_claim(sql_or_path: str | Path, *, workers: int = 4, jobs: int = 120, job_ms: float = 2.0,
+                db: Database | None = None, name: str | None = None, run: bool = True) -> Report:
     """Grade a claim given as SQL text or as a path to a .sql file."""
     if isinstance(workers, int) and not isinstance(workers, bool) and workers < 2:
         raise LabkitError(f"The grader needs at least 2 workers (one is killed), not {workers}.",
@@ -646,8 +643,6 @@ def grade_claim(sql_or_path, *, workers: int = 4, jobs: int = 120, job_ms: float
     stmts, no_order = _read(report, text)
     if stmts is None:
         return _verdict(report)
-    from ..core.db import connect
-
     db = db or connect(quiet=True)
     lab = Lab.open(db, f"grade_{os.getpid()}_{next(_counter)}")
     try:
@@ -685,35 +680,10 @@ def _verdict(report: Report) -> Report:
     return report
 
 
-def _number(text: str):
-    """An option's number as written: 12 stays an int, 1e20, inf and nan become floats
-    (and are then refused with the allowed range by check_settings)."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``labkit grade claim FILE.sql [--json] [--workers N] [--jobs M] [--job-ms MS]``"""
-    p = argparse.ArgumentParser(prog="labkit grade", description="Grade a claim written in SQL.")
-    sub = p.add_subparsers(dest="what", required=True)
-    c = sub.add_parser("claim", help="run FILE.sql as concurrent workers and say what is wrong")
-    c.add_argument("file")
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
-    c.add_argument("--workers", type=_number, default=4, help=f"2 to {MAX_WORKERS} (default 4)")
-    c.add_argument("--jobs", type=_number, default=120, help=f"up to {MAX_JOBS:,} (default 120)")
-    c.add_argument("--job-ms", type=_number, default=2.0,
-                   help=f"how long each job runs, 0 to {MAX_JOB_MS:,} ms (default 2)")
-    args = p.parse_args(argv)
-    try:
-        report = grade_claim(Path(args.file), workers=args.workers, jobs=args.jobs, job_ms=args.job_ms)
-    except LabkitError as exc:
-        print(f"labkit grade: {exc}", file=sys.stderr)
-        return 2
-    print(report.to_json() if args.json else report.to_text())
+def grade_command(*, file: str, json: bool, workers: int | float, jobs: int | float,
+                  job_ms: int | float) -> int:
+    """``labkit grade claim FILE.sql [--json] [--workers N] [--jobs M] [--job-ms MS]``: exit 1
+    when the claim fails."""
+    report = grade_claim(Path(file), workers=workers, jobs=jobs, job_ms=job_ms)
+    print(report.to_json() if json else report.to_text())
     return 0 if report.verdict == "pass" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,11 +10,15 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def slide_type(cell) -> str:
+def slide_type(cell: NotebookNode) -> str:
     """Where a cell goes in the slide deck: headings start slides, the interview box and
     exercises get a slide of their own, everything else follows on the current slide."""
     first = cell.source.lstrip().split("\n", 1)[0] if cell.source.strip() else ""
@@ -28,13 +32,13 @@ def slide_type(cell) -> str:
     return "-"
 
 
-def add_slide_metadata(nb) -> None:
+def add_slide_metadata(nb: NotebookNode) -> None:
     """Give every cell slideshow metadata (an author's own choice is kept)."""
     for cell in nb.cells:
         cell.metadata.setdefault("slideshow", {"slide_type": slide_type(cell)})
 
 
-def clean(nb) -> None:
+def clean(nb: NotebookNode) -> None:
     """Drop widget state and per-cell execution timing (both change on every run), and
     make sure every cell carries slide metadata."""
     add_slide_metadata(nb)
@@ -43,10 +47,25 @@ def clean(nb) -> None:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("ExecuteTime", None)
         if cell.cell_type == "code":
-            for out in cell.get("outputs", []):
+            cell.outputs = merge_streams(cell.get("outputs", []))
+            for out in cell.outputs:
                 # widget views cannot render without the stripped state
                 data = out.get("data", {})
                 data.pop("application/vnd.jupyter.widget-view+json", None)
+
+
+def merge_streams(outputs: list) -> list:
+    """Adjacent chunks of one stream as one output: how a print is split into chunks depends
+    on the kernel's timing, and a committed notebook should not change with it."""
+    merged: list = []
+    for out in outputs:
+        last = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last.get("name") == out.get("name")):
+            last["text"] = "".join(last["text"]) + "".join(out["text"])
+        else:
+            merged.append(out)
+    return merged
 
 
 # An author's home folder in a committed output names the author and means nothing to a reader.
@@ -57,7 +76,7 @@ HOME_PATH = re.compile(r"(?<![\w.~])(/root/|/home/[^/\s\\\"]+/|/Users/[^/\s\\\"]
 WIDGET_REPR = re.compile(r"\b[HV]Box\(children=")
 
 
-def problems(nb) -> list[str]:
+def problems(nb: NotebookNode) -> list[str]:
     """What would make a committed notebook untrustworthy."""
     found = []
     if "widgets" in nb.metadata:

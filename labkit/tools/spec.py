@@ -1,4 +1,4 @@
-"""PostgreSQL isolation-tester specs, run on a lab and printed the tester's way.
+"""PostgreSQL isolation-tester specs, run on a real server and printed the tester's way.
 
 A spec (``src/test/isolation/specs/*.spec`` in PostgreSQL) names sessions, the
 steps each session may take, and the orders ("permutations") to try them in::
@@ -24,10 +24,20 @@ lays them out, ``ERROR:  message`` for failures and ``s1: NOTICE:  ...`` for
 notices.  So a spec's output can be compared with the ``.out`` file PostgreSQL
 expects for it.
 
+Where PostgreSQL's tester puts a spec's objects, so does ``run()``: in a database of the
+run's own (``labkit_spec_<user>_<pid>``, made from ``template0`` and dropped at the end, on
+an error or an interrupt too), in its ``public`` schema, so that ``EXPLAIN (VERBOSE)`` prints
+``public.t`` as PostgreSQL's expected output does, the same on every run.  Where labkit's
+database user may not create databases (no CREATEDB, as on some shared servers), the spec
+runs in a lab schema instead and one printed note says why; names that PostgreSQL prints
+as ``public.t`` then read ``lab_spec_<pid>_<user>.t`` (or the given lab's schema).
+Databases that killed runs left behind: :func:`drop_spec_databases`.
+
 Every SQL text of the spec (setup, teardown, session setup and teardown, steps) runs as
-a throw-away role that may use the lab's schema and nothing else
-(:mod:`labkit.sandbox`).  A spec file may hold at most 1 MB, and one without
-permutation lines may interleave its steps in at most 10,000 ways.
+a throw-away role that may use that database's ``public`` schema (or that lab schema) and
+nothing else (:mod:`labkit.core.sandbox`).  A spec file may hold at most 1 MB, one
+without permutation lines may interleave its steps in at most 10,000 ways, and a spec
+may have at most ``MAX_SESSIONS`` (16) sessions.
 
 Command line (wired in ``labkit/cli.py``)::
 
@@ -37,29 +47,38 @@ Command line (wired in ``labkit/cli.py``)::
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import difflib
+import hashlib
 import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator
+from typing import TextIO
 
+import psycopg
 from psycopg import pq
+from psycopg import sql as psql  # (``sql`` names a step's text below)
+from psycopg.conninfo import make_conninfo
 
+from ..core.db import Database, Guards, connect, current_user_tag, session_name
 from ..core.errors import LabkitError, SpecError
-from ..core.sandbox import Sandbox, check_number, read_input
-from ..core.sessions import Sessions
 from ..core.lab import Lab
+from ..core.queries import query
+from ..core.sandbox import Sandbox, check_number, read_input
+from ..core.sessions import MAX_SESSIONS, Sessions
+from ..core.sessions import Step as EngineStep
 
 MAX_SPEC_BYTES = 1_000_000
 MAX_PERMUTATIONS = 10_000
 MAX_TIMEOUT_S = 86_400
 
 __all__ = ["Blocker", "Permutation", "PermutationStep", "Session", "Spec", "Step",
-           "format_result", "main", "parse", "parse_file", "run", "run_file"]
+           "drop_spec_databases", "format_result", "parse", "parse_file", "run",
+           "run_file", "spec_command", "spec_database_name", "spec_databases"]
 
 # ======================================================================================
 # The spec, as data
@@ -339,7 +358,7 @@ def _tokenize(text: str, filename: str) -> list[_Tok]:
 # ======================================================================================
 
 class _Parser:
-    def __init__(self, toks: list[_Tok], filename: str):
+    def __init__(self, toks: list[_Tok], filename: str) -> None:
         self.toks = toks
         self.pos = 0
         self.filename = filename
@@ -608,8 +627,6 @@ def _severity(err) -> str:
 NONBLOCK = 1     # return as soon as the step waits for a lock
 RETRY = 2        # a later look at a step already reported as waiting
 
-_BLOCKED_SQL = "SELECT pg_catalog.pg_isolation_test_session_is_blocked(%s, %s)"
-
 
 @dataclass
 class _Active:
@@ -618,7 +635,7 @@ class _Active:
     ps: PermutationStep
     session: str
     sql: str
-    step: object
+    step: EngineStep
     targets: dict[int, int] = field(default_factory=dict)   # blocker index -> notices needed
 
 
@@ -626,7 +643,8 @@ class _Runner:
     """Plays a spec.  ``box`` is the sandbox: every connection comes from ``box.lab``, so
     all of the spec's SQL runs as its role."""
 
-    def __init__(self, spec: Spec, box: Sandbox, timeout: float, out: list[str], err):
+    def __init__(self, spec: Spec, box: Sandbox, timeout: float, out: list[str],
+                 err: TextIO) -> None:
         self.spec = spec
         self.box = box
         self.lab = box.lab
@@ -740,8 +758,8 @@ class _Runner:
         if spec.teardown:
             self.exec_control(spec.teardown, "teardown")
 
-    def _notice_handler(self, name: str):
-        def handler(diag) -> None:
+    def _notice_handler(self, name: str) -> Callable[[psycopg.errors.Diagnostic], None]:
+        def handler(diag: psycopg.errors.Diagnostic) -> None:
             self.notices.append((name, _notice_text(diag)))
             self.total_notices[name] += 1
             self.new_notice = True
@@ -768,7 +786,8 @@ class _Runner:
                                 "check the permutation's blocker annotations.")
                         time.sleep(0.005)
             sql = self.sql_of[ps.name]
-            step = self.engine.step(name, sql, label=ps.name)
+            # Sent, not waited for: try_complete below looks at it the tester's way.
+            step = self.engine.send(name, sql, label=ps.name)
             act = _Active(ps, name, sql, step)
             self.active[name] = act
             for k, b in enumerate(ps.blockers):
@@ -860,122 +879,266 @@ class _Runner:
         return False
 
     # -- waiting on the engine's sessions -------------------------------------------------
-    # Sessions.step() already settles a new step (finished, or waiting for a lock) and
-    # re-checks the steps waiting in other sessions.  These two cover the tester's other
-    # looks at a running step: "finished or still blocked?" and "wait until finished".
-    def _blocked(self, name: str) -> bool:
-        s = self.engine.sessions[name]
-        row = self.engine.monitor.execute(_BLOCKED_SQL, (s.pid, list(self.pid_names))).fetchone()
-        return bool(row and row[0])
-
+    # The tester's two looks at a running step, "finished, or blocked?" and "wait until
+    # finished", are the engine's settle(): one test of "blocked" for labkit.
     def _settle(self, act: _Active) -> bool:
-        """Wait until the step finishes (True) or waits for a lock (False)."""
-        s = self.engine.sessions[act.session]
-        start = time.monotonic()
-        canceled = False
-        while s.pending is act.step:
-            if s.poll(0.002):
-                break
-            if self._blocked(act.session):
-                return s.poll(0)      # messages may have arrived while we asked
-            canceled = self._guard(act, start, canceled)
-        return True
+        """Wait until the step finishes (True) or waits for another session (False)."""
+        return self.engine.settle(act.session, watchdog=self._watchdog(act)) is None
 
     def _await(self, act: _Active) -> None:
-        s = self.engine.sessions[act.session]
-        start = time.monotonic()
+        self.engine.settle(act.session, until_done=True, watchdog=self._watchdog(act))
+
+    def _watchdog(self, act: _Active) -> Callable[[float], None]:
+        """The tester's limits on one look at a step: after the step timeout, cancel it and
+        say so; after twice that, give up."""
         canceled = False
-        while s.pending is act.step:
-            if s.poll(0.01):
-                break
-            canceled = self._guard(act, start, canceled)
 
-    def _guard(self, act: _Active, start: float, canceled: bool) -> bool:
-        elapsed = time.monotonic() - start
-        if elapsed > self.timeout and not canceled:
-            self.engine.sessions[act.session].conn.cancel()
-            self.emit(f"isolationtester: canceling step {act.ps.name} after {int(elapsed)} seconds\n")
-            return True
-        if elapsed > 2 * self.timeout:
-            raise LabkitError(f"{self.spec.filename}: step {act.ps.name} timed out after "
-                              f"{int(elapsed)} seconds.",
-                              "check the permutation: the step waits for something that never "
-                              "happens.")
-        return canceled
+        def check(elapsed: float) -> None:
+            nonlocal canceled
+            if elapsed > self.timeout and not canceled:
+                self.engine.sessions[act.session].conn.cancel()
+                self.emit(f"isolationtester: canceling step {act.ps.name} after "
+                          f"{int(elapsed)} seconds\n")
+                canceled = True
+            elif elapsed > 2 * self.timeout:
+                raise LabkitError(f"{self.spec.filename}: step {act.ps.name} timed out after "
+                                  f"{int(elapsed)} seconds.",
+                                  "check the permutation: the step waits for something that "
+                                  "never happens.")
+        return check
 
 
-def run(spec_or_path, lab: Lab=None, *, timeout: float = 60.0, reset: bool = True,
-        stderr=None) -> str:
+def run(spec_or_path: Spec | str | os.PathLike, lab: Lab | None = None, *,
+        timeout: float = 60.0, reset: bool = True, stderr: TextIO | None = None) -> str:
     """Run every permutation of a spec; return what isolationtester would print.
 
-    ``spec_or_path`` is a :class:`Spec` or the path of a ``.spec`` file.  Without a
-    ``lab``, a throw-away lab ``spec_<pid>`` is made (and dropped afterwards); a given
-    lab is reset first unless ``reset=False``.  ``timeout`` (seconds) bounds one step: after it
-    the step is cancelled, as the tester does after PGISOLATIONTIMEOUT.  Messages the
-    tester writes to stderr (unused steps, failed teardown) go to ``stderr`` (default
-    ``sys.stderr``).
+    ``spec_or_path`` is a :class:`Spec` or the path of a ``.spec`` file.  The spec runs
+    where PostgreSQL's tester runs one: in the ``public`` schema of a database made for
+    this run (on ``lab``'s server, or the one :func:`labkit.connect` finds), dropped at
+    the end whatever happens.  Where this user may not create databases, it runs in
+    ``lab``'s schema instead (reset first unless ``reset=False``), or without a ``lab`` in
+    a throw-away lab ``spec_<pid>``, and a note on ``stderr`` says why.  ``timeout``
+    (seconds) bounds one step: after it the step is cancelled, as the tester does after
+    PGISOLATIONTIMEOUT.  Messages the tester writes to stderr (unused steps, failed
+    teardown) go to ``stderr`` (default ``sys.stderr``).
     """
     spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
     check_number("timeout", timeout, low=0.1, high=MAX_TIMEOUT_S,
                  fix="give the step timeout in seconds, such as 60 (the default).")
     spec.check_size()
+    if len(spec.sessions) > MAX_SESSIONS:
+        raise SpecError(f"{spec.filename}: the spec has {len(spec.sessions)} sessions; labkit runs "
+                        f"at most {MAX_SESSIONS} (each one is a connection of its own).",
+                        "split it into specs with fewer sessions.")
     stderr = sys.stderr if stderr is None else stderr
     for w in spec.warnings:
         print(w, file=stderr)
-    own = lab is None
-    if own:
-        from ..core import lab as make_lab
+    if lab is None:
 
-        # One lab per process, so that runs in parallel never reset each other's schema.
-        lab = make_lab(f"spec_{os.getpid()}", quiet=True)
-    elif reset:
-        lab.reset()
+        server = connect(quiet=True)
+    else:
+        server = lab.db
     out: list[str] = []
-    try:
-        with Sandbox(lab, connections=len(spec.sessions) + 4,
-                     statement_timeout_s=2 * timeout) as box:
+    with _spec_place(server, lab, reset=reset, stderr=stderr) as place:
+        with Sandbox(place, connections=len(spec.sessions) + 4, statement_timeout_s=2 * timeout,
+                     own_database=isinstance(place, _OwnDatabase)) as box:
             if box.role is None:
                 print(f"labkit spec: the spec's SQL {box.note}.", file=stderr)
             _Runner(spec, box, timeout, out, stderr).run()
-    finally:
-        if own:
-            lab.discard()
     return "".join(out)
 
 
-def run_file(path: str | os.PathLike, lab: Lab=None, **kw) -> str:
+def run_file(path: str | os.PathLike, lab: Lab | None = None, **kw) -> str:
+    """:func:`run` on the spec file ``path``."""
     return run(parse_file(path), lab, **kw)
+
+
+# ======================================================================================
+# Where a run's objects go: a database of its own, as in PostgreSQL's tester
+# ======================================================================================
+
+SPEC_DATABASE_PREFIX = "labkit_spec_"
+_MAX_NAME = 63          # PostgreSQL keeps 63 bytes of a name
+
+def spec_database_name(tag: str | None = None, pid: int | None = None) -> str:
+    """``labkit_spec_<user tag>_<pid>``: the database a spec run of this process makes.  A
+    name over 63 characters keeps the tag's start and a short hash of the whole tag."""
+    tag = tag or current_user_tag()
+    pid = os.getpid() if pid is None else pid
+    name = f"{SPEC_DATABASE_PREFIX}{tag}_{pid}"
+    if len(name) <= _MAX_NAME:
+        return name
+    tail = f"_{hashlib.sha1(tag.encode()).hexdigest()[:8]}_{pid}"
+    room = _MAX_NAME - len(SPEC_DATABASE_PREFIX) - len(tail)
+    return SPEC_DATABASE_PREFIX + tag[:room].rstrip("_") + tail
+
+
+def spec_databases(conn: psycopg.Connection, *, tag: str | None = None) -> list[str]:
+    """The databases that interrupted spec runs of user ``tag`` (of any user, with None)
+    left behind and that this role may drop: named ``labkit_spec_*``, marked by labkit (the
+    comment ``labkit:<user tag>``), owned by this role, with no session connected (a run
+    holds sessions in its database from its start to its end)."""
+    return [r[0] for r in conn.execute(query("doctor.sql", "spec_databases").sql, {"tag": tag}).fetchall()]
+
+
+def drop_spec_databases(conn: psycopg.Connection, *, tag: str | None = None) -> list[str]:
+    """Drop the databases :func:`spec_databases` names (``conn`` in autocommit, on any
+    database of the server); returns the names dropped.  One that a session entered
+    meanwhile is left as it is."""
+    dropped = []
+    for name in spec_databases(conn, tag=tag):
+        try:
+            conn.execute(psql.SQL("DROP DATABASE IF EXISTS {}").format(psql.Identifier(name)))
+        except psycopg.errors.ObjectInUse:
+            continue
+        dropped.append(name)
+    return dropped
+
+
+class _OwnDatabase(Lab):
+    """The ``public`` schema of a database made for one run, seen as a lab.  Its
+    connections keep the server's default ``search_path`` (as the tester's do) and are
+    named ``labkit:<database>:<role>``; dropping it drops the database."""
+
+    def __init__(self, server: Database, dbname: str) -> None:
+        inside = dataclasses.replace(server, dsn=make_conninfo(server.dsn, dbname=dbname),
+                                     where=f"{server.where} (database {dbname})")
+        super().__init__(inside, "spec")
+        self.server = server
+        self.dbname = dbname
+        self.schema = "public"
+        self.app_name = session_name(dbname)
+
+    def __repr__(self) -> str:
+        return f"Lab(public of database {self.dbname!r} on {self.db.backend})"
+
+    def connect(self, *, autocommit: bool = True, role: str = "",
+                guards: Guards | None = None) -> psycopg.Connection:
+        conn = self.db.connect(autocommit=autocommit, role=role, guards=guards,
+                               application_name=session_name(self.dbname, role))
+        self._conns.add(conn)
+        return conn
+
+    @classmethod
+    def make(cls, server: Database) -> "_OwnDatabase | str":
+        """A database of the run's own, reachable; or why there is none (this user may not
+        create databases, or cannot connect to the one it made)."""
+        name = spec_database_name()
+        place = cls(server, name)
+        ident = psql.Identifier(name)
+        made = False            # (once True, whatever goes wrong drops the database again)
+        try:
+            with server.connect(role="spec") as conn:
+                user, may = conn.execute(
+                    "SELECT rolname, rolsuper OR rolcreatedb FROM pg_catalog.pg_roles "
+                    "WHERE rolname = current_user").fetchone()
+                if not may:
+                    return f"the database user {user} may not create databases (it has no CREATEDB)"
+                if conn.execute("SELECT 1 FROM pg_catalog.pg_database WHERE datname = %s",
+                                (name,)).fetchone():
+                    # Left by a killed run of an earlier process that had this pid.
+                    if conn.execute("SELECT 1 FROM pg_catalog.pg_stat_activity WHERE datname = %s",
+                                    (name,)).fetchone():
+                        raise LabkitError(f"The database {name} is in use by another spec run.",
+                                          "wait until that run is over, then run this one again.")
+                    conn.execute(psql.SQL("DROP DATABASE {}").format(ident))
+                made = True
+                try:
+                    # From template0, as pg_regress makes the tester's: nothing that was
+                    # added to template1 shows up in a spec's output.
+                    conn.execute(psql.SQL("CREATE DATABASE {} TEMPLATE template0").format(ident))
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    return f"creating a database failed: {_first_line(exc)}"
+                conn.execute(psql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                    ident, psql.Literal(f"labkit:{place.user_tag}")))
+            try:
+                place.admin                      # reach it before anything runs there
+            except LabkitError as exc:
+                place.discard()
+                return f"the database {name} it made could not be reached ({exc.what})"
+        except psycopg.Error as exc:
+            if made:
+                place.discard()
+            raise LabkitError(f"Could not make the database {name} that the spec runs in: "
+                              f"{_first_line(exc)}.",
+                              "check the server with `labkit doctor`, then run the spec again.") from None
+        except BaseException:
+            if made:
+                place.discard()
+            raise
+        return place
+
+    def drop(self) -> None:
+        """End the database's sessions and drop it."""
+        self.close()
+        ident = psql.Identifier(self.dbname)
+        with self.server.connect(role="spec") as conn:
+            deadline = time.monotonic() + 30
+            while True:
+                # The sessions of roles this one may end (DROP DATABASE itself waits 5 s
+                # for any other to go).
+                conn.execute("SELECT pg_catalog.pg_terminate_backend(pid) "
+                             "FROM pg_catalog.pg_stat_activity WHERE datname = %s "
+                             "AND pid <> pg_backend_pid() "
+                             "AND pg_catalog.pg_has_role(usesysid, 'MEMBER')", (self.dbname,))
+                try:
+                    conn.execute(psql.SQL("DROP DATABASE IF EXISTS {}").format(ident))
+                    return
+                except psycopg.errors.ObjectInUse:
+                    if time.monotonic() > deadline:
+                        raise LabkitError(
+                            f"The database {self.dbname} that the spec ran in could not be "
+                            "dropped: sessions are still connected to it.",
+                            "run `labkit clean` once they are gone: it drops the databases "
+                            "that spec runs left behind.") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0].rstrip(".") if text else type(exc).__name__
+
+
+@contextmanager
+def _spec_place(server: Database, lab: Lab | None, *, reset: bool,
+                stderr: TextIO) -> Iterator[Lab]:
+    """Where one run's objects go: the public schema of a database of its own, dropped at
+    the end (on an error or an interrupt too); else a lab schema, with a note saying why."""
+    own = _OwnDatabase.make(server)
+    if isinstance(own, _OwnDatabase):
+        try:
+            yield own
+        except BaseException:
+            own.discard()          # the error that ended the run is the one to report
+            raise
+        own.drop()
+        return
+    fallback = lab is None
+    if fallback:
+        # One lab per process, so that runs in parallel never reset each other's schema.
+        lab = Lab.open(server, f"spec_{os.getpid()}")
+    elif reset:
+        lab.reset()
+    print(f"labkit spec: ran in schema {lab.schema}, not in a database of its own as "
+          f"PostgreSQL's tester does, because {own}; names that PostgreSQL prints as "
+          f"public.t read {lab.schema}.t here.", file=stderr)
+    try:
+        yield lab
+    finally:
+        if fallback:
+            lab.discard()
 
 
 # ======================================================================================
 # Command line
 # ======================================================================================
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="labkit spec",
-        description="Run PostgreSQL isolation-tester specs and print the tester's output.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run specs and print (or compare) their output")
-    r.add_argument("specs", nargs="+", metavar="FILE.spec")
-    r.add_argument("--diff", action="append", metavar="EXPECTED.out",
-                   help="compare with this expected output (once per spec, in order); "
-                        "exit 1 and show a unified diff on a mismatch")
-    r.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="cancel a step that has not finished after this long (default 60)")
-    q = sub.add_parser("permutations", help="parse specs and list the permutations they run")
-    q.add_argument("specs", nargs="+", metavar="FILE.spec")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "spec":
-        argv = argv[1:]
-    args = _parser().parse_args(argv)
+def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
+                 timeout: float = 60.0) -> int:
+    """``labkit spec run FILE.spec ... [--diff EXPECTED.out ...] [--timeout S]`` (exit 1 on a
+    mismatch, 3 when a step had to be cancelled) · ``labkit spec permutations FILE.spec ...``"""
     try:
-        if args.cmd == "permutations":
-            for path in args.specs:
+        if what == "permutations":
+            for path in specs:
                 spec = parse_file(path)
                 spec.check_size()
                 for w in spec.warnings:
@@ -983,22 +1146,22 @@ def main(argv: list[str] | None = None) -> int:
                 for perm in spec.permutations_to_run():
                     print("permutation " + " ".join(str(ps) for ps in perm.steps))
             return 0
-        if args.diff and len(args.diff) != len(args.specs):
-            print(f"labkit spec: give one --diff per spec ({len(args.specs)} specs, "
-                  f"{len(args.diff)} --diff).", file=sys.stderr)
+        if diff and len(diff) != len(specs):
+            print(f"labkit spec: give one --diff per spec ({len(specs)} specs, "
+                  f"{len(diff)} --diff).", file=sys.stderr)
             return 2
         status = 0
-        for k, path in enumerate(args.specs):
-            output = run_file(path, timeout=args.timeout)
+        for k, path in enumerate(specs):
+            output = run_file(path, timeout=timeout)
             if "isolationtester: canceling step" in output:
                 # a step never finished and had to be cancelled: say so in the exit code
                 status = max(status, 3)
-            if not args.diff:
-                if len(args.specs) > 1:
+            if not diff:
+                if len(specs) > 1:
                     print(f"{'' if k == 0 else chr(10)}==> {path} <==")
                 sys.stdout.write(output)
                 continue
-            expected_path = args.diff[k]
+            expected_path = diff[k]
             expected = read_input(expected_path, what="expected output file",
                                   max_bytes=10 * MAX_SPEC_BYTES,
                                   fix="give the .out file that goes with the spec.")
@@ -1010,13 +1173,6 @@ def main(argv: list[str] | None = None) -> int:
                     expected.splitlines(keepends=True), output.splitlines(keepends=True),
                     fromfile=str(expected_path), tofile=f"{path} (this run)"))
         return status
-    except LabkitError as exc:
-        print(f"labkit spec: {exc}", file=sys.stderr)
-        return 2
     except OSError as exc:
         print(f"labkit spec: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

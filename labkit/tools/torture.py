@@ -31,26 +31,26 @@ ends (KeyboardInterrupt included).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import signal
-import sys
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
 
+from ..core.errors import LabkitError, ServerError
+from ..core.lab import Lab
+from ..core.limits import bulk, number
+from ..core.procs import Context, Worker
+from ..core.queries import queries, query
 from ..labs import broker as brokers
 from ..labs import claims as cl
 from ..labs import drain as dr
 from ..labs import relay as rl
-from ..core.errors import LabkitError, ServerError
-from ..core.limits import bulk, number
-from ..core.procs import Worker, entry_point
-from ..core.lab import Lab
 
 DIALECTS = ("relay", "drain", "queue")
 KINDS = {"relay": ("sigkill", "terminate", "broker"),
@@ -66,173 +66,36 @@ MAX_SECONDS = 86_400
 MAX_JOB_MS = 60_000
 MAX_ATTEMPTS = 100
 
-# -- SQL: what the checks read ---------------------------------------------------------------
+# -- SQL: what the run writes and what the checks read (labkit/sql/torture*.sql) ---------------
 
-# Rows a relay's open transaction holds: FOR UPDATE wrote its xid into the tuple's xmax.
-RELAY_IN_FLIGHT = """
-SELECT o.event_id
-  FROM outbox o
- WHERE o.xmax::text = ANY (SELECT backend_xid::text FROM pg_stat_activity
-                            WHERE pid = ANY(%(pids)s) AND backend_xid IS NOT NULL)
-"""
+SQL = "torture.sql"
+RELAY_IN_FLIGHT = query(SQL, "relay_in_flight").sql       # rows a relay's open transaction holds
+RELAY_STATE = query(SQL, "relay_state").sql
+DRAIN_AUDIT = query(SQL, "drain_audit").text              # the audit table and its trigger
+DRAIN_POISON = (11, 37)                                   # deliveries whose send kills the drain
+DRAIN_FILL = query(SQL, "drain_fill").sql
+DRAIN_IN_FLIGHT = query(SQL, "drain_in_flight").sql       # leased and unfinished
+DRAIN_HELD_BY = query(SQL, "drain_held_by").sql
+DRAIN_DUPLICATED = query(SQL, "drain_duplicated").sql
+QUEUE_FILL = query(SQL, "queue_fill").sql
+# The invariants' counts, name -> SQL returning one number
+DRAIN_CHECKS = {name: q.sql for name, q in queries("torture_drain_checks.sql").items()}
+QUEUE_CHECKS = {name: q.sql for name, q in queries("torture_queue_checks.sql").items()}
 
-RELAY_STATE = """
-SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM outbox
-"""
 
-# An audit of every write to the drain's ledger, kept by a trigger in the same
-# transaction: a write that rolls back leaves no audit row.  ``worker`` is the
-# writer's torture.worker setting (each worker process sets its own name).
-DRAIN_AUDIT = """
-DROP TABLE IF EXISTS torture_audit;
-DROP FUNCTION IF EXISTS torture_audit_row() CASCADE;
-CREATE TABLE torture_audit (
-    seq          bigserial PRIMARY KEY,
-    delivery_id  bigint    NOT NULL,
-    op           text      NOT NULL,          -- claim (claim_version moved) or complete
-    worker       text      NOT NULL,
-    old_status   text      NOT NULL,
-    new_status   text      NOT NULL,
-    old_version  bigint    NOT NULL,
-    new_version  bigint    NOT NULL
-);
-CREATE FUNCTION torture_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO torture_audit (delivery_id, op, worker, old_status, new_status, old_version, new_version)
-    VALUES (NEW.id,
-            CASE WHEN NEW.claim_version > OLD.claim_version THEN 'claim' ELSE 'complete' END,
-            coalesce(nullif(current_setting('torture.worker', true), ''), 'admin'),
-            OLD.status, NEW.status, OLD.claim_version, NEW.claim_version);
-    RETURN NEW;
-END $$;
-CREATE INDEX torture_audit_row_idx ON torture_audit (delivery_id, seq);
-CREATE TRIGGER torture_audit AFTER UPDATE ON delivery
-    FOR EACH ROW EXECUTE FUNCTION torture_audit_row();
-"""
-
-# Deliveries i..j, due now: every 13th has a dead token (terminal failure), every 7th
-# one that fails transiently on its first attempts, the ids in %(poison)s a payload that
-# kills the drain process sending it (a real SIGKILL, every time).
-DRAIN_POISON = (11, 37)
-DRAIN_FILL = """
-INSERT INTO delivery (id, notification_id, device_token, next_attempt_at, coalesce_key)
-SELECT g, 1000 + g,
-       CASE WHEN g = ANY(%(poison)s) THEN 'poison-'
-            WHEN g %% 13 = 0 THEN 'bad-' WHEN g %% 7 = 0 THEN 'flaky-' ELSE 'dev-' END
-           || lpad(g::text, 6, '0'),
-       lab_now(), 'notif-' || (1000 + g)
-  FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
-"""
-
-# Leased and unfinished: the latest write to the row was a claim, and it is pending.
-DRAIN_IN_FLIGHT = """
-SELECT d.id
-  FROM delivery d
- WHERE d.status = 'pending'
-   AND (SELECT a.op FROM torture_audit a WHERE a.delivery_id = d.id
-         ORDER BY a.seq DESC LIMIT 1) = 'claim'
-"""
-
-# Rows whose latest claim is this worker's and that it has not completed yet.
-DRAIN_HELD_BY = """
-SELECT d.id
-  FROM delivery d
- WHERE d.status = 'pending'
-   AND (SELECT a.op || ':' || a.worker FROM torture_audit a WHERE a.delivery_id = d.id
-         ORDER BY a.seq DESC LIMIT 1) = 'claim:' || %(worker)s
-"""
-
-DRAIN_CHECKS = {
-    "deliveries": "SELECT count(*) FROM delivery",
-    "pending": "SELECT count(*) FROM delivery WHERE status = 'pending'",
-    # a delivery the ledger calls sent that no device ever received: a lost push
-    "sent_never_pushed": """
-        SELECT count(*) FROM delivery d
-         WHERE d.status = 'sent'
-           AND NOT EXISTS (SELECT 1 FROM device_push p WHERE p.delivery_id = d.id)""",
-    # a good token that ended failed: given up on
-    "good_token_failed": """
-        SELECT count(*) FROM delivery WHERE status = 'failed'
-           AND device_token NOT LIKE 'bad-%%' AND device_token NOT LIKE 'poison-%%'""",
-    "poison_rows": "SELECT count(*) FROM delivery WHERE device_token LIKE 'poison-%%'",
-    # dead-lettered by the claim: failed, attempts used up, none of them reported
-    "poison_dead_lettered": """
-        SELECT count(*) FROM delivery WHERE device_token LIKE 'poison-%%' AND status = 'failed'
-           AND attempts = %(max)s AND outcomes = 0 AND last_error LIKE 'abandoned after %%'""",
-    "poison_pushed": "SELECT count(*) FROM device_push WHERE device_token LIKE 'poison-%%'",
-    "bad_token_pushed": """
-        SELECT count(*) FROM device_push WHERE device_token LIKE 'bad-%%'""",
-    # a terminal status written over by a later write (a clobber)
-    "terminal_overwritten": """
-        SELECT count(*) FROM torture_audit
-         WHERE old_status IN ('sent', 'failed') AND new_status <> old_status""",
-    # claims of a delivery after it first became terminal, and the pushes they made
-    "pushes_after_terminal": """
-        WITH first_terminal AS (
-            SELECT delivery_id, min(seq) AS seq FROM torture_audit
-             WHERE new_status IN ('sent', 'failed') GROUP BY delivery_id),
-        late AS (
-            SELECT DISTINCT a.delivery_id, a.worker FROM torture_audit a
-              JOIN first_terminal f USING (delivery_id)
-             WHERE a.op = 'claim' AND a.seq > f.seq)
-        SELECT count(*) FROM device_push p
-          JOIN late l ON l.delivery_id = p.delivery_id AND l.worker = p.pushed_by""",
-    "claims_after_terminal": """
-        WITH first_terminal AS (
-            SELECT delivery_id, min(seq) AS seq FROM torture_audit
-             WHERE new_status IN ('sent', 'failed') GROUP BY delivery_id)
-        SELECT count(*) FROM torture_audit a JOIN first_terminal f USING (delivery_id)
-         WHERE a.op = 'claim' AND a.seq > f.seq""",
-    # a completion that landed although another worker had claimed the row since
-    "stale_writes": """
-        SELECT count(*) FROM torture_audit c
-          LEFT JOIN torture_audit k
-            ON k.op = 'claim' AND k.delivery_id = c.delivery_id AND k.new_version = c.old_version
-         WHERE c.op = 'complete' AND k.worker IS DISTINCT FROM c.worker""",
-    "duplicate_pushes": """
-        SELECT coalesce(sum(n - 1), 0) FROM (
-            SELECT delivery_id, count(*) AS n FROM device_push GROUP BY delivery_id) AS per""",
-}
-DRAIN_DUPLICATED = "SELECT delivery_id FROM device_push GROUP BY delivery_id HAVING count(*) > 1"
-
-QUEUE_FILL = """
-INSERT INTO job (id, created_at, payload)
-SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g
-  FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
-"""
-QUEUE_CHECKS = {
-    "jobs": "SELECT count(*) FROM job",
-    "done": "SELECT count(*) FROM job WHERE status = 'DONE'",
-    "dead": "SELECT count(*) FROM job WHERE status = 'DEAD'",
-    "unfinished": "SELECT count(*) FROM job WHERE status NOT IN ('DONE', 'DEAD')",
-    # DONE although its handler never ran: a lost job
-    "done_never_ran": """
-        SELECT count(*) FROM job j WHERE j.status = 'DONE'
-           AND NOT EXISTS (SELECT 1 FROM effect_log e WHERE e.job_id = j.id)""",
-    "max_attempts_seen": "SELECT coalesce(max(attempts), 0) FROM job",
-    "dead_not_at_max": "SELECT count(*) FROM job WHERE status = 'DEAD' AND attempts <> %(max)s",
-    "done_at_max": "SELECT count(*) FROM job WHERE status = 'DONE' AND attempts >= %(max)s",
-    "reaped": "SELECT coalesce(sum(attempts), 0) FROM job",
-    "duplicate_runs": """
-        SELECT coalesce(sum(n - 1), 0) FROM (
-            SELECT job_id, count(*) AS n FROM effect_log GROUP BY job_id) AS per""",
-    # a job run twice although the reaper never took it back
-    "reruns_never_reaped": """
-        SELECT count(*) FROM (SELECT job_id FROM effect_log GROUP BY job_id HAVING count(*) > 1) d
-          JOIN job j ON j.id = d.job_id WHERE j.attempts = 0""",
-}
+def _counts(lab: Lab, checks: dict[str, str], max_attempts: int) -> dict[str, int]:
+    return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
+            for name, q in checks.items()}
 
 
 def drain_counts(lab: Lab, max_attempts: int = dr.MAX_ATTEMPTS) -> dict[str, int]:
     """Every count of DRAIN_CHECKS, read from the lab's ledger, pushes and audit."""
-    return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
-            for name, q in DRAIN_CHECKS.items()}
+    return _counts(lab, DRAIN_CHECKS, max_attempts)
 
 
 def queue_counts(lab: Lab, max_attempts: int) -> dict[str, int]:
     """Every count of QUEUE_CHECKS, read from the lab's job table and effect log."""
-    return {name: int(lab.execute(q, {"max": max_attempts} if "%(max)s" in q else None)[0][0])
-            for name, q in QUEUE_CHECKS.items()}
+    return _counts(lab, QUEUE_CHECKS, max_attempts)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -323,11 +186,11 @@ class TortureReport:
 IDLE_EXIT_S = 1.0
 
 
-def relay_loop(ctx, *, dsn: str, schema: str, broker: dict, role: str, batch: int,
-               order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S) -> int:
-    """The outbox relay (:class:`labkit.relay.Relay`) in its own process; reports every
+def relay_until_idle(ctx: Context, *, dsn: str, schema: str, broker: dict, role: str, batch: int,
+                     order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S) -> int:
+    """The outbox relay (:class:`labkit.labs.relay.Relay`) in its own process; reports every
     publish.  A broker outage is ridden out by the relay's own backoff."""
-    conn = rl._relay_conn(dsn, schema, role)
+    conn = rl.relay_connection(dsn, schema, role)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     try:
         ctx.emit("connected", pid=conn.info.backend_pid)
@@ -339,12 +202,12 @@ def relay_loop(ctx, *, dsn: str, schema: str, broker: dict, role: str, batch: in
         conn.close()
 
 
-def drain_loop(ctx, *, dsn: str, schema: str, batch: int, lease_s: float, fence: bool,
+def drain_loop(ctx: Context, *, dsn: str, schema: str, batch: int, lease_s: float, fence: bool,
                max_attempts: int = dr.MAX_ATTEMPTS, idle_exit_s: float = IDLE_EXIT_S) -> int:
-    """A drain (:class:`labkit.drain.Drain`) in its own process.  Its two connections
+    """A drain (:class:`labkit.labs.drain.Drain`) in its own process.  Its two connections
     carry ``torture.worker = <its name>``, so the audit names the writer."""
-    conn = dr.lab_conn(dsn, schema, ctx.name)
-    sconn = dr.lab_conn(dsn, schema, ctx.name + "_apns")
+    conn = dr.drain_connection(dsn, schema, ctx.name)
+    sconn = dr.drain_connection(dsn, schema, ctx.name + "_apns")
     try:
         for c in (conn, sconn):
             c.execute("SELECT set_config('torture.worker', %s, false)", (ctx.name,))
@@ -360,8 +223,8 @@ def drain_loop(ctx, *, dsn: str, schema: str, batch: int, lease_s: float, fence:
         sconn.close()
 
 
-def queue_loop(ctx, *, idle_exit_s: float = IDLE_EXIT_S, **worker_kw) -> int:
-    """:func:`labkit.claims.worker_main` (claim, run, finish; a poison job kills it) over
+def queue_loop(ctx: Context, *, idle_exit_s: float = IDLE_EXIT_S, **worker_kw: Any) -> int:
+    """:func:`labkit.labs.claims.worker_main` (claim, run, finish; a poison job kills it) over
     and over: it returns when the queue has nothing pending."""
     return _until_idle(lambda: cl.worker_main(ctx, **worker_kw)["claims"], idle_exit_s)
 
@@ -384,7 +247,7 @@ def _until_idle(step: Callable[[], int], idle_exit_s: float) -> int:
 
 
 def check_params(dialect: str, *, kills: int, workers: int, batch: int, items: int,
-                 max_seconds: float, seed) -> None:
+                 max_seconds: float, seed: int) -> None:
     if dialect not in DIALECTS:
         raise LabkitError(f"No torture dialect {dialect!r}.", f"use one of {', '.join(DIALECTS)}.")
     if not isinstance(kills, int) or kills < 0:
@@ -445,7 +308,7 @@ def _count(w: Worker, kind: str) -> int:
     return sum(1 for e in w.events if e["kind"] == kind)
 
 
-class _Run:
+class _Run(ABC):
     """Shared machinery: worker slots, restarts, freezing, the time bound."""
 
     progress_kind = "progress"
@@ -468,17 +331,34 @@ class _Run:
         self.next_id += n
         self.report.items += n
 
-    # -- to be provided per dialect --
+    # -- what each dialect provides --
+    @abstractmethod
+    def setup(self, items: int) -> None:
+        """Create the dialect's tables with ``items`` work items."""
+
+    @abstractmethod
     def insert(self, first: int, last: int) -> None:
         """Write work items ``first``..``last`` (inclusive)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_worker(self, slot: int) -> Worker:
         """A Worker, not started yet."""
-        raise NotImplementedError
 
+    @abstractmethod
     def work_left(self) -> bool:
-        raise NotImplementedError
+        """Some work item is not finished yet."""
+
+    @abstractmethod
+    def claimable(self) -> int:
+        """How many work items a worker could take now."""
+
+    @abstractmethod
+    def strike(self, k: _Kill, victim: Worker) -> None:
+        """Hurt ``victim`` the way ``k`` says."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Read the invariants back from the database (and broker) into the report."""
 
     def unstick(self) -> None:
         """Every worker found nothing to do while work is left: make it claimable."""
@@ -487,18 +367,11 @@ class _Run:
         """Work is left but none of it can be claimed now (leases, backoffs, dead claims)."""
         return False
 
-    def claimable(self) -> int:
-        """How many work items a worker could take now."""
-        raise NotImplementedError
-
     def top_up(self) -> None:
         """During the kill phase, keep enough work in the table."""
         low = self.report.batch * self.report.workers * 5
         if self.claimable() < low:
             self.add(low * 2)
-
-    def strike(self, k: _Kill, victim: Worker) -> None:
-        raise NotImplementedError
 
     # -- workers --
     def start(self, slot: int) -> Worker:
@@ -609,13 +482,13 @@ class _Run:
                 return
             time.sleep(0.01)
 
-    def sql(self, query, params=None) -> list[tuple]:
+    def sql(self, query: str, params: Any = None) -> list[tuple]:
         try:
             return self.lab.execute(query, params)
         except ServerError as exc:
             raise self._gone(exc) from None
 
-    def fill(self, query, params, rows: int) -> None:
+    def fill(self, query: str, params: Any, rows: int) -> None:
         """A bulk INSERT of work items, under a statement timeout (limits.bulk)."""
         try:
             bulk(self.lab, query, params, rows=rows)
@@ -701,7 +574,8 @@ class _Run:
 class _RelayRun(_Run):
     progress_kind = "published"
 
-    def __init__(self, lab: Lab, report, deadline, broker, order: str = "outbox"):
+    def __init__(self, lab: Lab, report: TortureReport, deadline: float, broker: brokers.Broker,
+                 order: str = "outbox"):
         super().__init__(lab, report, deadline)
         self.broker = broker
         self.order = order
@@ -716,7 +590,7 @@ class _RelayRun(_Run):
 
     def new_worker(self, slot: int) -> Worker:
         role = f"relay-{slot + 1}-{self.gen}"
-        return Worker(relay_loop, name=role, dsn=self.lab.db.dsn, schema=self.lab.schema,
+        return Worker(relay_until_idle, name=role, dsn=self.lab.db.dsn, schema=self.lab.schema,
                       broker=self.broker.spec(), role=role, batch=self.report.batch,
                       order=self.order, idle_exit_s=self.idle_exit_s)
 
@@ -803,7 +677,7 @@ class _DrainRun(_Run):
     progress_kind = "sent"
     LEASE_S = 120
 
-    def __init__(self, lab: Lab, report, deadline, fence: bool):
+    def __init__(self, lab: Lab, report: TortureReport, deadline: float, fence: bool):
         super().__init__(lab, report, deadline)
         self.fence = fence
         self.clock: dr.Clock | None = None
@@ -920,7 +794,7 @@ class _QueueRun(_Run):
     progress_kind = "ran"
     LEASE = "30 seconds"
 
-    def __init__(self, lab: Lab, report, deadline, max_attempts: int, job_ms: float):
+    def __init__(self, lab: Lab, report: TortureReport, deadline: float, max_attempts: int, job_ms: float):
         super().__init__(lab, report, deadline)
         self.max_attempts = max_attempts
         self.job_ms = job_ms
@@ -1093,52 +967,24 @@ def _switch_on(broker: brokers.Broker) -> None:
         fresh.close()
 
 
-@entry_point("labkit torture")
-def main(argv: list[str] | None = None) -> int:
-    """``labkit torture relay|drain|queue --kills N --seed S [--json]``"""
-    p = argparse.ArgumentParser(prog="labkit torture",
-                                description="Kill workers at random points; check nothing was lost.")
-    p.add_argument("dialect", choices=DIALECTS)
-    p.add_argument("--kills", type=int, default=20, help="faults to inject (default 20)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the kill plan (default 1)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--batch", type=int, help="rows per claim (relay 10, drain 5, queue 2)")
-    p.add_argument("--no-fence", dest="fence", action="store_false",
-                   help="drain: completions by id only (the clobbers are counted)")
-    p.add_argument("--max-seconds", type=float, default=900,
-                   help="stop killing after this long, finish the work, report (default 900)")
-    p.add_argument("--broker", choices=["recording", "rabbitmq"],
-                   help="relay: default rabbitmq if LABKIT_AMQP_URL is set, else recording")
-    p.add_argument("--order", choices=rl.Relay.ORDERS, default="outbox",
-                   help="relay: commit-first tortures the dual-write bug (it loses events)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = p.parse_args(argv)
-    from ..core import db as dbmod
-
-    try:
-        # the parameters first: nothing is created for a run that cannot happen
-        batch, items = _sizes(args.dialect, args.workers, args.batch, None)
-        check_params(args.dialect, kills=args.kills, workers=args.workers, batch=batch, items=items,
-                     max_seconds=args.max_seconds, seed=args.seed)
-        lab = Lab.open(dbmod.connect(quiet=True), f"torture_{args.dialect}_{os.getpid()}")
+def torture_command(*, open_lab: Callable[[], Lab], dialect: str, kills: int, seed: int, workers: int,
+                    batch: int | None, fence: bool, max_seconds: float, broker: str | None, order: str,
+                    json: bool) -> int:
+    """``labkit torture relay|drain|queue --kills N --seed S [--json]``: exit 1 when an
+    invariant breaks.  ``open_lab()`` gives the run its own lab."""
+    # the parameters first: nothing is created for a run that cannot happen
+    rows, items = _sizes(dialect, workers, batch, None)
+    check_params(dialect, kills=kills, workers=workers, batch=rows, items=items,
+                 max_seconds=max_seconds, seed=seed)
+    with open_lab() as lab:
+        bk = brokers.for_lab(lab, broker) if dialect == "relay" else None
         try:
-            bk = brokers.for_lab(lab, args.broker) if args.dialect == "relay" else None
-            try:
-                rep = torture(lab, args.dialect, kills=args.kills, seed=args.seed, workers=args.workers,
-                              batch=args.batch, fence=args.fence, max_seconds=args.max_seconds,
-                              broker=bk, relay_order=args.order)
-            finally:
-                if bk is not None:
-                    bk.discard()
-                    bk.close()
+            rep = torture(lab, dialect, kills=kills, seed=seed, workers=workers,
+                          batch=batch, fence=fence, max_seconds=max_seconds,
+                          broker=bk, relay_order=order)
         finally:
-            lab.drop()
-    except LabkitError as exc:
-        print(f"labkit: {exc}", file=sys.stderr)
-        return 2
-    print(rep.to_json() if args.json else str(rep))
+            if bk is not None:
+                bk.discard()
+                bk.close()
+    print(rep.to_json() if json else str(rep))
     return 0 if rep.invariants_hold else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

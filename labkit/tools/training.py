@@ -10,7 +10,6 @@ page loads anything from the network.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import html
 import json
@@ -19,9 +18,15 @@ import shutil
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+from ..core.db import current_user_tag, lab_user
 from ..core.errors import LabkitError
-from .nbtools import NOTEBOOKS
+from ..core.sandbox import read_input
+from .nbtools import NOTEBOOKS, clean
 
 ROOT = NOTEBOOKS.parent
 STUDENT = ROOT / "student"
@@ -47,7 +52,6 @@ def _notebooks(paths: list[str] | None) -> list[Path]:
 
 def _check_notebook(path: Path) -> None:
     """A one-paragraph error unless ``path`` is a readable Jupyter notebook of sane size."""
-    from ..core.sandbox import read_input
 
     fix = "give paths like notebooks/01_one_lock_three_policies.ipynb, or none for all."
     text = read_input(path, what="notebook", fix=fix, max_bytes=MAX_NOTEBOOK_BYTES)
@@ -73,12 +77,24 @@ def remote_references(text: str) -> list[str]:
 
 
 # -- slides -------------------------------------------------------------------------------
+def needs_slides_extra(what: str) -> None:
+    """Slides and handouts need nbconvert, nbclient and sphinx-revealjs: the ``slides`` extra."""
+    import importlib.util
+
+    missing = [m for m in ("nbconvert", "nbclient", "sphinx_revealjs") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LabkitError(f"`labkit {what}` needs {', '.join(missing)}, which is not installed.",
+                          "pip install 'labkit[slides]' (a checkout: pip install -e '.[slides]').")
+
+
 def reveal_dir() -> Path:
+    needs_slides_extra("slides")
     spec = resources.files("sphinx_revealjs").joinpath("_static", "revealjs")
     return Path(str(spec))
 
 
 def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides", quiet: bool = False) -> list[Path]:
+    needs_slides_extra("slides")
     import nbformat
     from nbconvert import SlidesExporter
 
@@ -109,12 +125,11 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
 # -- book -----------------------------------------------------------------------------------
 def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", execute: bool = True,
          quiet: bool = False) -> list[Path]:
+    needs_slides_extra("book")
     import nbformat
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 
-    from ..core.db import current_user_tag, lab_user
-    from .nbtools import clean
 
     notebooks = _notebooks(paths)   # every input checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -166,12 +181,12 @@ td,th{{padding:4px 10px;text-align:left;vertical-align:top}} tr:nth-child(even){
 
 
 # -- student copies ------------------------------------------------------------------------------
-def is_exercise_notebook(nb) -> bool:
+def is_exercise_notebook(nb: NotebookNode) -> bool:
     return any(ANSWER_RE.search(c.source) for c in nb.cells if c.cell_type == "markdown") or any(
         "solution" in c.metadata.get("tags", []) for c in nb.cells)
 
 
-def student_copy(nb, name: str):
+def student_copy(nb: NotebookNode, name: str) -> NotebookNode:
     """The notebook without solutions or outputs: hidden answers and cells tagged
     ``solution`` are replaced by placeholders."""
     nb = copy.deepcopy(nb)
@@ -218,32 +233,25 @@ def student_copies(check: bool = False, quiet: bool = False) -> list[str]:
 
 
 # -- command line -------------------------------------------------------------------------------------
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="labkit")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p_slides = sub.add_parser("slides", help="write offline reveal.js decks, one per notebook")
-    p_slides.add_argument("notebooks", nargs="*")
-    p_slides.add_argument("--out", type=Path, default=ROOT / "build" / "slides")
-    p_book = sub.add_parser("book", help="execute the notebooks and write an HTML handout set")
-    p_book.add_argument("notebooks", nargs="*")
-    p_book.add_argument("--out", type=Path, default=ROOT / "build" / "book")
-    p_book.add_argument("--no-execute", action="store_true", help="use the committed outputs")
-    p_student = sub.add_parser("student", help="write the student copies (no solutions)")
-    p_student.add_argument("--check", action="store_true", help="exit 1 if a copy is out of date")
-    args = parser.parse_args(argv)
-    if args.cmd == "slides":
-        slides(args.notebooks, args.out)
-        print(f"open {args.out / 'index.html'}")
-    elif args.cmd == "book":
-        book(args.notebooks, args.out, execute=not args.no_execute)
-        print(f"open {args.out / 'index.html'}")
-    elif args.cmd == "student":
-        stale = student_copies(check=args.check)
-        if args.check and stale:
-            print("out of date: " + ", ".join(stale) + " — run `labkit student`", file=sys.stderr)
-            return 1
+def slides_command(*, notebooks: list[str], out: Path) -> int:
+    """``labkit slides [NOTEBOOK ...] [--out DIR]``"""
+    slides(notebooks, out)
+    print(f"open {out / 'index.html'}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def book_command(*, notebooks: list[str], out: Path, execute: bool) -> int:
+    """``labkit book [NOTEBOOK ...] [--out DIR] [--no-execute]``"""
+    book(notebooks, out, execute=execute)
+    print(f"open {out / 'index.html'}")
+    return 0
+
+
+def student_command(*, check: bool) -> int:
+    """``labkit student [--check]``: with ``check``, write nothing and exit 1 if a copy is
+    out of date."""
+    stale = student_copies(check=check)
+    if check and stale:
+        print("out of date: " + ", ".join(stale) + " — run `labkit student`", file=sys.stderr)
+        return 1
+    return 0

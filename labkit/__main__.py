@@ -1,0 +1,7 @@
+"""``python -m labkit ARGS`` is ``labkit ARGS``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
