@@ -18,7 +18,7 @@ from pathlib import Path
 from .core import db as dbmod
 from .core.db import connect
 from .core.errors import LabkitError
-from .core.lab import OTHER_LAB_SCHEMAS_SQL, Lab, own_lab_schemas
+from .core.lab import Lab, own_lab_schemas
 from .core.lab import drop_schemas as drop_lab_schemas
 from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
 from .core.queries import query
@@ -26,7 +26,7 @@ from .core.sandbox import sweep
 from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import claims, convoy, drain, fencing, relay
 from .labs.convoy import POLICIES
-from .tools import bench, drill, grade, spec, torture, training
+from .tools import bench, drill, grade, nbtools, spec, torture, training
 from .tools.spec import drop_spec_databases
 
 
@@ -131,7 +131,7 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
                 + (f" ({', '.join(mine)})" if mine else ""))
             dropped = drop_lab_schemas(conn, tag=tag)
             out(f"dropped {len(dropped)} lab schema(s)")
-            others = conn.execute(OTHER_LAB_SCHEMAS_SQL, {"mine": dropped}).fetchone()[0]
+            others = conn.execute(query("engine.sql", "other_lab_schemas").sql, {"mine": dropped}).fetchone()[0]
             if others:
                 out(f"left {others} lab schema(s) of other users or roles as they are")
     return 0
@@ -254,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "student", "write the student copies (no solutions)",
                  lambda a: training.student_command(check=a.check))
     p.add_argument("--check", action="store_true", help="exit 1 if a copy is out of date")
+    p = _command(commands, "execute", "for authors: run notebooks in place and strip what must not be "
+                 "committed", lambda a: nbtools.execute_command(notebooks=a.notebooks))
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                   help="notebook files (default: every numbered notebook in notebooks/)")
 
     grading = _group(commands, "grade", "grade a claim written in SQL")
     p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong",

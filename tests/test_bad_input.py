@@ -10,6 +10,7 @@ Covered elsewhere, not repeated here:
   ::test_the_command_prints_json_and_exits_by_verdict (wrong_syntax.sql).
 """
 
+import sys
 import threading
 import time
 
@@ -292,3 +293,9 @@ def test_a_huge_kill_plan_is_refused_and_plans_are_drawn_lazily(lab):
     first = next(tt.iter_plan("drain", tt.MAX_KILLS, 7, 2, 5))
     assert time.monotonic() - t0 < 2
     assert first == tt.plan("drain", 1, 7, 2, 5)[0]
+
+
+def test_a_missing_rabbitmq_client_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pika", None)        # import pika now raises ImportError
+    with pytest.raises(LabkitError, match=r"labkit\[rabbitmq\]"):
+        brokers.RabbitBroker("amqp://guest:guest@127.0.0.1:5672/", "labkit.test.no_pika")

@@ -19,8 +19,12 @@ from psycopg import sql
 from .db import Database, Guards, current_user_tag
 from .errors import LabkitError, ServerError
 from .files import read_sql
+from .queries import query
 
 SCHEMA_PREFIX = "lab_"
+
+# A lab's jobs: the first created at this time, the next ones step_s seconds apart.
+FIRST_JOB = {"start": "2026-01-01 09:00:00+00", "step_s": 1}
 
 
 # Every connection of a lab is named ``labkit:<schema>:<role>``, and PostgreSQL keeps only
@@ -42,29 +46,12 @@ def schema_name(name: str, user: str | None = None) -> str:
     return f"{full[:MAX_SCHEMA - 9].rstrip('_')}_{digest}"
 
 
-# The lab schemas of one user that this role may drop: labkit made them (its mark is the
-# schema's comment, ``labkit:<user tag>``), this role owns them, and the tag is the user's
-# exactly (``bob`` is not ``bob_smith``).
-OWN_LAB_SCHEMAS_SQL = r"""
-SELECT n.nspname
-  FROM pg_namespace n
- WHERE n.nspname LIKE %(like)s
-   AND n.nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user)
-   AND (%(tag)s::text IS NULL AND obj_description(n.oid, 'pg_namespace') LIKE 'labkit:%%'
-        OR obj_description(n.oid, 'pg_namespace') = 'labkit:' || %(tag)s)
- ORDER BY 1
-"""
-
-OTHER_LAB_SCHEMAS_SQL = r"""
-SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'lab\_%%' AND NOT nspname = ANY(%(mine)s)
-"""
-
 
 def own_lab_schemas(conn: psycopg.Connection, *, tag: str | None = None,
                     like: str = r"lab\_%") -> list[str]:
     """The lab schemas of user ``tag`` (or of any user, with labkit's mark) that this role
     owns and whose name matches the LIKE pattern ``like``."""
-    return [r[0] for r in conn.execute(OWN_LAB_SCHEMAS_SQL, {"like": like, "tag": tag}).fetchall()]
+    return [r[0] for r in conn.execute(query("engine.sql", "own_lab_schemas").sql, {"like": like, "tag": tag}).fetchall()]
 
 
 def drop_schemas(conn: psycopg.Connection, like: str = r"lab\_%", *, tag: str | None = None) -> list[str]:
@@ -158,13 +145,8 @@ class Lab:
     # -- life cycle -----------------------------------------------------------------
     def end_sessions(self) -> int:
         """Terminate this lab's other backends (left over from an earlier run)."""
-        own = self.admin.info.backend_pid
-        rows = self.admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE (application_name = %s OR starts_with(application_name, %s)) "
-            "AND pid <> %s AND usename = current_user",
-            (self.app_name, self.app_name + ":", own),
-        ).fetchall()
+        rows = self.admin.execute(query("engine.sql", "end_lab_sessions").sql,
+                                  {"app": self.app_name}).fetchall()
         return len(rows)
 
     def reset(self) -> "Lab":
@@ -217,17 +199,12 @@ class Lab:
         self._admin = None
 
     # -- the job table ------------------------------------------------------------------
-    def create_jobs(self, n: int, *, start: str = "2026-01-01 09:00:00+00", step_s: int = 1) -> None:
+    def create_jobs(self, n: int, *, start: str = FIRST_JOB["start"], step_s: int = FIRST_JOB["step_s"]) -> None:
         """Create the job table with ``n`` pending jobs, one a second, ids 1..n."""
         if n < 0:
             raise ValueError("n must be 0 or more")
         self.run_file("job_table.sql")
-        self.execute(
-            "INSERT INTO job (id, created_at, payload) "
-            "SELECT g, %s::timestamptz + (g - 1) * make_interval(secs => %s), 'job ' || g "
-            "FROM generate_series(1, %s) AS g",
-            (start, step_s, n),
-        )
+        self.execute(query("job_rows.sql", "pending").sql, {"n": n, "start": start, "step_s": step_s})
 
     def jobs(self):
         """The job table as a DataFrame (id, status, worker_id)."""

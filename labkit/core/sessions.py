@@ -30,6 +30,7 @@ from psycopg.adapt import Transformer
 
 from .errors import LabkitError
 from .lab import Lab
+from .queries import query
 from .steps import (
     Blockers,
     Result,
@@ -153,9 +154,8 @@ class Sessions:
         self.monitor = lab.connect(role="monitor")
         try:
             for table, key in self.watch.items():
-                found = self.monitor.execute(
-                    "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s "
-                    "AND NOT attisdropped", (table, key)).fetchone()
+                found = self.monitor.execute(query("engine.sql", "column_exists").sql,
+                                             {"table": table, "column": key}).fetchone()
                 if not found:
                     raise LabkitError(f"watch={{{table!r}: {key!r}}} names a table or column that does not "
                                       "exist in the lab.",
@@ -317,11 +317,7 @@ class Sessions:
         for a safe snapshot (``pg_safe_snapshot_blocking_pids``)."""
         self._check_name(session)
         pid = self.sessions[session].pid
-        row = self.monitor.execute(
-            "SELECT pg_blocking_pids(%s) || pg_safe_snapshot_blocking_pids(%s), "
-            "wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s",
-            (pid, pid, pid),
-        ).fetchone()
+        row = self.monitor.execute(query("engine.sql", "blockers").sql, {"pid": pid}).fetchone()
         if row is None:
             return None
         pids, etype, event = row
@@ -364,11 +360,8 @@ class Sessions:
 
     def locked_rows(self) -> dict[str, list]:
         """Rows of the watched tables each session holds locked right now."""
-        xids = dict(self.monitor.execute(
-            "SELECT pid, backend_xid::text FROM pg_stat_activity "
-            "WHERE pid = ANY(%s) AND backend_xid IS NOT NULL",
-            (list(self._pids),),
-        ).fetchall())
+        xids = dict(self.monitor.execute(query("engine.sql", "transaction_ids").sql,
+                                         {"pids": list(self._pids)}).fetchall())
         held: dict[str, list] = {name: [] for name in self.names}
         if not xids:
             return held

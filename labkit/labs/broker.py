@@ -148,7 +148,12 @@ class RabbitBroker(Broker):
     ROUTING_KEY = "outbox"
 
     def __init__(self, url: str, queue: str):
-        import pika
+        try:
+            import pika
+        except ImportError:
+            raise LabkitError("LABKIT_AMQP_URL is set, but the RabbitMQ client (pika) is not installed.",
+                              "pip install 'labkit[rabbitmq]' (a checkout: pip install -e '.[rabbitmq]'), "
+                              "or unset LABKIT_AMQP_URL to use the recording broker.") from None
 
         self.url, self.queue, self.exchange = url, queue, queue + ".x"
         self._ch = None

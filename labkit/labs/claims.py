@@ -30,7 +30,7 @@ from psycopg import sql
 from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
 from ..core.files import read_sql
-from ..core.lab import Lab
+from ..core.lab import FIRST_JOB, Lab
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
@@ -471,7 +471,7 @@ def add_pending(lab: Lab, n: int) -> None:
     (sql/job_rows.sql: pending)."""
     _positive("pending", n, zero_ok=True)
     if n:
-        bulk(lab, query("job_rows.sql", "pending").sql, {"n": n}, rows=n)
+        bulk(lab, query("job_rows.sql", "pending").sql, {"n": n, **FIRST_JOB}, rows=n)
 
 
 def add_history(lab: Lab, n: int) -> None:

@@ -2,9 +2,9 @@
 -- measuring labs start from.
 
 -- name: pending
--- %(n)s pending jobs, ids 1..%(n)s, one a second from 2026-01-01 09:00 UTC.
+-- %(n)s pending jobs, ids 1..%(n)s, one every %(step_s)s seconds from %(start)s.
 INSERT INTO job (id, created_at, payload)
-SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g
+SELECT g, %(start)s::timestamptz + (g - 1) * make_interval(secs => %(step_s)s), 'job ' || g
   FROM generate_series(1, %(n)s) AS g;
 
 -- name: history

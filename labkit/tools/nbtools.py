@@ -1,7 +1,7 @@
 """Keeping the committed notebooks honest: executed, with outputs, no widget state.
 
-``python -m labkit.nbtools [NOTEBOOK ...]`` executes notebooks in place (from the
-notebooks/ folder, with the current Python) and strips what must not be committed.
+``labkit execute [NOTEBOOK ...]`` executes notebooks in place (from the notebooks/ folder,
+with the current Python) and strips what must not be committed.
 """
 
 from __future__ import annotations
@@ -116,16 +116,13 @@ def execute(path: Path, timeout: int = 600) -> None:
     nbformat.write(nb, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    paths = [Path(p) for p in (argv or sys.argv[1:])] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
+def execute_command(*, notebooks: list[str]) -> int:
+    """``labkit execute [NOTEBOOK ...]``: run the notebooks in place (all of them by default)."""
+    paths = [Path(p) for p in notebooks] or sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     for p in paths:
         print(f"executing {p} ...", flush=True)
         execute(p)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def workbook_map(folder: Path = NOTEBOOKS) -> str:
