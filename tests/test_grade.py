@@ -75,7 +75,9 @@ def test_measured_harm_matches_the_diagnosis(graded):
     assert held.duplicate_runs == 1             # the killed worker's job ran again elsewhere
     assert held.stuck_jobs == 0                 # the rollback put it back: no trace of the claim
     hoard = graded("wrong_no_limit.sql")
-    assert hoard.stuck_jobs > hoard.jobs // 2   # the crash stranded (nearly) the whole queue
+    # a claim with LIMIT 1 strands at most one job; this one strands its share of the whole queue
+    # (how big a share depends on how the workers' first claims overlapped)
+    assert hoard.stuck_jobs > 1
     nowait = graded("wrong_nowait.sql")
     assert nowait.probe.startswith("B failed at once: ERROR 55P03")
     noidx = graded("wrong_no_index.sql")
