@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.tools.nbtools import problems
+from labkit.tools.nbtools import merge_streams, problems
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9]*.ipynb"))
 
@@ -39,3 +39,12 @@ def test_problems_are_found_in_a_stale_notebook():
     assert "carries widget state metadata" in found
     assert any("home folder path (/home/alice/" in f for f in found), found
     assert "cell 0 was never executed" in found
+
+
+def test_a_print_split_into_chunks_is_saved_as_one_output():
+    out = nbformat.v4.new_output
+    outputs = [out("stream", name="stdout", text="partitioned: ERROR"), out("stream", name="stdout", text="\n"),
+               out("stream", name="stderr", text="warning\n"), out("stream", name="stdout", text="next\n")]
+    merged = merge_streams(outputs)
+    assert [(o["name"], o["text"]) for o in merged] == [
+        ("stdout", "partitioned: ERROR\n"), ("stderr", "warning\n"), ("stdout", "next\n")]

@@ -102,15 +102,19 @@ class Database:
     def describe(self) -> str:
         return f"PostgreSQL {self.version} · {self.backend}: {self.where}"
 
+    @property
+    def check_client_ms(self) -> int | None:
+        """How often the server checks that a session's client is still there, so that a
+        vanished client (a killed kernel or worker) does not leave its query running on:
+        every 2 s where the server can (PostgreSQL 14 and later)."""
+        return 2000 if self.version_num >= 140000 else None
+
     def connect(self, *, autocommit: bool = True, schema: str | None = None, role: str = "",
                 guards: Guards | None = None, **kw) -> psycopg.Connection:
         """A new connection (see :func:`open_connection`); errors name the server and the fix."""
         try:
-            # A client that vanished (a killed kernel) does not leave its query running on:
-            # the server checks the socket every 2 s (PostgreSQL 14 and later).
             return open_connection(self.dsn, schema=schema, role=role, guards=guards,
-                                   autocommit=autocommit,
-                                   check_client_ms=2000 if self.version_num >= 140000 else None, **kw)
+                                   autocommit=autocommit, check_client_ms=self.check_client_ms, **kw)
         except psycopg.OperationalError as exc:
             raise unreachable(self, exc) from None
 

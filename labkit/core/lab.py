@@ -16,7 +16,7 @@ import weakref
 import psycopg
 from psycopg import sql
 
-from .db import Database, Guards, current_user_tag
+from .db import Database, Guards, current_user_tag, session_name
 from .errors import LabkitError, ServerError
 from .files import read_sql
 from .queries import query
@@ -72,7 +72,7 @@ class Lab:
         self.name = name
         self.user_tag = user or current_user_tag()
         self.schema = schema_name(name, self.user_tag)
-        self.app_name = f"labkit:{self.schema}"
+        self.app_name = session_name(self.schema)    # its sessions are named app_name[:role]
         self._conns: weakref.WeakSet = weakref.WeakSet()
         self._admin: psycopg.Connection | None = None
 

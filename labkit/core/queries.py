@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from .errors import LabkitError
-from .files import package_file, read_sql
+from .files import read_sql
 
 _NAME = re.compile(r"^--\s*name:\s*([\w-]+)\s*$")
 
@@ -32,12 +32,13 @@ class Query:
     description: str     # the comment lines right under the name, joined
     text: str            # the SQL as written, comments kept (what a notebook prints)
 
-    @property
+    @cached_property
     def statements(self) -> list[str]:
-        """The query's statements, comments dropped, without their final semicolons."""
+        """The query's statements, comments dropped, without their final semicolons (split
+        once: the engine asks for some of them on every poll)."""
         return statements(self.text)
 
-    @property
+    @cached_property
     def sql(self) -> str:
         """The one statement of a single-statement query."""
         stmts = self.statements
@@ -87,11 +88,6 @@ def query(filename: str, name: str) -> Query:
         raise LabkitError(f"{filename} has no query called {name!r}.",
                           f"It has: {', '.join(found)}.")
     return found[name]
-
-
-def sql_files() -> list[str]:
-    """The names of labkit's .sql files."""
-    return sorted(p.name for p in package_file("sql").glob("*.sql"))
 
 
 def strip_comments(text: str) -> str:

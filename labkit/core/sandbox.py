@@ -366,8 +366,7 @@ class Sandbox:
             kw.update(user=self.role, password=self.password)
         try:
             conn = open_connection(db.dsn, schema=schema, role=role, guards=guards, autocommit=autocommit,
-                                   check_client_ms=2000 if getattr(db, "version_num", 0) >= 140000 else None,
-                                   **kw)
+                                   check_client_ms=db.check_client_ms, **kw)
         except psycopg.OperationalError as exc:
             if self.role is None:
                 raise unreachable(db, exc) from None

@@ -499,7 +499,7 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
     if not _stage(report, box, 2 * STEP_TIMEOUT_S, claims.fresh_jobs, box.lab, jobs):
         return
     script = "; ".join(stmts)
-    check_client_ms = 2000 if lab.db.version_num >= 140000 else None
+    check_client_ms = lab.db.check_client_ms
     sampler = _BlockedSampler(lab, f"{lab.app_name}:g%")
     ws: list[Worker] = []
     t0 = time.monotonic()
