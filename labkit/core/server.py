@@ -32,6 +32,7 @@ Layout of the data directory (``LABKIT_DATA_DIR``; other files in it are left al
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.metadata
 import importlib.util
@@ -139,7 +140,10 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        # An interrupt can land after the rename: then there is no temporary left to
+        # remove, and the interrupt, not a FileNotFoundError, is what the caller sees.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 
@@ -485,6 +489,12 @@ class EmbeddedServer:
             # A client that vanished mid-query (a killed kernel) does not leave its
             # statement running on: the server checks the socket every 2 s.
             "client_connection_check_interval": "2s",
+            # Logical decoding (the change-data-capture lab reads the outbox through a
+            # logical replication slot).  Read only at server start: a server started
+            # before this line was added needs `labkit server stop && labkit server start`.
+            # The default max_replication_slots (10) is enough; the SQL interface to a
+            # slot needs no WAL sender.
+            "wal_level": "logical",
         }
         return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
 

@@ -47,3 +47,14 @@ SELECT d.datname
         OR shobj_description(d.oid, 'pg_database') = 'labkit:' || %(tag)s)
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.datid = d.oid)
  ORDER BY 1;
+
+-- name: lab_slots
+-- Logical replication slots the change-data-capture lab made (named <lab schema>_cdc): a run
+-- drops its slot at the end, so one still here belongs to a run that is going on or was
+-- killed. An inactive slot keeps every byte of WAL written since its restart_lsn.
+SELECT s.slot_name, s.active,
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint AS retained,
+       EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = left(s.slot_name, -4)) AS schema_exists
+  FROM pg_replication_slots s
+ WHERE s.slot_name LIKE 'lab\_%%\_cdc'
+ ORDER BY 1;

@@ -1,0 +1,602 @@
+"""A long transaction anywhere holds the xmin horizon, and the queue's claims slow down.
+
+A claim reads the front of the partial index of pending jobs.  Every job a worker claims
+and completes leaves that index an entry pointing at a row version that is now dead.
+Normally the next claim that walks over it finds the version dead to every snapshot and
+marks the entry dead (the index scan's "kill_prior_tuple"), so later claims skip it without
+visiting the table, and page pruning and VACUUM take the versions away.  A transaction that
+keeps an old snapshot open -- a report under REPEATABLE READ, a session idle in
+transaction, anywhere in the database -- holds the xmin horizon back: no version that died
+after its snapshot was taken is dead to everyone, so no entry is marked dead, nothing is
+pruned, VACUUM removes nothing, and every claim visits every job done since the report
+began.
+
+:func:`churn` runs real worker processes claiming and completing jobs, with or without such
+a report open, and samples what one claim reads; :func:`horizon_trace` runs it both ways on
+the same table size with the same workers, and :func:`plot` draws it;
+:func:`who_holds_the_horizon` is the query that names the culprit; :func:`vacuum_removable`
+shows VACUUM removing nothing while the report is open and everything once
+``idle_in_transaction_session_timeout`` has ended it.  ``labkit trace horizon`` is
+:func:`horizon_command`.
+"""
+
+from __future__ import annotations
+
+import json as _json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from ..core.db import WORKER_GUARDS, Guards, open_connection
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import bulk, number
+from ..core.procs import Context, Worker
+from ..core.queries import query
+from .claims import wait_for_horizon
+from .production import fresh_table
+
+LEASE_S = 60                 # a claim's lease: far longer than any run, so none runs out
+SAMPLE_S = 0.5               # how often the parent samples what one claim reads
+MAX_SECONDS = 600            # churn time of one run (of each phase in horizon_trace)
+MAX_WORKERS = 16
+REPORT_ROLE = "report"       # the long report's session: labkit:<schema>:report
+WORKER_ROLE = "churn-w"      # the workers' sessions: labkit:<schema>:churn-w1, ...
+REPORT_MARGIN_S = 60         # the report ends itself this long after the run should have
+
+# The backlog a run starts with: enough pending jobs that the workers never run dry.  A
+# worker on a fast laptop claims and completes a few thousand jobs a second; a run longer
+# than BACKLOG_S seconds is topped up as it goes, TOP_UP_S seconds of claims at a time.
+JOBS_PER_WORKER_S = 5_000
+MIN_JOBS = 10_000
+MAX_JOBS = 2_000_000
+BACKLOG_S = 30
+TOP_UP_S = 10
+
+_TUPLES = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
+
+
+def check_params(*, seconds: float, workers: int) -> None:
+    """The bounds of a churn run, checked before anything is created."""
+    number("seconds", seconds, low=1, high=MAX_SECONDS, unit=" s", example=4)
+    number("workers", workers, low=1, high=MAX_WORKERS, whole=True, example=2)
+
+
+def backlog(seconds: float, workers: int) -> int:
+    """How many pending jobs a run of ``seconds`` with ``workers`` workers starts with."""
+    want = math.ceil(min(seconds, BACKLOG_S) * workers * JOBS_PER_WORKER_S)
+    return int(min(MAX_JOBS, max(MIN_JOBS, want)))
+
+
+def create_queue(lab: Lab, jobs: int) -> None:
+    """The production job table (production.sql "table") made afresh, holding ``jobs``
+    pending jobs (horizon.sql "fill"), analyzed."""
+    fresh_table(lab)
+    bulk(lab, query("horizon.sql", "fill").sql, {"n": jobs}, rows=jobs)
+    lab.execute("ANALYZE job")
+
+
+# -- the worker process --------------------------------------------------------------------------
+
+
+def churn_worker(ctx: Context, dsn: str, schema: str, role: str, lease_s: float = LEASE_S) -> dict:
+    """The body of a worker process, one connection per run: connect, wait at the ``ready``
+    pause for the monotonic time to stop at (None: end), then claim (production.sql
+    "claim") and complete (production.sql "complete"), each its own transaction, as fast as
+    it can until then; disconnect (the server sends the session's statistics as it ends)
+    and report ``run_done``.  ``progress`` events carry ``(time, claim ms)`` per claim, the
+    claim statement alone timed."""
+    claim = query("production.sql", "claim").sql
+    complete = query("production.sql", "complete").sql
+    runs = 0
+    while True:
+        with open_connection(dsn, schema=schema, role=role, guards=WORKER_GUARDS) as conn:
+            ctx.emit("connected", pid=conn.info.backend_pid, run=runs + 1)
+            end = ctx.pause("ready")
+            if end is None:
+                return {"runs": runs}
+            runs += 1
+            samples: list[tuple[float, float]] = []
+            dry = 0
+            sent = time.monotonic()
+            while (now := time.monotonic()) < end:
+                t0 = time.perf_counter()
+                row = conn.execute(claim, {"worker": role, "lease_s": lease_s}).fetchone()
+                ms = (time.perf_counter() - t0) * 1000
+                if row is None:
+                    dry += 1
+                    time.sleep(0.005)
+                    continue
+                samples.append((now, ms))
+                conn.execute(complete, {"id": row[0], "claim_version": row[5]})
+                if now - sent >= 0.25:
+                    ctx.emit("progress", run=runs, samples=samples)
+                    samples, sent = [], now
+            ctx.emit("progress", run=runs, samples=samples)
+        ctx.emit("run_done", run=runs, dry=dry)
+
+
+def _start_workers(lab: Lab, workers: int, procs: list[Worker]) -> None:
+    """Start the worker processes, each added to ``procs`` before it starts (so that the
+    caller's clean-up kills it, even if Ctrl-C comes in the middle)."""
+    for i in range(workers):
+        w = Worker(churn_worker, name=f"churn {i + 1}", dsn=lab.db.dsn, schema=lab.schema,
+                   role=f"{WORKER_ROLE}{i + 1}", lease_s=LEASE_S)
+        procs.append(w)
+        w.start()
+
+
+def _stop_workers(procs: list[Worker], timeout: float = 10.0) -> None:
+    """End workers that wait at their ``ready`` pause; kill any other."""
+    for w in procs:
+        if w.alive:
+            w.resume(None)
+    deadline = time.monotonic() + timeout
+    for w in procs:
+        while w.alive and time.monotonic() < deadline:
+            w.poll(0.05)
+        w.kill()
+
+
+def _wait_gone(lab: Lab, pids: list[int], timeout: float = 10.0) -> None:
+    """Until the server shows none of these sessions (a session's last statistics are sent
+    as its backend exits)."""
+    deadline = time.monotonic() + timeout
+    while pids and lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)):
+        if time.monotonic() > deadline:
+            raise LabkitError(f"The server still shows the sessions {pids} {timeout:.0f} s after "
+                              "they were closed.", "run `labkit doctor`; end them with `labkit clean`.")
+        time.sleep(0.02)
+
+
+# -- the long report -----------------------------------------------------------------------------
+
+
+def open_report(lab: Lab, *, lasts_s: float) -> psycopg.Connection:
+    """The report that holds the horizon: a session of its own (labkit:<schema>:report)
+    that begins a REPEATABLE READ transaction, counts the jobs and then sits idle in
+    transaction (horizon.sql "report").  Its ``idle_in_transaction_session_timeout`` ends it
+    ``lasts_s`` seconds after its last statement, so nothing can hold the horizon for ever."""
+    guards = Guards(lock_timeout="10s", statement_timeout="60s",
+                    idle_in_transaction=f"{math.ceil(lasts_s)}s")
+    conn = lab.connect(role=REPORT_ROLE, guards=guards)
+    try:
+        for s in query("horizon.sql", "report").statements:
+            conn.execute(s)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def holder_info(lab: Lab, pid: int) -> dict | None:
+    """A session as pg_stat_activity shows it: pid, application_name, state, and xmin_age
+    (how many transactions old its snapshot is)."""
+    rows = lab.execute(query("horizon.sql", "holder").sql, {"pid": pid})
+    if not rows:
+        return None
+    pid, app, state, age = rows[0]
+    return {"pid": pid, "application_name": app, "state": state, "xmin_age": age}
+
+
+def _plain(v: Any) -> Any:
+    return float(v) if isinstance(v, Decimal) else v
+
+
+def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[dict]:
+    """The sessions of this database (and walsenders) that hold the xmin horizon back,
+    oldest first (horizon.sql "who_holds_the_horizon"): pid, application_name, backend_type,
+    state, xmin_age and xid_age (in transactions), xact_age_s, in_state_s, last_query."""
+    number("limit", limit, low=1, high=100, whole=True, example=5)
+    cur = lab.admin.execute(query("horizon.sql", "who_holds_the_horizon").sql, {"limit": limit})
+    cols = [c.name for c in cur.description]
+    return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
+
+
+def other_horizon_holders(lab: Lab) -> list[dict]:
+    """What else holds the horizon with no session to show for it (horizon.sql
+    "other_horizon_holders"): prepared transactions of this database and replication slots
+    with an xmin (a standby's hot_standby_feedback kept in its slot, a logical consumer's
+    catalog_xmin); each with kind, name, xmin_age and age_s (prepared transactions)."""
+    cur = lab.admin.execute(query("horizon.sql", "other_horizon_holders").sql)
+    cols = [c.name for c in cur.description]
+    return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def explain_claim(lab: Lab) -> dict:
+    """One execution of the claim's SELECT, measured by the server: EXPLAIN (ANALYZE,
+    BUFFERS) of horizon.sql "claim_select" (the SELECT inside production.sql's claim, FOR
+    UPDATE SKIP LOCKED included) in a transaction that is rolled back.  ``buffers``: the
+    shared buffers (hit + read) its execution touched, planning not counted: index pages and
+    table pages both count, and entries that point into the page the scan is already on do
+    not count that page again.  ``select_ms``: its execution time on the server."""
+    conn = lab.admin
+    with conn.transaction(force_rollback=True):
+        out = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                           + query("horizon.sql", "claim_select").sql).fetchone()[0][0]
+    plan = out["Plan"]
+    return {"buffers": int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
+            "select_ms": round(float(out.get("Execution Time", 0.0)), 3)}
+
+
+def claim_buffers(lab: Lab) -> int:
+    """The shared buffers one execution of the claim's SELECT touches (:func:`explain_claim`)."""
+    return explain_claim(lab)["buffers"]
+
+
+def dead_tuples(lab: Lab) -> int:
+    """pg_stat_user_tables.n_dead_tup of the job table: every row version replaced since
+    the last VACUUM, removable or not (page pruning leaves a stub that still counts).  It
+    lags: each session sends its counts at most once a second, and as it ends."""
+    rows = lab.execute(query("horizon.sql", "dead_tuples").sql)
+    return int(rows[0][1]) if rows else 0
+
+
+def horizon_age(lab: Lab) -> int | None:
+    """How many transactions old the oldest snapshot (or transaction id) of another client
+    session of this database is; None when no other session has one."""
+    return lab.execute(query("horizon.sql", "horizon_age").sql)[0][0]
+
+
+def durability(lab: Lab) -> dict[str, str]:
+    """What each commit waits for: fsync and synchronous_commit as the server runs them."""
+    fsync, sync = lab.execute(query("horizon.sql", "durability").sql)[0]
+    return {"fsync": fsync, "synchronous_commit": sync}
+
+
+def vacuum(lab: Lab) -> dict:
+    """VACUUM (VERBOSE) the job table.  Returns ``removed`` and ``not_yet_removable`` (the
+    dead row versions VACUUM took away, and those it found but had to keep for an older
+    snapshot, read from its VERBOSE report, PostgreSQL 15 and later), ``n_dead_tup`` right
+    after (VACUUM sets it, as it ends, to the dead versions it kept), and ``line``, the
+    report's tuples line."""
+    notes: list[str] = []
+
+    def note(diag: psycopg.errors.Diagnostic) -> None:
+        notes.append(diag.message_primary or "")
+
+    conn = lab.admin
+    conn.add_notice_handler(note)
+    try:
+        conn.execute("VACUUM (VERBOSE) job")
+    finally:
+        conn.remove_notice_handler(note)
+    text = "\n".join(notes)
+    m = _TUPLES.search(text)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("tuples:")), "")
+    return {"removed": int(m.group(1)) if m else None,
+            "not_yet_removable": int(m.group(3)) if m else None,
+            "n_dead_tup": dead_tuples(lab), "line": line}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))], 3)
+
+
+def _runs_done(w: Worker) -> int:
+    return sum(1 for e in w.events if e["kind"] == "run_done")
+
+
+def _failure(w: Worker) -> str:
+    failed = [e for e in w.events if e["kind"] == "failed"]
+    return failed[-1]["error"] if failed else f"exit code {w.exitcode}"
+
+
+def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horizon: bool) -> dict:
+    """One timed run of workers waiting at their ``ready`` pause, on a filled table."""
+    run = {id(w): _runs_done(w) + 1 for w in procs}
+    for w in procs:
+        w.wait_for("paused", count=run[id(w)], tag="ready", timeout=60)
+    pids = [w.wait_for("connected", run=run[id(w)], timeout=60)["pid"] for w in procs]
+    last_run_at = lab.execute("SELECT max(run_at) FROM job")[0][0]
+    report = None
+    try:
+        if hold_horizon:
+            report = open_report(lab, lasts_s=seconds + REPORT_MARGIN_S)
+        t0 = time.monotonic()
+        end = t0 + seconds
+        for w in procs:
+            w.resume(end)
+        samples: list[tuple[float, float]] = []
+        series: list[dict] = []
+        next_at = t0 + SAMPLE_S
+        while (now := time.monotonic()) < end:
+            deadline = min(next_at, end)
+            while (now := time.monotonic()) < deadline:
+                for w in procs:
+                    for e in w.poll(0):
+                        if e["kind"] == "progress":
+                            samples.extend(e["samples"])
+                    if not w.alive:
+                        raise LabkitError(f"Worker {w.name!r} stopped in the middle of the run "
+                                          f"({_failure(w)}).", "read the error, then run it again.")
+                time.sleep(min(0.02, max(0.0, deadline - now)))
+            if now >= end:
+                break
+            series.append({"t": round(now - t0, 3), **explain_claim(lab),
+                           "dead": dead_tuples(lab), "horizon_age": horizon_age(lab)})
+            next_at += SAMPLE_S
+            left = jobs - len(samples)
+            rate = len(samples) / max(now - t0, 1e-3)
+            if left < rate * TOP_UP_S / 2 and end - now > 1:        # a long run: top up
+                n = int(min(MAX_JOBS, max(MIN_JOBS, rate * TOP_UP_S)))
+                bulk(lab, query("horizon.sql", "top_up").sql, {"n": n, "after": last_run_at}, rows=n)
+                last_run_at += timedelta(microseconds=n)
+                jobs += n
+        for w in procs:
+            w.wait_for("run_done", run=run[id(w)], timeout=60)
+        samples = [s for w in procs for e in w.events
+                   if e["kind"] == "progress" and e["run"] == run[id(w)] for s in e["samples"]]
+        dry = sum(e["dry"] for w in procs for e in w.events
+                  if e["kind"] == "run_done" and e["run"] == run[id(w)])
+        _wait_gone(lab, pids)                   # every count is in the statistics now
+        held_by = holder_info(lab, report.info.backend_pid) if report is not None else None
+        dead = dead_tuples(lab)
+        vac = vacuum(lab)                       # with the report still open
+    finally:
+        if report is not None:
+            report.close()
+    return {"t0": t0, "samples": samples, "series": series, "held_by": held_by, "dry": dry,
+            "dead": dead, "vacuum": vac, "jobs": jobs}
+
+
+def _summary(raw: dict, *, seconds: float) -> dict:
+    t0, samples, series = raw["t0"], raw["samples"], raw["series"]
+    ms = [m for _, m in samples]
+    out_series = []
+    lo = 0.0
+    for p in series:
+        inside = [m for t, m in samples if lo <= t - t0 < p["t"]]
+        out_series.append({"t": p["t"], "claim_ms": round(statistics.median(inside), 3) if inside else None,
+                           "claims": len(inside), "buffers": p["buffers"], "select_ms": p["select_ms"],
+                           "dead": p["dead"], "horizon_age": p["horizon_age"]})
+        lo = p["t"]
+    late = [p for p in series if p["t"] >= seconds * 2 / 3] or series[-1:]
+    return {
+        "claims": len(samples),
+        "claims_per_s": round(len(samples) / seconds, 1),
+        "claim_ms_p50": _pct(ms, 0.50),
+        "claim_ms_p99": _pct(ms, 0.99),
+        "buffers_per_claim": statistics.median(p["buffers"] for p in late) if late else None,
+        "select_ms": statistics.median(p["select_ms"] for p in late) if late else None,
+        "dead_tuples": raw["dead"],
+        "unremovable": raw["vacuum"]["not_yet_removable"],
+        "vacuum_line": raw["vacuum"]["line"],
+        "ran_dry": raw["dry"],
+        "jobs": raw["jobs"],
+        "series": out_series,
+        "horizon_held_by": raw["held_by"],
+    }
+
+
+def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
+          jobs: int | None = None) -> dict:
+    """``workers`` worker processes claim and complete jobs for ``seconds`` seconds on a
+    fresh production job table of ``jobs`` pending jobs (by default enough that they never
+    run dry; a long run is topped up as it goes), with (``hold_horizon=True``) or without a
+    report holding the xmin horizon: a session of its own (labkit:<schema>:report) that
+    began a REPEATABLE READ transaction, counted the jobs, and sits idle in transaction for
+    the whole run.
+
+    Returns ``claims``, ``claims_per_s``, ``claim_ms_p50`` and ``claim_ms_p99`` (the claim
+    statement alone, timed in the worker); ``buffers_per_claim``: the median, over the
+    samples taken in the last third of the run, of what one claim reads (every ~0.5 s,
+    :func:`explain_claim`: the shared buffers one execution of the claim's SELECT touches),
+    and ``select_ms``, the same samples' median execution time of that SELECT on the server
+    (what the walk costs, without the commit and the round trip);
+    ``dead_tuples``: n_dead_tup once the run is over and every worker's session has ended
+    (every version replaced, removable or not); ``unremovable``: the dead versions a VACUUM
+    run right then (the report still open) found but could not remove, and
+    ``vacuum_line``, its report's tuples line; ``ran_dry``: claims that found no job (0:
+    the backlog was enough); ``jobs``: the table's pending jobs at the start, plus any top
+    up; ``series``: per sample, ``t`` (seconds), ``claim_ms`` (median) and ``claims`` since
+    the previous sample, ``buffers``, ``select_ms``, ``dead`` (n_dead_tup, which lags by about
+    a second) and ``horizon_age`` (the oldest other snapshot in the database, in transactions);
+    ``horizon_held_by``: None, or the report's pid, application_name, state and xmin_age
+    as pg_stat_activity showed them at the end of the run; ``workers``, ``seconds``."""
+    check_params(seconds=seconds, workers=workers)
+    jobs = backlog(seconds, workers) if jobs is None else int(
+        number("jobs", jobs, low=1, high=MAX_JOBS, whole=True, example=MIN_JOBS))
+    procs: list[Worker] = []
+    try:
+        _start_workers(lab, workers, procs)
+        create_queue(lab, jobs)                  # while the workers start
+        raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold_horizon)
+        _stop_workers(procs)
+    finally:
+        for w in procs:
+            w.kill()
+    return {**_summary(raw, seconds=seconds), "workers": workers, "seconds": seconds}
+
+
+# -- both runs, and the figure --------------------------------------------------------------------
+
+
+def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2) -> dict:
+    """:func:`churn` twice with the same workers (started once) on a fresh table of the
+    same size: first with no report open, then with one holding the horizon.
+
+    Returns ``claim_ms_p50_without`` / ``_with``, ``claim_ms_p99_without`` / ``_with``,
+    ``buffers_per_claim_without`` / ``_with``, ``select_ms_without`` / ``_with``,
+    ``claims_without`` / ``_with``, ``dead_tuples_without`` / ``_with`` and
+    ``unremovable_without`` / ``_with`` (see :func:`churn`); ``horizon_age_without`` /
+    ``_with`` (the largest age of the oldest snapshot of another session seen during the
+    run, in transactions: small without the report, unless someone else's transaction held
+    the horizon then); ``horizon_held_by`` ("labkit:<schema>:report (idle in
+    transaction)"); ``holder`` (its pid, application_name, state and xmin_age at the end of
+    the run); ``durability`` (fsync and synchronous_commit, as SHOW gives them); ``server``,
+    ``seconds``, ``workers``, ``jobs``; and ``without`` / ``with``, each run's whole result
+    (its ``series`` included)."""
+    check_params(seconds=seconds, workers=workers)
+    jobs = backlog(seconds, workers)
+    procs: list[Worker] = []
+    out: dict[str, dict] = {}
+    try:
+        _start_workers(lab, workers, procs)
+        for name, hold in (("without", False), ("with", True)):
+            create_queue(lab, jobs)
+            raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold)
+            out[name] = {**_summary(raw, seconds=seconds), "workers": workers, "seconds": seconds}
+        _stop_workers(procs)
+    finally:
+        for w in procs:
+            w.kill()
+    held = out["with"]["horizon_held_by"] or {}
+    result: dict[str, Any] = {}
+    for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
+                "dead_tuples", "unremovable"):
+        result[f"{key}_without"] = out["without"][key]
+        result[f"{key}_with"] = out["with"][key]
+    for name in ("without", "with"):        # was the run without a held horizon clean?
+        ages = [p["horizon_age"] for p in out[name]["series"] if p["horizon_age"] is not None]
+        result[f"horizon_age_{name}"] = max(ages, default=None)
+    result.update({
+        "horizon_held_by": f"{held.get('application_name')} ({held.get('state')})" if held else None,
+        "holder": held or None,
+        "durability": durability(lab),
+        "server": lab.db.version,
+        "seconds": seconds, "workers": workers, "jobs": jobs,
+        "without": out["without"], "with": out["with"],
+    })
+    return result
+
+
+def plot(result: dict, ax=None):
+    """Claim latency (top) and buffers per claim (bottom, log scale) over the run, without
+    and with the report holding the horizon, from :func:`horizon_trace`'s result.  ``ax``:
+    two matplotlib axes to draw on (None: a new figure).  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..core.plots import setup_matplotlib
+
+    setup_matplotlib()
+    if ax is None:
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    else:
+        top, bottom = ax
+        fig = top.figure
+    for name, label, style in (("without", "no long transaction", "-"),
+                               ("with", "a REPEATABLE READ report idle in transaction", "-")):
+        series = result[name]["series"]
+        t = [p["t"] for p in series]
+        top.plot(t, [p["claim_ms"] for p in series], style, marker="o", ms=3, label=label)
+        bottom.plot(t, [max(p["buffers"], 1) for p in series], style, marker="o", ms=3, label=label)
+    top.set_ylabel("claim, median ms")
+    top.set_ylim(bottom=0)
+    bottom.set_ylabel("buffers one claim reads")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("seconds into the run")
+    top.legend(loc="upper left", fontsize=10)
+    d = result.get("durability", {})
+    fig.suptitle(f"The claim while a snapshot holds the xmin horizon: {result.get('workers')} workers, "
+                 f"PostgreSQL {result.get('server')}, fsync={d.get('fsync')}, "
+                 f"synchronous_commit={d.get('synchronous_commit')}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# -- VACUUM while the report is open, and after -------------------------------------------------
+
+
+def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> dict:
+    """VACUUM can remove no row version that died after the report's snapshot was taken,
+    and all of them once the report is gone.
+
+    A fresh table of ``jobs`` pending jobs, autovacuum off for it (only the VACUUMs shown
+    run), vacuumed; the report opens (:func:`open_report`); on a session of its own the
+    whole queue is worked off (horizon.sql "work_off": two dead versions per job), and that
+    session ends (so its counts are in the statistics).  VACUUM (VERBOSE) then removes
+    nothing.  Then the fix: ``idle_in_transaction_session_timeout`` set to ``timeout_s`` in
+    the report's session (horizon.sql "end_idle_reports"); the server ends the session once
+    it has been idle that long; when no other transaction in the database is older than
+    now, VACUUM runs again and removes them all.
+
+    Returns ``jobs``, ``dead_versions`` (2 per job), ``holder`` (pid, application_name,
+    state, xmin_age while it was open), ``removed_while_held``,
+    ``not_removable_while_held``, ``n_dead_tup_while_held``, ``line_while_held``, the same
+    four ``..._after``, ``ended_by`` (the setting) and ``ended_after_s`` (from setting it to
+    the server showing the session gone)."""
+    number("jobs", jobs, low=1, high=100_000, whole=True, example=1000)
+    number("timeout_s", timeout_s, low=0.1, high=30, unit=" s", example=1)
+    create_queue(lab, jobs)
+    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
+    lab.execute("VACUUM job")
+    report = open_report(lab, lasts_s=REPORT_MARGIN_S)
+    try:
+        pid = report.info.backend_pid
+        with lab.connect(role=f"{WORKER_ROLE}1") as worker:
+            wpid = worker.info.backend_pid
+            for s in query("horizon.sql", "work_off").statements:
+                worker.execute(s)
+        _wait_gone(lab, [wpid])
+        holder = holder_info(lab, pid)
+        held = vacuum(lab)
+        setting = f"{timeout_s:g}s" if float(timeout_s).is_integer() else f"{round(timeout_s * 1000)}ms"
+        t = time.monotonic()
+        report.execute(query("horizon.sql", "end_idle_reports").sql, {"timeout": setting})
+        _wait_gone(lab, [pid], timeout=timeout_s + 30)
+        ended_after = time.monotonic() - t
+    finally:
+        report.close()
+    wait_for_horizon(lab)           # another session's older snapshot would keep them too
+    after = vacuum(lab)
+    return {
+        "jobs": jobs, "dead_versions": 2 * jobs, "holder": holder,
+        "removed_while_held": held["removed"], "not_removable_while_held": held["not_yet_removable"],
+        "n_dead_tup_while_held": held["n_dead_tup"], "line_while_held": held["line"],
+        "removed_after": after["removed"], "not_removable_after": after["not_yet_removable"],
+        "n_dead_tup_after": after["n_dead_tup"], "line_after": after["line"],
+        "ended_by": f"idle_in_transaction_session_timeout = {setting}",
+        "ended_after_s": round(ended_after, 2),
+    }
+
+
+# -- command line: labkit trace horizon -----------------------------------------------------------
+
+
+def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers: int = 2,
+                    json: bool) -> int:
+    """``labkit trace horizon [--seconds 10] [--workers 2] [--json]``: :func:`horizon_trace`
+    (``seconds`` of churn per phase, 1 to 600; ``workers`` 1 to 16), printed as a short
+    summary or as JSON.  ``open_lab()`` gives the run its own lab, dropped at the end."""
+    check_params(seconds=seconds, workers=workers)          # before anything is created
+    with open_lab() as lab:
+        r = horizon_trace(lab, seconds=seconds, workers=workers)
+    if json:
+        print(_json.dumps(r, indent=2, default=str))
+        return 0
+    d = r["durability"]
+    print(f"{workers} workers claim + complete for {seconds:g} s per run on {r['jobs']:,} pending jobs "
+          f"(PostgreSQL {r['server']}, fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']})")
+    print(f"{'':24}{'without':>12}{'with':>12}")
+    for key, label in (("claims", "claims"), ("claim_ms_p50", "claim p50 ms"),
+                       ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers per claim"),
+                       ("select_ms", "its SELECT, server ms"),
+                       ("dead_tuples", "n_dead_tup at the end"),
+                       ("unremovable", "VACUUM could not remove")):
+        print(f"{label:24}{_fmt(r[key + '_without']):>12}{_fmt(r[key + '_with']):>12}")
+    h = r["holder"] or {}
+    print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its snapshot "
+          f"{h.get('xmin_age')} transactions old at the end")
+    return 0
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.3f}" if v < 10 else f"{v:,.1f}"
+    return f"{int(v):,}"

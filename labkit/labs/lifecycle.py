@@ -1,0 +1,630 @@
+"""A worker's life on the production job table: heartbeats, zombies, and a graceful stop.
+
+Real worker processes (:class:`labkit.core.procs.Worker`) poll production.sql's job table:
+each runs the reaper (``reap`` in ``labkit/sql/lifecycle.sql``: a RUNNING job whose lease has
+run out goes back to PENDING), then production.sql's ``claim`` (a lease of ``lease_s`` and
+``claim_version + 1``), logs the handler's start in ``job_run`` (fenced: no claim, no run),
+runs the handler and writes production.sql's ``complete`` (fenced by ``claim_version``).
+
+* :func:`heartbeat_trace`: a job longer than its lease.  Without a heartbeat the lease runs
+  out mid-handler, the second worker re-claims the job and runs it again (2 runs, and the
+  first worker's complete matches 0 rows).  With a heartbeat every ``lease_s / 3`` (in the
+  handler's own work loop, on the worker's connection, fenced by ``claim_version``) the lease
+  never runs out: 1 run.
+* :func:`zombie_trace`: a worker frozen with SIGSTOP past its lease; the other worker
+  re-claims the job (``claim_version`` 2).  Resumed with SIGCONT, the zombie's heartbeat
+  matches 0 rows, and it stops its handler without writing anything.
+* :func:`shutdown_trace`: a worker that holds a small batch of claims (``per_worker_batch``:
+  it claims several jobs, then runs them one by one, so it holds claims it has not started)
+  is killed with SIGKILL: every claim it held stays RUNNING until its lease runs out, while
+  the other workers go idle.  The same worker stopped with SIGTERM instead stops claiming,
+  hands back the claims it has not started (``release``: PENDING at once, the attempt given
+  back), finishes the job in hand if it can within ``deadline_s`` (else hands it back too,
+  the attempt kept: the handler did start) and exits 0: no claim waits for a lease.
+
+Choices, each visible in ``lifecycle.sql``:
+
+* An expired lease is re-claimed through a **reaper** (``reap``), not a claim variant: every
+  worker runs it before it claims, production.sql's claim stays unchanged, the reaper reads
+  ``job_lease_idx``.  It keeps the attempt the claim counted and dead-letters a job that is
+  out of attempts (a job that keeps killing its worker).
+* The heartbeat is **interleaved** with the handler's work (every ``lease_s / 3``, between
+  slices of work, on the worker's own connection), not a thread: it stops when the handler
+  stops making progress, so a hung handler loses its lease.  A thread would keep a hung
+  handler's lease alive for ever (it would need a progress watchdog); interleaving cannot
+  beat during one long blocking call (that call needs a timeout shorter than the lease).
+* ``release`` gives an **unstarted** claim its attempt back (a deploy must not push jobs
+  toward the dead letter without running them) and **keeps** it for a job stopped mid-run
+  (its handler did start, and may have had effects).
+
+Each trace scripts who claims first (the workers wait at a start gate) and returns counts and
+an ordered event list of ``(worker, event, claim_version)``: the order is reproducible, the
+times are not (they are real).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json as jsonlib
+import math
+import os
+import signal
+import time
+from typing import Any, Callable, Iterator
+
+from ..core.db import WORKER_GUARDS, open_connection
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.procs import Context, Worker
+from ..core.queries import query
+from .production import fresh_table
+
+LEASE_S = 1.0              # heartbeat traces: a short lease...
+JOB_S = 2.5                # ...and a job that outlasts it
+SHUTDOWN_LEASE_S = 30.0    # shutdown trace: a production-like lease, long next to a job
+SHUTDOWN_JOB_S = 0.3
+DEADLINE_S = 2.0
+JOBS = 8
+BATCH = 3
+WORKERS = 2
+
+POLL_S = 0.1               # an idle worker polls this often (or a quarter lease, if less)
+SLICE_S = 0.02             # the handler works in slices; between them it checks the time
+ROLE = "life-w"            # sessions are labkit:<schema>:life-w1, life-w2, ...
+PARENT = "parent"
+
+
+def _sql(name: str, file: str = "lifecycle.sql") -> str:
+    return query(file, name).sql
+
+
+def _role(name: str) -> str:
+    return ROLE + name.rsplit(" ", 1)[-1]
+
+
+# -- parameters ------------------------------------------------------------------------------------
+
+
+def check_heartbeat(*, lease_s: float, job_s: float) -> None:
+    """``lease_s`` from 0.2 to 60 s; ``job_s`` longer than the lease (else a heartbeat has
+    nothing to do) and at most 300 s."""
+    number("lease_s", lease_s, low=0.2, high=60, unit=" s", example=LEASE_S)
+    number("job_s", job_s, high=300, unit=" s", example=JOB_S)
+    if job_s <= lease_s:
+        raise LabkitError(f"job_s={job_s:g} does not outlast the lease (lease_s={lease_s:g}): "
+                          "the lease never runs out mid-job, with or without a heartbeat.",
+                          f"pass job_s above lease_s, e.g. job_s={2.5 * lease_s:g} for lease_s={lease_s:g}.")
+
+
+def check_shutdown(*, workers: int, jobs: int, per_worker_batch: int, job_s: float, lease_s: float,
+                   deadline_s: float) -> None:
+    """Every number in range, and the shapes the counting needs: a batch of at least 2 (a
+    worker that holds one claim has nothing unstarted to hand back), a second worker to take
+    what the first hands back, a lease longer than the run and the deadline."""
+    number("workers", workers, low=2, high=4, whole=True, example=WORKERS)
+    number("per_worker_batch", per_worker_batch, low=2, high=20, whole=True, example=BATCH)
+    number("jobs", jobs, low=2, high=100, whole=True, example=JOBS)
+    number("job_s", job_s, low=0.05, high=10, unit=" s", example=SHUTDOWN_JOB_S)
+    number("lease_s", lease_s, low=10, high=3600, unit=" s", example=SHUTDOWN_LEASE_S)
+    number("deadline_s", deadline_s, low=0, above=True, high=60, unit=" s", example=DEADLINE_S)
+    if jobs < per_worker_batch:
+        raise LabkitError(f"jobs={jobs} is fewer than one batch (per_worker_batch={per_worker_batch}).",
+                          f"pass jobs >= per_worker_batch (defaults: {JOBS} and {BATCH}).")
+    if jobs * job_s > lease_s / 2:
+        raise LabkitError(f"{jobs} jobs of {job_s:g} s take {jobs * job_s:g} s: the killed worker's "
+                          f"leases ({lease_s:g} s) could run out before the count.",
+                          f"pass fewer or shorter jobs (jobs * job_s <= lease_s / 2), or a longer lease_s.")
+    if deadline_s >= lease_s:
+        raise LabkitError(f"deadline_s={deadline_s:g} is not shorter than the lease ({lease_s:g} s): a "
+                          "stopping worker could still be finishing after its lease ran out.",
+                          f"pass deadline_s below lease_s (default {DEADLINE_S:g} s; the grace period "
+                          "the platform gives, minus a margin).")
+
+
+# -- the worker (a child process) ------------------------------------------------------------------
+
+
+class _StopFlag:
+    """SIGTERM's handler in the worker: it notes the time and nothing else (no I/O in a signal
+    handler); the worker's loops look at it between statements and between handler slices."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.told = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+
+    def __bool__(self) -> bool:
+        return self.at is not None
+
+
+def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s: float,
+                     heartbeat: bool = False, batch: int = 1, max_jobs: int = 0,
+                     deadline_s: float = DEADLINE_S) -> dict:
+    """Child process: reap, claim up to ``batch`` jobs, run them one by one (each ``job_s`` of
+    work, heartbeating every ``lease_s / 3`` if ``heartbeat``), complete them; until it has
+    handled ``max_jobs`` (0: no limit) or SIGTERM stops it.
+
+    SIGTERM does not end the process: its handler sets a flag.  The worker then claims no
+    more, hands back (``release``) the claims it holds but has not started, lets the job in
+    hand finish until ``deadline_s`` after the signal (past that it stops the handler and hands
+    that job back too) and returns, so the process exits 0."""
+    stop = _StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    name = ctx.name
+    held: list[tuple[int, int]] = []          # claimed, not started: (id, claim_version)
+
+    def release(claims: list[tuple[int, int]], started: bool) -> list[int]:
+        if not claims:
+            return []
+        ids = [r[0] for r in conn.execute(_sql("release"), {
+            "ids": [c[0] for c in claims], "claim_versions": [c[1] for c in claims],
+            "started": started}).fetchall()]
+        ctx.emit("released", ids=sorted(ids), started=started,
+                 claim_versions=[v for i, v in claims if i in ids])
+        return ids
+
+    def noticed() -> bool:
+        """True once SIGTERM came; the first time, say so and hand back the unstarted claims."""
+        if not stop:
+            return False
+        if not stop.told:
+            stop.told = True
+            ctx.emit("sigterm", after_s=time.monotonic() - stop.at)
+            release(held, started=False)
+            held.clear()
+        return True
+
+    def handle(job_id: int, version: int) -> str:
+        if conn.execute(_sql("start"), {"id": job_id, "claim_version": version,
+                                        "worker": name}).fetchone() is None:
+            ctx.emit("lost_before_start", id=job_id, claim_version=version)
+            return "lost"
+        ctx.emit("started", id=job_id, claim_version=version)
+        every = lease_s / 3
+        next_beat = time.monotonic() + every
+        for _ in range(max(1, math.ceil(job_s / SLICE_S - 1e-9))):
+            time.sleep(SLICE_S)                 # a slice of work (a frozen process does none)
+            if heartbeat and time.monotonic() >= next_beat:
+                rows = conn.execute(_sql("heartbeat"), {"id": job_id, "claim_version": version,
+                                                        "lease_s": lease_s}).fetchall()
+                ctx.emit("heartbeat", id=job_id, claim_version=version, rows=len(rows))
+                if not rows:
+                    ctx.emit("handler_stopped", id=job_id, claim_version=version)
+                    return "lost"
+                next_beat = time.monotonic() + every
+            if noticed() and time.monotonic() > stop.at + deadline_s:
+                release([(job_id, version)], started=True)
+                return "abandoned"
+        n = len(conn.execute(query("production.sql", "complete").sql,
+                             {"id": job_id, "claim_version": version}).fetchall())
+        ctx.emit("completed", id=job_id, claim_version=version, rows=n)
+        return "finished"
+
+    outcomes: dict[str, int] = {}
+    with open_connection(dsn, schema=schema, role=_role(name), guards=WORKER_GUARDS) as conn:
+        ctx.emit("ready", backend_pid=conn.info.backend_pid)
+        ctx.pause("ready")                      # the parent says when to start
+        poll_s = min(POLL_S, lease_s / 4)
+        handled, idle = 0, False
+        while not (max_jobs and handled >= max_jobs) and not noticed():
+            for job_id, version, status in conn.execute(_sql("reap")).fetchall():
+                ctx.emit("reaped", id=job_id, claim_version=version, status=status)
+            while len(held) < batch and not stop:
+                row = conn.execute(query("production.sql", "claim").sql,
+                                   {"worker": name, "lease_s": lease_s}).fetchone()
+                if row is None:
+                    break
+                held.append((row[0], row[5]))
+            if noticed():
+                break
+            if not held:
+                if not idle:
+                    ctx.emit("idle")
+                    idle = True
+                until = time.monotonic() + poll_s
+                while time.monotonic() < until and not stop:
+                    time.sleep(SLICE_S)
+                continue
+            idle = False
+            ctx.emit("claimed", ids=[c[0] for c in held], claim_versions=[c[1] for c in held])
+            while held and not noticed():
+                job_id, version = held.pop(0)
+                out = handle(job_id, version)
+                outcomes[out] = outcomes.get(out, 0) + 1
+                handled += 1
+        noticed()
+        ctx.emit("exiting", handled=handled)
+    return {"handled": handled, "outcomes": outcomes}
+
+
+# -- the parent's side -------------------------------------------------------------------------
+
+
+def _setup(lab: Lab, jobs: int) -> None:
+    lab.execute(_sql("drop"))
+    fresh_table(lab)
+    lab.execute(_sql("runs"))
+    lab.execute(_sql("enqueue"), {"n": jobs})
+
+
+def _statuses(lab: Lab) -> dict[str, int]:
+    cur = lab.admin.execute(_sql("statuses"))
+    return dict(zip([c.name for c in cur.description], cur.fetchone()))
+
+
+def _held(lab: Lab, worker: str) -> tuple[int, float]:
+    waiting, left = lab.execute(_sql("held"), {"worker": worker})[0]
+    return int(waiting), float(left)
+
+
+@contextlib.contextmanager
+def _workers(lab: Lab, n: int, timeout: float, **kw: Any) -> Iterator[list[Worker]]:
+    """``n`` started workers, each connected and waiting at its start gate; every one of
+    them is killed on the way out (an error, Ctrl-C), whatever state it is in."""
+    procs = [Worker(lifecycle_worker, name=f"worker {i + 1}", dsn=lab.db.dsn, schema=lab.schema, **kw)
+             for i in range(n)]
+    try:
+        for w in procs:
+            w.start()
+        for w in procs:
+            w.wait_for("paused", tag="ready", timeout=timeout)
+        yield procs
+    finally:
+        for w in procs:
+            w.kill()
+
+
+def _send(w: Worker, sig: signal.Signals, log: list[dict]) -> None:
+    log.append({"kind": "signal", "signal": sig.name, "to": w.name, "t": time.monotonic(),
+                "name": PARENT})
+    os.kill(w.pid, sig)
+
+
+def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise LabkitError(f"{what} did not happen within {timeout:.0f} s.",
+                              "the machine may be overloaded: run `labkit doctor`, then try again.")
+        time.sleep(0.02)
+
+
+def _check_exit(w: Worker, timeout: float) -> int:
+    code = w.wait_exit(timeout)
+    failed = [e for e in w.events if e["kind"] == "failed"]
+    if failed:
+        raise LabkitError(f"{w.name} failed: {failed[-1]['error']}",
+                          "read the error; run `labkit doctor` if the server is in doubt.")
+    return code
+
+
+SIGNAL_TEXT = {"SIGSTOP": "SIGSTOP: frozen mid-handler", "SIGCONT": "SIGCONT: running again",
+               "SIGTERM": "SIGTERM", "SIGKILL": "SIGKILL: dies at once"}
+
+
+def _ids(ids: list[int]) -> str:
+    return ("job " if len(ids) == 1 else "jobs ") + ", ".join(map(str, ids))
+
+
+def _describe(e: dict, lease_s: float) -> tuple[str, str, int | None] | None:
+    """One event as ``(worker, what happened, claim_version)``, or None if not shown."""
+    who, kind, v = e.get("name", ""), e["kind"], e.get("claim_version")
+    if kind == "signal":
+        return (e["to"], SIGNAL_TEXT[e["signal"]], None)
+    if kind == "claimed":
+        vs = sorted(set(e["claim_versions"]))
+        return (who, f"claims {_ids(e['ids'])}", vs[0] if len(vs) == 1 else None)
+    if kind == "started":
+        return (who, f"starts job {e['id']}'s handler (run logged)", v)
+    if kind == "reaped":
+        return (who, f"reaper: job {e['id']}'s lease ran out, back to {e['status']}", v)
+    if kind == "heartbeat":
+        if e["rows"]:
+            return (who, f"heartbeat every {lease_s / 3:.2g} s: lease extended to now + {lease_s:g} s", v)
+        return (who, "heartbeat matches 0 rows: the claim is no longer its own", v)
+    if kind == "handler_stopped":
+        return (who, "stops its handler, writes nothing", v)
+    if kind == "completed":
+        return (who, f"handler done; complete matches {e['rows']} row{'s' if e['rows'] != 1 else ''}"
+                + ("" if e["rows"] else " (fenced: this run is wasted)"), v)
+    if kind == "sigterm":
+        return (who, "notices SIGTERM: claims nothing more", None)
+    if kind == "released":
+        if not e["ids"]:
+            return None
+        vs = sorted(set(e["claim_versions"]))
+        what = (f"deadline passed: stops {_ids(e['ids'])} mid-run, hands it back (attempt kept)"
+                if e["started"] else f"hands back {_ids(e['ids'])}, not started (attempts given back)")
+        return (who, what, vs[0] if len(vs) == 1 else None)
+    if kind == "lost_before_start":
+        return (who, f"job {e['id']} is no longer its own: not started", v)
+    if kind == "exiting":
+        return (who, f"returns after {e['handled']} job{'s' if e['handled'] != 1 else ''}: exit 0", None)
+    return None
+
+
+def _events(workers: list[Worker], parent: list[dict], lease_s: float,
+            keep: Callable[[dict], bool] = lambda e: True) -> list[tuple[str, str, int | None]]:
+    """Every worker's events and the parent's signals, in the order they happened (one clock:
+    CLOCK_MONOTONIC is the machine's), described; a worker's successful heartbeats under one
+    claim are shown once, where the first one happened."""
+    every = sorted([{**e, "name": w.name} for w in workers for e in w.events] + parent,
+                   key=lambda e: e["t"])
+    out, beats = [], set()
+    for e in every:
+        if not keep(e):
+            continue
+        if e["kind"] == "heartbeat" and e["rows"]:
+            key = (e["name"], e["claim_version"])
+            if key in beats:
+                continue
+            beats.add(key)
+        line = _describe(e, lease_s)
+        if line is not None:
+            out.append(line)
+    return out
+
+
+def _count(w: Worker, kind: str, **match: Any) -> int:
+    return sum(1 for e in w.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items()))
+
+
+def _timeout(*seconds: float) -> float:
+    return 30 + 2 * sum(seconds)
+
+
+# -- 1. heartbeats -------------------------------------------------------------------------------
+
+
+def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S, heartbeat: bool) -> dict:
+    """One job of ``job_s`` (longer than its lease ``lease_s``) and two worker processes.
+    Worker 1 claims it first (scripted); worker 2 polls.  Without a heartbeat worker 2's
+    reaper finds the lease run out mid-handler, worker 2 re-claims and runs the job again:
+    ``runs == 2``, and worker 1's complete matches 0 rows.  With a heartbeat every
+    ``lease_s / 3`` the lease never runs out: ``runs == 1`` (worker 2 is then stopped with
+    SIGTERM).  Each worker handles at most one job.
+
+    Returns ``heartbeat``, ``runs`` (rows in the runs log), ``claims`` (the job's
+    claim_version at the end), ``completes_landed``, ``completes_refused``, ``heartbeats``
+    (successful ones, all workers), ``final_status``, ``exit_codes`` and ``events``."""
+    check_heartbeat(lease_s=lease_s, job_s=job_s)
+    _setup(lab, 1)
+    timeout = _timeout(lease_s, job_s)
+    parent: list[dict] = []
+    with _workers(lab, 2, timeout, lease_s=lease_s, job_s=job_s, heartbeat=heartbeat, max_jobs=1) as ws:
+        w1, w2 = ws
+        w1.resume()
+        w1.wait_for("started", timeout=timeout)
+        w2.resume()
+        if heartbeat:
+            w1.wait_for("completed", timeout=timeout)
+            _send(w2, signal.SIGTERM, parent)
+        codes = {w.name: _check_exit(w, timeout) for w in ws}
+    s = _statuses(lab)
+    status, version = lab.execute("SELECT status, claim_version FROM job WHERE id = 1")[0]
+    events = _events(ws, parent, lease_s,
+                     keep=lambda e: e["kind"] != "exiting"
+                     and not (e["kind"] == "signal" and e.get("to") == w2.name)
+                     and not (e["kind"] == "sigterm" and e.get("name") == w2.name))
+    if heartbeat:   # worker 2 never found the job free; the lab ends it once worker 1 is done
+        events.append((w2.name, "found nothing to claim: the lease never ran out (the lab stops it)", None))
+    return {
+        "heartbeat": heartbeat, "lease_s": lease_s, "job_s": job_s,
+        "runs": s["runs"], "claims": int(version),
+        "completes_landed": sum(_count(w, "completed", rows=1) for w in ws),
+        "completes_refused": sum(_count(w, "completed", rows=0) for w in ws),
+        "heartbeats": sum(_count(w, "heartbeat", rows=1) for w in ws),
+        "final_status": status, "exit_codes": codes, "events": events,
+    }
+
+
+def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) -> dict:
+    """Both workers heartbeat.  Worker 1 claims the job and heartbeats once; then it is frozen
+    (SIGSTOP) past its lease.  Worker 2's reaper puts the job back, worker 2 re-claims it
+    (claim_version 2), starts and heartbeats.  Worker 1 is resumed (SIGCONT): its next
+    heartbeat, fenced by claim_version 1, matches 0 rows and it stops its handler without
+    writing anything; worker 2 finishes the job.
+
+    Returns ``zombie_heartbeat_rows`` (0), ``zombie_stopped`` (True), ``zombie_completes``
+    (0: the zombie wrote no outcome), ``zombie_claim_version``, ``owner_claim_version``,
+    ``runs`` (2: both started), ``final_status``, ``exit_codes`` and ``events``."""
+    check_heartbeat(lease_s=lease_s, job_s=job_s)
+    _setup(lab, 1)
+    timeout = _timeout(lease_s, job_s)
+    parent: list[dict] = []
+    with _workers(lab, 2, timeout, lease_s=lease_s, job_s=job_s, heartbeat=True, max_jobs=1) as ws:
+        w1, w2 = ws
+        w1.resume()
+        w1.wait_for("started", timeout=timeout)
+        w1.wait_for("heartbeat", rows=1, timeout=timeout)
+        _send(w1, signal.SIGSTOP, parent)
+        w2.resume()
+        w2.wait_for("started", timeout=timeout)
+        w2.wait_for("heartbeat", rows=1, timeout=timeout)
+        _send(w1, signal.SIGCONT, parent)
+        stopped = w1.wait_for("handler_stopped", timeout=timeout)
+        codes = {w.name: _check_exit(w, timeout) for w in ws}
+    beat = [e for e in w1.events if e["kind"] == "heartbeat"][-1]
+    status, version = lab.execute("SELECT status, claim_version FROM job WHERE id = 1")[0]
+    return {
+        "lease_s": lease_s, "job_s": job_s,
+        "zombie_heartbeat_rows": beat["rows"], "zombie_stopped": bool(stopped),
+        "zombie_completes": _count(w1, "completed"),
+        "zombie_claim_version": beat["claim_version"], "owner_claim_version": int(version),
+        "runs": _statuses(lab)["runs"], "final_status": status, "exit_codes": codes,
+        "events": _events(ws, parent, lease_s, keep=lambda e: e["kind"] != "exiting"),
+    }
+
+
+def heartbeat_command(*, open_lab: Callable[[], Lab], lease_s: float = LEASE_S, job_s: float = JOB_S,
+                      json: bool = False) -> int:
+    """``labkit trace heartbeat [--lease 1] [--job 2.5] [--json]``: the job run without and with
+    a heartbeat, then the zombie; a summary (``runs_without_heartbeat``,
+    ``runs_with_heartbeat``, ``zombie_heartbeat_rows``, ``zombie_stopped``), and with the text
+    output each run's events."""
+    check_heartbeat(lease_s=lease_s, job_s=job_s)
+    lab = open_lab()
+    try:
+        runs = [heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=False),
+                heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=True),
+                zombie_trace(lab, lease_s=lease_s, job_s=job_s)]
+    finally:
+        lab.drop()
+    summary = {"runs_without_heartbeat": runs[0]["runs"], "runs_with_heartbeat": runs[1]["runs"],
+               "zombie_heartbeat_rows": runs[2]["zombie_heartbeat_rows"],
+               "zombie_stopped": runs[2]["zombie_stopped"]}
+    if json:
+        print(jsonlib.dumps(summary, indent=2))
+        return 0
+    titles = (f"Without a heartbeat (lease {lease_s:g} s, job {job_s:g} s)",
+              f"With a heartbeat every {lease_s / 3:.2g} s",
+              "A zombie: frozen past its lease, then resumed")
+    for title, run in zip(titles, runs):
+        print(title)
+        print(format_events(run["events"]))
+        print()
+    width = max(map(len, summary))
+    for k, v in summary.items():
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def format_events(events: list[tuple[str, str, int | None]]) -> str:
+    """The event list as aligned lines: worker, claim_version (``v1``; ``-`` for none), event."""
+    width = max([len(w) for w, _, _ in events] + [6])
+    return "\n".join(f"  {w:<{width}}  {'-' if v is None else f'v{v}':>3}  {text}" for w, text, v in events)
+
+
+# -- 2. graceful shutdown ----------------------------------------------------------------------------
+
+
+def _one_stop(lab: Lab, sig: signal.Signals, *, workers: int, jobs: int, per_worker_batch: int,
+              job_s: float, lease_s: float, deadline_s: float) -> dict:
+    """One run: every worker waits at its gate; worker 1 claims its batch and starts its
+    first job; the others start; worker 1 gets ``sig`` mid-job.  Then the others drain what
+    they can; the count is taken once nothing more is claimable."""
+    _setup(lab, jobs)
+    timeout = _timeout(jobs * job_s, deadline_s)
+    parent: list[dict] = []
+    victim = "worker 1"
+    with _workers(lab, workers, timeout, lease_s=lease_s, job_s=job_s, batch=per_worker_batch,
+                  deadline_s=deadline_s) as ws:
+        w1, others = ws[0], ws[1:]
+        w1.resume()
+        claimed = w1.wait_for("claimed", timeout=timeout)
+        w1.wait_for("started", timeout=timeout)
+        for w in others:
+            w.resume()
+        backend = next(e["backend_pid"] for e in w1.events if e["kind"] == "ready")
+        t_sig = time.monotonic()
+        _send(w1, sig, parent)
+        if sig == signal.SIGKILL:
+            w1.kill()
+        code = _check_exit(w1, timeout)
+        stop_s = time.monotonic() - t_sig
+        _until(lambda: not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)),
+               timeout, f"the end of {victim}'s session")
+        # the others have taken everything claimable: nothing PENDING, nothing RUNNING but
+        # what the stopped worker still holds, and each of them idle
+        _until(lambda: (lambda s: s["pending"] == 0 and s["running"] == _held(lab, victim)[0])(_statuses(lab)),
+               timeout, "the other workers taking every claimable job")
+        for w in others:
+            w.wait_for("idle", timeout=timeout)
+        waiting, left = _held(lab, victim)
+        s = _statuses(lab)
+        for w in others:
+            _send(w, signal.SIGTERM, parent)
+        for w in others:
+            _check_exit(w, timeout)
+    events = _events([w1], [p for p in parent if p["to"] == victim], lease_s)
+    if waiting:
+        events.append(("server", f"{waiting} of {victim}'s claims still RUNNING: they wait out the lease "
+                                 f"while the other workers sit idle ({s['done']} of {jobs} jobs DONE)", None))
+    else:
+        events.append(("server", f"no claim of {victim}'s left RUNNING: the other workers ran the rest "
+                                 f"({s['done']} of {jobs} jobs DONE)", None))
+    released = [e for e in w1.events if e["kind"] == "released"]
+    started = [e["id"] for e in w1.events if e["kind"] == "started"]
+    return {"waiting": waiting, "lease_left_s": round(left, 1) if waiting else 0.0,
+            "exit_code": code, "stop_s": stop_s, "claimed": len(claimed["ids"]),
+            "released": sum(len(e["ids"]) for e in released if not e["started"]),
+            "stopped_mid_run": sum(len(e["ids"]) for e in released if e["started"]),
+            "finished_in_deadline": _count(w1, "completed", rows=1) == len(started) and bool(started),
+            "statuses": s, "events": events}
+
+
+def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_worker_batch: int = BATCH,
+                   job_s: float = SHUTDOWN_JOB_S, lease_s: float = SHUTDOWN_LEASE_S,
+                   deadline_s: float = DEADLINE_S) -> dict:
+    """Two runs on the same setup: ``jobs`` jobs of ``job_s``, ``workers`` worker processes,
+    each claiming ``per_worker_batch`` jobs at a time (so a worker holds claims it has not
+    started) with a ``lease_s`` lease.  Worker 1 claims its batch first and, one job in, is
+
+    * killed with SIGKILL: every claim it held stays RUNNING until its lease runs out, while
+      the other workers finish the rest and go idle (``waiting_lease_after_kill``, and
+      ``lease_left_s``, how long they still wait);
+    * stopped with SIGTERM: it claims nothing more, hands back its unstarted claims at once
+      (``released``, attempts given back), finishes the job in hand within ``deadline_s``
+      (``finished_in_deadline``) and exits 0: ``waiting_lease_after_graceful == 0``, and the
+      others finish every job, each run exactly once (``runs_after_graceful == jobs``).
+
+    Also ``exit_code_kill`` (-9), ``exit_code_graceful`` (0), ``stop_s`` (SIGTERM to exit),
+    ``stopped_mid_run`` (jobs handed back because the deadline passed), ``done_after_graceful``,
+    ``max_attempts_after_graceful`` (1: a hand-back costs no attempt), ``events_kill`` and
+    ``events_graceful``."""
+    kw = dict(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
+              lease_s=lease_s, deadline_s=deadline_s)
+    check_shutdown(**kw)
+    kill = _one_stop(lab, signal.SIGKILL, **kw)
+    term = _one_stop(lab, signal.SIGTERM, **kw)
+    return {
+        "waiting_lease_after_kill": kill["waiting"], "lease_left_s": kill["lease_left_s"],
+        "waiting_lease_after_graceful": term["waiting"],
+        "claimed_by_worker_1": term["claimed"], "released": term["released"],
+        "finished_in_deadline": term["finished_in_deadline"], "stopped_mid_run": term["stopped_mid_run"],
+        "exit_code_kill": kill["exit_code"], "exit_code_graceful": term["exit_code"],
+        "stop_s": round(term["stop_s"], 2),
+        "done_after_graceful": term["statuses"]["done"], "runs_after_graceful": term["statuses"]["runs"],
+        "max_attempts_after_graceful": term["statuses"]["max_attempts_used"],
+        "events_kill": kill["events"], "events_graceful": term["events"],
+        "params": kw,
+    }
+
+
+SHUTDOWN_KEYS = ("waiting_lease_after_kill", "lease_left_s", "waiting_lease_after_graceful", "released",
+                 "finished_in_deadline", "stopped_mid_run", "exit_code_kill", "exit_code_graceful",
+                 "stop_s", "done_after_graceful")
+
+
+def shutdown_command(*, open_lab: Callable[[], Lab], workers: int = WORKERS, lease_s: float = SHUTDOWN_LEASE_S,
+                     deadline_s: float = DEADLINE_S, jobs: int = JOBS, per_worker_batch: int = BATCH,
+                     job_s: float = SHUTDOWN_JOB_S, json: bool = False) -> int:
+    """``labkit trace shutdown [--workers 2] [--lease 30] [--deadline 2] [--json]``: worker 1
+    killed, then stopped gracefully; the summary (:data:`SHUTDOWN_KEYS`), and with the text
+    output both runs' events."""
+    kw = dict(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
+              lease_s=lease_s, deadline_s=deadline_s)
+    check_shutdown(**kw)
+    lab = open_lab()
+    try:
+        out = shutdown_trace(lab, **kw)
+    finally:
+        lab.drop()
+    summary = {k: out[k] for k in SHUTDOWN_KEYS}
+    if json:
+        print(jsonlib.dumps(summary, indent=2))
+        return 0
+    print(f"SIGKILL: worker 1 (a batch of {per_worker_batch} claims, lease {lease_s:g} s) dies mid-job")
+    print(format_events(out["events_kill"]))
+    print()
+    print(f"SIGTERM: worker 1 stops claiming, hands back, finishes within {deadline_s:g} s")
+    print(format_events(out["events_graceful"]))
+    print()
+    width = max(map(len, summary))
+    for k, v in summary.items():
+        print(f"{k:<{width}}  {v}")
+    return 0

@@ -1,0 +1,800 @@
+"""The queue behind a connection pooler: a real PgBouncer in transaction pooling mode.
+
+In transaction pooling, PgBouncer lends a server connection to a client for one transaction
+and takes it back at COMMIT; the next transaction, of any client, may run on it.  What a
+transaction does inside the server is fine.  What a *session* keeps after its transaction
+ends is not the client's any more: it stays on the server connection, and the next client
+that borrows the connection inherits it.  :func:`pooler_trace` shows it on a real PgBouncer
+with a pool of one server connection (``pool_size=1``), so that the sharing happens every
+time, in a scripted order (with a bigger pool the same things happen, just not every time):
+
+* claim-mark-commit works: two clients claim with ``FOR UPDATE SKIP LOCKED`` and mark done
+  in one transaction; every job is done exactly once.  While A's transaction is open, B's
+  waits *in PgBouncer* (``cl_waiting`` in ``SHOW POOLS``), not in the server;
+* a plain ``SET`` leaks to the next client (``SET LOCAL`` does not);
+* a session-level advisory lock stays on the server connection: another client takes it
+  again and can release it (``pg_advisory_xact_lock`` does not misbehave);
+* ``LISTEN`` lands on a server connection that goes back to the pool: the notification
+  never reaches the client that listened;
+* psycopg's automatic prepared statements (a query's sixth run is prepared as ``_pg3_0``)
+  collide on the shared connection; the pooler's clients here connect with
+  ``prepare_threshold=None``.
+
+The fixes, for the notebook's prose: ``SET LOCAL`` (or ``set_config(..., true)``) inside the
+transaction, or ``ALTER ROLE ... SET`` / ``ALTER DATABASE ... SET`` for a setting every
+session should have; ``pg_advisory_xact_lock`` (released at COMMIT); a direct (or
+session-pooled) connection for the listener; for prepared statements, ``prepare_threshold=None``
+on PgBouncer older than 1.21, or ``max_prepared_statements`` above 0 from 1.21 (PgBouncer then
+tracks protocol-level prepared statements itself; on by default from 1.24).  SQL ``PREPARE``
+and ``DEALLOCATE`` never work in transaction pooling.
+
+:class:`PgBouncer` runs one pooler for a lab: its own config, in a private folder, listening
+on a Unix socket there only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json as jsonlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ..core.db import Database, session_name
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.procs import signals_deferred
+from ..core.queries import query
+from ..core.server import PG_SYSTEM_USER
+from .production import fresh_table
+
+SEARCH_DIRS = ("/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin", "/usr/bin")
+INSTALL_FIX = ("install it (`sudo apt-get install pgbouncer` on Debian or Ubuntu, "
+               "`brew install pgbouncer` on macOS), then run this again.")
+DB_ENTRY = "labkit"          # the [databases] entry clients name as their dbname
+# The socket is .s.PGSQL.<port> in a folder of this run's own, that nobody else can list or
+# write: no other pooler or server can hold that name there, so any port number is free.
+PORT = 6432
+SETTING = "4321ms"           # what client A sets; what client B must not see
+LEASE_S = 30
+MAX_JOBS = 1000
+MAX_WAIT_S = 10.0
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+
+_live: set["PgBouncer"] = set()
+
+
+def _q(name: str) -> str:
+    return query("pooler.sql", name).sql
+
+
+# -- finding PgBouncer -----------------------------------------------------------------------
+
+
+def find_pgbouncer() -> str | None:
+    """The pgbouncer binary: on PATH, else in /usr/sbin (Debian installs it there, off a normal
+    user's PATH), /usr/local/bin or Homebrew's /opt/homebrew/bin; None when there is none."""
+    found = shutil.which("pgbouncer")
+    if found:
+        return found
+    for folder in SEARCH_DIRS:
+        path = os.path.join(folder, "pgbouncer")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def missing_error() -> LabkitError:
+    where = ", ".join(SEARCH_DIRS)
+    return LabkitError(f"PgBouncer is not installed: no pgbouncer on PATH nor in {where}.",
+                       INSTALL_FIX)
+
+
+@lru_cache(maxsize=None)
+def _version_of(binary: str) -> str:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
+                             env={"PATH": os.defpath, "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LabkitError(f"{binary} --version did not answer ({exc}).",
+                          "check the PgBouncer installation, or " + INSTALL_FIX) from None
+    m = re.search(r"PgBouncer\s+(\d+\.\d+(?:\.\d+)?)", out.stdout + out.stderr, re.I)
+    if not m:
+        raise LabkitError(f"{binary} does not say it is PgBouncer ({(out.stdout or out.stderr).strip()[:80]!r}).",
+                          "remove that file from PATH, or " + INSTALL_FIX)
+    return m.group(1)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def pgbouncer_available() -> tuple[bool, str]:
+    """(True, "PgBouncer 1.18.0 (/usr/sbin/pgbouncer)"), or (False, the sentence a notebook
+    prints instead of running its pooler cells)."""
+    binary = find_pgbouncer()
+    if binary is None:
+        return False, ("PgBouncer not installed: apt-get install pgbouncer (Debian, Ubuntu) or "
+                       "brew install pgbouncer (macOS); this section's cells report instead of "
+                       "running.")
+    try:
+        return True, f"PgBouncer {_version_of(binary)} ({binary})"
+    except LabkitError as exc:
+        return False, f"{exc}; this section's cells report instead of running."
+
+
+# -- who runs it ---------------------------------------------------------------------------
+
+
+def _runner(host: str | None) -> pwd.struct_passwd | None:
+    """As root, the user PgBouncer runs as (it refuses to run as root); None otherwise.
+
+    The owner of the server's socket folder when the server is reached through one (the
+    embedded server's folder is 0700 and its owner's: nobody else could reach the socket),
+    else labkit's own system user for the embedded server, else ``nobody``."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return None
+    if host and host.startswith("/"):
+        try:
+            st = os.stat(host)
+        except OSError:
+            st = None
+        if st is not None and st.st_uid != 0:
+            try:
+                return pwd.getpwuid(st.st_uid)
+            except KeyError:
+                pass
+    for name in (PG_SYSTEM_USER, "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise LabkitError("PgBouncer will not run as root, and neither the user "
+                      f"{PG_SYSTEM_USER!r} nor 'nobody' exists to run it as.",
+                      "run labkit as a normal user, or start the embedded server once "
+                      "(`labkit server start` creates that user).")
+
+
+# The process between us and PgBouncer: it drops root (as root), asks the kernel to end it
+# when we die (Linux, PR_SET_PDEATHSIG: also when we are killed outright and no clean-up of
+# ours runs), then becomes PgBouncer (same pid).  ctypes is loaded before root is dropped:
+# our interpreter's files may be readable by root only.
+_LAUNCH = r"""
+import os, sys
+parent, uid, gid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+prctl = None
+if parent and sys.platform.startswith("linux"):
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        prctl = None
+if uid >= 0:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+if prctl is not None:
+    prctl(1, 15, 0, 0, 0)
+if parent and os.getppid() != parent:
+    sys.exit(70)
+os.execv(sys.argv[4], sys.argv[4:])
+"""
+
+
+def _quote(value: str) -> str:
+    """A value of a [databases] entry, quoted the way PgBouncer reads it ('' is a quote)."""
+    if any(c in value for c in "\n\r\0"):
+        raise LabkitError("The server's connection settings hold a line break.",
+                          "fix LABKIT_DSN (or unset it to use the embedded server).")
+    return "'" + value.replace("'", "''") + "'"
+
+
+# -- the pooler ------------------------------------------------------------------------------
+
+
+class PgBouncer:
+    """One PgBouncer for one lab run.
+
+    ``start(db)`` writes a config into a private folder (mode 0700, files 0600, owned by the
+    user PgBouncer runs as), pointing one database entry (``labkit``) at ``db``'s server, and
+    listens on a Unix socket in that folder only: no TCP port.  Authentication is
+    ``auth_type = any`` (no password asked, every client logs into the server as the entry's
+    ``user=``): safe here because only the folder's owner (and root) can reach the socket;
+    the same setting on a TCP port would hand the database to anyone who can connect.
+
+    ``stop()`` (also at interpreter exit, on Ctrl-C through the ``with`` block, and by the
+    kernel if this process dies on Linux) ends it and removes the folder."""
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary or find_pgbouncer()
+        if self.binary is None:
+            raise missing_error()
+        self.version = _version_of(self.binary)
+        self.dir: Path | None = None
+        self.port = PORT
+        self.pool_mode = ""
+        self.pool_size = 0
+        self.user: str | None = None        # the OS user it runs as
+        self.server_user = ""               # the database role its server connections use
+        self._proc: subprocess.Popen | None = None
+        self._uid_gid = (-1, -1)             # as root: who it runs as
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running else "stopped"
+        return f"PgBouncer({self.version}, {self.pool_mode or '-'}, {state})"
+
+    # -- where clients connect --------------------------------------------------------------
+    @property
+    def dsn(self) -> str:
+        """``host=<folder> port=<port> dbname=labkit``.  Connect with ``prepare_threshold=None``
+        (see :meth:`connect`) and without ``options``: PgBouncer refuses startup parameters it
+        does not track ("unsupported startup parameter: options"); psycopg sends none of its
+        own, so ``ignore_startup_parameters`` is not needed."""
+        if self.dir is None:
+            raise LabkitError("This PgBouncer is not started.", "call start(db) first.")
+        return f"host={self.dir} port={self.port} dbname={DB_ENTRY}"
+
+    @property
+    def config_path(self) -> Path | None:
+        return self.dir / "pgbouncer.ini" if self.dir else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.dir / "pgbouncer.log" if self.dir else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def connect(self, *, application_name: str = "labkit:pooler", autocommit: bool = True,
+                prepare_threshold: int | None = None, **kw) -> psycopg.Connection:
+        """A client connection through the pooler.  ``prepare_threshold=None``: psycopg's
+        automatic prepared statements (a query run a sixth time is prepared as ``_pg3_0`` on the
+        server session) break in transaction pooling on PgBouncer older than 1.21: the
+        statement lives on one server connection, and another client's ``_pg3_0`` collides
+        with it there, or the next transaction runs on a connection that lacks it."""
+        if "options" in kw:
+            raise LabkitError("A client of PgBouncer cannot pass startup options.",
+                              "set what you need inside each transaction (SET LOCAL), or on "
+                              "the role (ALTER ROLE ... SET).")
+        kw.setdefault("connect_timeout", 10)
+        return psycopg.connect(self.dsn, autocommit=autocommit, application_name=application_name,
+                               prepare_threshold=prepare_threshold, **kw)
+
+    def pools(self) -> list[dict]:
+        """``SHOW POOLS`` on PgBouncer's admin console (any client may use it here, see
+        auth_type above): a dict per pool (cl_active, cl_waiting, sv_active, sv_idle...)."""
+        with psycopg.connect(f"host={self.dir} port={self.port} dbname=pgbouncer",
+                             autocommit=True, connect_timeout=10,
+                             cursor_factory=psycopg.ClientCursor) as console:
+            cur = console.execute("SHOW POOLS")     # the console speaks the simple protocol only
+            cols = [c.name for c in cur.description]
+            return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def log_problems(self, lines: int = 6) -> str:
+        """The log's last warnings and errors (its last lines when it has none)."""
+        tail = self.log_tail(200).splitlines()
+        bad = [line for line in tail if re.search(r"\b(WARNING|ERROR|FATAL)\b", line)]
+        return "\n".join((bad or tail)[-lines:])
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except (OSError, AttributeError):
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self, db: Database, *, pool_mode: str = "transaction", pool_size: int = 1,
+              timeout: float = START_TIMEOUT_S) -> "PgBouncer":
+        """Start PgBouncer in front of ``db``'s server and wait until it accepts clients."""
+        if self._proc is not None:
+            raise LabkitError("This PgBouncer is already started.", "stop() it first, or make another.")
+        if pool_mode not in ("session", "transaction", "statement"):
+            raise LabkitError(f"pool_mode={pool_mode!r} is not a PgBouncer pool mode.",
+                              "pass session, transaction or statement.")
+        number("pool_size", pool_size, low=1, high=100, whole=True, example=1)
+        entry = self._server_entry(db)
+        self.pool_mode, self.pool_size = pool_mode, pool_size
+        try:
+            self._write_files(entry, host=entry["host"])
+            self._launch()
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _server_entry(self, db: Database) -> dict[str, str]:
+        """Where the server is: what ``db.dsn`` says (conninfo_to_dict), with what libpq
+        filled in from its defaults and environment where it says nothing (read from a live
+        connection: the host and port it reached, its user and database)."""
+        try:
+            given = conninfo_to_dict(db.dsn)
+        except psycopg.ProgrammingError:
+            given = {}
+        with db.connect() as conn:
+            info = conn.info
+            reached = {"host": info.host, "port": str(info.port), "dbname": info.dbname,
+                       "user": info.user}
+            password = given.get("password") or info.password or ""
+        def pick(key: str) -> str:
+            # A host list (h1,h2) means "the first that answers" to libpq but "round robin"
+            # to PgBouncer: give it the one libpq reached.
+            value = str(given.get(key) or "")
+            return value if value and "," not in value else reached[key]
+
+        entry = {k: pick(k) for k in ("host", "port", "dbname", "user")}
+        if password:
+            entry["password"] = password
+        sslmode = given.get("sslmode")
+        if sslmode:
+            entry["_sslmode"] = str(sslmode)
+        self.server_user = entry["user"]
+        return entry
+
+    def _config(self, entry: dict[str, str]) -> str:
+        pairs = " ".join(f"{k}={_quote(v)}" for k, v in entry.items() if not k.startswith("_"))
+        lines = [
+            ";; Written by labkit for one lab run; removed when the run ends.",
+            "[databases]",
+            f"{DB_ENTRY} = {pairs}",
+            "",
+            "[pgbouncer]",
+            ";; No listen_addr: no TCP port at all. Only this Unix socket, in a folder of mode",
+            ";; 0700 that the user PgBouncer runs as owns: nobody else can reach it.",
+            f"listen_port = {self.port}",
+            f"unix_socket_dir = {self.dir}",
+            "unix_socket_mode = 0600",
+            ";; Every client logs into the server as the entry's user=, with no password asked:",
+            ";; safe only because no one but the folder's owner (and root) reaches the socket.",
+            "auth_type = any",
+            f"pool_mode = {self.pool_mode}",
+            f"default_pool_size = {self.pool_size}",
+            "min_pool_size = 0",
+            "reserve_pool_size = 0",
+            "max_client_conn = 100",
+            ";; Fail fast when the server cannot be reached, instead of retrying for minutes.",
+            "server_connect_timeout = 5",
+            "server_login_retry = 1",
+            "query_wait_timeout = 30",
+            ";; Run only in session pooling (the default): transaction pooling resets nothing.",
+            "server_reset_query = DISCARD ALL",
+            "server_reset_query_always = 0",
+        ]
+        if "_sslmode" in entry:
+            lines.append(f"server_tls_sslmode = {entry['_sslmode']}")
+        return "\n".join(lines) + "\n"
+
+    def _write_files(self, entry: dict[str, str], *, host: str) -> None:
+        user = _runner(host)
+        self.user = user.pw_name if user else pwd.getpwuid(os.geteuid()).pw_name
+        # As root, in /tmp: the folder must be reachable by the user PgBouncer runs as, and
+        # a TMPDIR under root's home is not.
+        parent = "/tmp" if user is not None and os.path.isdir("/tmp") else None
+        self.dir = Path(tempfile.mkdtemp(prefix="lk-pgb-", dir=parent))     # 0700, ours
+        if len(str(self.dir / f".s.PGSQL.{self.port}")) > 100:
+            raise LabkitError(f"The temporary folder {self.dir.parent} has too long a path for a "
+                              "Unix socket.", "set TMPDIR to a short path such as /tmp.")
+        files = {self.config_path: self._config(entry), self.log_path: ""}
+        for path, text in files.items():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, text.encode())
+                if user is not None:
+                    os.fchown(fd, user.pw_uid, user.pw_gid)
+            finally:
+                os.close(fd)
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if user is not None:
+                os.fchown(fd, user.pw_uid, user.pw_gid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+        self._uid_gid = (user.pw_uid, user.pw_gid) if user is not None else (-1, -1)
+
+    def _launch(self) -> None:
+        uid, gid = self._uid_gid
+        # The kernel's "end with the parent" follows the thread that started the child: ask
+        # for it only from the main thread (atexit and stop() cover the rest).
+        parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
+        env = {"PATH": os.defpath, "LC_ALL": "C", "LANG": "C"}
+        log = open(self.log_path, "ab")
+        try:
+            # Ctrl-C in the middle of the spawn would leave a PgBouncer nothing knows of.
+            with signals_deferred():
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _LAUNCH, str(parent), str(uid), str(gid),
+                     self.binary, str(self.config_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(self.dir),
+                    start_new_session=True)   # a Ctrl-C at the terminal is ours to act on, not its
+                _live.add(self)
+        finally:
+            log.close()
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            if self._proc.poll() is not None:
+                raise LabkitError(
+                    f"PgBouncer {self.version} exited at start (code {self._proc.returncode}). "
+                    f"Its log:\n{self.log_problems()}",
+                    "read the log above: a setting it refuses, or a server it cannot reach.")
+            try:
+                with self.connect(application_name="labkit:pooler-probe", connect_timeout=3) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                # PgBouncer is up and answered with the server's refusal: no use waiting.
+                refused = "FATAL" in str(exc) and "pgbouncer cannot connect" not in str(exc)
+            if refused or time.monotonic() > deadline:
+                what = "was refused by the server" if refused else \
+                    f"did not accept a client within {timeout:g} s"
+                raise LabkitError(
+                    f"PgBouncer {self.version} {what} ({last}). Its log:\n{self.log_problems()}",
+                    "read the log above: most often the server refused PgBouncer's login (its "
+                    "user or password) or cannot be reached from PgBouncer's user.")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End PgBouncer (SIGTERM, then SIGKILL after 5 s) and remove its folder."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(STOP_TIMEOUT_S)
+                except ProcessLookupError:
+                    pass
+        _live.discard(self)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "PgBouncer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    """Stop every PgBouncer this process started (at interpreter exit)."""
+    for bouncer in list(_live):
+        try:
+            bouncer.stop()
+        except Exception:
+            pass
+
+
+atexit.register(stop_all)
+
+
+# -- the lab ---------------------------------------------------------------------------------
+
+
+def check_params(*, jobs: Any = 20, listen_wait_s: Any = 1.0) -> None:
+    number("jobs", jobs, low=2, high=MAX_JOBS, whole=True, example=20)
+    number("listen_wait_s", listen_wait_s, low=0.1, high=MAX_WAIT_S, unit=" s", example=1)
+
+
+def _key(lab: Lab) -> int:
+    """An advisory-lock key of this lab's own (advisory locks are database-wide)."""
+    return int(hashlib.sha1(lab.schema.encode()).hexdigest()[:12], 16)
+
+
+def _one(conn: psycopg.Connection, name: str, params: dict | None = None) -> Any:
+    row = conn.execute(_q(name), params).fetchone()
+    return row[0] if row else None
+
+
+def _pid(conn: psycopg.Connection) -> int:
+    return _one(conn, "backend_pid")
+
+
+def _holders(direct: psycopg.Connection, key: int) -> list[int]:
+    return [pid for pid, _mode, granted in direct.execute(_q("lock_holders"), {"key": key}) if granted]
+
+
+def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Connection,
+            direct: psycopg.Connection, jobs: int) -> dict:
+    job = sql.Identifier(lab.schema, "job")
+    claim = sql.SQL(_q("claim")).format(job=job)
+    complete = sql.SQL(_q("complete")).format(job=job)
+    lab.execute(sql.SQL(_q("enqueue")).format(job=job), {"n": jobs})
+    ran: list[dict] = []
+
+    def one(conn: psycopg.Connection, who: str) -> bool:
+        with conn.transaction():
+            row = conn.execute(claim, {"worker": who, "lease_s": LEASE_S}).fetchone()
+            if row is None:
+                return False
+            job_id, version, pid = row
+            done = conn.execute(complete, {"id": job_id, "claim_version": version}).fetchone()
+        ran.append({"client": who, "job": job_id, "backend_pid": pid, "marked": done is not None})
+        return True
+
+    # 1. A's transaction is open (a job claimed, not yet marked): B's transaction waits for
+    #    the pool's one server connection, in PgBouncer -- not in the server.
+    waited: dict = {}
+    a.execute("BEGIN")
+    row = a.execute(claim, {"worker": "A", "lease_s": LEASE_S}).fetchone()
+    outcome: dict = {}
+
+    def b_claims() -> None:
+        try:
+            outcome["claimed"] = one(b, "B")
+        except BaseException as exc:          # reported to the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=b_claims, name="pooler-client-B", daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while True:
+            pool = next((p for p in bouncer.pools() if p["database"] == DB_ENTRY), {})
+            if pool.get("cl_waiting", 0) >= 1 or not thread.is_alive():
+                break
+            if time.monotonic() > deadline:
+                raise LabkitError("Client B never queued for the pool's server connection.",
+                                  "read PgBouncer's log; the pool may be bigger than one.")
+            time.sleep(0.01)
+        waited = {"cl_waiting": pool.get("cl_waiting"), "sv_active": pool.get("sv_active"),
+                  "server_lock_waits": _one(direct, "lock_waits", {"app": lab.app_name}),
+                  "b_done_before_a_commit": not thread.is_alive()}
+        job_id, version, pid = row
+        done = a.execute(complete, {"id": job_id, "claim_version": version}).fetchone()
+        a.execute("COMMIT")
+        ran.insert(0, {"client": "A", "job": job_id, "backend_pid": pid, "marked": done is not None})
+    finally:
+        if a.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not a.closed:
+            try:
+                a.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+        thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+
+    # 2. Then A and B take turns, one claim-mark-commit transaction each, until the queue is empty.
+    turn, empty = 0, 0
+    while empty < 2:
+        who, conn = (("A", a), ("B", b))[turn % 2]
+        empty = 0 if one(conn, who) else empty + 1
+        turn += 1
+    total, done, once = lab.execute(sql.SQL(_q("tally")).format(job=job))[0]
+    ids = [r["job"] for r in ran]
+    pids = sorted({r["backend_pid"] for r in ran})
+    ok = (total == jobs and done == jobs and once == jobs and len(ids) == jobs
+          and len(set(ids)) == jobs and all(r["marked"] for r in ran))
+    return {"ok": ok, "jobs": jobs, "claims": len(ids), "distinct_jobs": len(set(ids)),
+            "done": done, "claimed_once": once,
+            "by_client": {c: sum(1 for r in ran if r["client"] == c) for c in ("A", "B")},
+            "backend_pids": pids, "b_waited_in_pooler": waited.get("cl_waiting", 0) >= 1
+            and not waited.get("b_done_before_a_commit") and waited.get("server_lock_waits") == 0,
+            "pool_while_a_open": waited, "first": ran[:4]}
+
+
+def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> dict:
+    default = _one(b, "show")
+    a.execute(_q("session_set"))                    # autocommit: outside any transaction
+    a_pid, b_pid = _pid(a), _pid(b)
+    b_sees = _one(b, "show")
+    b.execute(_q("reset"))                          # B "repairs" it -- for everyone
+    with a.transaction():
+        a.execute(_q("set_local"))
+        inside = _one(a, "show")
+        local_pid = _pid(a)
+    b_after_local = _one(b, "show")
+    return {"leaked": b_sees == SETTING, "server_default": default, "a_set": SETTING,
+            "b_sees": b_sees, "a_backend_pid": a_pid, "b_backend_pid": b_pid,
+            "set_local_inside": inside, "b_sees_after_set_local": b_after_local,
+            "set_local_leaked": b_after_local == SETTING, "set_local_backend_pid": local_pid}
+
+
+def _advisory(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
+              key: int) -> dict:
+    a.execute(_q("lock"), {"key": key})             # A's statement, and its transaction, end
+    a_pid = _pid(a)
+    held_by = _holders(direct, key)
+    other_session_try = _one(direct, "try_lock", {"key": key})
+    b_try = _one(b, "try_lock", {"key": key})       # A "holds" it; B gets it all the same
+    b_pid = _pid(b)
+    b_unlocks = [_one(b, "unlock", {"key": key}), _one(b, "unlock", {"key": key})]
+    after = _holders(direct, key)                   # B released A's lock too: nobody holds it
+    other_takes_it = _one(direct, "try_lock", {"key": key})
+    if other_takes_it:
+        direct.execute(_q("unlock"), {"key": key})
+    # The transaction-level lock lives exactly as long as A's transaction, and during it the
+    # server connection is A's alone.
+    xkey = key + 1
+    with a.transaction():
+        a.execute(_q("xact_lock"), {"key": xkey})
+        x_held_by = _holders(direct, xkey)
+        x_other_try = _one(direct, "try_lock", {"key": xkey})
+        x_pid = _pid(a)
+    x_after_commit = _holders(direct, xkey)
+    with b.transaction():
+        x_b_try = _one(b, "try_xact_lock", {"key": xkey})
+    return {"misbehaved": bool(b_try) and after == [] and b_unlocks == [True, True],
+            "key": key, "a_backend_pid": a_pid, "b_backend_pid": b_pid,
+            "held_by_after_a": held_by, "other_session_try": other_session_try,
+            "b_try_lock": b_try, "b_unlocks": b_unlocks, "held_by_after_b_unlocks": after,
+            "other_session_takes_it_after": other_takes_it,
+            "xact": {"key": xkey, "held_by_during_a": x_held_by, "a_backend_pid": x_pid,
+                     "other_session_try_during_a": x_other_try,
+                     "held_by_after_a_commit": x_after_commit, "b_try_after_a_commit": x_b_try,
+                     "misbehaved": not (x_held_by == [x_pid] and x_other_try is False
+                                        and x_after_commit == [])}}
+
+
+def _prepared(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
+    """Two clients with psycopg's default prepare_threshold (5) on the one server connection."""
+    name = session_name(lab.schema, "pooler-prep")
+    p1 = bouncer.connect(application_name=name, prepare_threshold=5)
+    p2 = bouncer.connect(application_name=name, prepare_threshold=5)
+    error, sqlstate, failed_run = None, None, None
+    try:
+        for n in range(1, 8):
+            p1.execute(_q("prepared_a"), {"n": n})
+        for n in range(1, 8):
+            try:
+                p2.execute(_q("prepared_b"), {"n": n})
+            except psycopg.Error as exc:
+                error = (exc.diag.message_primary or str(exc)).strip()
+                sqlstate, failed_run = exc.sqlstate, n
+                break
+    finally:
+        p1.close()
+        p2.close()
+        a.execute(_q("deallocate"))          # what p1 left on the shared server session
+    return {"broke": error is not None, "error": error, "sqlstate": sqlstate,
+            "failed_on_run": failed_run, "prepare_threshold": 5}
+
+
+def _listen(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection, b: psycopg.Connection,
+            direct: psycopg.Connection, wait_s: float) -> dict:
+    channel = f"{lab.schema}_pooler"
+    listen = sql.SQL(_q("listen")).format(channel=sql.Identifier(channel))
+    a.execute(listen)
+    a_pid = _pid(a)
+    control = lab.connect(role="pooler-listen")         # a direct connection listens too
+    try:
+        control.execute(listen)
+        direct.execute(_q("notify"), {"channel": channel, "payload": "wake up"})
+        control_got = [n.payload for n in control.notifies(timeout=wait_s, stop_after=1)]
+        t0 = time.monotonic()
+        a_got = [n.payload for n in a.notifies(timeout=wait_s)]
+        waited = time.monotonic() - t0
+    finally:
+        control.close()
+    b_listens = [(ch, pid) for ch, pid in b.execute(_q("listening")).fetchall()]
+    b_pid = _pid(b)
+    b.execute(_q("unlisten"))
+    # PgBouncer's word for it: the server sent a NotificationResponse ('A') on a connection
+    # no client was linked to, and PgBouncer dropped it.
+    logged = [re.sub(r"^.*?(WARNING|LOG)\s+S-0x[0-9a-f]+:\s*", r"\1 ", line)
+              for line in bouncer.log_tail(200).splitlines() if "from server when not linked" in line]
+    return {"broken": a_got == [] and control_got == ["wake up"], "channel": channel,
+            "a_received": len(a_got), "a_waited_s": round(waited, 2),
+            "direct_listener_received": len(control_got), "a_backend_pid": a_pid,
+            "b_backend_pid": b_pid, "b_session_listens_on": [ch for ch, _ in b_listens],
+            "pgbouncer_log": logged[-1] if logged else None}
+
+
+def pooler_trace(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict:
+    """Two clients, A and B, through a real PgBouncer in transaction pooling with one server
+    connection (``pool_size=1``: the sharing happens every time; with a bigger pool the same
+    bugs happen, just not every time).  About ``listen_wait_s`` plus a second.
+
+    Returns ``pgbouncer_version``, ``pool_mode``, ``pool_size``, the four verdicts
+    ``claim_mark_commit_ok`` (every job done exactly once), ``session_set_leaked`` (B sees A's
+    plain SET), ``advisory_lock_misbehaved`` (B takes and releases A's session-level advisory
+    lock) and ``listen_broken`` (A's LISTEN receives nothing), ``same_backend`` (every
+    statement of A and B ran on one server backend) and ``backend_pids``, and the evidence of
+    each: ``claims``, ``session_set``, ``advisory_lock``, ``listen`` and ``prepared_statements``
+    (psycopg's automatic prepared statements with their default threshold: ``broke``,
+    ``error``, ``sqlstate``)."""
+    check_params(jobs=jobs, listen_wait_s=listen_wait_s)
+    bouncer = PgBouncer()
+    fresh_table(lab)
+    t0 = time.monotonic()
+    with bouncer.start(lab.db, pool_mode="transaction", pool_size=1):
+        a = bouncer.connect(application_name=session_name(lab.schema, "pooler-a"))
+        b = bouncer.connect(application_name=session_name(lab.schema, "pooler-b"))
+        direct = lab.connect(role="pooler-direct")
+        try:
+            claims = _claims(lab, bouncer, a, b, direct, jobs)
+            session = _session_set(a, b)
+            advisory = _advisory(a, b, direct, _key(lab))
+            prepared = _prepared(bouncer, lab, a)
+            listen = _listen(bouncer, lab, a, b, direct, listen_wait_s)
+        finally:
+            for conn in (a, b, direct):
+                conn.close()
+    pids = sorted(set(claims["backend_pids"]) | {
+        session["a_backend_pid"], session["b_backend_pid"], session["set_local_backend_pid"],
+        advisory["a_backend_pid"], advisory["b_backend_pid"], advisory["xact"]["a_backend_pid"],
+        listen["a_backend_pid"], listen["b_backend_pid"]})
+    return {"pgbouncer_version": bouncer.version, "pool_mode": "transaction", "pool_size": 1,
+            "claim_mark_commit_ok": claims["ok"], "session_set_leaked": session["leaked"],
+            "advisory_lock_misbehaved": advisory["misbehaved"], "listen_broken": listen["broken"],
+            "same_backend": len(pids) == 1, "backend_pids": pids,
+            "claims": claims, "session_set": session, "advisory_lock": advisory,
+            "listen": listen, "prepared_statements": prepared,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def report(r: dict) -> str:
+    """The trace as a few lines of text."""
+    c, s, a, li, p = (r["claims"], r["session_set"], r["advisory_lock"], r["listen"],
+                      r["prepared_statements"])
+    w = c["pool_while_a_open"]
+    yes = {True: "yes", False: "no"}
+    lines = [
+        f"PgBouncer {r['pgbouncer_version']}, {r['pool_mode']} pooling, pool_size {r['pool_size']}: "
+        f"every statement of A and B ran on server backend(s) {', '.join(map(str, r['backend_pids']))}",
+        f"  claim-mark-commit ok:        {yes[r['claim_mark_commit_ok']]:3}  {c['jobs']} jobs, "
+        f"A {c['by_client']['A']} / B {c['by_client']['B']} claims, each done once; while A's "
+        f"transaction was open B waited in PgBouncer (cl_waiting {w['cl_waiting']}, "
+        f"lock waits in the server {w['server_lock_waits']})",
+        f"  plain SET leaked:            {yes[r['session_set_leaked']]:3}  A: SET statement_timeout = "
+        f"'{s['a_set']}'; B: SHOW statement_timeout -> {s['b_sees']} (SET LOCAL leaked: "
+        f"{yes[s['set_local_leaked']]}, B saw {s['b_sees_after_set_local']})",
+        f"  session advisory lock broke: {yes[r['advisory_lock_misbehaved']]:3}  A locked {a['key']} "
+        f"(held by pid {a['held_by_after_a']}); B: pg_try_advisory_lock -> {a['b_try_lock']}, "
+        f"two unlocks -> {a['b_unlocks']}, now held by {a['held_by_after_b_unlocks'] or 'nobody'} "
+        f"(xact lock misbehaved: {yes[a['xact']['misbehaved']]})",
+        f"  LISTEN broken:               {yes[r['listen_broken']]:3}  A received {li['a_received']} in "
+        f"{li['a_waited_s']:g} s, a direct listener {li['direct_listener_received']}; B's session "
+        f"listens on {li['b_session_listens_on'] or 'nothing'}",
+        f"  prepared statements broke:   {yes[p['broke']]:3}  "
+        + (f"prepare_threshold 5: the second client's run {p['failed_on_run']} failed: "
+           f"{p['error']} ({p['sqlstate']})" if p["broke"] else
+           "prepare_threshold 5: no collision (PgBouncer tracks prepared statements)"),
+    ]
+    return "\n".join(lines)
+
+
+# -- command line: labkit pooler ---------------------------------------------------------------
+
+
+def pooler_command(*, open_lab: Callable[[], Lab], jobs: int = 20, listen_wait_s: float = 1.0,
+                   json: bool = False) -> int:
+    """``labkit pooler [--jobs 20] [--listen-wait-s 1] [--json]``: what transaction pooling
+    breaks, on a real PgBouncer.  Exits 2, before opening a lab, when PgBouncer is missing."""
+    check_params(jobs=jobs, listen_wait_s=listen_wait_s)
+    if find_pgbouncer() is None:
+        print(str(missing_error()), file=sys.stderr)
+        return 2
+    with open_lab() as lab:
+        r = pooler_trace(lab, jobs=jobs, listen_wait_s=listen_wait_s)
+    print(jsonlib.dumps(r, indent=2) if json else report(r))
+    return 0

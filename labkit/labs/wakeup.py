@@ -1,0 +1,463 @@
+"""Waking a worker: polling the job table, or LISTEN/NOTIFY with a safety-net poll.
+
+A worker that polls sleeps ``poll_ms`` between empty claims, so a job waits half a poll on
+average.  A worker that LISTENs sleeps until a NOTIFY wakes it, and then claims from the
+table (production.sql "claim") until the table is empty: the notification is a wake-up,
+never the job.  What the server guarantees about NOTIFY, shown here on a real server:
+
+* :func:`delivered_at_commit` -- a NOTIFY is delivered when (and only if) its transaction
+  commits: a listener waiting while the producer's transaction is open receives nothing;
+  the commit delivers it.  :func:`rolled_back` -- a rolled-back NOTIFY is never delivered.
+* :func:`coalesced` -- the same channel and payload notified several times in one
+  transaction arrive once; distinct payloads arrive each; notifications from different
+  transactions are never folded (the NOTIFY reference page says so).
+* :func:`missed_while_not_listening` -- a notification committed while no session listens
+  (the worker is restarting) is gone: LISTEN does not replay the past.  Only a poll of the
+  table finds that job, which is why a notified worker keeps a safety-net poll (and sweeps
+  the table right after its LISTEN).
+* :func:`latency` / :func:`notify_trace` -- a real worker process, enqueue-to-claim latency
+  on the server's clock, polling against notification (``labkit notify``:
+  :func:`notify_command`).
+
+What this lab does not measure, for the notebook's prose (checked against the PostgreSQL
+documentation and source, not measured here):
+
+* The notification queue holds what has been sent but not yet read by every listening
+  session: 8 GB in a standard installation (``max_notify_queue_pages`` from PostgreSQL 17,
+  1,048,576 pages of 8 kB).  It is cleaned up only as far as the slowest listener has read:
+  a session that LISTENs and then sits in a long transaction holds it back; the log warns
+  from half full; once full, every transaction that calls NOTIFY fails at commit.
+  ``pg_notification_queue_usage()`` reports the share in use.
+* At commit, a transaction that notified takes a heavyweight lock (AccessExclusiveLock on
+  "database 0", shared by every database of the cluster) and holds it until its commit is
+  done, so that queue entries appear in commit order (``PreCommit_Notify`` in
+  ``src/backend/commands/async.c``).  Committing transactions that notified therefore
+  commit one at a time; under many concurrent writers that notify, this is the known
+  scalability limit of NOTIFY.  Transactions that do not notify are not in that line.
+* LISTEN is session state: through PgBouncer in transaction pooling mode the LISTEN lands
+  on whichever server connection ran that transaction, and the client receives nothing.
+  The listener needs a direct (or session-pooled) connection.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..core.db import WORKER_GUARDS, open_connection
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.procs import Context, Worker
+from ..core.queries import query
+from .production import fresh_table
+
+MODES = ("poll", "notify")
+LEASE_S = 30                 # the claim's lease; the handler here does nothing, so never reached
+WAIT_MS = 300                # how long a listener watches for a notification that must not come
+DELIVERY_TIMEOUT_S = 10      # how long a listener waits for one that must come
+MAX_JOBS = 10_000
+POLL_MS = (10, 60_000)
+MAX_RUN_S = 3600             # a latency run's schedule: jobs x 0.6 x poll_ms, at most an hour
+GAP = (0.1, 1.1)             # arrivals are this many poll intervals apart, uniformly at random
+
+
+def _q(name: str) -> str:
+    return query("wakeup.sql", name).sql
+
+
+def channel(lab: Lab) -> str:
+    """The lab's notification channel.  Channels belong to the database, not to a schema:
+    the name carries the lab's schema so that two labs never wake each other's workers."""
+    return f"{lab.schema}_jobs"
+
+
+def create_table(lab: Lab) -> None:
+    """The production job table, empty (dropped first if a run left one)."""
+    fresh_table(lab)
+
+
+def listen(conn: psycopg.Connection, name: str) -> None:
+    """LISTEN on ``name`` (an identifier: quoted by psycopg, never pasted in)."""
+    conn.execute(sql.SQL(_q("listen")).format(channel=sql.Identifier(name)))
+
+
+def _received(conn: psycopg.Connection, timeout_s: float, stop_after: int | None = None) -> list:
+    """The notifications ``conn`` receives within ``timeout_s`` (fewer if ``stop_after``)."""
+    return list(conn.notifies(timeout=timeout_s, stop_after=stop_after))
+
+
+def _close(*conns: psycopg.Connection | None) -> None:
+    for c in conns:
+        if c is not None and not c.closed:
+            c.close()
+
+
+def check_params(*, jobs: Any = None, poll_ms: Any = None, safety_poll_ms: Any = None,
+                 mode: Any = None, wait_ms: Any = None) -> None:
+    """Every parameter the lab takes, checked before anything is created."""
+    if jobs is not None:
+        number("jobs", jobs, low=1, high=MAX_JOBS, whole=True, example=20)
+    if poll_ms is not None:
+        number("poll_ms", poll_ms, low=POLL_MS[0], high=POLL_MS[1], unit=" ms", example=500)
+    if safety_poll_ms is not None:
+        number("safety_poll_ms", safety_poll_ms, low=POLL_MS[0], high=POLL_MS[1], unit=" ms",
+               example=5000)
+    if wait_ms is not None:
+        number("wait_ms", wait_ms, low=10, high=10_000, unit=" ms", example=WAIT_MS)
+    if mode is not None and mode not in MODES:
+        raise LabkitError(f"mode={mode!r} is not a way to wake a worker.",
+                          "pass mode='poll' (sleep between empty claims) or mode='notify' "
+                          "(LISTEN, with a safety-net poll).")
+    if jobs is not None and poll_ms is not None:
+        run_s = jobs * poll_ms / 1000 * sum(GAP) / 2
+        if run_s > MAX_RUN_S:
+            raise LabkitError(f"jobs={jobs:,} arriving about {sum(GAP) / 2 * poll_ms:g} ms apart "
+                              f"(poll_ms={poll_ms:g}) would take about {run_s / 60:.0f} minutes per mode.",
+                              "pass fewer jobs or a shorter poll_ms (jobs x poll_ms x 0.6 under an "
+                              "hour; jobs=20 poll_ms=500 takes 6 s).")
+
+
+# -- the server's guarantees, scripted step by step ---------------------------------------------
+
+
+def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
+    """Session A LISTENs; session B begins, inserts a job and notifies; A waits ``wait_ms``
+    and receives nothing; B commits; A receives the notification, its payload the job's id.
+
+    Returns ``before_commit`` and ``after_commit`` (notifications A received), ``payload``,
+    ``job_id``, ``from_producer`` (the notification names B's backend), ``waited_ms``,
+    ``delivered_ms`` (from B's COMMIT returning to A holding the notification) and ``steps``
+    (session, what it did, what it saw)."""
+    check_params(wait_ms=wait_ms)
+    create_table(lab)
+    ch = channel(lab)
+    a = b = None
+    try:
+        a = lab.connect(role="wake-listen")
+        b = lab.connect(role="wake-enqueue", autocommit=False)
+        steps = []
+        listen(a, ch)
+        steps.append(("A", f"LISTEN {ch}", "listening"))
+        job_id = b.execute(_q("enqueue")).fetchone()[0]
+        steps.append(("B", "BEGIN; INSERT INTO job ...", f"job {job_id}, not committed"))
+        b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
+        steps.append(("B", f"SELECT pg_notify('{ch}', '{job_id}')", "queued in B's transaction"))
+        before = _received(a, wait_ms / 1000)
+        steps.append(("A", f"wait {wait_ms:g} ms", f"{len(before)} notifications"))
+        b.commit()
+        t = time.monotonic()
+        steps.append(("B", "COMMIT", "the job and its notification become visible together"))
+        after = _received(a, DELIVERY_TIMEOUT_S, stop_after=1)
+        delivered_ms = (time.monotonic() - t) * 1000
+        steps.append(("A", "wait", f"{len(after)} notification: payload "
+                                   f"{after[0].payload if after else '-'}"))
+        return {"channel": ch, "job_id": job_id, "before_commit": len(before),
+                "after_commit": len(after), "payload": after[0].payload if after else None,
+                "from_producer": bool(after) and after[0].pid == b.info.backend_pid,
+                "waited_ms": wait_ms, "delivered_ms": round(delivered_ms, 2),
+                "steps": [dict(zip(("session", "did", "saw"), s)) for s in steps]}
+    finally:
+        _close(a, b)
+
+
+def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
+    """One transaction enqueues three jobs and notifies the first one's id ``repeats`` times,
+    then the other two ids once each; it commits.  The listener receives each distinct
+    payload once.  A second transaction then notifies the first id again: received again
+    (folding happens only within one transaction).
+
+    Returns ``sent_in_one_transaction``, ``same_payload_sent``, ``received``,
+    ``same_payload_received``, ``distinct_payloads_received``, ``payloads`` (in arrival
+    order) and ``next_transaction_received`` (the repeat from another transaction)."""
+    number("repeats", repeats, low=2, high=100, whole=True, example=3)
+    check_params(wait_ms=wait_ms)
+    create_table(lab)
+    ch = channel(lab)
+    a = b = None
+    try:
+        a = lab.connect(role="wake-listen")
+        b = lab.connect(role="wake-enqueue", autocommit=False)
+        listen(a, ch)
+        ids = [b.execute(_q("enqueue")).fetchone()[0] for _ in range(3)]
+        sent = [str(ids[0])] * repeats + [str(i) for i in ids[1:]]
+        for payload in sent:
+            b.execute(_q("notify"), {"channel": ch, "payload": payload})
+        b.commit()
+        got = [n.payload for n in _received(a, wait_ms / 1000)]
+        b.execute(_q("notify"), {"channel": ch, "payload": str(ids[0])})
+        b.commit()
+        again = [n.payload for n in _received(a, wait_ms / 1000)]
+        return {"channel": ch, "sent_in_one_transaction": len(sent), "same_payload_sent": repeats,
+                "received": len(got), "same_payload_received": got.count(str(ids[0])),
+                "distinct_payloads_received": len(set(got)), "payloads": got,
+                "next_transaction_received": again.count(str(ids[0]))}
+    finally:
+        _close(a, b)
+
+
+def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
+    """Session B inserts a job, notifies, and rolls back; the listener waits ``wait_ms``.
+
+    Returns ``notified`` (1), ``received`` (0: never delivered) and ``jobs_in_table`` (0: the
+    job went with it)."""
+    check_params(wait_ms=wait_ms)
+    create_table(lab)
+    ch = channel(lab)
+    a = b = None
+    try:
+        a = lab.connect(role="wake-listen")
+        b = lab.connect(role="wake-enqueue", autocommit=False)
+        listen(a, ch)
+        job_id = b.execute(_q("enqueue")).fetchone()[0]
+        b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
+        b.rollback()
+        got = _received(a, wait_ms / 1000)
+        return {"channel": ch, "notified": 1, "received": len(got), "waited_ms": wait_ms,
+                "jobs_in_table": lab.execute("SELECT count(*) FROM job")[0][0]}
+    finally:
+        _close(a, b)
+
+
+def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, float] | None:
+    """production.sql "claim", then (in the claim's transaction) the job's wait on the
+    server's clock; the job is then completed (production.sql "complete").  None if the
+    table had nothing due."""
+    with conn.transaction():
+        row = conn.execute(query("production.sql", "claim").sql,
+                           {"worker": worker, "lease_s": lease_s}).fetchone()
+        if row is None:
+            return None
+        job_id, version = row[0], row[5]
+        waited = conn.execute(_q("claimed_latency"), {"id": job_id}).fetchone()[0]
+    conn.execute(query("production.sql", "complete").sql, {"id": job_id, "claim_version": version})
+    return job_id, waited
+
+
+def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dict:
+    """The worker restarts: its old session (and its LISTEN) is gone when a producer commits
+    a job and its NOTIFY.  The new session LISTENs and waits ``safety_poll_ms``: no
+    notification comes (LISTEN does not replay the past).  Its safety-net poll claims from
+    the table and finds the job.
+
+    Returns ``job_id``, ``notifications_received`` (0), ``waited_ms``, ``found_by_poll``
+    (jobs the poll claimed) and ``missed_notifications_caught_by_poll`` (of those, the ones
+    no notification announced)."""
+    check_params(safety_poll_ms=safety_poll_ms)
+    create_table(lab)
+    ch = channel(lab)
+    old = producer = worker = None
+    try:
+        old = lab.connect(role="wake-old")
+        listen(old, ch)
+        old.close()                                    # the worker goes down for a restart
+        producer = lab.connect(role="wake-enqueue")
+        job_id = producer.execute(_q("enqueue_and_notify"), {"channel": ch}).fetchone()[0]
+        worker = lab.connect(role="wake-worker")       # the new worker process is up
+        listen(worker, ch)
+        t = time.monotonic()
+        got = _received(worker, safety_poll_ms / 1000)
+        waited_ms = (time.monotonic() - t) * 1000
+        announced = {n.payload for n in got}
+        found = []
+        while (c := _claim(worker, "wake-worker", LEASE_S)) is not None:
+            found.append(c[0])
+        missed = [i for i in found if str(i) not in announced]
+        return {"channel": ch, "job_id": job_id, "notifications_received": len(got),
+                "waited_ms": round(waited_ms, 1), "found_by_poll": len(found),
+                "missed_notifications_caught_by_poll": len(missed)}
+    finally:
+        _close(old, producer, worker)
+
+
+# -- a real worker process: polling against notification -----------------------------------------
+
+
+def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jobs: int,
+                poll_ms: float, safety_poll_ms: float, deadline_s: float) -> dict:
+    """The worker process.  ``poll``: claim until the table is empty, sleep ``poll_ms``,
+    again.  ``notify``: LISTEN, then the same claims on every wake-up, a wake-up being a
+    notification or ``safety_poll_ms`` without one.  Ends once it has claimed ``jobs``."""
+    with open_connection(dsn, schema=schema, role="wake-worker", guards=WORKER_GUARDS) as conn:
+        if mode == "notify":
+            listen(conn, channel)
+        ctx.emit("ready", pid=conn.info.backend_pid)
+        claimed: list[tuple[int, float, str]] = []       # (job id, latency ms, what woke us)
+        announced: set[str] = set()
+        wakeups = idle_wakeups = claim_queries = notified = 0
+        source = "poll"                                  # the sweep right after LISTEN
+        deadline = time.monotonic() + deadline_s
+        while len(claimed) < jobs and time.monotonic() < deadline:
+            wakeups += 1
+            before = len(claimed)
+            while (c := _claim(conn, ctx.name, LEASE_S)) is not None:
+                claim_queries += 1
+                claimed.append((c[0], c[1], source))
+            claim_queries += 1                           # the claim that found nothing
+            idle_wakeups += len(claimed) == before
+            if len(claimed) >= jobs:
+                break
+            if mode == "poll":
+                time.sleep(poll_ms / 1000)
+                source = "poll"
+            else:
+                got = _received(conn, safety_poll_ms / 1000, stop_after=1)
+                notified += len(got)
+                announced.update(n.payload for n in got)
+                source = "notify" if got else "poll"
+        if mode == "notify" and any(s == "poll" for _, _, s in claimed):
+            # a notification may still be on its way for a job a safety poll claimed
+            got = _received(conn, 0.05)
+            notified += len(got)
+            announced.update(n.payload for n in got)
+        missed = sum(1 for i, _, s in claimed if s == "poll" and str(i) not in announced)
+        return {"claimed": claimed, "wakeups": wakeups, "idle_wakeups": idle_wakeups,
+                "claim_queries": claim_queries, "notifications_received": notified,
+                "missed": missed if mode == "notify" else 0}
+
+
+def arrivals(jobs: int, poll_ms: float, seed: int = 0) -> list[float]:
+    """When each job is enqueued, in seconds from the start: gaps drawn uniformly from
+    0.1 to 1.1 poll intervals.  A gap spread over a whole poll interval puts each arrival
+    at a uniformly random phase of the worker's poll cycle, whatever the previous one was;
+    ``seed`` makes the schedule repeatable."""
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(jobs):
+        t += rng.uniform(*GAP) * poll_ms / 1000
+        out.append(t)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), interpolated between the nearest ranks."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: float = 5000,
+            mode: str = "notify", seed: int = 0) -> dict:
+    """A worker process waits for work (``mode`` "poll" or "notify"); this process enqueues
+    ``jobs`` jobs at the times :func:`arrivals` gives (in notify mode each with its NOTIFY, in
+    the same statement).  The worker measures each job's enqueue-to-claim latency on the
+    server's clock.
+
+    Returns ``mode``, ``jobs``, ``poll_ms``, ``safety_poll_ms``, ``latency_ms_p50``,
+    ``latency_ms_p99``, ``latency_ms_max``, ``claims_from_poll`` and ``claims_from_notify``
+    (what woke the worker before each claim), ``wakeups``, ``idle_wakeups`` (wake-ups that
+    found nothing: the cost of polling), ``claim_queries``, ``notifications_received``,
+    ``missed_notifications_caught_by_poll``, ``wall_s`` and ``latencies_ms`` (by job id)."""
+    check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode=mode)
+    number("seed", seed, low=0, high=2**31, whole=True, example=0)
+    create_table(lab)
+    ch = channel(lab)
+    at = arrivals(jobs, poll_ms, seed)
+    deadline_s = at[-1] + safety_poll_ms / 1000 + 60
+    enqueue = _q("enqueue_and_notify") if mode == "notify" else _q("enqueue")
+    w = Worker(wake_worker, name=f"wake {mode}", dsn=lab.db.dsn, schema=lab.schema, mode=mode,
+               channel=ch, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms,
+               deadline_s=deadline_s)
+    producer = None
+    try:
+        w.start()
+        w.wait_for("ready", timeout=60)
+        producer = lab.connect(role="wake-enqueue")
+        t0 = time.monotonic()
+        for due in at:
+            pause = t0 + due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            producer.execute(enqueue, {"channel": ch})
+        done = w.join(deadline_s + 30)
+        wall_s = time.monotonic() - t0
+    finally:
+        w.kill()
+        _close(producer)
+    r = (done or {}).get("result") or {}
+    claimed = r.get("claimed", [])
+    if len(claimed) != jobs:
+        raise LabkitError(f"The {mode} worker claimed {len(claimed)} of {jobs} jobs before its "
+                          "deadline.", "check the server's load with `labkit doctor` and run again.")
+    by_id = sorted(claimed)
+    lat = [ms for _, ms, _ in by_id]
+    return {"mode": mode, "jobs": jobs, "poll_ms": poll_ms, "safety_poll_ms": safety_poll_ms,
+            "latency_ms_p50": round(percentile(lat, 50), 2),
+            "latency_ms_p99": round(percentile(lat, 99), 2),
+            "latency_ms_max": round(max(lat), 2),
+            "claims_from_poll": sum(1 for *_, s in claimed if s == "poll"),
+            "claims_from_notify": sum(1 for *_, s in claimed if s == "notify"),
+            "wakeups": r["wakeups"], "idle_wakeups": r["idle_wakeups"],
+            "claim_queries": r["claim_queries"],
+            "notifications_received": r["notifications_received"],
+            "missed_notifications_caught_by_poll": r["missed"],
+            "wall_s": round(wall_s, 2), "latencies_ms": [round(x, 2) for x in lat]}
+
+
+def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: float = 1000,
+                 seed: int = 0) -> dict:
+    """Polling against notification on the same arrivals, then the restart that misses a
+    notification.  ``safety_poll_ms`` is the notified worker's safety-net poll (and what
+    the restarted worker waits before its poll finds the missed job).  About
+    ``1.2 x jobs x poll_ms`` plus ``safety_poll_ms`` plus two process starts.
+
+    Returns ``poll_latency_ms_p50``, ``poll_latency_ms_p99``, ``notify_latency_ms_p50``,
+    ``notify_latency_ms_p99``, ``poll_over_notify_p50`` (how many times faster the
+    notified worker's median is), ``poll_idle_wakeups`` and ``notify_idle_wakeups``,
+    ``poll_claim_queries`` and ``notify_claim_queries``, ``claims_from_notify`` and
+    ``claims_from_poll`` (the notified worker's), ``missed_notifications_caught_by_poll``
+    (the restart), ``missed_waited_ms``, ``notification_queue_usage`` (the share of the
+    notification queue in use at the end: 0 when every listener reads), ``jobs``,
+    ``poll_ms``, ``safety_poll_ms``."""
+    check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)
+    p = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="poll", seed=seed)
+    n = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="notify", seed=seed)
+    m = missed_while_not_listening(lab, safety_poll_ms=safety_poll_ms)
+    return {"jobs": jobs, "poll_ms": poll_ms, "safety_poll_ms": safety_poll_ms,
+            "poll_latency_ms_p50": p["latency_ms_p50"], "poll_latency_ms_p99": p["latency_ms_p99"],
+            "notify_latency_ms_p50": n["latency_ms_p50"], "notify_latency_ms_p99": n["latency_ms_p99"],
+            "poll_over_notify_p50": round(p["latency_ms_p50"] / max(n["latency_ms_p50"], 0.01), 1),
+            "poll_idle_wakeups": p["idle_wakeups"], "notify_idle_wakeups": n["idle_wakeups"],
+            "poll_claim_queries": p["claim_queries"], "notify_claim_queries": n["claim_queries"],
+            "claims_from_notify": n["claims_from_notify"], "claims_from_poll": n["claims_from_poll"],
+            "missed_notifications_caught_by_poll": m["missed_notifications_caught_by_poll"],
+            "missed_waited_ms": m["waited_ms"],
+            "notification_queue_usage": lab.execute(_q("queue_usage"))[0][0]}
+
+
+# -- command line: labkit notify ------------------------------------------------------------------
+
+
+def notify_command(*, open_lab: Callable[[], Lab], jobs: int = 20, poll_ms: float = 500,
+                   safety_poll_ms: float = 1000, json: bool = False) -> int:
+    """``labkit notify [--jobs 20] [--poll-ms 500] [--safety-poll-ms 1000] [--json]``: the
+    same arrivals to a polling worker and to a notified one, and a restart that misses a
+    notification.  ``open_lab()`` gives the run its own lab (dropped at the end)."""
+    check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)   # before the lab
+    with open_lab() as lab:
+        r = notify_trace(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)
+    if json:
+        print(jsonlib.dumps(r, indent=2))
+        return 0
+    print(f"{jobs} jobs, one every {sum(GAP) / 2 * poll_ms:g} ms on average; enqueue to claim, "
+          "on the server's clock")
+    print(f"  polling every {poll_ms:g} ms:  p50 {r['poll_latency_ms_p50']:8.1f} ms   "
+          f"p99 {r['poll_latency_ms_p99']:8.1f} ms   {r['poll_claim_queries']} claim queries")
+    print(f"  LISTEN/NOTIFY:        p50 {r['notify_latency_ms_p50']:8.1f} ms   "
+          f"p99 {r['notify_latency_ms_p99']:8.1f} ms   {r['notify_claim_queries']} claim queries "
+          f"({r['claims_from_notify']} claims after a notification, {r['claims_from_poll']} "
+          f"after a safety poll)")
+    print(f"  the notified worker's median is {r['poll_over_notify_p50']:g}x shorter")
+    print(f"  a restart: {r['missed_notifications_caught_by_poll']} job enqueued while no one "
+          f"listened, found by the safety-net poll after {r['missed_waited_ms']:g} ms")
+    return 0

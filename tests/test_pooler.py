@@ -1,0 +1,277 @@
+"""A real PgBouncer in transaction pooling in front of the lab's server: what breaks (a plain
+SET, session advisory locks, LISTEN, automatic prepared statements) and what does not
+(claim-mark-commit); its files private, no TCP port; nothing left behind, even on Ctrl-C;
+a missing PgBouncer named with its fix before any lab is opened."""
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from conftest import backends_gone, backends_of
+
+from labkit import Lab
+from labkit.core.errors import LabkitError
+from labkit.labs import pooler
+
+# Skipped where PgBouncer is not installed, unless LABKIT_REQUIRE_PGBOUNCER is set (CI sets it
+# after installing it): then these tests run and fail with the error that names the fix.
+needs_pgbouncer = pytest.mark.skipif(
+    pooler.find_pgbouncer() is None and not os.environ.get("LABKIT_REQUIRE_PGBOUNCER"),
+    reason="PgBouncer is not installed (apt-get install pgbouncer / brew install pgbouncer)")
+
+
+def running(config_path) -> list[str]:
+    """Processes whose command line names this config file."""
+    out = subprocess.run(["pgrep", "-f", str(config_path)], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The config file of every PgBouncer the test starts."""
+    paths = []
+    launch = pooler.PgBouncer._launch
+
+    def spy(self):
+        paths.append(self.config_path)
+        return launch(self)
+
+    monkeypatch.setattr(pooler.PgBouncer, "_launch", spy)
+    return paths
+
+
+@needs_pgbouncer
+def test_transaction_pooling_breaks_session_state_but_not_claim_mark_commit(lab, db, launched):
+    t = time.monotonic()
+    r = pooler.pooler_trace(lab, jobs=12, listen_wait_s=0.5)
+    assert time.monotonic() - t < 12
+    assert r["claim_mark_commit_ok"] is True
+    assert r["session_set_leaked"] is True
+    assert r["advisory_lock_misbehaved"] is True
+    assert r["listen_broken"] is True
+    assert r["pgbouncer_version"] == pooler.PgBouncer().version
+    # One server connection: every statement of A and B ran on the same backend.
+    assert r["same_backend"] is True and len(r["backend_pids"]) == 1
+    pid = r["backend_pids"][0]
+
+    c = r["claims"]
+    assert c["claims"] == c["distinct_jobs"] == c["done"] == c["claimed_once"] == 12
+    assert c["by_client"]["A"] >= 5 and c["by_client"]["B"] >= 5     # both ran past psycopg's
+    assert c["backend_pids"] == [pid]                                  # prepare threshold
+    assert c["b_waited_in_pooler"] is True
+    assert c["pool_while_a_open"]["cl_waiting"] == 1 and c["pool_while_a_open"]["sv_active"] == 1
+    assert c["pool_while_a_open"]["server_lock_waits"] == 0           # queued in PgBouncer, not the server
+
+    s = r["session_set"]
+    assert s["a_backend_pid"] == s["b_backend_pid"] == pid
+    assert s["b_sees"] == "4321ms" != s["server_default"]
+    assert s["set_local_inside"] == "4321ms" and s["set_local_leaked"] is False
+    assert s["b_sees_after_set_local"] == s["server_default"]
+
+    a = r["advisory_lock"]
+    assert a["a_backend_pid"] == a["b_backend_pid"] == pid
+    assert a["held_by_after_a"] == [pid] and a["other_session_try"] is False
+    assert a["b_try_lock"] is True and a["b_unlocks"] == [True, True]
+    assert a["held_by_after_b_unlocks"] == [] and a["other_session_takes_it_after"] is True
+    x = a["xact"]
+    assert x["misbehaved"] is False and x["held_by_during_a"] == [pid]
+    assert x["other_session_try_during_a"] is False and x["held_by_after_a_commit"] == []
+
+    li = r["listen"]
+    assert li["a_received"] == 0 and li["direct_listener_received"] == 1
+    assert 0.45 <= li["a_waited_s"] < 2
+    assert li["b_session_listens_on"] == [li["channel"]]              # B's session listens for A
+    assert li["a_backend_pid"] == li["b_backend_pid"] == pid
+
+    p = r["prepared_statements"]
+    if pooler.version_tuple(r["pgbouncer_version"]) < (1, 21):
+        assert p["broke"] is True and p["sqlstate"] == "42P05" and p["failed_on_run"] == 6
+    assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
+
+    assert len(launched) == 1 and running(launched[0]) == []
+    assert not launched[0].parent.exists()
+    assert not pooler._live
+    assert backends_gone(db, f"labkit:{lab.schema}:pooler%") == []
+
+
+@needs_pgbouncer
+def test_the_command_prints_json_and_drops_its_lab(db, capsys, launched):
+    made = []
+
+    def open_lab():
+        made.append(Lab.open(db, f"t_pooler_cmd_{os.getpid()}"))
+        return made[0]
+
+    assert pooler.pooler_command(open_lab=open_lab, jobs=4, listen_wait_s=0.2, json=True) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert {"pgbouncer_version", "claim_mark_commit_ok", "session_set_leaked",
+            "advisory_lock_misbehaved", "listen_broken"} <= set(r)
+    assert all(r[k] is True for k in ("claim_mark_commit_ok", "session_set_leaked",
+                                      "advisory_lock_misbehaved", "listen_broken"))
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
+                            (made[0].schema,)).fetchone() == (0,)
+    assert running(launched[0]) == [] and backends_gone(db, f"labkit:{made[0].schema}:%") == []
+    assert pooler.pooler_command(open_lab=open_lab, jobs=4, listen_wait_s=0.2, json=False) == 0
+    text = capsys.readouterr().out
+    assert "plain SET leaked:            yes" in text and "4321ms" in text
+
+
+@needs_pgbouncer
+def test_its_files_are_private_and_it_listens_on_no_tcp_port(db):
+    with pooler.PgBouncer().start(db) as pgb:
+        folder = pgb.dir
+        st = os.stat(folder)
+        assert stat.S_IMODE(st.st_mode) == 0o700
+        for path in (pgb.config_path, pgb.log_path):
+            fst = os.lstat(path)
+            assert stat.S_ISREG(fst.st_mode) and stat.S_IMODE(fst.st_mode) == 0o600
+            assert fst.st_uid == st.st_uid
+        assert (folder / f".s.PGSQL.{pgb.port}").is_socket()
+        conf = pgb.config_path.read_text()
+        assert "auth_type = any" in conf
+        assert not any(line.startswith("listen_addr") for line in conf.splitlines())
+        runs_as = pwd.getpwuid(st.st_uid).pw_name
+        assert pgb.user == runs_as
+        owner = subprocess.run(["ps", "-o", "user=", "-p", str(pgb.pid)], capture_output=True,
+                               text=True).stdout.strip()
+        assert owner in (runs_as, str(st.st_uid))
+        if os.geteuid() == 0:
+            assert runs_as != "root"
+            # Another OS user cannot even reach the folder that holds the socket.
+            nobody = pwd.getpwnam("nobody")
+            probe = subprocess.run(["test", "-x", str(folder)], user=nobody.pw_uid,
+                                   group=nobody.pw_gid, extra_groups=[])
+            assert probe.returncode != 0
+        # No TCP port: the process holds no inet socket at all, only its Unix sockets.
+        proc = psutil.Process(pgb.pid)
+        inet = proc.net_connections("inet") if hasattr(proc, "net_connections") else proc.connections("inet")
+        assert [c for c in inet if c.status == psutil.CONN_LISTEN] == []
+        assert pgb.dsn == f"host={folder} port={pgb.port} dbname=labkit"
+        with pgb.connect() as conn:        # psycopg sends no startup parameter PgBouncer refuses
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with pytest.raises(psycopg.OperationalError, match="unsupported startup parameter: options"):
+            psycopg.connect(pgb.dsn, options="-c search_path=x", connect_timeout=5)
+    assert not folder.exists() and running(folder / "pgbouncer.ini") == []
+
+
+@needs_pgbouncer
+def test_a_server_that_refuses_it_is_reported_with_its_log(db, monkeypatch, launched):
+    entry = pooler.PgBouncer._server_entry
+
+    def wrong_role(self, db):
+        found = entry(self, db)
+        return {**found, "user": "labkit_no_such_role"}
+
+    monkeypatch.setattr(pooler.PgBouncer, "_server_entry", wrong_role)
+    with pytest.raises(LabkitError, match="labkit_no_such_role") as err:
+        pooler.PgBouncer().start(db, timeout=2)
+    assert "Its log:" in str(err.value) and "Fix:" in str(err.value)
+    assert running(launched[0]) == [] and not launched[0].parent.exists()
+    assert not pooler._live
+
+
+@needs_pgbouncer
+def test_ctrl_c_mid_run_leaves_no_pgbouncer_and_no_backend(lab, db, launched):
+    seen: dict = {}
+
+    def interrupt_while_listening():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:     # polled on the server: the listen step began
+            if backends_of(db, f"labkit:{lab.schema}:pooler-listen"):
+                seen["pooled"] = backends_of(db, f"labkit:{lab.schema}:pooler-%")
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=interrupt_while_listening, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        pooler.pooler_trace(lab, jobs=4, listen_wait_s=8)
+    watcher.join(5)
+    assert seen["pooled"]                       # the pooled backend was there when it was pressed
+    assert len(launched) == 1 and running(launched[0]) == []
+    assert not launched[0].parent.exists() and not pooler._live
+    assert backends_gone(db, f"labkit:{lab.schema}:pooler%") == []
+
+
+CHILD = """
+import sys, time, labkit
+from labkit.labs import pooler
+bouncer = pooler.PgBouncer().start(labkit.connect(quiet=True))
+client = bouncer.connect(application_name="labkit:" + sys.argv[1])
+client.execute("SELECT 1")
+print(bouncer.config_path, flush=True)
+time.sleep(60)
+"""
+
+
+@needs_pgbouncer
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal")
+def test_a_parent_killed_outright_takes_its_pgbouncer_along(db):
+    name = f"t-pooler-orphan-{os.getpid()}"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, name], stdout=subprocess.PIPE, text=True)
+    config = None
+    try:
+        config = Path(child.stdout.readline().strip())
+        assert config.name == "pgbouncer.ini" and running(config)
+        child.kill()                              # no clean-up of its own runs
+        child.wait(10)
+        deadline = time.monotonic() + 10
+        while running(config) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running(config) == []
+        assert backends_gone(db, f"labkit:{name}") == []
+    finally:
+        child.kill()
+        if config is not None and config.name == "pgbouncer.ini":
+            shutil.rmtree(config.parent, ignore_errors=True)     # what its stop() did not remove
+
+
+def test_no_pgbouncer_exits_2_naming_the_fix_before_any_lab(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(pooler, "SEARCH_DIRS", ())
+
+    def open_lab():
+        raise AssertionError("no lab may be opened without PgBouncer")
+
+    assert pooler.find_pgbouncer() is None
+    assert pooler.pooler_command(open_lab=open_lab, json=True) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "PgBouncer is not installed" in err and "apt-get install pgbouncer" in err
+    assert "brew install pgbouncer" in err and len(err.strip().splitlines()) == 1
+    ok, why = pooler.pgbouncer_available()
+    assert ok is False and "apt-get install pgbouncer" in why and "report instead of running" in why
+    with pytest.raises(LabkitError, match="apt-get install pgbouncer"):
+        pooler.PgBouncer()
+
+
+@pytest.mark.parametrize("bad", [dict(jobs=1), dict(jobs=1001), dict(jobs=2.5), dict(jobs=True),
+                                 dict(listen_wait_s=0), dict(listen_wait_s=float("nan")),
+                                 dict(listen_wait_s=11), dict(listen_wait_s="1")])
+def test_bad_parameters_are_refused_before_any_lab(bad):
+    def open_lab():
+        raise AssertionError("opened a lab")
+
+    with pytest.raises(LabkitError):
+        pooler.pooler_command(open_lab=open_lab, json=False, **bad)
+
+
+@needs_pgbouncer
+def test_bad_pool_settings_start_nothing(db, launched):
+    for kw in (dict(pool_size=0), dict(pool_mode="sometimes")):
+        with pytest.raises(LabkitError):
+            pooler.PgBouncer().start(db, **kw)
+    assert launched == []
