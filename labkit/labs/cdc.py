@@ -1,0 +1,711 @@
+"""Change data capture: the outbox read from the write-ahead log, not polled from its table.
+
+The relay of :mod:`labkit.labs.relay` asks the outbox table, again and again, for rows not
+yet published, and marks each row it published with an UPDATE.  Change data capture reads
+the outbox rows where PostgreSQL already wrote them down in order -- the WAL -- through a
+*logical replication slot* with the ``test_decoding`` output plugin::
+
+    pg_logical_slot_peek_changes(slot, ...)   -- the INSERTs of committed transactions
+    publish each outbox INSERT to the broker
+    pg_replication_slot_advance(slot, lsn)     -- confirm: the slot forgets what was sent
+
+What it shows (:func:`cdc_trace`, every figure read back from the server or the broker):
+
+* events come out in *commit* order, one whole transaction after another -- not in id
+  order (ids are handed out at INSERT, transactions commit when they commit); a poller
+  that remembers the highest id it saw skips the rows whose transactions commit later;
+* no query reads the outbox table and no row is updated per published event;
+* the costs: while the consumer does not read, the slot keeps *all* WAL written since its
+  restart point (the whole server's, not the outbox's) -- ``pg_replication_slots`` shows it
+  grow, and fall once the consumer has read and confirmed; a slot serves one consumer (two
+  readers of one slot each get part of the stream); wal_level must be ``logical``, read
+  only at server start; and a forgotten slot keeps WAL until the disk is full, unless
+  ``max_slot_wal_keep_size`` (PostgreSQL 13+) or ``idle_replication_slot_timeout`` (18+)
+  gives up the slot first.
+
+The slot is named after the lab's schema and dropped at the end of every run, also on an
+error or an interrupt: a forgotten slot keeps WAL for ever.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import math
+import re
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+
+from ..core.db import Guards
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.queries import query
+from . import broker as brokers
+from . import relay
+from .broker import Broker
+
+SQL = "cdc.sql"
+PLUGIN = "test_decoding"
+MAX_EVENTS = 1000
+MAX_PRODUCERS = 8
+MAX_DOWN_BYTES = 256 * 1024 * 1024
+DEFAULT_DOWN_BYTES = 4 * 1024 * 1024
+SPLIT_ROUNDS = 4                 # two consumers on one slot: four reads, two events each
+SLOT_WAIT_S = 15                 # creating a slot waits for running transactions this long
+READ_GUARDS = Guards(lock_timeout="10s", statement_timeout="60s")
+
+
+def _q(name: str) -> str:
+    return query(SQL, name).sql
+
+
+def slot_name(lab: Lab) -> str:
+    """The lab's slot: its schema's name (at most 41 characters) and ``_cdc``."""
+    return f"{lab.schema}_cdc"
+
+
+# -- can this server decode? ------------------------------------------------------------------------
+
+
+def _unavailable(lab: Lab) -> LabkitError | None:
+    """Why this server cannot give the lab a logical slot, or None when it can."""
+    wal, effective, max_slots, taken, may_replicate, user = lab.execute(
+        _q("prerequisites"), {"slot": slot_name(lab)})[0]
+    # From PostgreSQL 19 a server at wal_level = replica turns logical decoding on by itself
+    # when the first logical slot is created (effective_wal_level shows it).
+    dynamic = effective is not None and wal == "replica"
+    if wal != "logical" and not dynamic:
+        if lab.db.backend == "embedded":
+            fix = ("run `labkit server stop && labkit server start` in a terminal: labkit starts "
+                   "its embedded server with wal_level = logical, and a server reads wal_level "
+                   "only when it starts.")
+        else:
+            fix = ("as a superuser on that server run ALTER SYSTEM SET wal_level = logical; then "
+                   "restart the server (wal_level is read only at server start).")
+        return LabkitError(f"Logical decoding is off on this server: wal_level is {wal!r}, and a "
+                           "logical replication slot needs wal_level = logical.", fix)
+    if not may_replicate:
+        return LabkitError(f"The database user {user!r} may not create replication slots (it is "
+                           "neither a superuser nor a role with the REPLICATION attribute).",
+                           f"as a superuser run ALTER ROLE {user} REPLICATION; or connect as a "
+                           "user that has it.")
+    if taken >= max_slots:
+        return LabkitError(f"All {max_slots} replication slots of this server are taken "
+                           "(max_replication_slots).",
+                           "drop a slot nobody reads any more (SELECT slot_name, active FROM "
+                           "pg_replication_slots), or raise max_replication_slots and restart.")
+    return None
+
+
+def logical_decoding_available(lab: Lab) -> tuple[bool, str]:
+    """(True, what was checked) when the lab can create a logical slot here; else (False,
+    the one-paragraph error that names the fix).  Creates nothing."""
+    err = _unavailable(lab)
+    if err is not None:
+        return False, str(err)
+    wal = lab.execute("SHOW wal_level")[0][0]
+    return True, (f"wal_level = {wal}; a replication slot is free; the user may create one "
+                  f"(output plugin {PLUGIN})")
+
+
+def check_available(lab: Lab) -> None:
+    """Raise the LabkitError of :func:`logical_decoding_available` when it says no."""
+    err = _unavailable(lab)
+    if err is not None:
+        raise err
+
+
+# -- the slot ---------------------------------------------------------------------------------------
+
+
+def drop_slot(lab: Lab, timeout_s: float = 10.0) -> bool:
+    """Drop the lab's slot if it exists; True if there was one.  A session of the lab still
+    using it (a read interrupted half-way) is ended first; a session that is not the lab's
+    is never touched: the error names it.  Runs over a connection of its own, so it works
+    after an interrupt left the lab's connections unusable."""
+    name = slot_name(lab)
+    mine = f"labkit:{lab.schema}"
+    with lab.db.connect(role="cdc-drop", guards=READ_GUARDS) as c:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            row = c.execute(_q("slot_holder"), {"slot": name}).fetchone()
+            if row is None:
+                return False
+            pid, app = row
+            if pid is None:
+                try:
+                    c.execute(_q("drop_slot"), {"slot": name})
+                    return True
+                except psycopg.errors.ObjectInUse:      # taken again in between: look again
+                    pass
+                except psycopg.errors.UndefinedObject:  # dropped in between
+                    return False
+            elif (app or "") == mine or (app or "").startswith(mine + ":"):
+                c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            else:
+                raise LabkitError(f"The replication slot {name} is in use by a session that is not "
+                                  f"this lab's (pid {pid}, {app or 'no name'}).",
+                                  f"end that session, then run SELECT pg_drop_replication_slot('{name}').")
+            if time.monotonic() > deadline:
+                raise LabkitError(f"The replication slot {name} was still in use after {timeout_s:g} s "
+                                  "and could not be dropped: it keeps WAL until it is.",
+                                  f"run SELECT pg_drop_replication_slot('{name}') once the session "
+                                  "using it has ended (`labkit doctor` lists sessions).")
+            time.sleep(0.05)
+
+
+def _create_slot(lab: Lab) -> str:
+    """Create the lab's slot; returns the LSN its stream starts at."""
+    name = slot_name(lab)
+    with lab.connect(role="cdc-slot", guards=Guards(statement_timeout=f"{SLOT_WAIT_S}s")) as c:
+        try:
+            return c.execute(_q("create_slot"), {"slot": name}).fetchone()[0]
+        except psycopg.errors.QueryCanceled:
+            with lab.db.connect(role="cdc-look") as look:
+                writers = look.execute(_q("writers")).fetchall()
+            who = ", ".join(f"pid {p} ({a}, open {s} s)" for p, a, s in writers) or "none left now"
+            raise LabkitError(f"Creating the replication slot waited {SLOT_WAIT_S} s for the "
+                              f"transactions already running to end, and they did not ({who}).",
+                              "end those transactions (`labkit doctor` lists them, `labkit clean` "
+                              "ends yours), then run this again.") from None
+        except psycopg.errors.UndefinedFile:
+            raise LabkitError(f"This server has no {PLUGIN} output plugin (a contrib module).",
+                              "install the server's contrib modules (on Debian and Ubuntu they "
+                              "ship with postgresql-NN; elsewhere postgresqlNN-contrib), or use the "
+                              "embedded server.") from None
+        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+            raise LabkitError(f"The server refused a logical slot: {str(exc).strip()}.",
+                              "set wal_level = logical (ALTER SYSTEM) and restart the server.") from None
+
+
+@contextmanager
+def lab_slot(lab: Lab) -> Iterator[str]:
+    """The lab's logical slot for the length of the block (a slot a killed run left behind
+    is dropped first); dropped when the block ends, however it ends."""
+    check_available(lab)
+    try:
+        drop_slot(lab)
+        _create_slot(lab)
+        yield slot_name(lab)
+    finally:
+        drop_slot(lab)
+
+
+# -- reading the stream -------------------------------------------------------------------------------
+
+_CHANGE = re.compile(r"^table (?P<table>\S+): (?P<op>INSERT|UPDATE|DELETE):(?P<cols>.*)$", re.S)
+_COLUMN = re.compile(r" (?P<name>[^\s\[]+)\[(?P<type>[^\]]+)\]:(?P<value>'(?:[^']|'')*'|\S+)")
+_WHOLE = {"smallint", "integer", "bigint", "oid"}
+
+
+def _value(kind: str, text: str) -> Any:
+    if text == "null":
+        return None
+    if text.startswith("'"):
+        text = text[1:-1].replace("''", "'")
+        return jsonlib.loads(text) if kind in ("json", "jsonb") else text
+    if kind in _WHOLE:
+        return int(text)
+    if kind == "boolean":
+        return text == "true"
+    return text
+
+
+def parse_change(line: str) -> dict:
+    """One change line of test_decoding, e.g. ``table s.outbox: INSERT: id[bigint]:3
+    event_id[text]:'evt-0003' ...``, as ``{"table", "op", "columns": {name: value}}``:
+    integers as int, text unquoted, json parsed, null as None."""
+    m = _CHANGE.match(line)
+    if m is None:
+        raise LabkitError(f"Not a test_decoding change line: {line[:80]!r}.",
+                          "pass the data column of a row of pg_logical_slot_peek_changes.")
+    cols = {c["name"]: _value(c["type"], c["value"]) for c in _COLUMN.finditer(m["cols"])}
+    return {"table": m["table"], "op": m["op"], "columns": cols}
+
+
+@dataclass
+class Txn:
+    """One decoded transaction that inserted into the outbox."""
+
+    xid: int
+    commit_lsn: str                       # the end of its commit record: where to confirm to
+    events: list[dict] = field(default_factory=list)     # the outbox rows it inserted
+    lines: list[tuple[str, int, str]] = field(default_factory=list)   # (lsn, xid, data) as read
+
+
+def _transactions(rows: list[tuple[str, str, str]]) -> list[Txn]:
+    txns: list[Txn] = []
+    current: Txn | None = None
+    for lsn, xid, data in rows:
+        x = int(xid)
+        if data.startswith("BEGIN"):
+            current = Txn(x, "")
+        elif data.startswith("COMMIT"):
+            if current is not None:
+                current.commit_lsn = lsn
+                current.lines.append((lsn, x, data))
+                txns.append(current)
+            current = None
+            continue
+        elif current is not None:
+            current.events.append(parse_change(data)["columns"])
+        if current is not None:
+            current.lines.append((lsn, x, data))
+    return txns
+
+
+class Consumer:
+    """The change-data-capture consumer: reads the lab's slot over a connection of its own.
+    :meth:`deliver` is the whole loop: peek, publish each outbox INSERT, confirm."""
+
+    def __init__(self, lab: Lab, slot: str, role: str = "cdc-consumer"):
+        self.slot = slot
+        self.prefix = f"table {lab.schema}.outbox: INSERT:"
+        self.conn = lab.connect(role=role, guards=READ_GUARDS)
+
+    def read(self, *, consume: bool = False) -> list[Txn]:
+        """The outbox transactions the slot holds, in commit order.  ``consume=True`` reads
+        with pg_logical_slot_get_changes: confirmed as soon as it returns."""
+        rows = self.conn.execute(_q("get" if consume else "peek"),
+                                 {"slot": self.slot, "prefix": self.prefix}).fetchall()
+        return _transactions(rows)
+
+    def confirm(self, lsn: str) -> str:
+        """Tell the slot everything up to ``lsn`` is done; returns where it now stands."""
+        return self.conn.execute(_q("confirm"), {"slot": self.slot, "upto": lsn}).fetchone()[0]
+
+    def deliver(self, broker: Broker) -> list[Txn]:
+        """Peek, publish every outbox event to ``broker`` in stream order, then confirm up to
+        the last commit published (a crash before the confirm publishes them again: at
+        least once, as with the relay)."""
+        txns = self.read()
+        for t in txns:
+            for e in t.events:
+                broker.publish(e["event_id"], e["payload"])
+        if txns:
+            self.confirm(txns[-1].commit_lsn)
+        return txns
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ListBroker(Broker):
+    """A broker that is a Python list: for a comparison nobody consumes."""
+
+    kind = "list"
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict]] = []
+
+    def publish(self, event_id: str, body: dict) -> None:
+        self.messages.append((event_id, body))
+
+    def depth(self) -> int:
+        return len(self.messages)
+
+    def take_all(self) -> list[tuple[str, dict]]:
+        out, self.messages = self.messages, []
+        return out
+
+    def set_up(self, up: bool) -> None:
+        pass
+
+    def reset(self) -> "ListBroker":
+        self.messages = []
+        return self
+
+    def describe(self) -> str:
+        return "a Python list"
+
+
+# -- the producers -------------------------------------------------------------------------------------
+
+
+class _Producers:
+    """``n`` producer sessions writing interleaved transactions: in each round every one of
+    them BEGINs and inserts an order and its outbox row (ids ascending), then they COMMIT
+    in the reverse order."""
+
+    def __init__(self, lab: Lab, n: int):
+        self.lab = lab
+        self.conns = [lab.connect(role=f"cdc-prod-{i + 1}") for i in range(n)]
+        self.next_order = 1
+        self.committed: list[tuple[int, int]] = []          # (outbox id, xid), commit order
+
+    def round(self, k: int, after_first_commit: Callable[[], None] | None = None) -> None:
+        conns = self.conns[:k]
+        position: dict[int, tuple[int, int]] = {}
+        open_: list[psycopg.Connection] = []
+        try:
+            for i, c in enumerate(conns):
+                order_id = self.next_order
+                self.next_order += 1
+                c.execute("BEGIN")
+                open_.append(c)
+                params = {"order_id": order_id, "item": relay.ITEMS[order_id % len(relay.ITEMS)],
+                          "event_id": relay.event_id(order_id)}
+                for stmt in relay.PRODUCE:
+                    c.execute(stmt, params)
+                oid, xid = c.execute(_q("producer_position")).fetchone()
+                position[i] = (int(oid), int(xid))
+            for j, i in enumerate(reversed(range(k))):
+                conns[i].execute("COMMIT")
+                open_.remove(conns[i])
+                self.committed.append(position[i])
+                if j == 0 and after_first_commit is not None:
+                    after_first_commit()
+        finally:
+            for c in open_:
+                if not c.closed and not c.broken:
+                    try:
+                        c.execute("ROLLBACK")
+                    except psycopg.Error:
+                        pass
+
+    def write(self, n: int, after_first_commit: Callable[[], None] | None = None) -> None:
+        """``n`` events in rounds of as many transactions as there are producers."""
+        first = True
+        while n > 0:
+            k = min(n, len(self.conns))
+            self.round(k, after_first_commit if first else None)
+            first = False
+            n -= k
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+
+def _unrelated_wal(lab: Lab, nbytes: int) -> int:
+    """Write at least ``nbytes`` of WAL into a table that is not the outbox; returns the
+    bytes of WAL the server wrote meanwhile."""
+    for stmt in query(SQL, "unrelated_table").statements:
+        lab.execute(stmt)
+    start = lab.execute(_q("current_lsn"))[0][0]
+    rows, written = 2000, 0
+    for _ in range(100):
+        if written >= nbytes:
+            break
+        lab.execute(_q("unrelated_rows"), {"n": rows})
+        before, written = written, lab.execute(_q("wal_since"), {"lsn": start})[0][0]
+        per_row = max(1.0, (written - before) / rows)
+        rows = int(min(50_000, max(500, math.ceil((nbytes - written) / per_row * 1.05))))
+    return int(written)
+
+
+# -- the trace -----------------------------------------------------------------------------------------
+
+
+def check_params(*, events: int, down_events: int | None, down_bytes: int, producers: int) -> None:
+    """The bounds of :func:`cdc_trace`'s numbers, checked before anything is opened."""
+    number("events", events, low=1, high=MAX_EVENTS, whole=True, example=12)
+    if down_events is not None:
+        number("down_events", down_events, low=0, high=MAX_EVENTS, whole=True, example=12)
+    number("down_bytes", down_bytes, low=0, high=MAX_DOWN_BYTES, whole=True, unit=" bytes",
+           example=DEFAULT_DOWN_BYTES)
+    number("producers", producers, low=2, high=MAX_PRODUCERS, whole=True, example=3)
+
+
+@contextmanager
+def _own_broker(lab: Lab, broker: Broker | None) -> Iterator[Broker]:
+    if broker is not None:
+        yield broker
+        return
+    bk = brokers.for_lab(lab)
+    try:
+        yield bk
+    finally:
+        try:
+            bk.discard()
+        finally:
+            bk.close()
+
+
+def _flush_stats(conn: psycopg.Connection) -> None:
+    """Make ``conn``'s table statistics reach the shared counters now (PostgreSQL 15+)."""
+    if conn.info.server_version >= 150000:
+        conn.execute(_q("flush_stats"))
+
+
+def _activity(lab: Lab) -> tuple[int, int] | None:
+    """(scans, rows updated) of the outbox so far; None before PostgreSQL 15, whose counters
+    reach the view late (through the statistics collector) and cannot be read exactly."""
+    if lab.admin.info.server_version < 150000:
+        return None
+    scans, updated = lab.execute(_q("outbox_activity"))[0]
+    return int(scans), int(updated)
+
+
+def _delta(after: tuple[int, int] | None, before: tuple[int, int] | None) -> tuple[int | None, int | None]:
+    if after is None or before is None:
+        return None, None
+    return after[0] - before[0], after[1] - before[1]
+
+
+def _outbox_read(lab: Lab, sql: str, params: dict | None = None) -> list[tuple]:
+    """A read of the outbox table over a connection of its own whose scan is counted at
+    once, so that it never lands in a later measurement of who scanned the outbox."""
+    with lab.connect(role="cdc-look") as c:
+        rows = c.execute(sql, params).fetchall()
+        _flush_stats(c)
+    return rows
+
+
+def _slot_state(lab: Lab, slot: str) -> dict:
+    row = lab.execute(_q("slot_state"), {"slot": slot})[0]
+    keys = ("restart_lsn", "confirmed_flush_lsn", "current_lsn", "retained_bytes", "behind_bytes",
+            "wal_status", "safe_wal_size", "active_pid")
+    return dict(zip(keys, row))
+
+
+def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str, tries: int = 3) -> tuple[dict, int]:
+    """After the consumer confirmed: move the slot's restart_lsn past ``past``.  Decoding
+    moves restart_lsn only at a record of the running transactions that it has read and the
+    consumer has confirmed; the background writer logs one every 15 s when the server is
+    busy.  Here one is logged at once (PostgreSQL 16+: pg_log_standby_snapshot, flushed by a
+    heartbeat's commit; before: CHECKPOINT) and confirmed.  Returns the slot's state and how
+    many rounds it took."""
+    version = consumer.conn.info.server_version
+    for n in range(1, tries + 1):
+        state = _slot_state(lab, slot)
+        if lab.execute(_q("lsn_reached"), {"a": state["restart_lsn"], "b": past})[0][0]:
+            return state, n - 1
+        try:
+            if version >= 160000:
+                upto = consumer.conn.execute(_q("log_running_xacts")).fetchone()[0]
+                consumer.conn.execute(_q("heartbeat"))
+            else:
+                consumer.conn.execute("CHECKPOINT")
+                upto = consumer.conn.execute(_q("current_lsn")).fetchone()[0]
+        except psycopg.errors.InsufficientPrivilege:
+            return state, n - 1
+        if consumer.read():                       # nothing of ours may be skipped by the confirm
+            return state, n - 1
+        consumer.confirm(upto)
+    return _slot_state(lab, slot), tries
+
+
+def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
+              down_events: int | None = None, down_bytes: int = DEFAULT_DOWN_BYTES,
+              producers: int = 3) -> dict:
+    """The outbox through a logical slot, end to end, on a logical server (a LabkitError
+    naming the fix otherwise; ask :func:`logical_decoding_available` first to branch).
+
+    1. ``producers`` sessions write ``events`` outbox events in interleaved transactions that
+       commit in the reverse of their id order; a poller's query after the first commit of
+       the first round shows what an id watermark would skip.  The consumer peeks, publishes
+       to the broker (the lab's own when ``broker`` is None), confirms.
+    2. The consumer is down: ``down_events`` more events (default ``events``) and
+       ``down_bytes`` of unrelated WAL (rows in another table); the slot's retained WAL grows.
+    3. The consumer reads and confirms: the retained WAL falls.
+    4. Two consumers read one slot in turns: each gets part of the stream.
+    5. The polling relay over the same rows, for comparison: its scans and UPDATEs.
+
+    Returns ``events``, ``delivered`` (messages the broker delivered), ``in_commit_order``,
+    ``wal_retained_bytes_while_down`` and the evidence: ``commit_order`` (outbox ids in the
+    order their transactions committed), ``delivered_ids``, ``id_order``, ``commit_xids`` /
+    ``stream_xids``, ``first_round_stream`` (the lines as decoded), ``id_watermark_skips``,
+    ``consumer_outbox_scans`` / ``consumer_rows_updated`` / ``rows_marked_published``,
+    ``wal_retained_bytes_before_down`` / ``_after_read``, ``wal_released_bytes_after_read``
+    (how far the slot's restart_lsn moved once the consumer was back),
+    ``consumer_behind_bytes_while_down``, ``unrelated_wal_bytes``, ``restart_lsn_nudges``,
+    ``wal_status_while_down``, ``safe_wal_size_while_down``, ``guards``,
+    ``two_consumers_one_slot``, ``relay``, ``slot``, ``slot_left`` (False: dropped), ``seconds``."""
+    down_events = events if down_events is None else down_events
+    check_params(events=events, down_events=down_events, down_bytes=down_bytes, producers=producers)
+    check_available(lab)
+    t0 = time.monotonic()
+    with _own_broker(lab, broker) as bk:
+        bk.reset()
+        relay.create_outbox(lab)
+        # Building the outbox's three indexes scanned the table three times, counted on the
+        # admin session and sent to the shared counters only when it next flushes (at most
+        # once a second): flush them now, or they may land inside a window measured below.
+        _flush_stats(lab.admin)
+        with lab_slot(lab) as slot:
+            result = _trace(lab, bk, slot, events, down_events, down_bytes, producers)
+    result["slot_left"] = lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != []
+    result["seconds"] = round(time.monotonic() - t0, 2)
+    return result
+
+
+def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_bytes: int,
+           producers: int) -> dict:
+    prod = _Producers(lab, producers)
+    consumer = Consumer(lab, slot)
+    try:
+        # 1. interleaved producers; a poller's view after the first commit
+        seen: list[int] = []
+        prod.write(events, lambda: seen.extend(r[0] for r in _outbox_read(lab, _q("committed_ids"),
+                                                                          {"after": 0})))
+        watermark = max(seen)
+        later = {r[0] for r in _outbox_read(lab, _q("committed_ids"), {"after": watermark})}
+        # committed after the first poll with an id below what it saw: the next poll
+        # (id > watermark) does not return them, and no later one will
+        skipped = sorted(i for i, _ in prod.committed[:events]
+                         if i < watermark and i not in seen and i not in later)
+        before = _activity(lab)
+        txns = consumer.deliver(bk)
+        first_round = [line for t in txns[:producers] for line in t.lines]
+        before_down = _slot_state(lab, slot)
+
+        # 2. the consumer is down
+        prod.write(down_events)
+        unrelated = _unrelated_wal(lab, down_bytes) if down_bytes else 0
+        down = _slot_state(lab, slot)
+        past = down["current_lsn"]
+
+        # 3. the consumer is back
+        txns += consumer.deliver(bk)
+        _flush_stats(consumer.conn)
+        scans, updated = _delta(_activity(lab), before)
+        after, nudges = _let_go_of_wal(lab, consumer, slot, past)
+        marked = _outbox_read(lab, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")[0][0]
+        delivered = bk.take_all()
+
+        # 4. two consumers, one slot
+        split = _two_consumers(lab, slot, prod)
+
+        # 5. the relay, for comparison, over the same (never marked) rows
+        compare = _relay_comparison(lab)
+    finally:
+        consumer.close()
+        prod.close()
+
+    by_event = {e["event_id"]: e["id"] for t in txns for e in t.events}
+    delivered_ids = [by_event.get(ev) for ev, _ in delivered]
+    commit_order = [oid for oid, _ in prod.committed[:events + down_events]]
+    commit_xids = [x for _, x in prod.committed[:events + down_events]]
+    stream_xids = [t.xid for t in txns]
+    guard_row = lab.execute(_q("guards"))[0]
+    return {
+        "events": events,
+        "down_events": down_events,
+        "producers": producers,
+        "delivered": len(delivered),
+        "in_commit_order": delivered_ids == commit_order and stream_xids == commit_xids,
+        "wal_retained_bytes_while_down": int(down["retained_bytes"]),
+        "commit_order": commit_order,
+        "delivered_ids": delivered_ids,
+        "id_order": sorted(commit_order),
+        "in_id_order": delivered_ids == sorted(commit_order),
+        "commit_xids": commit_xids,
+        "stream_xids": stream_xids,
+        "first_round_stream": [f"{lsn}  {xid}  {data}" for lsn, xid, data in first_round],
+        "poller_saw_after_first_commit": sorted(seen),
+        "id_watermark_skips": skipped,
+        "consumer_outbox_scans": scans,
+        "consumer_rows_updated": updated,
+        "rows_marked_published": int(marked),
+        "wal_retained_bytes_before_down": int(before_down["retained_bytes"]),
+        "consumer_behind_bytes_while_down": int(down["behind_bytes"]),
+        "unrelated_wal_bytes": unrelated,
+        "wal_retained_bytes_after_read": int(after["retained_bytes"]),
+        # how far restart_lsn moved between "down" and "after read": unlike the retained bytes
+        # after the read, not inflated by WAL other sessions write while the consumer reads
+        "wal_released_bytes_after_read": lab.execute(
+            _q("wal_between"), {"before": down["restart_lsn"], "after": after["restart_lsn"]})[0][0],
+        "restart_lsn_nudges": nudges,
+        "wal_status_while_down": down["wal_status"],
+        "safe_wal_size_while_down": down["safe_wal_size"],
+        "guards": {"max_slot_wal_keep_size": guard_row[0], "idle_replication_slot_timeout": guard_row[1],
+                   "max_wal_size": guard_row[2], "max_replication_slots": guard_row[3]},
+        "two_consumers_one_slot": split,
+        "relay": compare,
+        "slot": slot,
+        "broker": bk.kind,
+    }
+
+
+def _two_consumers(lab: Lab, slot: str, prod: _Producers) -> dict:
+    """Consumers A and B read the one slot in turns (get_changes: each read confirms): two
+    events are written before each read."""
+    a, b = Consumer(lab, slot, "cdc-consumer-a"), Consumer(lab, slot, "cdc-consumer-b")
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    written: list[int] = []
+    try:
+        for r in range(SPLIT_ROUNDS):
+            start = len(prod.committed)
+            prod.round(2)
+            written += [oid for oid, _ in prod.committed[start:]]
+            who = "a" if r % 2 == 0 else "b"
+            got[who] += [e["id"] for t in (a if who == "a" else b).read(consume=True) for e in t.events]
+    finally:
+        a.close()
+        b.close()
+    return {"written": written, "a_got": got["a"], "b_got": got["b"],
+            "overlap": sorted(set(got["a"]) & set(got["b"])),
+            "a_missed": len(set(written) - set(got["a"])), "b_missed": len(set(written) - set(got["b"]))}
+
+
+def _relay_comparison(lab: Lab) -> dict:
+    """The polling relay drains the same outbox (no row was ever marked): its claims scan
+    the table and each published row is an UPDATE."""
+    before = _activity(lab)
+    lb = ListBroker()
+    with lab.connect(role="cdc-relay") as conn:
+        relay.Relay(conn, lb, batch=100).run()
+        _flush_stats(conn)
+    scans, updated = _delta(_activity(lab), before)
+    ids = dict(_outbox_read(lab, "SELECT event_id, id FROM outbox"))
+    return {"published": len(lb.messages), "outbox_scans": scans, "rows_updated": updated,
+            "publish_order_ids": [ids[ev] for ev, _ in lb.messages]}
+
+
+# -- command line: labkit trace cdc ------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    return f"{n / (1024 * 1024):.2f} MB" if n >= 10_000 else f"{n} bytes"
+
+
+def report(r: dict) -> str:
+    """The trace in a few lines."""
+    s = r["two_consumers_one_slot"]
+    rl = r["relay"]
+    return "\n".join([
+        f"{r['events']} events from {r['producers']} producers, each round committing in the "
+        f"reverse of id order; slot {r['slot']} ({PLUGIN}), broker: {r['broker']}",
+        f"  delivered in commit order: {'yes' if r['in_commit_order'] else 'NO'}  "
+        f"(first ids delivered {r['delivered_ids'][:6]}, id order {r['id_order'][:6]})",
+        f"  a poller keeping the highest id it saw would skip {r['id_watermark_skips']}",
+        f"  the consumer: {r['consumer_outbox_scans']} scans of the outbox, "
+        f"{r['consumer_rows_updated']} rows updated (the relay: {rl['outbox_scans']} scans, "
+        f"{rl['rows_updated']} rows updated)",
+        f"  WAL kept by the slot: {_size(r['wal_retained_bytes_before_down'])}, then "
+        f"{_size(r['wal_retained_bytes_while_down'])} while the consumer was down "
+        f"({r['down_events']} events and {_size(r['unrelated_wal_bytes'])} of unrelated "
+        f"WAL), {_size(r['wal_retained_bytes_after_read'])} after it read and confirmed",
+        f"  two consumers on one slot: A got {s['a_got']}, B got {s['b_got']} (each missed "
+        f"{s['a_missed']} and {s['b_missed']} of {len(s['written'])})",
+        f"  guard: max_slot_wal_keep_size = {r['guards']['max_slot_wal_keep_size']}, "
+        f"wal_status while down: {r['wal_status_while_down']}; slot dropped: "
+        f"{'yes' if not r['slot_left'] else 'NO'}",
+    ])
+
+
+def cdc_command(*, open_lab: Callable[[], Lab], json: bool = False, events: int = 12,
+                down_events: int | None = None, down_mb: float = 4, producers: int = 3) -> int:
+    """``labkit trace cdc [--events 12] [--down-events N] [--down-mb 4] [--producers 3]
+    [--json]``: the outbox read through a logical replication slot.  On a server without
+    logical decoding it prints the error that names the fix and returns 2, having created
+    nothing but the lab's empty schema (dropped)."""
+    number("down_mb", down_mb, low=0, high=MAX_DOWN_BYTES // (1024 * 1024), unit=" MB", example=4)
+    down_bytes = int(down_mb * 1024 * 1024)
+    check_params(events=events, down_events=down_events, down_bytes=down_bytes, producers=producers)
+    with open_lab() as lab:
+        ok, why = logical_decoding_available(lab)
+        if not ok:
+            print(why, file=sys.stderr)
+            return 2
+        r = cdc_trace(lab, events=events, down_events=down_events, down_bytes=down_bytes,
+                      producers=producers)
+    print(jsonlib.dumps(r, indent=2) if json else report(r))
+    return 0

@@ -1,0 +1,506 @@
+"""A relay that keeps its place with a high-water mark loses events; a published flag or a
+transaction-id cursor does not.
+
+Many relays read the outbox by position instead of marking rows::
+
+    SELECT id, ... FROM outbox WHERE id > :cursor ORDER BY id;   -- publish them, then
+    cursor := the last id read
+
+A sequence hands out ids when rows are inserted, but transactions commit in another order.
+Producer P1 inserts (and gets id n) and has not committed; producer P2 inserts n+1 and
+commits; the relay reads ``id > cursor``, sees n+1 but not n (invisible until P1 commits),
+publishes n+1 and moves its cursor past n.  P1 commits; no read ``id > cursor`` ever returns
+n again: the event is lost, with no error anywhere.
+
+Three relays, the same interleaving (``lk.Sessions``: sessions P1, P2 and relay; scripted, so
+it reproduces exactly), all on the outbox of ``relay.create_outbox``, in ``cursor.sql``:
+
+* the high-water mark (``cursor_read``): loses event n (:func:`cursor_gap`);
+* the seed's relay (``published_at IS NULL ... FOR UPDATE SKIP LOCKED``, relay.py's claim):
+  a row it has not published stays unpublished, so its next claim takes n once P1 commits
+  (:func:`flag_gap`);
+* a transaction-id cursor (``safe_read``): each row keeps its writer's transaction id
+  (``xid8 DEFAULT pg_current_xact_id()``) and the relay reads only rows whose writer is older
+  than the oldest transaction still running (``xid < pg_snapshot_xmin(pg_current_snapshot())``),
+  in (xid, id) order, its cursor (xid, id).  That bound is the id of the oldest open *writer*
+  (the oldest running transaction that has an xid), not the xmin horizon of
+  :mod:`labkit.labs.horizon`, which any snapshot holds.  Nothing that can still commit lies
+  behind its cursor, so nothing is lost; the price is lag: while P1 is open it publishes
+  nothing newer than P1's transaction (:func:`safe_cursor_gap`), and any transaction that has written
+  anything, on any table of any database of the server, holds it back the same way
+  (:func:`open_writer_stall`).
+
+The broker is a table here (``published``): a scripted session sends only SQL.  Every number
+returned is read back from the server.  ``labkit trace cursor-gap`` prints
+:func:`cursor_gap_trace` (:func:`cursor_gap_command`).
+"""
+
+from __future__ import annotations
+
+import json as _json
+import time
+from collections.abc import Callable
+
+
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.queries import query, statements
+from ..core.sessions import Sessions
+from . import fencing
+from . import relay as rl
+
+BATCH = 100          # rows one relay read takes at most
+PRELOAD = 2          # orders placed and published before the script starts
+MAX_LATER = 20
+MAX_WAIT_S = 600
+RELAYS = ("cursor", "flag", "safe")
+SESSION_ROLES = ("P1", "P2", "relay", "batch", "monitor", "relay-setup", "producer")
+
+
+def check_params(*, later: int = 3, wait_s: float = 10.0) -> None:
+    """Refuse bad parameters before anything is created: ``later`` orders P2 commits while
+    P1 is open (1 to 20), ``wait_s`` the longest wait for other sessions' transactions that
+    hold the safe cursor back before the script starts (0 to 600 s)."""
+    number("later", later, low=1, high=MAX_LATER, whole=True, example=3)
+    number("wait_s", wait_s, high=MAX_WAIT_S, unit=" s", example=10)
+
+
+def _sql(name: str) -> str:
+    return query("cursor.sql", name).text
+
+
+def _rows(lab: Lab, name: str, **params) -> list[tuple]:
+    return lab.execute(query("cursor.sql", name).sql, params)
+
+
+def _ids(ids: list[int]) -> str:
+    """3, 4, 5 -- or 3…9 for a longer run of ids."""
+    if len(ids) > 3 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}…{ids[-1]}"
+    return ", ".join(str(i) for i in ids)
+
+
+def unpublished(lab: Lab, relay: str) -> list[int]:
+    """Committed outbox rows ``relay`` has not published, by id."""
+    return [r[0] for r in _rows(lab, "unpublished", relay=relay)]
+
+
+def cursor_position(lab: Lab, relay: str) -> int:
+    """The last id the cursor of ``relay`` ("cursor" or "safe") has passed."""
+    return _rows(lab, "cursor_position", relay=relay)[0][0]
+
+
+def publish_order(lab: Lab, relay: str) -> list[int]:
+    """The outbox ids ``relay`` published, in the order the broker got them."""
+    return [r[0] for r in _rows(lab, "published_order", relay=relay)]
+
+
+def _answer(step) -> str:
+    """A step's answer as the transcript shows it: the outbox ids a read, a claim or a
+    producer's ``placed`` returned (``ids 4, 5, 6``, ``id 3``), else the server's brief answer."""
+    shown = [r for r in step.results if r.columns]
+    if step.error or not shown or shown[-1].columns[0] != "id":
+        return step.outcome(brief=True)
+    ids = [int(row[0]) for row in shown[-1].text_rows]
+    return f"id{'s' if len(ids) > 1 else ''} {_ids(ids)}" if ids else "(no rows)"
+
+
+def _story(run: Sessions, notes: dict[int | str, str]) -> str:
+    """``run`` as a table, one column per session, each step ``label → answer``, and the notes
+    under it keyed by step.  A run that did not go as scripted (a step waited or failed) is
+    printed in full by :func:`fencing.story` instead."""
+    if any(st.waited or st.error or not st.done for st in run.steps):
+        return fencing.story(run, notes=notes)
+    head = ["#", *run.names]
+    table = [[str(i + 1)] + [f"{st.label} → {_answer(st)}" if st.session == name else ""
+                             for name in run.names] for i, st in enumerate(run.steps)]
+    widths = [max(len(row[i]) for row in [head, *table]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    width = max([len(f"step {k}") for k in notes] + [0])
+    lines += [f"{'step ' + str(k):<{width}}  {text}" for k, text in notes.items()]
+    return "\n".join(lines)
+
+
+# -- the three relays, one statement per step ------------------------------------------------
+
+StepFn = Callable[[str, str], list[tuple]]      # (sql text, label) -> rows of the last result
+
+
+def place_text(lab: Lab, order_id: int) -> str:
+    """The seed's producer (outbox_produce.sql) for one order, with the id the sequence gave
+    its outbox row read back in the same transaction: the text a scripted session sends.  In
+    autocommit the three statements of one message are one transaction."""
+    params = {"order_id": order_id, "item": rl.ITEMS[order_id % len(rl.ITEMS)],
+              "event_id": rl.event_id(order_id)}
+    parts = [fencing.bind(lab, s, **params) for s in rl.PRODUCE]
+    parts.append(fencing.bind(lab, _sql("placed"), event_id=params["event_id"]))
+    return ";\n".join(p.rstrip().rstrip(";") for p in parts)
+
+
+def tick(lab: Lab, relay: str, step: StepFn, *, settle: Callable[[], None] | None = None) -> list[int]:
+    """One round of ``relay`` ("cursor", "flag" or "safe"), each statement sent through
+    ``step(sql, label)``; returns the outbox ids it published, in order.  ``settle()``, when
+    given, runs before the safe cursor's read (see :func:`settle_other_writers`).
+
+    cursor: read ``id > cursor``; publish; cursor := last id read.
+    flag:   BEGIN; the seed's claim (SKIP LOCKED); publish; mark published_at; COMMIT.
+    safe:   read below the oldest open writer past (xid, id); publish; cursor := (xid, id) of the last."""
+    if relay not in RELAYS:
+        raise LabkitError(f"No relay {relay!r}.", f"use one of {', '.join(RELAYS)}.")
+    if relay == "flag":
+        ids = [r[0] for r in step("BEGIN;\n" + rl.claim_text(BATCH), "BEGIN; claim")]
+        if ids:
+            step(fencing.bind(lab, _sql("publish"), relay=relay, ids=ids), f"publish {_ids(ids)}")
+            step(fencing.bind(lab, rl.MARK, ids=ids), f"mark {_ids(ids)} published")
+        step("COMMIT", "COMMIT")
+        return ids
+    if relay == "safe" and settle is not None:
+        settle()
+    read = "cursor_read" if relay == "cursor" else "safe_read"
+    label = (f"read id > {cursor_position(lab, relay)}" if relay == "cursor"
+             else "read below oldest writer")
+    ids = [r[0] for r in step(fencing.bind(lab, _sql(read), batch=BATCH), label)]
+    if ids:
+        step(fencing.bind(lab, _sql("publish"), relay=relay, ids=ids), f"publish {_ids(ids)}")
+        advance = "cursor_advance" if relay == "cursor" else "safe_advance"
+        to = f"{ids[-1]}" if relay == "cursor" else f"(xid of {ids[-1]}, {ids[-1]})"
+        step(fencing.bind(lab, _sql(advance), id=ids[-1]), f"cursor := {to}")
+    return ids
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+def _older_writers(lab: Lab, relay: str) -> list[tuple]:
+    """Other sessions' (and prepared) transactions as old as the oldest row ``relay`` has not
+    published: what keeps the safe cursor from reading it."""
+    rows = _rows(lab, "oldest_unpublished", relay=relay)
+    if not rows or rows[0][0] is None:
+        return []
+    return _rows(lab, "older_writers", x=rows[0][0], mine=[])
+
+
+def settle_other_writers(lab: Lab, run: Sessions, wait_s: float) -> None:
+    """Wait (up to ``wait_s``, asking the server) until no session outside ``run`` holds a
+    transaction id older than the newest committed outbox row's writer.  Such a transaction
+    would hold the safe cursor back as P1 does, and the script would not reproduce (on a
+    server shared with other work, short ones come and go).  Race-free: a transaction that
+    starts later gets a newer id, which holds back none of the rows already there.  A
+    LabkitError names the sessions still there after ``wait_s``."""
+    newest = _rows(lab, "newest_xid")
+    if not newest:
+        return
+    mine = [s.pid for s in run.sessions.values()]
+    deadline = time.monotonic() + wait_s
+    while who := _rows(lab, "older_writers", x=newest[0][0], mine=mine):
+        if time.monotonic() > deadline:
+            raise _held_back_error(who, f"waited {wait_s:g} s")
+        time.sleep(0.02)
+
+
+def _held_back_error(who: list[tuple], waited: str) -> LabkitError:
+    names = ", ".join(f"pid {pid} ({app or 'no name'}, database {dbname or '?'})" if pid != "prepared"
+                      else f"prepared transaction {app!r} (database {dbname})" for pid, dbname, app in who[:5])
+    return LabkitError(
+        f"Transactions of other sessions that have written something ({names or 'not visible to you'}) "
+        f"are older than the outbox rows, so the safe cursor may not read past them; {waited}. "
+        "A transaction with an id holds it back on every table of every database of the server.",
+        "end those transactions (`labkit doctor` lists them, `labkit clean` ends your own idle "
+        "ones), then run it again.")
+
+
+def create_cursor_outbox(lab: Lab, relay: str, *, wait_s: float = 10.0) -> None:
+    """A new outbox (relay.create_outbox) with what the cursor relays need (``cursor.sql``,
+    ``tables``), and ``PRELOAD`` orders placed and published by ``relay``: its cursor stands
+    after them.  The safe cursor may wait up to ``wait_s`` for older transactions of other
+    sessions to end; a LabkitError names them if they do not."""
+    if relay not in RELAYS:
+        raise LabkitError(f"No relay {relay!r}.", f"use one of {', '.join(RELAYS)}.")
+    rl.create_outbox(lab)
+    lab.execute("DROP TABLE IF EXISTS relay_cursor, published, batch_log")
+    for stmt in query("cursor.sql", "tables").statements:
+        lab.execute(stmt)
+    rl.place_orders(lab, PRELOAD)
+    with lab.connect(role="relay-setup") as conn:
+        def step(text: str, label: str) -> list[tuple]:
+            rows: list[tuple] = []
+            for stmt in statements(text):
+                cur = conn.execute(stmt)
+                rows = cur.fetchall() if cur.description else rows
+            return rows
+
+        deadline = time.monotonic() + wait_s
+        while unpublished(lab, relay):
+            if tick(lab, relay, step):
+                continue
+            if time.monotonic() > deadline:
+                raise _held_back_error(_older_writers(lab, relay), f"waited {wait_s:g} s")
+            time.sleep(0.05)
+
+
+# -- the interleaving --------------------------------------------------------------------------
+
+
+def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
+    """P1 BEGIN + INSERT (id n); P2 commits ``later`` orders; the relay ticks; P1 commits; the
+    relay ticks until it publishes nothing.  What was lost is read from the server."""
+    create_cursor_outbox(lab, relay, wait_s=wait_s)
+    n = PRELOAD + 1
+    newer = list(range(n + 1, n + later + 1))
+    notes: dict[int | str, str] = {}
+    holder = None
+    with Sessions(lab, "P1", "P2", "relay") as run:
+        def step(text: str, label: str) -> list[tuple]:
+            return run.relay(text, label=label).rows
+
+        def at() -> int:
+            return len(run.steps)
+
+        def settle() -> None:
+            settle_other_writers(lab, run, wait_s)
+
+        run.P1("BEGIN")
+        placed = run.P1(place_text(lab, n), label=f"place order {n}")
+        if placed.rows != [(n, rl.event_id(n))]:
+            raise LabkitError(f"P1's outbox row got id {placed.rows}, not {n}: the outbox was not new.",
+                              "run it on a lab of its own (lab.reset() first).")
+        if relay == "cursor":                           # the same for every relay: said once
+            notes[at()] = f"P1's INSERT took id {n}; P1 has not committed, so no other session sees row {n}"
+        for k in newer:
+            run.P2(place_text(lab, k), label=f"place order {k}")
+        if relay == "cursor":
+            notes[at()] = (f"P2's {'orders are' if later > 1 else 'order is'} committed: "
+                           f"row{'s' if later > 1 else ''} {_ids(newer)}")
+        first = at() + 1
+        sent_open = tick(lab, relay, step, settle=settle)
+        if relay == "safe":
+            settle()
+            holder_rows = run.relay(fencing.bind(lab, _sql("oldest_writer")),
+                                    label="oldest open writer?").rows
+            holder = holder_rows[0][0] if holder_rows else None
+        held_open = unpublished(lab, relay)             # committed, not published: P1's row is not committed
+        if relay == "cursor":
+            notes[first] = (f"it sees {_ids(newer)}, committed; row {n} is not visible yet, so "
+                            f"id > {PRELOAD} passes over it")
+            notes[at()] = (f"the cursor moves to {newer[-1]}: every id up to {newer[-1]} now "
+                           "counts as published")
+        elif relay == "flag":
+            notes[first] = (f"the claim takes the unpublished rows it can see: {_ids(newer)}; "
+                            f"row {n} is not visible yet")
+        else:
+            notes[first] = (f"P1 is the oldest open writer: rows {_ids(newer)} have newer writers, "
+                            "so they are held back")
+        run.P1("COMMIT")
+        if relay == "cursor":
+            notes[at()] = f"row {n} is committed now"
+        after = at() + 1
+        sent_after: list[int] = []
+        for _ in range(later + 3):                     # until a tick finds nothing
+            got = tick(lab, relay, step, settle=settle)
+            sent_after += got
+            if not got:
+                break
+        last = at()
+    lost = unpublished(lab, relay)
+    if relay == "safe" and lost and (who := _older_writers(lab, relay)):
+        raise _held_back_error(who, "one began while the script ran")
+    cursor = cursor_position(lab, relay) if relay != "flag" else None
+    if relay == "cursor":
+        notes[last] = (f"id > {cursor} never returns row {n}: {rl.event_id(n)} is lost"
+                       if lost else "nothing lost")
+    elif relay == "flag":
+        notes[after] = f"row {n} still has published_at NULL: the next claim takes it"
+        notes[last] = _end_note(lost, "nothing left to claim")
+    else:
+        notes[after] = (f"P1 has ended, and no older writer is open: rows {_ids([n] + newer)} go out "
+                        f"in xid order, {n} first")
+        notes[last] = _end_note(lost, "nothing left to read")
+    return {"lost_events": lost,
+            "lost_event_ids": [rl.event_id(i) for i in lost],
+            "p1_event": n,
+            "newer_events": newer,
+            "published_while_open": len(sent_open),
+            "held_back_while_open": len(held_open),
+            "published_after_commit": sent_after,
+            "publish_order": publish_order(lab, relay)[PRELOAD:],
+            "cursor_at_end": cursor,
+            "oldest_writer": holder,
+            "transcript": _story(run, dict(sorted(notes.items()))),
+            "run": run}
+
+
+def _end_note(lost: list[int], idle: str) -> str:
+    return (f"{idle}: every event was published" if not lost
+            else f"{idle}, yet row(s) {_ids(lost)} were never published")
+
+
+def _gap(lab: Lab, relay: str, later: int, wait_s: float, key: str) -> dict:
+    check_params(later=later, wait_s=wait_s)
+    out = _relay_gap(lab, relay, later, wait_s)
+    out[key] = out.pop("lost_events")
+    return out
+
+
+def cursor_gap(lab: Lab, *, later: int = 3) -> dict:
+    """The high-water-mark relay (``WHERE id > cursor ORDER BY id``) in the interleaving:
+    P1 BEGIN + INSERT gets id n; P2 commits ``later`` orders (n+1...); the relay reads,
+    publishes them and moves its cursor past n; P1 commits; the relay reads again: nothing.
+
+    Returns ``cursor_lost_events`` (outbox ids: [n]), ``lost_event_ids``, ``p1_event`` (n),
+    ``newer_events``, ``published_while_open``, ``held_back_while_open``,
+    ``published_after_commit``, ``publish_order``, ``cursor_at_end``, ``transcript`` (the run
+    as text, with notes) and ``run`` (the Sessions run: ``fencing.story(run)`` prints it)."""
+    return _gap(lab, "cursor", later, 0.0, "cursor_lost_events")
+
+
+def flag_gap(lab: Lab, *, later: int = 3) -> dict:
+    """The same interleaving with the seed's relay (``published_at IS NULL ... FOR UPDATE SKIP
+    LOCKED``, relay.py's claim and mark): it publishes n once P1 commits.  The same keys as
+    :func:`cursor_gap`, with ``flag_lost_events`` ([])."""
+    return _gap(lab, "flag", later, 0.0, "flag_lost_events")
+
+
+def safe_cursor_gap(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
+    """The same interleaving with the transaction-id cursor (``xid < pg_snapshot_xmin(
+    pg_current_snapshot())``, ordered and kept by (xid, id)): it loses nothing, and while P1 is
+    open it publishes none of the ``later`` newer events (``held_back_while_open``).  The same
+    keys as :func:`cursor_gap`, with ``safe_cursor_lost_events`` ([]) and
+    ``oldest_writer`` ("P1": whose transaction id was ``pg_snapshot_xmin``).  ``wait_s``: how
+    long to wait for older transactions of other sessions to end, before the script and
+    before each of the relay's reads (:func:`settle_other_writers`)."""
+    return _gap(lab, "safe", later, wait_s, "safe_cursor_lost_events")
+
+
+# -- what holds the safe cursor back -----------------------------------------------------------
+
+
+def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> dict:
+    """What holds the transaction-id cursor back: a transaction that has written something,
+    not one that only reads.  Session ``batch`` opens a REPEATABLE READ transaction and reads
+    (a snapshot, no transaction id): P1's order goes through.  The same transaction then
+    inserts a row into ``batch_log``, a table the outbox has nothing to do with, and so gets a
+    transaction id: P1's next order is held back until ``batch`` commits.
+
+    Returns ``held_back_by_open_reader`` (0), ``held_back_by_open_writer`` (1),
+    ``oldest_writer`` ("batch"), ``safe_cursor_lost_events`` ([]), ``transcript``, ``run``."""
+    check_params(wait_s=wait_s)
+    create_cursor_outbox(lab, "safe", wait_s=wait_s)
+    n = PRELOAD + 1
+    notes: dict[int | str, str] = {}
+    with Sessions(lab, "batch", "P1", "relay") as run:
+        def step(text: str, label: str) -> list[tuple]:
+            return run.relay(text, label=label).rows
+
+        def at() -> int:
+            return len(run.steps)
+
+        def settle() -> None:
+            settle_other_writers(lab, run, wait_s)
+
+        run.batch("BEGIN ISOLATION LEVEL REPEATABLE READ", label="BEGIN REPEATABLE READ")
+        run.batch("SELECT count(*) AS orders FROM shop_order", label="read")
+        notes[at()] = "batch holds a snapshot, and no transaction id: it has written nothing"
+        run.P1(place_text(lab, n), label=f"place order {n}")
+        read_at = at() + 1
+        sent_reader = tick(lab, "safe", step, settle=settle)
+        notes[read_at] = f"a transaction that has only read holds nothing back: row {n} goes out"
+        held_reader = len(unpublished(lab, "safe"))
+        run.batch("INSERT INTO batch_log (note) VALUES ('nightly export')", label="log a line")
+        notes[at()] = "batch's first write, to a table the outbox has nothing to do with, gives it an xid"
+        run.P1(place_text(lab, n + 1), label=f"place order {n + 1}")
+        read_at = at() + 1
+        tick(lab, "safe", step, settle=settle)
+        notes[read_at] = f"row {n + 1} is committed, but its writer is newer than batch: held back"
+        settle()
+        holder_rows = run.relay(fencing.bind(lab, _sql("oldest_writer")),
+                                label="oldest open writer?").rows
+        holder = holder_rows[0][0] if holder_rows else None
+        held_writer = len(unpublished(lab, "safe"))
+        run.batch("COMMIT")
+        after = at() + 1
+        for _ in range(3):
+            if not tick(lab, "safe", step, settle=settle):
+                break
+        notes[after] = f"batch has ended: row {n + 1} goes out"
+    lost = unpublished(lab, "safe")
+    if lost and (who := _older_writers(lab, "safe")):
+        raise _held_back_error(who, "one began while the script ran")
+    return {"held_back_by_open_reader": held_reader,
+            "published_while_reader_open": len(sent_reader),
+            "held_back_by_open_writer": held_writer,
+            "oldest_writer": holder,
+            "safe_cursor_lost_events": lost,
+            "transcript": _story(run, notes),
+            "run": run}
+
+
+# -- the trace and its command -------------------------------------------------------------------
+
+
+def cursor_gap_trace(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
+    """The three relays in the same interleaving, then what holds the safe cursor back.
+
+    Returns ``cursor_lost_events`` ([n]), ``flag_lost_events`` ([]),
+    ``safe_cursor_lost_events`` ([]), ``lost_event_ids`` (the high-water mark's, as event ids),
+    ``p1_event`` (n), ``later``, ``held_back_while_open`` (the safe cursor's: ``later``),
+    ``published_while_open`` and ``publish_order`` (per relay), ``oldest_writer`` ("P1"),
+    ``held_back_by_open_reader`` (0), ``held_back_by_open_writer`` (1), ``stalled_by``
+    ("batch") and ``transcripts`` (per relay, and "stall": the runs as text)."""
+    check_params(later=later, wait_s=wait_s)
+    runs = {"cursor": cursor_gap(lab, later=later), "flag": flag_gap(lab, later=later),
+            "safe": safe_cursor_gap(lab, later=later, wait_s=wait_s)}
+    stall = open_writer_stall(lab, wait_s=wait_s)
+    c, f, s = runs["cursor"], runs["flag"], runs["safe"]
+    return {"cursor_lost_events": c["cursor_lost_events"],
+            "flag_lost_events": f["flag_lost_events"],
+            "safe_cursor_lost_events": s["safe_cursor_lost_events"],
+            "lost_event_ids": c["lost_event_ids"],
+            "p1_event": c["p1_event"],
+            "later": later,
+            "held_back_while_open": s["held_back_while_open"],
+            "published_while_open": {k: r["published_while_open"] for k, r in runs.items()},
+            "publish_order": {k: r["publish_order"] for k, r in runs.items()},
+            "oldest_writer": s["oldest_writer"],
+            "held_back_by_open_reader": stall["held_back_by_open_reader"],
+            "held_back_by_open_writer": stall["held_back_by_open_writer"],
+            "stalled_by": stall["oldest_writer"],
+            "transcripts": {**{k: r["transcript"] for k, r in runs.items()},
+                            "stall": stall["transcript"]}}
+
+
+TITLES = {"cursor": "the high-water mark: WHERE id > cursor ORDER BY id",
+          "flag": "the seed's relay: published_at IS NULL ... FOR UPDATE SKIP LOCKED",
+          "safe": "the transaction-id cursor: xid < pg_snapshot_xmin(pg_current_snapshot())",
+          "stall": "what holds the transaction-id cursor back: a transaction that has written"}
+
+
+def cursor_gap_command(*, open_lab: Callable[[], Lab], later: int = 3, wait_s: float = 10.0,
+                       json: bool) -> int:
+    """``labkit trace cursor-gap [--later 3] [--wait 10] [--json]``: :func:`cursor_gap_trace`
+    (``later`` 1 to 20 orders P2 commits while P1 is open; ``wait_s`` 0 to 600 s), printed as
+    the four runs and a summary, or as JSON (without the transcripts).  ``open_lab()`` gives
+    the run its own lab, dropped at the end."""
+    check_params(later=later, wait_s=wait_s)              # before anything is created
+    with open_lab() as lab:
+        r = cursor_gap_trace(lab, later=later, wait_s=wait_s)
+    if json:
+        print(_json.dumps({k: v for k, v in r.items() if k != "transcripts"}, indent=2))
+        return 0
+    for kind, text in r["transcripts"].items():
+        print(f"-- {TITLES[kind]}")
+        print(text)
+        print()
+    n, ids = r["p1_event"], r["lost_event_ids"]
+    print(f"P1 held event {n} open while P2 committed {later} newer one(s):")
+    print(f"  high-water mark   lost {r['cursor_lost_events']} ({', '.join(ids) or 'none'}); "
+          f"published {r['published_while_open']['cursor']} while P1 was open")
+    print(f"  published flag    lost {r['flag_lost_events']}; "
+          f"published {r['published_while_open']['flag']} while P1 was open")
+    print(f"  transaction-id    lost {r['safe_cursor_lost_events']}; held back "
+          f"{r['held_back_while_open']} while P1 was open (the oldest open writer: {r['oldest_writer']})")
+    print(f"  an open reader held back {r['held_back_by_open_reader']}, an open writer on another "
+          f"table {r['held_back_by_open_writer']} ({r['stalled_by']})")
+    return 0

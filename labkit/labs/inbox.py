@@ -1,0 +1,343 @@
+"""The consumer side of the outbox: what makes at-least-once delivery effectively once.
+
+The relay delivers every event at least once, some of them twice (a relay that died
+mid-batch, a broker that requeues what a dead consumer never acknowledged).  The consumer
+makes that *effectively once* by recording each event id in the ``inbox`` (primary key on
+``event_id``) in the same transaction as the event's effect: a copy hits the primary key,
+inserts nothing and skips the effect, and a crash cannot fall between the record and the
+effect, because they commit together.  Four consumers handle the same stream with the same
+two writes, record and effect (``labkit/sql/inbox.sql``); only their COMMITs differ:
+
+* ``in_memory``: keeps the ids seen in a Python set; effect, COMMIT, then the set.
+  Killed between the COMMIT and the set.
+* ``inbox``: BEGIN; record; effect; COMMIT.  Killed between the record and the effect,
+  inside the transaction.
+* ``separate_tx_effect_first``: is it recorded?; effect, COMMIT; record, COMMIT.
+  Killed between the two COMMITs.
+* ``separate_tx_record_first``: record, COMMIT; effect, COMMIT.  Killed between the two
+  COMMITs.
+
+:func:`consumer_trace` runs each consumer as OS processes (:class:`labkit.core.procs.Worker`):
+process 1 handles the first part of the stream and is killed with SIGKILL at the scripted
+point while it handles event ``kill_after``; process 2, a new process, gets what the broker
+delivers next.  The broker is scripted by the parent (the same stream on every server, with
+or without RabbitMQ): it hands each process its deliveries, and a message counts as
+acknowledged once the consumer has finished with it, so the message in flight at the kill
+is delivered again first -- as a broker requeues a message whose consumer died before
+acknowledging it.  The stream, for ``events=N, duplicates=D, kill_after=K``::
+
+    process 1:  e1 .. e(K-1),  e1 .. eD (redelivered),  eK  <- SIGKILL while handling it
+    process 2:  eK (never acknowledged),  e1 .. eD (redelivered again),  e(K+1) .. eN
+
+Every effect is read back from the database (``shop_order.labels_printed``), never counted
+by the script.  What it shows: the set catches the copies that arrive while it lives and
+none after the restart (D + 1 effects twice); the inbox applies every event once; the
+separate transactions catch every copy but get the message in flight at the kill wrong --
+once twice (effect first), once never (record first).
+
+The inbox's cost and hygiene: its primary key is the deduplication, one index entry per
+event applied; a copy costs one probe of it and writes nothing.  It grows by one row per
+event forever unless pruned, and pruning is safe only past the longest delay after which
+a copy can still arrive: the trace prunes the rows applied before the restart and shows a
+late copy of one of them applied again.
+
+``labkit trace consumer [--events N] [--duplicates D] [--kill-after K] [--json]`` prints it
+(:func:`consumer_command`).
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import time
+from typing import Callable
+
+import psycopg
+
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import number
+from ..core.procs import Context, Worker
+from ..core.queries import query
+from .relay import create_outbox, event_id, place_orders, relay_connection
+
+EVENTS = 20
+DUPLICATES = 5
+KILL_AFTER = 10
+MAX_EVENTS = 1000
+WAIT_S = 60.0
+
+# name -> (role prefix, how it handles a message, where the kill falls)
+CONSUMERS: dict[str, tuple[str, str, str]] = {
+    "in_memory": ("memory", "in memory: a Python set of the ids seen",
+                  "after the effect's COMMIT, before the set"),
+    "inbox": ("inbox", "inbox: record and effect in one transaction",
+              "after the inbox INSERT, before the effect and the COMMIT"),
+    "separate_tx_effect_first": ("effect-first", "inbox, two transactions: effect, then record",
+                                 "after the effect's COMMIT, before the record's"),
+    "separate_tx_record_first": ("record-first", "inbox, two transactions: record, then effect",
+                                 "after the record's COMMIT, before the effect's"),
+}
+KILL_POINT = "kill-point"
+
+
+def _sql(name: str) -> str:
+    return query("inbox.sql", name).sql
+
+
+def _nothing() -> None:
+    pass
+
+
+# -- one message, four ways ----------------------------------------------------------------------
+
+
+def handle(conn: psycopg.Connection, consumer: str, event: str, order_id: int, *,
+           seen: set[str] | None = None, between: Callable[[], object] = _nothing) -> bool:
+    """Handle one message the way ``consumer`` does (a name of :data:`CONSUMERS`) over the
+    autocommit connection ``conn``; ``between`` runs between its two writes (the kill
+    point).  ``seen`` is the in-memory consumer's set.  Returns True if it applied the
+    effect, False if it took the message for a copy."""
+    params = {"event_id": event, "order_id": order_id}
+    if consumer == "in_memory":
+        if seen is None:
+            raise LabkitError("The in-memory consumer needs its set.", "pass seen=set().")
+        if event in seen:
+            return False
+        with conn.transaction():
+            conn.execute(_sql("effect"), params)
+        between()
+        seen.add(event)
+        return True
+    if consumer == "inbox":
+        with conn.transaction():
+            if conn.execute(_sql("record"), params).fetchone() is None:
+                return False
+            between()
+            conn.execute(_sql("effect"), params)
+        return True
+    if consumer == "separate_tx_effect_first":
+        if conn.execute(_sql("recorded"), params).fetchone()[0]:
+            return False
+        with conn.transaction():
+            conn.execute(_sql("effect"), params)
+        between()
+        with conn.transaction():
+            conn.execute(_sql("record"), params)
+        return True
+    if consumer == "separate_tx_record_first":
+        with conn.transaction():
+            if conn.execute(_sql("record"), params).fetchone() is None:
+                return False
+        between()
+        with conn.transaction():
+            conn.execute(_sql("effect"), params)
+        return True
+    raise LabkitError(f"No consumer {consumer!r}.", f"use one of {', '.join(CONSUMERS)}.")
+
+
+def consumer_process(ctx: Context, *, dsn: str, schema: str, role: str, consumer: str,
+                     deliveries: list[tuple[str, int]], kill_at: int | None = None) -> int:
+    """A consumer in its own OS process (run by a Worker): handles ``deliveries`` (event id,
+    order id) in order, reporting each one it finished with (``acked``); at delivery
+    ``kill_at`` it pauses between its two writes (tag ``kill-point``) for the parent to kill
+    it there.  Its set of ids seen, if any, lives and dies with the process."""
+    conn = relay_connection(dsn, schema, role)
+    ctx.emit("connected", pid=conn.info.backend_pid)
+    seen: set[str] = set()
+    try:
+        for n, (event, order_id) in enumerate(deliveries):
+            between = (lambda: ctx.pause(KILL_POINT)) if n == kill_at else _nothing
+            applied = handle(conn, consumer, event, order_id, seen=seen, between=between)
+            ctx.emit("acked", event_id=event, applied=applied)
+        return len(deliveries)
+    finally:
+        conn.close()
+
+
+# -- the stream ------------------------------------------------------------------------------------
+
+
+def check_params(*, events: int = EVENTS, duplicates: int = DUPLICATES, kill_after: int = KILL_AFTER) -> None:
+    """Refuse a stream that cannot be built (a LabkitError that names the fix)."""
+    number("events", events, low=1, high=MAX_EVENTS, whole=True, example=EVENTS)
+    number("kill_after", kill_after, low=1, high=events, whole=True, example=min(KILL_AFTER, events))
+    number("duplicates", duplicates, low=0, high=MAX_EVENTS, whole=True, example=0)
+    if duplicates >= kill_after:
+        raise LabkitError(f"duplicates={duplicates} with kill_after={kill_after}: only the "
+                          f"{kill_after - 1} events handled before the kill can be redelivered.",
+                          f"use duplicates < kill_after (duplicates={kill_after - 1} at most here).")
+
+
+def stream(events: int = EVENTS, duplicates: int = DUPLICATES,
+           kill_after: int = KILL_AFTER) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The deliveries (event id, order id) to consumer process 1 -- which is killed while it
+    handles its last one -- and to process 2."""
+    check_params(events=events, duplicates=duplicates, kill_after=kill_after)
+    ids = [(event_id(i), i) for i in range(1, events + 1)]
+    first = ids[:kill_after - 1] + ids[:duplicates] + [ids[kill_after - 1]]
+    second = [ids[kill_after - 1]] + ids[:duplicates] + ids[kill_after:]
+    return first, second
+
+
+# -- the trace ---------------------------------------------------------------------------------------
+
+
+def _wait_gone(conn: psycopg.Connection, pid: int, timeout: float = 15.0) -> None:
+    """Until the server has noticed that backend ``pid`` died (its transaction rolled back)."""
+    deadline = time.monotonic() + timeout
+    while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
+        if time.monotonic() > deadline:
+            raise LabkitError(f"The server still shows the killed consumer's backend after {timeout:.0f} s.",
+                              "run `labkit doctor`; the server may be overloaded.")
+        time.sleep(0.01)
+
+
+def _acks(worker: Worker) -> list[bool]:
+    return [e["applied"] for e in worker.events if e["kind"] == "acked"]
+
+
+def _run_consumer(lab: Lab, obs: psycopg.Connection, consumer: str,
+                  first: list[tuple[str, int]], second: list[tuple[str, int]]) -> dict:
+    """One consumer over the stream: process 1 killed at its kill point on its last delivery,
+    process 2 started after the server has seen process 1's backend go.  Returns what the
+    database shows at the kill and after, and ``restart_at`` (the server's clock between)."""
+    short, _, _ = CONSUMERS[consumer]
+    for statement in query("inbox.sql", "fresh").statements:
+        obs.execute(statement)
+    killed_event, killed_order = first[-1]
+    common = {"dsn": lab.db.dsn, "schema": lab.schema, "consumer": consumer}
+    with Worker(consumer_process, name=f"{short} consumer 1", role=f"{short}-1",
+                deliveries=first, kill_at=len(first) - 1, **common) as w1:
+        pid = w1.wait_for("connected", timeout=WAIT_S)["pid"]
+        w1.wait_for("paused", tag=KILL_POINT, timeout=WAIT_S)
+        effect_committed, recorded = obs.execute(
+            _sql("at_kill"), {"event_id": killed_event, "order_id": killed_order}).fetchone()
+        w1.kill()
+    _wait_gone(obs, pid)
+    restart_at = obs.execute(_sql("server_clock")).fetchone()[0]
+    with Worker(consumer_process, name=f"{short} consumer 2", role=f"{short}-2",
+                deliveries=second, **common) as w2:
+        w2.join(WAIT_S)
+    effects = dict(obs.execute(_sql("effects")).fetchall())
+    acks = _acks(w1) + _acks(w2)
+    return {"effects": effects,
+            "twice": [e for e, n in effects.items() if n > 1],
+            "lost": [e for e, n in effects.items() if n == 0],
+            "at_kill": {"effect_committed": bool(effect_committed), "recorded": bool(recorded)},
+            "skipped_as_copy": acks.count(False),
+            "restart_at": restart_at}
+
+
+def _inbox_hygiene(obs: psycopg.Connection, restart_at, first: list[tuple[str, int]],
+                   second: list[tuple[str, int]]) -> dict:
+    """On the inbox consumer's end state: its primary key, its rows, what a copy writes, and
+    a prune with a window shorter than a redelivery delay (the rows applied before the
+    restart), followed by a late copy of a pruned event and one of a kept event."""
+    name, method, unique, column = obs.execute(_sql("primary_key")).fetchone()
+    rows = obs.execute("SELECT count(*) FROM inbox").fetchone()[0]
+    kept_event, kept_order = second[-1]
+    with obs.transaction(force_rollback=True):        # a copy: what does it write?
+        obs.execute(_sql("record"), {"event_id": kept_event})
+        copy_xid = obs.execute(_sql("own_xid")).fetchone()[0]
+    pruned = obs.execute(_sql("prune"), {"cutoff": restart_at}).rowcount
+    late_event, late_order = first[0]
+    late_again = None
+    if pruned:
+        late_again = handle(obs, "inbox", late_event, late_order)
+    kept_again = handle(obs, "inbox", kept_event, kept_order)
+    return {"primary_key": f"{name} {'UNIQUE ' if unique else ''}{method} ({column})",
+            "rows": rows,
+            "copy_assigned_xid": copy_xid is not None,
+            "pruned": pruned,
+            "late_copy": late_event if pruned else None,
+            "late_copy_applied_again": late_again,
+            "kept_copy": kept_event,
+            "kept_copy_applied_again": kept_again}
+
+
+def consumer_trace(lab: Lab, *, events: int = EVENTS, duplicates: int = DUPLICATES,
+                   kill_after: int = KILL_AFTER) -> dict:
+    """The four consumers of :data:`CONSUMERS` over the same stream (:func:`stream`), each as
+    a process killed with SIGKILL between its two writes while it handles event
+    ``kill_after``, then a new process.  Returns ``events``, ``duplicates``, ``kill_after``,
+    ``killed_on`` (the event in flight at the kill), ``deliveries_before_restart``,
+    ``deliveries_after_restart``, ``effects_twice_<c>`` and ``effects_lost_<c>`` for
+    ``in_memory``, ``inbox`` and ``separate_tx`` (both separate-transaction orders added up),
+    ``consumers`` (per consumer: ``effects`` per event id, ``twice``, ``lost``, ``at_kill``
+    {effect_committed, recorded}, ``skipped_as_copy``, ``handles``, ``killed``) and ``inbox``
+    (:func:`_inbox_hygiene`: ``primary_key``, ``rows``, ``copy_assigned_xid``, ``pruned``,
+    ``late_copy``, ``late_copy_applied_again``, ``kept_copy``, ``kept_copy_applied_again``)."""
+    first, second = stream(events, duplicates, kill_after)
+    create_outbox(lab)
+    place_orders(lab, events)
+    obs = lab.connect(role="observer")
+    try:
+        runs, hygiene = {}, {}
+        for consumer in CONSUMERS:
+            runs[consumer] = _run_consumer(lab, obs, consumer, first, second)
+            if consumer == "inbox":
+                hygiene = _inbox_hygiene(obs, runs[consumer]["restart_at"], first, second)
+    finally:
+        obs.close()
+    out = {"events": events, "duplicates": duplicates, "kill_after": kill_after,
+           "killed_on": first[-1][0],
+           "deliveries_before_restart": len(first), "deliveries_after_restart": len(second)}
+    separate = [runs["separate_tx_effect_first"], runs["separate_tx_record_first"]]
+    for key, parts in (("in_memory", [runs["in_memory"]]), ("inbox", [runs["inbox"]]),
+                       ("separate_tx", separate)):
+        out[f"effects_twice_{key}"] = sum(len(r["twice"]) for r in parts)
+        out[f"effects_lost_{key}"] = sum(len(r["lost"]) for r in parts)
+    out["consumers"] = {c: {"handles": CONSUMERS[c][1], "killed": CONSUMERS[c][2],
+                            **{k: v for k, v in r.items() if k != "restart_at"}}
+                        for c, r in runs.items()}
+    out["inbox"] = hygiene
+    return out
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def format_trace(t: dict) -> str:
+    """The trace as a few lines of text (none wider than about 100 characters): the
+    stream, one line per consumer, the inbox."""
+    lines = [f"{t['events']} events, {t['duplicates']} of them redelivered before the restart "
+             "and again after it;",
+             f"process 1 of each consumer SIGKILLed while handling {t['killed_on']}",
+             f"deliveries: {t['deliveries_before_restart']} to process 1, "
+             f"{t['deliveries_after_restart']} to process 2 ({t['killed_on']} first: never acknowledged)",
+             ""]
+    width = max(len(v[1]) for v in CONSUMERS.values())
+    lines.append(f"{'consumer':<{width}}  {'at the kill: effect / id':<30}  twice  lost")
+    for c, r in t["consumers"].items():
+        k = r["at_kill"]
+        at = (f"{'committed' if k['effect_committed'] else 'not committed'} / "
+              f"{'recorded' if k['recorded'] else 'not recorded'}")
+        lines.append(f"{r['handles']:<{width}}  {at:<30}  {len(r['twice']):>5}  {len(r['lost']):>4}")
+    h = t["inbox"]
+    lines += ["",
+              f"inbox: primary key {h['primary_key']}; {h['rows']} rows, one per event applied",
+              f"a copy {'writes' if h['copy_assigned_xid'] else 'writes nothing (no transaction id)'}"]
+    if h["pruned"]:
+        lines += [f"pruned the {h['pruned']} rows applied before the restart "
+                  "(a window shorter than the redelivery delay):",
+                  f"  a late copy of {h['late_copy']} is applied "
+                  f"{'again' if h['late_copy_applied_again'] else 'not again'}; "
+                  f"a copy of {h['kept_copy']} (kept) is "
+                  f"{'applied again' if h['kept_copy_applied_again'] else 'a no-op'}"]
+    lines.append("safe pruning window: longer than the longest delay after which a copy can still arrive")
+    return "\n".join(lines)
+
+
+def consumer_command(*, open_lab: Callable[[], Lab], events: int = EVENTS, duplicates: int = DUPLICATES,
+                     kill_after: int = KILL_AFTER, json: bool = False) -> int:
+    """``labkit trace consumer [--events 20] [--duplicates 5] [--kill-after 10] [--json]``:
+    the four consumers killed and restarted over the same stream (:func:`consumer_trace`), as
+    text or JSON."""
+    check_params(events=events, duplicates=duplicates, kill_after=kill_after)
+    lab = open_lab()
+    try:
+        t = consumer_trace(lab, events=events, duplicates=duplicates, kill_after=kill_after)
+    finally:
+        lab.drop()
+    print(jsonlib.dumps(t, indent=2, default=str) if json else format_trace(t))
+    return 0

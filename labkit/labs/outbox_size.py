@@ -1,0 +1,696 @@
+"""Keeping the outbox small: what a growing history of published rows costs, and two ways out.
+
+The relay marks each event published and leaves its row in the outbox.  Every number here is
+read from the server (EXPLAIN (ANALYZE, BUFFERS), VACUUM (VERBOSE), ``pg_relation_size``,
+``pg_current_wal_lsn``, ``pg_locks``); the SQL is in ``labkit/sql/outbox_size.sql``, the
+relay's claim and mark are :mod:`labkit.labs.relay`'s.
+
+* :func:`growth`: the outbox at several history sizes.  What does **not** grow: the relay's
+  claim (its partial index holds only unpublished rows), and a VACUUM after a fixed number
+  of new events (the visibility map lets it skip the history's pages, and with few pages
+  to clean it may skip the index pass).  What **does** grow: the table and its other
+  indexes on disk; VACUUM's index pass, which reads every page of every index whenever it
+  runs; and autovacuum's trigger (``threshold + scale_factor x rows``), so dead row
+  versions -- and dead entries in the partial index -- pile up longer between runs.
+* :func:`delete_way` (way out A): delete old published rows in batches with ``FOR UPDATE
+  SKIP LOCKED``; it writes WAL for every row and leaves every row behind as a dead row
+  version for VACUUM (which writes WAL again); the table's file does not shrink.
+* :func:`drop_way` (way out B): the same history in hourly partitions; an old partition is
+  detached (``DETACH PARTITION ... CONCURRENTLY``), checked for unpublished events and
+  dropped: little WAL, no dead row versions, the files go.
+* :func:`beside_relay`: the batched delete beside a relay's open claim and a second cleaner
+  holding its batch (scripted sessions).
+* :func:`partition_locks`: what dropping a partition locks, and why ``DETACH ...
+  CONCURRENTLY`` is the way to take one out while relays claim.
+
+:func:`size_trace` runs growth, A and B on the same history; ``labkit trace outbox-size`` is
+:func:`size_command`.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import re
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+import psycopg
+from psycopg import sql
+
+from ..core.errors import LabkitError
+from ..core.lab import Lab
+from ..core.limits import bulk, number
+from ..core.queries import query
+from ..core.sessions import Sessions
+from .relay import MARK, claim_text, create_outbox
+
+SIZES = (0, 100_000, 400_000)   # published rows in the outbox, one reading each
+TICK = 1_000                    # events the relay publishes between two VACUUMs
+WAITING = 20                    # unpublished events the outbox always holds
+HISTORY = 100_000               # the history ways A and B both shed
+BATCH = 1_000                   # rows one cleanup DELETE takes
+HOURS = 4                       # the history spans this many hours: one partition each
+MAX_SIZE = 2_000_000
+MAX_BATCH = 50_000
+MAX_SIZES = 6
+FILE = "outbox_size.sql"
+
+
+def _q(name: str) -> str:
+    return query(FILE, name).sql
+
+
+def _ddl(name: str, **parts: Any) -> sql.Composed:
+    """A query of outbox_size.sql with its ``{placeholders}`` filled: partition names as
+    identifiers, bounds as literals (DDL takes no parameters)."""
+    return sql.SQL(_q(name)).format(**{k: sql.Identifier(v) if k == "partition" else sql.Literal(v)
+                                       for k, v in parts.items()})
+
+
+# -- parameters ----------------------------------------------------------------------------------
+
+
+def check_params(*, sizes: tuple[int, ...] | list[int] = SIZES, history: int = HISTORY,
+                 batch: int = BATCH) -> None:
+    """``sizes``: 1 to 6 history sizes, each 0 to 2,000,000 rows, in increasing order;
+    ``history``: 1 to 2,000,000 rows; ``batch``: 1 to 50,000 rows, at most ``history``."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, (tuple, list)) or not sizes:
+        raise LabkitError(f"sizes={sizes!r} is not a list of history sizes.",
+                          "pass sizes=(0, 100_000, 400_000): published rows at each reading.")
+    if len(sizes) > MAX_SIZES:
+        raise LabkitError(f"sizes has {len(sizes)} readings; this lab takes at most {MAX_SIZES}.",
+                          "pass fewer sizes, for example sizes=(0, 100_000, 400_000).")
+    for s in sizes:
+        number("each of sizes", s, high=MAX_SIZE, whole=True, example=100_000)
+    if list(sizes) != sorted(set(sizes)):
+        raise LabkitError(f"sizes={tuple(sizes)} is not increasing: the outbox only grows here.",
+                          "pass the sizes smallest first, each once, e.g. (0, 100_000, 400_000).")
+    number("history", history, low=1, high=MAX_SIZE, whole=True, example=HISTORY)
+    number("batch", batch, low=1, high=MAX_BATCH, whole=True, example=BATCH)
+    if batch > history:
+        raise LabkitError(f"batch={batch:,} is larger than the whole history ({history:,} rows): "
+                          "one DELETE would take it all, which is what batching avoids.",
+                          f"pass a batch well below history, e.g. batch={max(1, history // 100):,}.")
+
+
+# -- small readings ------------------------------------------------------------------------------
+
+
+def disk_sizes(lab: Lab) -> dict[str, int]:
+    """The outbox on disk (summed over partitions): ``table_bytes``, ``index_bytes``,
+    ``partial_index_bytes``, ``total_bytes``."""
+    cur = lab.admin.execute(_q("sizes"))
+    return {c.name: int(v or 0) for c, v in zip(cur.description, cur.fetchone())}
+
+
+def _lsn(conn: psycopg.Connection) -> str:
+    return conn.execute(_q("wal_position")).fetchone()[0]
+
+
+def _wal_since(conn: psycopg.Connection, before: str) -> int:
+    return int(conn.execute(_q("wal_bytes"), {"after": _lsn(conn), "before": before}).fetchone()[0])
+
+
+def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
+    """Wait until no other session of this database holds a snapshot or transaction that
+    began before now, so that VACUUM may remove what this lab just made dead.  (Unlike
+    :func:`labkit.labs.claims.wait_for_horizon` it takes no transaction id: a commit that
+    took an id and wrote nothing is flushed lazily, and until it is, VACUUM may not mark
+    the pages of other transactions near it all-visible.)"""
+    x = lab.execute(_q("now_xid"))[0][0]
+    deadline = time.monotonic() + timeout
+    while held := lab.execute(_q("older_snapshots"), {"x": x}):
+        if time.monotonic() > deadline:
+            who = ", ".join(f"pid {p} ({a or 'no name'})" for p, a in held[:5])
+            raise LabkitError(f"Other sessions ({who}) still see row versions this lab has just "
+                              f"replaced or deleted, so VACUUM cannot remove them; waited {timeout:.0f} s.",
+                              "end those transactions (`labkit doctor` lists them, `labkit clean` ends "
+                              "your own idle ones) and run the cell again.")
+        time.sleep(0.05)
+
+
+_PAGES = re.compile(r"pages: (\d+) removed, (\d+) remain, (\d+) scanned")
+_INDEX_SCANS = re.compile(r"index scans: (\d+)")
+_REMOVED = re.compile(r"tuples: (\d+) removed")
+_DEAD_ITEMS = re.compile(r"(\d+) dead item identifiers")
+_BUFFERS = re.compile(r"buffer usage: (\d+) hits, (\d+) (?:misses|reads), (\d+) dirtied")
+_WAL = re.compile(r"WAL usage: (\d+) records, (\d+) full page images, (\d+) bytes")
+
+
+def vacuum(lab: Lab, options: str = "VERBOSE") -> dict[str, int | float]:
+    """``VACUUM (VERBOSE, PARALLEL 0, <options>) outbox`` (no parallel workers: as autovacuum
+    runs it), measured by the server's own VERBOSE report (PostgreSQL
+    15 and later), summed over partitions: ``pages_total``, ``pages_scanned`` (pages it read;
+    the visibility map lets it skip the rest), ``index_scans`` (index passes: each reads
+    every page of every index), ``removed`` (dead row versions it removed), ``dead_items``
+    (dead item identifiers it found: one per deleted or replaced row version), ``buffers``
+    (hits + reads), ``wal_bytes`` (its own WAL) and ``ms`` (its wall time).  Waits first
+    until no other transaction can still see what it is to remove."""
+    options = ", ".join(["VERBOSE", "PARALLEL 0"] + [o.strip() for o in options.split(",")
+                                                      if o.strip() and o.strip().upper() != "VERBOSE"])
+    wait_for_horizon(lab)
+    notes: list[str] = []
+
+    def note(diag: psycopg.errors.Diagnostic) -> None:
+        notes.append(diag.message_primary or "")
+
+    conn = lab.admin
+    conn.add_notice_handler(note)
+    t0 = time.perf_counter()
+    try:
+        conn.execute(f"VACUUM ({options}) outbox")
+    finally:
+        conn.remove_notice_handler(note)
+    ms = (time.perf_counter() - t0) * 1000
+    text = "\n".join(notes)
+    pages = _PAGES.findall(text)
+    if not pages:
+        raise LabkitError("VACUUM (VERBOSE) did not report its pages in the form this lab reads "
+                          "(PostgreSQL 15 and later).", "run the lab on PostgreSQL 15 or newer.")
+    return {
+        "pages_total": sum(int(p[0]) + int(p[1]) for p in pages),
+        "pages_scanned": sum(int(p[2]) for p in pages),
+        "index_scans": sum(int(n) for n in _INDEX_SCANS.findall(text)),
+        "removed": sum(int(n) for n in _REMOVED.findall(text)),
+        "dead_items": sum(int(n) for n in _DEAD_ITEMS.findall(text)),
+        "buffers": sum(int(h) + int(r) for h, r, _ in _BUFFERS.findall(text)),
+        "wal_bytes": sum(int(b) for _, _, b in _WAL.findall(text)),
+        "ms": round(ms, 2),
+    }
+
+
+def settle(lab: Lab, timeout: float = 5.0) -> int:
+    """VACUUM (ANALYZE) the outbox until the visibility map covers at least 90 % of its
+    pages (pg_class.relallvisible): the steady state a measured VACUUM starts from, where
+    it skips the pages nothing changed on.  VACUUM marks a page all-visible only once the
+    commits of its rows are known flushed; a busy server that commits asynchronously
+    elsewhere can delay that a moment, so it retries (each retry cheap: the pages already
+    marked are skipped) for up to ``timeout`` s.  Returns the VACUUMs run."""
+    deadline, n = time.monotonic() + timeout, 0
+    while True:
+        vacuum(lab, "ANALYZE")
+        n += 1
+        pages, visible = lab.execute(_q("visible_pages"))[0]
+        if visible >= 0.9 * pages or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
+def claim_cost(lab: Lab, batch: int = 10) -> dict[str, Any]:
+    """The relay's claim (relay.py's, ``batch`` rows) run once under EXPLAIN (ANALYZE,
+    BUFFERS) in a transaction that is rolled back: ``buffers`` (shared hit + read, index and
+    table pages), ``ms`` (execution time on the server), ``rows``, ``locks`` (relations the
+    claim's transaction holds locks on: the outbox, its partitions and their indexes)."""
+    conn = lab.admin
+    with conn.transaction(force_rollback=True):
+        out = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim_text(batch)).fetchone()[0][0]
+        locks = conn.execute(_q("own_locks")).fetchall()
+    plan = out["Plan"]
+    return {"buffers": int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
+            "ms": round(float(out.get("Execution Time", 0.0)), 3),
+            "rows": int(plan.get("Actual Rows", 0)),
+            "locks": len({r[0] for r in locks})}
+
+
+def _relay_tick(lab: Lab, n: int) -> int:
+    """One relay tick without a broker: claim ``n`` rows (relay.py's claim) and mark them
+    published (relay.py's mark) in one transaction.  Returns the rows marked."""
+    with lab.connect(role="relay") as conn:
+        with conn.transaction():
+            ids = [r[0] for r in conn.execute(claim_text(n)).fetchall()]
+            if ids:
+                conn.execute(MARK, {"ids": ids})
+    return len(ids)
+
+
+class _Ids:
+    """Event numbers for arriving events, unique within a lab run."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    def take(self, n: int) -> int:
+        first, self.next = self.next, self.next + n
+        return first
+
+
+def _arrive(lab: Lab, ids: _Ids, n: int) -> None:
+    if n > 0:
+        lab.execute(_q("arrive"), {"n": n, "first": ids.take(n)})
+
+
+def _history(lab: Lab, n: int, *, first: int, start: datetime, step_s: float) -> None:
+    if n > 0:
+        bulk(lab, _q("history"), {"n": n, "first": first, "start": start, "step_s": step_s}, rows=n)
+
+
+# -- 1. growth -----------------------------------------------------------------------------------
+
+
+def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> list[dict]:
+    """The relay's outbox (relay.create_outbox, autovacuum off for it) grown through
+    ``sizes`` published rows (written already published: the lab's shortcut for a history
+    the relay worked through), always with a few unpublished ones.  At each size, after a
+    VACUUM (ANALYZE) that brings it to a steady state: the relay publishes ``tick`` events
+    and a plain VACUUM runs (``vacuum_*``); it publishes ``tick`` more and a VACUUM with
+    INDEX_CLEANUP ON runs (``index_pass_*``: the pass autovacuum makes once enough pages
+    hold dead rows); then the claim is measured (``claim_buffers``, ``claim_ms``).  Also
+    ``table_bytes``, ``index_bytes``, ``partial_index_bytes``, ``total_bytes`` and
+    ``autovacuum_after`` (dead row versions autovacuum would wait for)."""
+    check_params(sizes=sizes)
+    number("tick", tick, low=1, high=MAX_BATCH, whole=True, example=TICK)
+    create_outbox(lab)
+    lab.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+    ids = _Ids()
+    _arrive(lab, ids, WAITING)
+    start = lab.execute("SELECT now() - interval '30 days'")[0][0]
+    have, out = 0, []
+    for size in sizes:
+        _history(lab, size - have, first=have + 1, start=start, step_s=1.0)
+        have = size
+        settle(lab)                            # steady state: history pages all-visible
+        _arrive(lab, ids, tick)
+        _relay_tick(lab, tick)
+        plain = vacuum(lab)
+        _arrive(lab, ids, tick)
+        _relay_tick(lab, tick)
+        full = vacuum(lab, "INDEX_CLEANUP ON")
+        claim = claim_cost(lab)
+        row = {"published_rows": size, **disk_sizes(lab),
+               "claim_buffers": claim["buffers"], "claim_ms": claim["ms"], "claim_rows": claim["rows"],
+               "vacuum_pages_scanned": plain["pages_scanned"], "vacuum_pages_total": plain["pages_total"],
+               "vacuum_index_scans": plain["index_scans"], "vacuum_buffers": plain["buffers"],
+               "vacuum_ms": plain["ms"],
+               "index_pass_buffers": full["buffers"], "index_pass_ms": full["ms"],
+               "index_pass_scans": full["index_scans"],
+               "autovacuum_after": int(lab.execute(_q("autovacuum_after"))[0][0])}
+        out.append(row)
+    return out
+
+
+# -- 2. way out A: batched deletes ---------------------------------------------------------------
+
+
+def _this_hour(lab: Lab) -> datetime:
+    """The start of the server's current hour, in UTC (so that adding hours never meets a
+    daylight-saving change)."""
+    return lab.execute("SELECT date_trunc('hour', now())")[0][0].astimezone(timezone.utc)
+
+
+def _history_bounds(lab: Lab, history: int, hours: int) -> tuple[datetime, datetime, float]:
+    """(start, cutoff, step_s): the history spans the ``hours`` whole hours before the
+    current one; the cutoff is the current hour's start."""
+    cutoff = _this_hour(lab)
+    return cutoff - timedelta(hours=hours), cutoff, hours * 3600 / history
+
+
+def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: int = HOURS) -> dict:
+    """Way out A on the relay's outbox holding ``history`` published rows (over ``hours``
+    hours) and a few unpublished ones: the cleanup (outbox_size.sql ``cleanup_batch``)
+    deletes every published row older than the current hour, ``batch`` rows a
+    transaction, until a batch deletes nothing; then VACUUM.  Returns ``delete_rows``,
+    ``delete_batches``, ``delete_ms``, ``delete_wal_bytes`` (server-wide WAL over the loop),
+    ``delete_dead_tuples`` (dead row versions VACUUM found afterwards: one per deleted
+    row), ``vacuum_ms``, ``vacuum_wal_bytes``, ``vacuum_index_scans``,
+    ``table_bytes_before``/``after`` (the heap: it does not shrink -- VACUUM gives back
+    only empty pages at the end of the file, and the newest rows sit there),
+    ``total_bytes_before``/``after``, ``claim_locks`` and ``unpublished_left``."""
+    check_params(history=history, batch=batch)
+    number("hours", hours, low=1, high=48, whole=True, example=HOURS)
+    create_outbox(lab)
+    lab.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+    start, cutoff, step_s = _history_bounds(lab, history, hours)
+    _history(lab, history, first=1, start=start, step_s=step_s)
+    _arrive(lab, _Ids(), WAITING)
+    settle(lab)
+    before = disk_sizes(lab)
+    locks = claim_cost(lab)["locks"]
+    deleted = batches = 0
+    with lab.connect(role="cleanup") as conn:
+        lsn = _lsn(conn)
+        t0 = time.perf_counter()
+        while True:
+            n = conn.execute(_q("cleanup_batch"), {"n": batch, "older_than": cutoff}).rowcount
+            if n <= 0:
+                break
+            deleted += n
+            batches += 1
+        ms = (time.perf_counter() - t0) * 1000
+        wal = _wal_since(conn, lsn)
+    vac = vacuum(lab)
+    after = disk_sizes(lab)
+    return {"delete_rows": deleted, "delete_batches": batches, "delete_ms": round(ms, 1),
+            "delete_wal_bytes": wal, "delete_dead_tuples": vac["dead_items"],
+            "vacuum_removed": vac["removed"],
+            "vacuum_ms": vac["ms"], "vacuum_wal_bytes": vac["wal_bytes"],
+            "vacuum_index_scans": vac["index_scans"],
+            "table_bytes_before": before["table_bytes"], "table_bytes_after": after["table_bytes"],
+            "total_bytes_before": before["total_bytes"], "total_bytes_after": after["total_bytes"],
+            "claim_locks": locks, "unpublished_left": _unpublished(lab)}
+
+
+def _unpublished(lab: Lab) -> int:
+    return int(lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0][0])
+
+
+# -- 3. way out B: time partitions -----------------------------------------------------------------
+
+
+def _partition_name(at: datetime) -> str:
+    return "outbox_" + at.strftime("%Y%m%d_%H")
+
+
+def create_partitioned(lab: Lab, *, first: datetime, hours: int) -> list[str]:
+    """The partitioned outbox (outbox_size.sql ``partitioned_outbox``), made afresh, with
+    one partition per hour from ``first``: ``hours`` hours, plus the two after them (the
+    current hour and the next, made ahead).  Returns the partition names, oldest first."""
+    lab.execute("DROP TABLE IF EXISTS inbox, outbox, shop_order CASCADE")
+    for statement in query(FILE, "partitioned_outbox").statements:
+        lab.execute(statement)
+    names = []
+    for h in range(hours + 2):
+        lo = first + timedelta(hours=h)
+        names.append(_partition_name(lo))
+        lab.execute(_ddl("partition", partition=names[-1], start=lo, stop=lo + timedelta(hours=1)))
+    return names
+
+
+def _unique_event_id_refused(lab: Lab) -> str | None:
+    """The server's answer to UNIQUE (event_id) on the partitioned outbox: its error
+    message, or None if it took it."""
+    try:
+        with lab.admin.transaction(force_rollback=True):
+            lab.admin.execute(_q("unique_event_id"))
+    except psycopg.Error as exc:
+        return f"{exc.sqlstate}: {str(exc).strip().splitlines()[0]}"
+    return None
+
+
+def remove_partition(lab: Lab, name: str, conn: psycopg.Connection | None = None) -> None:
+    """Take an old partition out (DETACH ... CONCURRENTLY), check it holds no unpublished
+    event, and drop it.  An unpublished event stops the drop: the partition is attached
+    again (same bounds, as it was) and a LabkitError says so."""
+    conn = conn or lab.admin
+    bound = conn.execute("SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c "
+                         "WHERE c.oid = %s::regclass", (sql.Identifier(name).as_string(conn),)).fetchone()[0]
+    conn.execute(_ddl("detach", partition=name))
+    left = conn.execute(_ddl("unpublished_in", partition=name)).fetchone()[0]
+    if left:
+        conn.execute(sql.SQL("ALTER TABLE outbox ATTACH PARTITION {} " + bound).format(sql.Identifier(name)))
+        raise LabkitError(f"Partition {name} still holds {left} unpublished event(s): dropping it "
+                          "would lose them. It was attached again.",
+                          "let the relay publish them (or move them), then remove the partition.")
+    conn.execute(_ddl("drop", partition=name))
+
+
+def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
+    """Way out B on the same history as :func:`delete_way`, in hourly partitions: every
+    partition older than the current hour is removed (:func:`remove_partition`), then
+    VACUUM.  Returns ``drop_partitions``, ``drop_rows``, ``drop_ms``, ``drop_wal_bytes``
+    (server-wide WAL over the removals), ``drop_dead_tuples`` (what VACUUM found
+    afterwards: none), ``table_bytes_before``/``after`` and ``total_bytes_before``/``after``
+    (they do shrink: the files are gone), ``claim_buffers``, ``claim_locks`` (the claim
+    locks every partition and its index: no partition can be pruned by created_at) and
+    ``unique_event_id_refused`` (the server's error for UNIQUE (event_id))."""
+    check_params(history=history, batch=1)
+    number("hours", hours, low=1, high=48, whole=True, example=HOURS)
+    start, cutoff, step_s = _history_bounds(lab, history, hours)
+    names = create_partitioned(lab, first=start, hours=hours)
+    refused = _unique_event_id_refused(lab)
+    _history(lab, history, first=1, start=start, step_s=step_s)
+    _arrive(lab, _Ids(), WAITING)
+    settle(lab)
+    before = disk_sizes(lab)
+    claim = claim_cost(lab)
+    old = names[:hours]
+    rows = int(lab.execute("SELECT count(*) FROM outbox WHERE created_at < %s", (cutoff,))[0][0])
+    with lab.connect(role="cleanup") as conn:
+        lsn = _lsn(conn)
+        t0 = time.perf_counter()
+        for name in old:
+            remove_partition(lab, name, conn)
+        ms = (time.perf_counter() - t0) * 1000
+        wal = _wal_since(conn, lsn)
+    vac = vacuum(lab)
+    after = disk_sizes(lab)
+    return {"drop_partitions": len(old), "drop_rows": rows, "drop_ms": round(ms, 1),
+            "drop_wal_bytes": wal, "drop_dead_tuples": vac["dead_items"],
+            "table_bytes_before": before["table_bytes"], "table_bytes_after": after["table_bytes"],
+            "total_bytes_before": before["total_bytes"], "total_bytes_after": after["total_bytes"],
+            "claim_buffers": claim["buffers"], "claim_locks": claim["locks"],
+            "unique_event_id_refused": refused, "unpublished_left": _unpublished(lab)}
+
+
+# -- the two compared --------------------------------------------------------------------------------
+
+
+def size_trace(lab: Lab, *, history: int = HISTORY, batch: int = BATCH,
+               sizes: tuple[int, ...] = SIZES, hours: int = HOURS) -> dict:
+    """:func:`growth` over ``sizes``, then ways A (:func:`delete_way`) and B
+    (:func:`drop_way`) on the same ``history``.  Keys: ``sizes``, ``growth`` (one dict per
+    size), ``claim_buffers``, ``table_bytes``, ``total_bytes``, ``vacuum_buffers``,
+    ``index_pass_buffers``, ``autovacuum_after`` (each a list, one value per size); A's
+    ``delete_*`` keys, ``delete_vacuum_ms``, ``delete_vacuum_wal_bytes``,
+    ``delete_table_bytes_before``/``after``, ``delete_total_bytes_before``/``after``; B's
+    ``drop_*`` keys, ``drop_table_bytes_before``/``after``, ``drop_total_bytes_before``/
+    ``after``, ``partitioned_claim_buffers``, ``claim_locks_plain``,
+    ``claim_locks_partitioned``, ``unique_event_id_refused``; ``history``, ``batch``."""
+    check_params(sizes=sizes, history=history, batch=batch)
+    number("hours", hours, low=1, high=48, whole=True, example=HOURS)
+    rows = growth(lab, sizes=sizes)
+    a = delete_way(lab, history=history, batch=batch, hours=hours)
+    b = drop_way(lab, history=history, hours=hours)
+    out: dict[str, Any] = {"history": history, "batch": batch, "sizes": list(sizes), "growth": rows}
+    for key in ("claim_buffers", "table_bytes", "total_bytes", "vacuum_buffers", "index_pass_buffers",
+                "autovacuum_after"):
+        out[key] = [r[key] for r in rows]
+    out.update({k: a[k] for k in ("delete_rows", "delete_batches", "delete_ms", "delete_wal_bytes",
+                                  "delete_dead_tuples")})
+    out.update({"delete_vacuum_ms": a["vacuum_ms"], "delete_vacuum_wal_bytes": a["vacuum_wal_bytes"],
+                "delete_table_bytes_before": a["table_bytes_before"],
+                "delete_table_bytes_after": a["table_bytes_after"],
+                "delete_total_bytes_before": a["total_bytes_before"],
+                "delete_total_bytes_after": a["total_bytes_after"]})
+    out.update({k: b[k] for k in ("drop_partitions", "drop_rows", "drop_ms", "drop_wal_bytes",
+                                  "drop_dead_tuples")})
+    out.update({"drop_table_bytes_before": b["table_bytes_before"],
+                "drop_table_bytes_after": b["table_bytes_after"],
+                "drop_total_bytes_before": b["total_bytes_before"],
+                "drop_total_bytes_after": b["total_bytes_after"],
+                "partitioned_claim_buffers": b["claim_buffers"],
+                "claim_locks_plain": a["claim_locks"], "claim_locks_partitioned": b["claim_locks"],
+                "unique_event_id_refused": b["unique_event_id_refused"]})
+    return out
+
+
+# -- the cleanup beside a relay (scripted sessions) ----------------------------------------------------
+
+
+def _literal(lab: Lab, text: str, params: dict) -> str:
+    """``text`` with ``params`` written in, for a scripted session (which sends plain SQL)."""
+    return psycopg.ClientCursor(lab.admin).mogrify(text, params)
+
+
+def _claim_step(n: int) -> str:
+    """A scripted relay's claim: relay.py's claim of ``n`` rows in a new transaction, showing
+    only the ids it locked (the transaction stays open: the locks are the claim)."""
+    return ("BEGIN;\nWITH claim AS (\n" + claim_text(n) + "\n)\n"
+            "SELECT string_agg(id::text, ', ' ORDER BY id) AS claimed_ids FROM claim")
+
+
+def _claimed(step) -> int | None:
+    """How many ids a :func:`_claim_step` step claimed."""
+    if not step.done or step.error:
+        return None
+    ids = step.rows[0][0] if step.rows else None
+    return len(ids.split(",")) if ids else 0
+
+
+def _count(step) -> int | None:
+    """The row count of a step's last command tag ("DELETE 4" -> 4)."""
+    if not step.done or step.error or not step.results:
+        return None
+    tag = step.results[-1].command.split()
+    return int(tag[-1]) if tag and tag[-1].isdigit() else None
+
+
+def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 3) -> dict:
+    """The batched cleanup next to a relay, in scripted sessions (watching the outbox's
+    row locks): the relay claims the ``waiting`` unpublished rows and keeps its transaction
+    open; cleaner 1 deletes a batch of ``batch`` old published rows and keeps its
+    transaction open; cleaner 2 runs the same batch (SKIP LOCKED) -- it takes the next
+    ``batch`` rows without waiting -- and then the batch without SKIP LOCKED, which waits
+    for cleaner 1 until cleaner 1 commits.  The relay's rows are never in a cleaner's way:
+    it locks unpublished rows, the cleanup reads published ones.
+
+    Returns ``relay_claimed``, ``cleaner1_deleted``, ``skip_deleted``, ``skip_waited``,
+    ``cleaner1_held_after_skip`` (cleaner 2 left them alone), ``waiting_waited``,
+    ``waiting_blocked_by``, ``waiting_deleted``, ``relay_held_throughout`` (the relay kept
+    its rows locked through every cleaner step), ``unpublished_left``,
+    ``published_left`` and ``transcript`` (the run, for display)."""
+    number("batch", batch, low=1, high=100, whole=True, example=4)
+    number("waiting", waiting, low=1, high=100, whole=True, example=3)
+    number("history", history, low=3 * batch, high=1000, whole=True, example=3 * batch)
+    create_outbox(lab)
+    start = lab.execute("SELECT now() - interval '2 hours'")[0][0]
+    _history(lab, history, first=1, start=start, step_s=1.0)
+    _arrive(lab, _Ids(), waiting)
+    older_than = lab.execute("SELECT now() - interval '1 hour'")[0][0]
+    skip = _literal(lab, _q("cleanup_batch"), {"n": batch, "older_than": older_than})
+    wait = _literal(lab, _q("cleanup_batch_waiting"), {"n": batch, "older_than": older_than})
+    with Sessions(lab, "relay", "cleaner1", "cleaner2", watch={"outbox": "id"}) as run:
+        claim = run.relay(_claim_step(waiting), label=f"claim {waiting}, SKIP LOCKED")
+        held = list(claim.locks_after.get("relay", []))
+        c1 = run.cleaner1("BEGIN;\n" + skip, label=f"BEGIN; delete {batch}, SKIP LOCKED")
+        c2 = run.cleaner2(skip, label=f"delete {batch}, SKIP LOCKED")
+        c1_held = len(c2.locks_after.get("cleaner1", []))
+        relay_kept = [c1.locks_after.get("relay", []), c2.locks_after.get("relay", [])]
+        w = run.cleaner2(wait, label=f"delete {batch}, plain FOR UPDATE")
+        relay_kept.append(w.locks_after.get("relay", []))
+        run.cleaner1("COMMIT")
+        run.relay("ROLLBACK", label="ROLLBACK: nothing marked")
+        transcript = run.transcript()
+    unpublished = _unpublished(lab)
+    published = int(lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")[0][0])
+    return {"relay_claimed": _claimed(claim), "cleaner1_deleted": _count(c1),
+            "skip_deleted": _count(c2), "skip_waited": c2.waited,
+            "cleaner1_held_after_skip": c1_held,
+            "waiting_waited": w.waited, "waiting_blocked_by": list(w.blocked_by),
+            "waiting_deleted": _count(w),
+            "relay_held_throughout": bool(held) and all(sorted(k) == sorted(held) for k in relay_kept),
+            "unpublished_left": unpublished, "published_left": published, "transcript": transcript}
+
+
+# -- what removing a partition locks -------------------------------------------------------------------
+
+
+def _locks_while(lab: Lab, statement: sql.Composable) -> dict[str, str]:
+    """The table locks this session holds right after ``statement``, in a transaction that
+    is then rolled back: {table name: strongest mode} for the outbox and its partitions."""
+    conn = lab.admin
+    tables = {oid: name for oid, name, kind in conn.execute(_q("outbox_relations")).fetchall()
+              if kind in ("r", "p")}
+    strength = ["AccessShareLock", "RowShareLock", "RowExclusiveLock", "ShareUpdateExclusiveLock",
+                "ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock"]
+    held: dict[str, str] = {}
+    with conn.transaction(force_rollback=True):
+        conn.execute(statement)
+        for oid, mode in conn.execute(_q("own_locks_on"), {"oids": list(tables)}).fetchall():
+            name = tables[oid]
+            if name not in held or strength.index(mode) > strength.index(held[name]):
+                held[name] = mode
+    return held
+
+
+def _one_removal(lab: Lab, remover: sql.Composable, label: str) -> dict:
+    """relay 1 claims and keeps its transaction open; ``remover`` runs; relay 2 claims;
+    relay 1 commits; relay 2 commits."""
+    with Sessions(lab, "relay1", "remover", "relay2") as run:
+        run.relay1(_claim_step(2), label="claim 2, SKIP LOCKED")
+        r = run.remover(remover.as_string(lab.admin), label=label)
+        r2 = run.relay2(_claim_step(2), label="claim 2, SKIP LOCKED")
+        r2_claimed_at_once = not r2.waited
+        c1 = run.relay1("COMMIT")
+        run.relay2("COMMIT")
+        if not r.done:
+            run.wait("remover")
+        transcript = run.transcript()
+    return {"remover_waited": r.waited, "remover_blocked_by": list(r.blocked_by),
+            "remover_error": r.error.short() if r.error else None,
+            "relay2_waited": r2.waited, "relay2_blocked_by": list(r2.blocked_by),
+            "relay2_claimed_at_once": r2_claimed_at_once,
+            "relay2_claimed": _claimed(r2),
+            "remover_done_after_relay1_commit": r.completed_after == c1.index,
+            "transcript": transcript}
+
+
+def partition_locks(lab: Lab) -> dict:
+    """What taking an old partition out locks, read from pg_locks, and what it does to
+    relays claiming meanwhile (scripted sessions).
+
+    ``drop_locks`` / ``detach_locks``: {table: lock mode} held right after DROP TABLE of an
+    attached partition / a plain DETACH PARTITION (rolled back).  ``claim_locks``: the
+    tables and indexes one claim locks (every partition: none is pruned).  Then two runs,
+    each with relay 1's claim transaction open: ``drop`` -- DROP TABLE of the old partition
+    waits for relay 1, and relay 2's claim waits behind the DROP (``relay2_waited``,
+    ``relay2_blocked_by``): the relays stall until relay 1 ends; ``detach`` -- DETACH
+    PARTITION ... CONCURRENTLY also waits for relay 1, but relay 2 claims at once, and the
+    detach completes when relay 1 commits.  Each run has its ``transcript`` (the old
+    partition appears there as ``<old>``, so that it reads the same every hour)."""
+    hour = _this_hour(lab)
+    first = hour - timedelta(hours=1)
+    names = create_partitioned(lab, first=first, hours=1)
+    old = names[0]
+
+    def fill_old() -> None:
+        _history(lab, 20, first=ids.take(20), start=first + timedelta(minutes=1), step_s=1.0)
+
+    ids = _Ids()
+    fill_old()
+    _arrive(lab, ids, 6)
+    drop_locks = _locks_while(lab, _ddl("drop", partition=old))
+    detach_locks = _locks_while(lab, sql.SQL("ALTER TABLE outbox DETACH PARTITION {}").format(sql.Identifier(old)))
+    with lab.admin.transaction(force_rollback=True):
+        lab.admin.execute(claim_text(2))
+        claim_locks = sorted({r[0] for r in lab.admin.execute(_q("own_locks")).fetchall()})
+    dropped = _one_removal(lab, _ddl("drop", partition=old), "DROP TABLE <old>")
+    gone = not lab.execute("SELECT 1 FROM pg_class WHERE relname = %s AND relnamespace = "
+                           "%s::regnamespace", (old, lab.schema))
+    lab.execute(_ddl("partition", partition=old, start=first, stop=hour))
+    fill_old()
+    detached = _one_removal(lab, _ddl("detach", partition=old), "DETACH <old> CONCURRENTLY")
+    still_attached = bool(lab.execute("SELECT 1 FROM pg_inherits WHERE inhrelid = %s::regclass",
+                                      (sql.Identifier(old).as_string(lab.admin),)))
+    if not still_attached:
+        lab.execute(_ddl("drop", partition=old))
+    return {"partition": old, "drop_locks": drop_locks, "detach_locks": detach_locks,
+            "claim_locks": claim_locks, "drop": {**dropped, "partition_gone": gone},
+            "detach": {**detached, "detached": not still_attached}}
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+SUMMARY_KEYS = ("history", "batch", "sizes", "claim_buffers", "table_bytes", "vacuum_buffers",
+                "index_pass_buffers", "autovacuum_after",
+                "delete_rows", "delete_batches", "delete_ms", "delete_wal_bytes", "delete_dead_tuples",
+                "delete_vacuum_ms", "delete_vacuum_wal_bytes",
+                "delete_table_bytes_before", "delete_table_bytes_after",
+                "drop_partitions", "drop_rows", "drop_ms", "drop_wal_bytes", "drop_dead_tuples",
+                "drop_table_bytes_before", "drop_table_bytes_after",
+                "partitioned_claim_buffers", "claim_locks_plain", "claim_locks_partitioned",
+                "unique_event_id_refused")
+
+
+def size_command(*, open_lab: Callable[[], Lab], history: int = HISTORY, batch: int = BATCH,
+                 largest: int = SIZES[-1], json: bool = False) -> int:
+    """``labkit trace outbox-size [--history N] [--batch N] [--largest N] [--json]``: the
+    outbox at 0, ``largest / 4`` and ``largest`` published rows, then ways A and B on a
+    history of ``history`` rows (:func:`size_trace`); a summary (:data:`SUMMARY_KEYS`)."""
+    number("largest", largest, low=4, high=MAX_SIZE, whole=True, example=SIZES[-1])
+    ladder = (0, largest // 4, largest)
+    check_params(sizes=ladder, history=history, batch=batch)
+    lab = open_lab()
+    try:
+        out = size_trace(lab, history=history, batch=batch, sizes=ladder)
+    finally:
+        lab.drop()
+    summary = {k: out[k] for k in SUMMARY_KEYS}
+    if json:
+        print(jsonlib.dumps(summary, indent=2))
+        return 0
+    print(f"{'published rows':>15} {'outbox MB':>9} {'claim buffers':>14} {'VACUUM buffers':>15} "
+          f"{'index pass buffers':>19} {'autovacuum after':>17}")
+    for r in out["growth"]:
+        print(f"{r['published_rows']:>15,} {r['total_bytes'] / 2**20:>9.1f} {r['claim_buffers']:>14} "
+              f"{r['vacuum_buffers']:>15} {r['index_pass_buffers']:>19} {r['autovacuum_after']:>17,}")
+    print()
+    print(f"Shedding {history:,} published rows:")
+    print(f"  A  DELETE in batches of {batch:,}: {out['delete_ms']:,.0f} ms, "
+          f"{out['delete_wal_bytes'] / 2**20:.1f} MB of WAL, {out['delete_dead_tuples']:,} dead row versions; "
+          f"VACUUM after it {out['delete_vacuum_ms']:,.0f} ms; table "
+          f"{out['delete_table_bytes_before'] / 2**20:.1f} -> {out['delete_table_bytes_after'] / 2**20:.1f} MB")
+    print(f"  B  detach + drop {out['drop_partitions']} partitions: {out['drop_ms']:,.0f} ms, "
+          f"{out['drop_wal_bytes'] / 2**10:.0f} kB of WAL, {out['drop_dead_tuples']} dead row versions; table "
+          f"{out['drop_table_bytes_before'] / 2**20:.1f} -> {out['drop_table_bytes_after'] / 2**20:.1f} MB")
+    return 0
