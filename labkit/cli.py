@@ -15,6 +15,8 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+import psycopg
+
 from .core import db as dbmod
 from .core.db import connect
 from .core.errors import LabkitError
@@ -24,9 +26,10 @@ from .core.procs import describe_interrupt, signal_exit_code, stop_signals_inter
 from .core.queries import query
 from .core.sandbox import sweep
 from .core.server import MIN_FREE_BYTES, EmbeddedServer
-from .labs import claims, convoy, drain, fencing, relay
+from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
+                   outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import bench, drill, grade, nbtools, spec, torture, training
+from .tools import bench, drill, grade, interview, nbtools, spec, torture, training
 from .tools.spec import drop_spec_databases
 
 
@@ -89,6 +92,11 @@ def doctor(idle_s: float = 60, out=print) -> int:
     if roles:
         out(f"note: {len(roles)} throw-away role(s) without a session ({', '.join(roles[:4])}"
             f"{' …' if len(roles) > 4 else ''}): `labkit clean` drops those whose run is over")
+    for slot, active, retained, _ in conn_slots(database):
+        out(f"note: replication slot {slot} ({'in use' if active else 'inactive'}) keeps "
+            f"{retained // (1024 * 1024)} MB of WAL; a killed run of the change-data-capture lab "
+            "left it: `labkit clean` drops it once its schema is gone, `labkit clean --schemas` "
+            "drops your own")
     stray = [s for s in schemas if s.startswith("lab_t_")]
     if stray:
         out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
@@ -122,19 +130,47 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
         roles = sweep(conn)
         if roles:
             out(f"dropped {len(roles)} throw-away role(s) left by interrupted grading or spec runs")
+        # a killed change-data-capture run's slot, whose schema is gone: nobody reads it,
+        # and it keeps WAL until it is dropped (only this user's, by the tag in its name)
+        tag = dbmod.current_user_tag()
+        suffix = f"_{tag}_cdc".lower()
+        _drop_lab_slots(conn, out, lambda slot, exists: not exists and slot.endswith(suffix))
         if drop_schemas:
-
-            tag = dbmod.current_user_tag()
             role = conn.execute("SELECT current_user").fetchone()[0]
             mine = own_lab_schemas(conn, tag=tag)
             out(f"lab schemas of {tag} owned by {role}: {len(mine)}"
                 + (f" ({', '.join(mine)})" if mine else ""))
             dropped = drop_lab_schemas(conn, tag=tag)
             out(f"dropped {len(dropped)} lab schema(s)")
+            _drop_lab_slots(conn, out, lambda slot, exists: slot[:-4] in dropped)
             others = conn.execute(query("engine.sql", "other_lab_schemas").sql, {"mine": dropped}).fetchone()[0]
             if others:
                 out(f"left {others} lab schema(s) of other users or roles as they are")
     return 0
+
+
+def conn_slots(database) -> list[tuple]:
+    """The change-data-capture lab's replication slots: (name, active, retained WAL bytes,
+    whether its schema exists)."""
+    with database.connect() as conn:
+        return conn.execute(query("doctor.sql", "lab_slots").sql, {}).fetchall()
+
+
+def _drop_lab_slots(conn, out, which: Callable[[str, bool], bool]) -> None:
+    """Drop the inactive lab slots ``which(name, schema_exists)`` picks; a slot in use (a
+    run reading it right now) is left alone."""
+    dropped = 0
+    for slot, active, _, exists in conn.execute(query("doctor.sql", "lab_slots").sql, {}).fetchall():
+        if active or not which(slot, exists):
+            continue
+        try:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            dropped += 1
+        except psycopg.Error as exc:
+            out(f"could not drop replication slot {slot}: {str(exc).strip()} "
+                "(a role with REPLICATION, or the server's owner, can drop it)")
+    if dropped:
+        out(f"dropped {dropped} replication slot(s) left by a killed change-data-capture run")
 
 
 # -- the tree ------------------------------------------------------------------------------------
@@ -198,6 +234,29 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
+def _relay_trace(a: argparse.Namespace, kind: str) -> int:
+    """``labkit trace relay|dual-write|broker-down``: the crash (or freeze) trace, or, with
+    any of the ordering options, several relays and per-aggregate order."""
+    ordering_mode = kind == "relay" and (a.relays is not None or a.aggregates is not None
+                                         or a.per_aggregate)
+    if ordering_mode:
+        if a.crash_after is not None or a.freeze_after is not None:
+            raise LabkitError("--crash-after and --freeze-after trace one relay's crash; --relays, "
+                              "--aggregates and --per-aggregate count several relays' order.",
+                              "run them as two commands, e.g. `labkit trace relay --crash-after 40` "
+                              "and `labkit trace relay --relays 2 --aggregates 10`.")
+        return ordering.ordering_command(
+            open_lab=_run_lab("trace_order"), relays=2 if a.relays is None else a.relays,
+            aggregates=10 if a.aggregates is None else a.aggregates, per_aggregate=a.per_aggregate,
+            json=a.json, events=a.events, batch=5 if a.batch is None else a.batch, remedy=a.remedy,
+            schedule=a.schedule, hold_ms=a.hold_ms, seed=a.seed, broker=a.broker)
+    return relay.trace_command(
+        open_lab=_run_lab(f"trace_{kind}"), kind=kind, batch=100 if a.batch is None else a.batch,
+        crash_after=40 if a.crash_after is None else a.crash_after,
+        freeze_after=a.freeze_after, idle_timeout=a.idle_timeout,
+        publish_timeout=a.publish_timeout, watch=a.watch, broker=a.broker, json=a.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every labkit command, subcommand and option, in one argparse tree."""
 
@@ -243,9 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="+", metavar="FILE.spec")
 
     p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
-                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out))
+                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check))
     p.add_argument("notebooks", nargs="*")
     p.add_argument("--out", type=Path, default=training.ROOT / "build" / "slides")
+    p.add_argument("--check", action="store_true",
+                   help="then open every slide in headless Chromium at 1280x720: exit 1 naming each "
+                        "slide that does not fit or console error, 2 without Chromium")
     p = _command(commands, "book", "execute the notebooks and write an HTML handout set",
                  lambda a: training.book_command(notebooks=a.notebooks, out=a.out, execute=not a.no_execute))
     p.add_argument("notebooks", nargs="*")
@@ -363,25 +425,42 @@ def build_parser() -> argparse.ArgumentParser:
                  lambda a: drill.drill_command(what="quiz", topic=a.topic, key=not a.no_key))
     p.add_argument("--topic")
     p.add_argument("--no-key", action="store_true", help="leave out the answers")
-    _command(drills, "check", "validate data/questions.yaml and data/costly_answers.yaml",
+    p = _command(drills, "capstone", "print the capstone card: the seed question, its rubric by level "
+                 "and deductions, or its layered answer",
+                 lambda a: drill.drill_command(what="capstone", level=a.level, follow_ups=a.follow_ups))
+    p.add_argument("--level", choices=drill.LEVELS,
+                   help="print the layered answer from junior up to this level instead of the rubric")
+    p.add_argument("--follow-ups", action="store_true",
+                   help="add the follow-ups an interviewer chains from it, with their answers")
+    p = _command(drills, "mock", "a timed mock interview: a question, its follow-ups one at a time, "
+                 "then score yourself 0-3; --report: your average per topic",
+                 lambda a: interview.mock_command(minutes=a.minutes, level=a.level, topic=a.topic, seed=a.seed,
+                                                  scores=a.scores, show_report=a.report))
+    p.add_argument("--minutes", type=float, default=20, help="the time you give yourself (default 20)")
+    p.add_argument("--level", choices=drill.LEVELS, help="ask only the bank's questions of this level")
+    p.add_argument("--topic", help="ask only the bank's questions of this topic (without --level or "
+                                   "--topic the capstone comes first)")
+    p.add_argument("--seed", type=int, help="the seed that orders the questions (the same seed asks "
+                                            "the same questions)")
+    p.add_argument("--scores", metavar="FILE", help="the score file (default: drill_scores.jsonl in "
+                                                   "labkit's state folder; LABKIT_STATE_DIR moves it)")
+    p.add_argument("--report", action="store_true",
+                   help="print the average score per topic and the topics to revisit, then exit")
+    _command(drills, "check", "validate data/questions.yaml, data/costly_answers.yaml and data/capstone.yaml",
              lambda a: drill.drill_command(what="check"))
 
     # -- crash traces, replayed on a real server
     traces = _group(commands, "trace", "replay a crash, a freeze or a zombie on a real server")
     for kind, text in (("relay", "the outbox relay killed (or frozen) mid-batch; a second relay "
-                                 "carries on"),
+                                 "carries on; with --relays, several relays and one aggregate's order"),
                        ("dual-write", "the relay written commit-first, killed mid-batch: the rest "
                                       "never reach the broker"),
                        ("broker-down", "the broker goes down mid-batch; the relay backs off and "
                                        "catches up")):
-        p = _command(traces, kind, text,
-                     lambda a, kind=kind: relay.trace_command(
-                         open_lab=_run_lab(f"trace_{kind}"), kind=kind, batch=a.batch,
-                         crash_after=a.crash_after, freeze_after=a.freeze_after,
-                         idle_timeout=a.idle_timeout, publish_timeout=a.publish_timeout, watch=a.watch,
-                         broker=a.broker, json=a.json))
-        p.add_argument("--batch", type=int, default=100, help="rows one relay tick claims (default 100)")
-        p.add_argument("--crash-after", type=int, default=40,
+        p = _command(traces, kind, text, lambda a, kind=kind: _relay_trace(a, kind))
+        p.add_argument("--batch", type=int,
+                       help="rows one relay tick claims (default 100; 5 with --relays)")
+        p.add_argument("--crash-after", type=int,
                        help="publishes before the crash / the broker going down (default 40)")
         p.add_argument("--freeze-after", type=int,
                        help="relay only: freeze the relay (SIGSTOP) after this many publishes instead "
@@ -397,6 +476,25 @@ def build_parser() -> argparse.ArgumentParser:
                             "session before the lab kills it (default 15)")
         p.add_argument("--broker", choices=["recording", "rabbitmq"],
                        help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
+        if kind == "relay":
+            order = p.add_argument_group(
+                "several relays and one aggregate's order",
+                "with any of these, the trace counts per-aggregate inversions instead of crashing a relay")
+            order.add_argument("--relays", type=int, help="relays claiming at once (default 2)")
+            order.add_argument("--aggregates", type=int,
+                               help="aggregates (orders) the events belong to (default 10)")
+            order.add_argument("--per-aggregate", action="store_true",
+                               help="one claimer per aggregate at a time (see --remedy)")
+            order.add_argument("--remedy", choices=["per-key", "partition"], default="per-key",
+                               help="with --per-aggregate: a per-key claim (default) or aggregates "
+                                    "partitioned across the relays")
+            order.add_argument("--events", type=int, default=200, help="events in the outbox (default 200)")
+            order.add_argument("--schedule", choices=["scripted", "free"], default="scripted",
+                               help="relays take turns in a scripted order (default, reproducible) "
+                                    "or run freely as processes")
+            order.add_argument("--hold-ms", type=float, default=5.0,
+                               help="with --schedule free: ms a relay holds its batch (default 5)")
+            order.add_argument("--seed", type=int, default=0, help="seed of the scripted turns (default 0)")
         p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
 
     p = _command(traces, "drain", "a lease-based drain killed (or frozen) mid-send",
@@ -430,6 +528,164 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the zombie's own push: scripted never to arrive (default), or delivered "
                         "although its request timed out")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
+
+    # -- the queue in production (notebooks 13 and 14)
+    p = _command(traces, "horizon", "claims while a long transaction holds the xmin horizon, against none",
+                 lambda a: horizon.horizon_command(open_lab=_run_lab("trace_horizon"), seconds=a.seconds,
+                                                   workers=a.workers, json=a.json),
+                 prefix="labkit trace horizon")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="seconds the workers churn in each of the two runs (default 10)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = _command(traces, "retries", "a failing handler's jobs through their attempts, backoff and dead letter",
+                 lambda a: retries.life_command(open_lab=_run_lab("trace_retries"), max_attempts=a.max_attempts,
+                                                base_s=a.base, cap_s=a.cap, jitter=a.jitter, seed=a.seed,
+                                                json=a.json),
+                 prefix="labkit trace retries")
+    p.add_argument("--max-attempts", type=int, default=retries.MAX_ATTEMPTS,
+                   help=f"attempts before the dead letter (default {retries.MAX_ATTEMPTS})")
+    p.add_argument("--base", type=float, default=retries.BASE_S,
+                   help=f"the first backoff in seconds, doubled each attempt (default {retries.BASE_S:g})")
+    p.add_argument("--cap", type=float, default=retries.CAP_S,
+                   help=f"the longest backoff in seconds (default {retries.CAP_S:g})")
+    p.add_argument("--jitter", choices=["none", "full"], default="none",
+                   help="full: each wait drawn between 0 and the backoff (default none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the jitter's random numbers (default 0)")
+    p.add_argument("--json", action="store_true", help="print the attempts and the job table as JSON")
+
+    p = _command(traces, "heartbeat", "a job longer than its lease, with and without a heartbeat; a zombie's",
+                 lambda a: lifecycle.heartbeat_command(open_lab=_run_lab("trace_heartbeat"), lease_s=a.lease,
+                                                       job_s=a.job, json=a.json),
+                 prefix="labkit trace heartbeat")
+    p.add_argument("--lease", type=float, default=1.0, help="the lease in seconds (default 1)")
+    p.add_argument("--job", type=float, default=2.5,
+                   help="how long the job takes in seconds, longer than the lease (default 2.5)")
+    p.add_argument("--json", action="store_true", help="print the counts as JSON")
+
+    p = _command(traces, "shutdown", "a worker killed against a worker stopped with SIGTERM: who waits a lease",
+                 lambda a: lifecycle.shutdown_command(open_lab=_run_lab("trace_shutdown"), workers=a.workers,
+                                                      lease_s=a.lease, deadline_s=a.deadline, jobs=a.jobs,
+                                                      per_worker_batch=a.batch, job_s=a.job, json=a.json),
+                 prefix="labkit trace shutdown")
+    p.add_argument("--workers", type=int, default=2, help="worker processes, 2 to 4 (default 2)")
+    p.add_argument("--jobs", type=int, default=8, help="jobs in all (default 8)")
+    p.add_argument("--batch", type=int, default=3, help="claims a worker holds at a time (default 3)")
+    p.add_argument("--job", type=float, default=0.3, help="seconds one job takes (default 0.3)")
+    p.add_argument("--lease", type=float, default=30.0, help="the lease in seconds (default 30)")
+    p.add_argument("--deadline", type=float, default=2.0,
+                   help="seconds a stopping worker may take to finish the job in hand (default 2)")
+    p.add_argument("--json", action="store_true", help="print the counts as JSON")
+
+    p = _command(traces, "schedule", "the priority claim's index, the jobs it walks past, and starvation",
+                 lambda a: schedule.schedule_command(open_lab=_run_lab("trace_schedule"), history=a.history,
+                                                     pending=a.pending, future=a.future, ticks=a.ticks,
+                                                     high_per_tick=a.high_per_tick,
+                                                     claims_per_tick=a.claims_per_tick, every=a.every,
+                                                     json=a.json),
+                 prefix="labkit trace schedule")
+    p.add_argument("--history", type=int, default=200_000, help="completed jobs (default 200000)")
+    p.add_argument("--pending", type=int, default=1_000, help="pending jobs (default 1000)")
+    p.add_argument("--future", type=int, default=50_000,
+                   help="urgent jobs scheduled an hour ahead (default 50000)")
+    p.add_argument("--ticks", type=int, default=60, help="ticks of the starvation run (default 60)")
+    p.add_argument("--high-per-tick", type=int, default=3, help="urgent jobs arriving per tick (default 3)")
+    p.add_argument("--claims-per-tick", type=int, default=3, help="claims per tick (default 3)")
+    p.add_argument("--every", type=int, default=4,
+                   help="the aged turn: every k-th claim takes the oldest due job (default 4)")
+    p.add_argument("--json", action="store_true", help="print the plans and the runs as JSON")
+
+    p = _command(traces, "notify", "enqueue-to-claim latency: polling against LISTEN/NOTIFY, and a missed NOTIFY",
+                 lambda a: wakeup.notify_command(open_lab=_run_lab("trace_notify"), jobs=a.jobs,
+                                                 poll_ms=a.poll_ms, safety_poll_ms=a.safety_poll_ms,
+                                                 json=a.json),
+                 prefix="labkit trace notify")
+    p.add_argument("--jobs", type=int, default=20, help="jobs enqueued in each run (default 20)")
+    p.add_argument("--poll-ms", type=float, default=500.0, help="the polling worker's interval (default 500)")
+    p.add_argument("--safety-poll-ms", type=float, default=1000.0,
+                   help="the notified worker's safety-net poll (default 1000)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = _command(traces, "pooler", "the queue behind a real PgBouncer in transaction pooling: what breaks",
+                 lambda a: pooler.pooler_command(open_lab=_run_lab("trace_pooler"), jobs=a.jobs,
+                                                 listen_wait_s=a.listen_wait, json=a.json),
+                 prefix="labkit trace pooler")
+    p.add_argument("--jobs", type=int, default=20, help="jobs two clients claim through the pooler (default 20)")
+    p.add_argument("--listen-wait", type=float, default=1.0,
+                   help="seconds the pooled listener waits for a notification (default 1)")
+    p.add_argument("--json", action="store_true", help="print the verdicts and their evidence as JSON")
+
+    # -- the outbox in depth (notebook 15)
+    p = _command(traces, "cursor-gap", "a high-water-mark relay skips an event committed late; the flag "
+                                       "relay and a snapshot cursor do not",
+                 lambda a: cursor.cursor_gap_command(open_lab=_run_lab("trace_cursor"), later=a.later,
+                                                     wait_s=a.wait, json=a.json),
+                 prefix="labkit trace cursor-gap")
+    p.add_argument("--later", type=int, default=3,
+                   help="events committed while the first one's transaction is open (default 3)")
+    p.add_argument("--wait", type=float, default=10.0,
+                   help="seconds to wait for the server to show a step blocked (default 10)")
+    p.add_argument("--json", action="store_true", help="print the lost events and the runs as JSON")
+
+    p = _command(traces, "cdc", "the outbox read through a logical replication slot: commit order, "
+                                "and the WAL a stopped consumer keeps",
+                 lambda a: cdc.cdc_command(open_lab=_run_lab("trace_cdc"), json=a.json, events=a.events,
+                                           down_events=a.down_events, down_mb=a.down_mb,
+                                           producers=a.producers),
+                 prefix="labkit trace cdc")
+    p.add_argument("--events", type=int, default=12, help="events written while the consumer runs (default 12)")
+    p.add_argument("--down-events", type=int,
+                   help="events written while the consumer is down (default: as many as --events)")
+    p.add_argument("--down-mb", type=_number, default=4,
+                   help="MB of other writes while the consumer is down (default 4)")
+    p.add_argument("--producers", type=int, default=3, help="producer sessions committing out of id order "
+                                                             "(default 3)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = _command(traces, "broker-hang", "a broker that stops answering: the relay's transaction and its "
+                                        "locks, with and without bounds",
+                 lambda a: hang.broker_hang_command(open_lab=_run_lab("trace_hang"), hang_s=a.hang,
+                                                    publish_timeout_s=a.publish_timeout,
+                                                    deadline_s=a.deadline, broker=a.broker, orders=a.orders,
+                                                    json=a.json),
+                 prefix="labkit trace broker-hang")
+    p.add_argument("--hang", type=float, default=3.0, help="seconds the broker stops answering (default 3)")
+    p.add_argument("--publish-timeout", type=float, default=0.5,
+                   help="the bounded relay's publish timeout in seconds (default 0.5)")
+    p.add_argument("--deadline", type=float, default=1.0,
+                   help="the bounded relay's transaction deadline in seconds (default 1)")
+    p.add_argument("--orders", type=int, default=10, help="outbox rows the relay claims (default 10)")
+    p.add_argument("--broker", choices=["recording", "rabbitmq"],
+                   help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = _command(traces, "outbox-size", "a growing outbox's cost, and batched deletes against dropped "
+                                        "partitions on one history",
+                 lambda a: outbox_size.size_command(open_lab=_run_lab("trace_size"), history=a.history,
+                                                    batch=a.batch, largest=a.largest, json=a.json),
+                 prefix="labkit trace outbox-size")
+    p.add_argument("--history", type=int, default=outbox_size.HISTORY,
+                   help=f"published rows both ways clear (default {outbox_size.HISTORY})")
+    p.add_argument("--batch", type=int, default=outbox_size.BATCH,
+                   help=f"rows one delete batch removes (default {outbox_size.BATCH})")
+    p.add_argument("--largest", type=int, default=outbox_size.SIZES[-1],
+                   help=f"the largest outbox measured (default {outbox_size.SIZES[-1]})")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+    p = _command(traces, "consumer", "consumers killed and restarted over a stream with duplicates: "
+                                     "in-memory dedup against an inbox table",
+                 lambda a: inbox.consumer_command(open_lab=_run_lab("trace_consumer"), events=a.events,
+                                                  duplicates=a.duplicates, kill_after=a.kill_after,
+                                                  json=a.json),
+                 prefix="labkit trace consumer")
+    p.add_argument("--events", type=int, default=inbox.EVENTS,
+                   help=f"events in the stream (default {inbox.EVENTS})")
+    p.add_argument("--duplicates", type=int, default=inbox.DUPLICATES,
+                   help=f"events the broker delivers again (default {inbox.DUPLICATES})")
+    p.add_argument("--kill-after", type=int, default=inbox.KILL_AFTER,
+                   help=f"messages a consumer handles before it is killed (default {inbox.KILL_AFTER})")
+    p.add_argument("--json", action="store_true", help="print the effects as JSON")
     return parser
 
 

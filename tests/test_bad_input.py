@@ -196,6 +196,9 @@ BAD_NUMBERS = {
     "bench-history --claims -1": (["bench-history", "--claims", "-1"], "claims"),
     "bench-history --claims 10**12": (["bench-history", "--claims", str(10**12)], "claims"),
     "bench-history --ladder 0,10**12": (["bench-history", "--ladder", f"0,{10**12}"], "ladder"),
+    "drill mock --minutes 0": (["drill", "mock", "--minutes", "0"], "--minutes"),
+    "drill mock --minutes nan": (["drill", "mock", "--minutes", "nan"], "--minutes"),
+    "drill mock --minutes inf": (["drill", "mock", "--minutes", "inf"], "--minutes"),
 }
 
 

@@ -99,6 +99,32 @@ def test_doctor_reports_a_session_left_in_a_transaction_and_clean_ends_it(lab):
     stray.close()
 
 
+def _slot_names(lab) -> set[str]:
+    return {r[0] for r in lab.execute("SELECT slot_name FROM pg_replication_slots")}
+
+
+def test_a_killed_cdc_runs_slot_is_reported_and_dropped_by_clean_and_others_kept(lab):
+    """A slot named like the change-data-capture lab's (a physical one here, so that a server
+    at wal_level replica can hold it too: clean goes by the name) keeps WAL until dropped."""
+    from labkit.core.db import current_user_tag
+    from labkit.core.lab import schema_name
+    gone = f"{schema_name(f'cdc_gone_{os.getpid()}', current_user_tag())}_cdc"
+    mine = f"{lab.schema}_cdc"                              # its schema still exists
+    other = f"lab_cdc_gone_{os.getpid()}_someone_else_cdc"    # another user's, schema gone
+    for slot in (gone, mine, other):
+        lab.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+    try:
+        out = labkit_cmd("doctor").stdout
+        assert f"replication slot {gone} (inactive) keeps" in out and "labkit clean" in out
+        cleaned = labkit_cmd("clean")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert "dropped 1 replication slot(s)" in cleaned.stdout
+        assert _slot_names(lab) & {gone, mine, other} == {mine, other}
+    finally:
+        for slot in _slot_names(lab) & {gone, mine, other}:
+            lab.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
 def test_doctor_exits_1_when_the_server_cannot_be_reached(tmp_path):
     env = os.environ.copy()
     env["LABKIT_DSN"] = "postgresql://nobody@127.0.0.1:1/none"

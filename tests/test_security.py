@@ -326,6 +326,11 @@ def test_clean_schemas_drops_only_this_users_own_schemas(db, monkeypatch):
         conn.execute(f"CREATE ROLE {role}")
         conn.execute(f"CREATE SCHEMA lab_theirs_{tag} AUTHORIZATION {role}")
         conn.execute(f"COMMENT ON SCHEMA lab_theirs_{tag} IS 'labkit:{tag}'")
+        # a killed change-data-capture run's slots: one of a schema of mine, one of the
+        # neighbour's (physical slots, so a server at wal_level replica can hold them too)
+        slots = [f"{mine[0].schema}_cdc", f"{prefix_neighbour.schema}_cdc"]
+        for slot in slots:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
     try:
         out = _cli("clean", "--schemas")
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
@@ -336,9 +341,16 @@ def test_clean_schemas_drops_only_this_users_own_schemas(db, monkeypatch):
         assert not {lab.schema for lab in mine} & left
         assert {prefix_neighbour.schema, f"lab_handmade_{tag}", f"lab_theirs_{tag}"} <= left
         assert "left" in out.stdout
+        with db.connect() as conn:
+            kept = {r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall()}
+        assert slots[0] not in kept and slots[1] in kept
+        assert "dropped 1 replication slot(s)" in out.stdout
     finally:
         prefix_neighbour.drop()
         with db.connect() as conn:
+            for slot in slots:
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = %s", (slot,))
             conn.execute(f"DROP SCHEMA IF EXISTS lab_handmade_{tag}")
             conn.execute(f"DROP SCHEMA IF EXISTS lab_theirs_{tag}")
             conn.execute(f"DROP ROLE IF EXISTS {role}")
