@@ -3,6 +3,7 @@ the quiz widget work without a browser; the self-checks run the reader's SQL on 
 server and tell right from wrong."""
 
 import copy
+import json
 import os
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 
 from labkit import cli
 from labkit.core.errors import LabkitError
-from labkit.tools import drill
+from labkit.tools import drill, interview
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -65,13 +66,15 @@ def test_every_topic_is_used_and_names_a_known_notebook(bank):
 
 
 def test_the_bank_names_the_notebooks_that_exist():
-    """Notebooks 02-09 may not be written yet. For those that are, the bank's names must be
-    their real file names, and each one needs at least one question."""
+    """For notebooks 01-09, 13 and 14 the bank's names must be their real file names, and
+    each one needs at least one question."""
     present = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     assert "01_one_lock_three_policies.ipynb" in present
     named = {q.notebook for q in drill.load_bank().questions} | {c.notebook for c in drill.load_costly()}
+    must = {f"{i:02d}" for i in [*range(1, 10), 13, 14]}
+    assert must <= {name[:2] for name in present}, "a notebook the bank must cover is missing"
     for name in present:
-        if name[:2] in {f"{i:02d}" for i in range(1, 10)}:
+        if name[:2] in must:
             assert name in drill.NOTEBOOKS, f"{name} exists but the drill expects another name for notebook {name[:2]}"
             assert name in named, f"{name} exists but no question or quiz statement names it"
     for name in named:
@@ -153,6 +156,122 @@ def test_validation_catches_a_broken_quiz(raw_costly, raw_bank, breakage, expect
     breakage(broken)
     problems = drill.validate_costly(broken, raw_bank["topics"])
     assert any(expected in p for p in problems), problems
+
+
+def _rigged(raw, move=None, right_longest=None):
+    """A copy of the quiz with the right answers moved (``move`` maps a letter to the one its
+    right answers go to, the other choices keeping their order) and, with right_longest=True,
+    every right answer padded to be the strictly longest choice, with False, every wrong
+    choice padded past it."""
+    rigged = copy.deepcopy(raw)
+    for c in rigged["answers"]:
+        choices = [" ".join(str(x).split()) for x in c["choices"]]
+        right = choices.pop("abcd".index(c["answer"]))
+        spot = "abcd".index((move or {}).get(c["answer"], c["answer"]))
+        if right_longest:
+            right += " —" + " and that is all" * ((max(map(len, choices)) - len(right)) // 16 + 1)
+        elif right_longest is False:
+            choices = [x + " —" + " in every case" * ((len(right) - len(x)) // 14 + 1) for x in choices]
+        choices.insert(spot, right)
+        c["choices"], c["answer"] = choices, "abcd"[spot]
+    return rigged
+
+
+def test_the_quiz_does_not_give_its_answers_away(costly):
+    """Neither picking the longest choice nor ruling a letter out scores: the right answer is
+    the longest in at most half the statements, and every letter is right in at least 20 %
+    of the statements that offer it (d: of the four-choice ones)."""
+    b = drill.quiz_balance(costly)
+    assert b.statements == len(costly) and 2 * b.longest <= b.statements, str(b)
+    assert set(b.offered) >= set("abc") and b.offered["a"] == len(costly), str(b)
+    for letter, offered in b.offered.items():
+        assert 5 * b.right[letter] >= offered, f"{letter}: {b}"
+    assert sum(b.right.values()) == len(costly)
+
+
+def test_the_balance_check_fails_a_gamed_quiz(raw_costly, raw_bank):
+    """The quiz as it was: the right answer always the longest, and never c (nor d)."""
+    gamed = _rigged(raw_costly, {"c": "a", "d": "b"}, right_longest=True)
+    b = drill.quiz_balance(gamed["answers"])
+    assert b.longest == b.statements == len(raw_costly["answers"]) and b.right["c"] == 0
+    problems = drill.validate_costly(gamed, raw_bank["topics"])
+    longest = [p for p in problems if "strictly longest choice" in p]
+    assert len(longest) == 1 and f"in {b.statements} of {b.statements} statements" in longest[0]
+    assert "as long and specific as the right one" in longest[0]            # the fix
+    c_never = [p for p in problems if p.startswith("position c)")]
+    assert len(c_never) == 1 and f"right answer in 0 of {b.statements} statements" in c_never[0]
+    assert "under 20 %" in c_never[0] and "reorder the choices and change `answer`" in c_never[0]
+    if "d" in b.offered:                                       # d counts over its own statements
+        assert any(p.startswith(f"position d) is the right answer in 0 of the {b.offered['d']} "
+                                "statements that offer it") for p in problems)
+    assert len(problems) == 2 + ("d" in b.offered)
+
+
+@pytest.mark.parametrize("move, right_longest, expected", [
+    (None, True, "the right answer is the strictly longest choice in"),   # length gives it away
+    ({"c": "b"}, False, "position c) is the right answer in 0 of"),        # c is never right
+    ({"a": "c", "b": "c"}, None, "position a) is the right answer in 0 of"),  # nor a, nor b
+    (None, False, None),                           # the real positions, no right answer longest
+])
+def test_the_balance_check_catches_each_giveaway(raw_costly, raw_bank, move, right_longest, expected):
+    problems = drill.validate_costly(_rigged(raw_costly, move, right_longest), raw_bank["topics"])
+    if expected is None:
+        assert problems == []
+    else:
+        assert problems and problems[0].startswith(expected), problems
+        assert all("a reader" in p and "until it" in p for p in problems)     # why, and the fix
+
+
+def _quiz(*items):
+    """The answers of a quiz of (number of choices, right letter, right answer longest?)."""
+    answers = []
+    for i, (n, answer, longest) in enumerate(items):
+        choices = [f"wrong answer number {j} of statement {i}" for j in range(n)]
+        right = "the right one" + (" and a long tail to make it the longest of all" if longest else "")
+        choices["abcd".index(answer)] = right
+        answers.append({"choices": choices, "answer": answer})
+    return answers
+
+
+def _balance_problems(*items):
+    """What validate_costly says about the balance of such a quiz (its entries lack the other
+    fields on purpose)."""
+    return [p for p in drill.validate_costly({"answers": _quiz(*items)}) if not p.startswith("answer #")]
+
+
+def test_the_balance_rule_at_its_edges():
+    # the right answer longest in exactly half the statements passes; one more fails
+    half = [(3, "a", True), (3, "b", True), (3, "c", False), (3, "a", False)]
+    assert drill.quiz_balance(_quiz(*half)).longest == 2 and _balance_problems(*half) == []
+    half[2] = (3, "c", True)
+    assert [p[:40] for p in _balance_problems(*half)] == ["the right answer is the strictly longest"]
+    # a tie with another choice is not "longest" (whitespace does not count)
+    tie = _quiz((3, "a", False))
+    tie[0]["choices"] = ["same  length", "same length!", "short"]
+    assert drill.quiz_balance(tie).longest == 0
+    # 20 % exactly passes (c: 1 of 5); d counts over the two statements that offer it (1 of 2)
+    five = [(4, "d", False), (4, "a", False), (3, "b", False), (3, "c", False), (3, "b", False)]
+    b = drill.quiz_balance(_quiz(*five))
+    assert b.offered == {"a": 5, "b": 5, "c": 5, "d": 2} and b.right == {"a": 1, "b": 2, "c": 1, "d": 1}
+    assert _balance_problems(*five) == []
+    five[0] = (4, "a", False)
+    assert [p[:70] for p in _balance_problems(*five)] == [
+        "position d) is the right answer in 0 of the 2 statements that offer it"]
+    # a statement that is not well formed is reported on its own, not counted
+    assert drill.quiz_balance(_quiz(*five) + [{"choices": ["x", "y"], "answer": "a"}]).statements == 5
+
+
+def test_drill_check_fails_on_a_gamed_quiz(raw_costly, tmp_path, monkeypatch, capsys):
+    gamed = tmp_path / "costly_answers.yaml"
+    rigged = _rigged(raw_costly, {"c": "a", "d": "b"}, right_longest=True)
+    gamed.write_text(yaml.safe_dump(rigged, allow_unicode=True), encoding="utf-8")
+    monkeypatch.setattr(drill, "COSTLY_FILE", gamed)
+    assert cli.main(["drill", "check"]) == 1
+    out = capsys.readouterr().out
+    assert "costly_answers.yaml: the right answer is the strictly longest choice in" in out
+    assert "costly_answers.yaml: position c) is the right answer in 0 of" in out
+    with pytest.raises(LabkitError, match="longest choice.*labkit drill check"):
+        drill.load_costly(gamed)
 
 
 def test_grading_the_quiz(costly):
@@ -345,3 +464,431 @@ def test_check_reaper(lab):
     assert not no_status.passed and "finished or pending job was changed" in _failures(no_status)
     broken = drill.check_reaper(lab, "UPDATE jobs SET status = 'PENDING'")
     assert not broken.passed and "UndefinedTable" in _failures(broken)
+
+
+# -- the answer key, only on request ------------------------------------------------------------
+
+def test_the_quiz_prints_without_its_key_unless_asked(costly, capsys):
+    drill.print_quiz()
+    plain = capsys.readouterr().out
+    assert all(c.id in plain for c in costly) and "Answer" not in plain
+    assert not any(c.why[:40] in plain for c in costly)
+    drill.print_quiz(topic="fencing", key=True)
+    keyed = capsys.readouterr().out
+    assert "Answer  " in keyed and "c09" in keyed and "c01" not in keyed
+    first = drill.quiz_text(costly, key=False, limit=1)
+    assert first.startswith(f"The answers that cost you the question · 1 of {len(costly)} statements")
+    assert costly[0].id in first and costly[1].id not in first and "Answer" not in first
+    assert first.splitlines()[-1] == f"… and {len(costly) - 1} more: drill.print_quiz() prints them all; key=True adds the answers"
+    # in a terminal the key is what `labkit drill quiz` is asked for; --no-key leaves it out
+    assert cli.main(["drill", "quiz"]) == 0 and capsys.readouterr().out.count("Answer  ") == len(costly)
+
+
+def test_marking_without_the_key_names_the_notebook_not_the_answer(costly):
+    key = {c.id: c.answer for c in costly}
+    wrong = {c.id: next(x for x in "abc" if x != c.answer) for c in costly[:2]}
+    grade = drill.grade_quiz({**wrong, costly[2].id: key[costly[2].id]})
+    hidden = grade.text(key=False)
+    assert hidden.startswith(f"1/3 right · not answered: {costly[3].id}–{costly[-1].id}")
+    for c in costly[:2]:
+        assert f"{c.id}: not {wrong[c.id]} — {c.notebook} shows why" in hidden
+        assert c.why[:30] not in hidden
+    assert "the answer is" not in hidden and "the answer is" in grade.text(key=True) == str(grade)
+    blank = drill.grade_quiz({"c01": "", "c02": " "}).text(key=False)
+    assert blank == f"nothing answered yet · not answered: c01–{costly[-1].id}"
+    assert drill._id_ranges(["c01", "c02", "c04", "c06", "c07", "q10"]) == "c01–c02, c04, c06–c07, q10"
+
+
+NB10 = NOTEBOOK_DIR / "10_interview_drill.ipynb"
+
+
+def _outputs(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            text = out.get("text") or "".join(out.get("data", {}).get("text/plain", ""))
+            yield i, cell, text
+
+
+def test_notebook_10_shows_the_quiz_without_its_key_and_no_wall_of_text(costly):
+    import nbformat
+
+    nb = nbformat.read(NB10, as_version=4)
+    quiz_cells = [c for c in nb.cells if c.cell_type == "code" and "drill.quiz_text(" in c.source]
+    assert quiz_cells and all("SHOW_KEY = False" in c.source and "key=SHOW_KEY" in c.source for c in quiz_cells)
+    assert any("grade_quiz(MY_ANSWERS).text(key=SHOW_KEY)" in c.source for c in nb.cells)
+    for i, _, text in _outputs(NB10):
+        assert not re.search(r"^\s*Answer\s+[a-d]\)", text, re.M), f"cell {i} prints the key"
+        assert "the answer is" not in text, f"cell {i} gives an answer away"
+        assert not any(c.why[:50] in text for c in costly), f"cell {i} prints a reason from the key"
+        assert len(text.splitlines()) <= 25, f"cell {i} prints {len(text.splitlines())} lines"
+
+
+def test_notebook_10_proves_no_single_letter_and_no_length_rule_passes(costly):
+    from collections import Counter
+
+    best = Counter(c.answer for c in costly).most_common(1)[0][1]
+    assert 10 * best <= 4 * len(costly)             # the best single letter scores at most 40 %
+    shown = [t for _, cell, t in _outputs(NB10) if "best_letter" in cell.source]
+    assert shown == [f"{len(costly)} statements: the same letter every time scores at most {best}/{len(costly)}, "
+                     f"the longest choice every time {drill.quiz_balance(costly).longest}/{len(costly)}\n"]
+
+
+# -- the capstone card ------------------------------------------------------------------------
+
+SEED = ("You are implementing a job-queue table where many workers claim pending rows. Explain the "
+        "difference between a locking read that waits, one that fails immediately (NOWAIT), and one "
+        "that skips already-locked rows (SKIP LOCKED), and which one a queue claim should use and why.")
+
+
+@pytest.fixture(scope="module")
+def raw_capstone():
+    return yaml.safe_load(drill.CAPSTONE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def card():
+    return drill.load_capstone()
+
+
+def test_the_capstone_is_valid_and_asks_the_seed_question_word_for_word(raw_capstone, raw_costly, raw_bank, card):
+    assert drill.validate_capstone(raw_capstone, [c["id"] for c in raw_costly["answers"]], raw_bank["topics"]) == []
+    assert card.question == SEED
+    assert card.asked_at == "senior" and card.topic in raw_bank["topics"]
+    assert [x.level for x in card.layers] == list(drill.LEVELS)
+    for layer in card.layers:
+        assert len(layer.rubric) >= 2 and layer.answer and layer.shown_in
+        assert all((NOTEBOOK_DIR / nb).exists() for nb in layer.shown_in), layer.level
+
+
+def test_the_capstone_answer_is_layered(card):
+    """Each level's answer is what it adds: the layered answer up to a level holds every
+    level below it, in order, and the levels say different things."""
+    answers = [card.answer(lvl) for lvl in drill.LEVELS]
+    for lower, higher in zip(answers, answers[1:]):
+        assert higher.startswith(lower) and len(higher) > len(lower) + 200
+    assert len({x.answer for x in card.layers}) == 4
+    junior, middle, senior, principal = (x.answer for x in card.layers)
+    assert all(w in junior for w in ("waits", "NOWAIT", "SKIP LOCKED", "different one"))
+    assert all(w in middle for w in ("Twenty workers", "error storm", "not a consistent view", "IN_PROGRESS"))
+    assert all(w in senior for w in ("reaper", "idempotent", "claim version", "partial index", "NOWAIT"))
+    assert all(w in principal for w in ("outbox", "lease", "Locks end where slow network calls begin", "broker"))
+
+
+def test_the_capstone_deducts_the_seeds_costly_answers_and_chains_follow_ups(card, costly):
+    ids = [d.costly for d in card.deductions]
+    assert ids == ["c01", "c02", "c03", "c04", "c05", "c06"] and {c.id for c in costly} >= set(ids)
+    assert len(card.follow_ups) >= 6
+    assert [f.level for f in card.follow_ups] == sorted((f.level for f in card.follow_ups), key=drill.LEVELS.index)
+    for f in card.follow_ups:
+        assert f.notebook in drill.NOTEBOOKS and (NOTEBOOK_DIR / f.notebook).exists(), f.question
+        assert f.question.endswith("?") and len(f.answer) > 80
+    asked = " ".join(f.question for f in card.follow_ups)
+    for subject in ("crashes", "NOWAIT", "order", "slower", "lease", "broker"):
+        assert subject in asked, subject
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    (lambda d: d["levels"].pop("middle"), "levels must be junior, middle, senior, principal"),
+    (lambda d: d.update(levels=dict(reversed(list(d["levels"].items())))), "in that order"),
+    (lambda d: d["levels"]["senior"].update(answer=" "), "level senior: answer is missing"),
+    (lambda d: d["levels"]["junior"].update(rubric=["only one thing"]), "at least two things"),
+    (lambda d: d["levels"]["principal"].update(shown_in=["99_nowhere.ipynb"]), "not one of the workbook's"),
+    (lambda d: d["deductions"][0].update(costly="c99"), "'c99' is not an id of costly_answers.yaml"),
+    (lambda d: d["deductions"][1].update(costly="c01"), "c01 is deducted twice"),
+    (lambda d: d["deductions"][0].pop("says"), "deduction 1: needs costly"),
+    (lambda d: d["follow_ups"][2].update(notebook="4_leases.ipynb"), "follow-up 3: notebook '4_leases.ipynb'"),
+    (lambda d: d["follow_ups"][0].pop("a"), "follow-up 1: a is missing"),
+    (lambda d: d["follow_ups"][0].update(level="guru"), "follow-up 1: level 'guru'"),
+    (lambda d: d.update(asked_at="expert"), "asked_at 'expert'"),
+    (lambda d: d.update(topic="kafka"), "topic 'kafka'"),
+    (lambda d: d.update(colour="red"), "unknown field(s) colour"),
+    (lambda d: d.pop("question"), "question is missing"),
+])
+def test_validation_catches_a_broken_capstone(raw_capstone, raw_costly, raw_bank, breakage, expected):
+    broken = copy.deepcopy(raw_capstone)
+    breakage(broken)
+    problems = drill.validate_capstone(broken, [c["id"] for c in raw_costly["answers"]], raw_bank["topics"])
+    assert any(expected in p for p in problems), problems
+
+
+def test_drill_check_validates_the_capstone(raw_capstone, tmp_path, monkeypatch, capsys):
+    assert cli.main(["drill", "check"]) == 0
+    assert "capstone.yaml: 4 levels, 6 deductions," in capsys.readouterr().out
+    broken = copy.deepcopy(raw_capstone)
+    broken["deductions"][0]["costly"] = "c99"
+    path = tmp_path / "capstone.yaml"
+    path.write_text(yaml.safe_dump(broken, allow_unicode=True), encoding="utf-8")
+    monkeypatch.setattr(drill, "CAPSTONE_FILE", path)
+    assert cli.main(["drill", "check"]) == 1
+    assert "capstone.yaml: deduction 1: 'c99' is not an id of costly_answers.yaml" in capsys.readouterr().out
+    with pytest.raises(LabkitError, match="c99.*labkit drill check"):
+        drill.load_capstone()
+
+
+def test_the_capstone_card_as_text(card, capsys):
+    card_text = drill.capstone_text(card)
+    assert card_text.startswith("Capstone · asked at senior · policies")
+    assert "Q " + SEED in " ".join(card_text.split())
+    for lvl in drill.LEVELS:
+        assert f"\n  {lvl:<10}" in card_text
+    assert all(d.costly in card_text for d in card.deductions) and "−1 each" in card_text
+    assert card.layers[0].answer[:40] not in " ".join(card_text.split())     # the answers stay behind a level
+    assert len(card_text.splitlines()) <= 25 and max(map(len, card_text.splitlines())) <= drill.WIDTH + 2
+    middle = " ".join(drill.capstone_text(card, level="middle").split())
+    assert card.layers[0].answer in middle and card.layers[1].answer in middle
+    assert card.layers[2].answer[:40] not in middle and "Rubric" not in middle
+    chained = " ".join(drill.capstone_text(card, follow_ups=True).split())
+    assert all(f.question in chained and f.answer in chained and f.notebook in chained for f in card.follow_ups)
+    with pytest.raises(LabkitError, match="junior, middle, senior, principal"):
+        drill.capstone_text(card, level="staff")
+    assert cli.main(["drill", "capstone"]) == 0
+    assert "Rubric" in capsys.readouterr().out
+    assert cli.main(["drill", "capstone", "--level", "junior", "--follow-ups"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert card.layers[0].answer in out and card.follow_ups[-1].question in out
+    assert card.layers[1].answer[:40] not in out
+
+
+def test_notebook_10_shows_the_capstone_card():
+    shown = [t for _, cell, t in _outputs(NB10) if "capstone_text(" in cell.source]
+    assert len(shown) == 1 and "Rubric" in shown[0] and "Q You are implementing a job-queue table" in shown[0]
+
+
+# -- the timed mock interview ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def scores(tmp_path, monkeypatch):
+    """A score file of the test's own; LABKIT_STATE_DIR points elsewhere, so a test that
+    forgets --scores does not touch the user's file either."""
+    monkeypatch.setenv("LABKIT_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "scores.jsonl"
+
+
+def test_the_state_folder_and_its_override(tmp_path, monkeypatch):
+    from labkit.core.files import state_dir
+
+    monkeypatch.setenv("LABKIT_STATE_DIR", str(tmp_path / "mine"))
+    assert interview.scores_path() == tmp_path / "mine" / "drill_scores.jsonl"
+    assert interview.scores_path(tmp_path / "x.jsonl") == tmp_path / "x.jsonl"
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("LABKIT_STATE_DIR", str(tmp_path / "file"))
+    with pytest.raises(LabkitError, match="is a file, not a folder.*unset it"):
+        state_dir()
+    monkeypatch.delenv("LABKIT_STATE_DIR")
+    assert state_dir().name == "labkit"
+
+
+def test_a_mock_draws_the_capstone_first_then_a_seeded_order(bank):
+    items, seed = interview.draw(seed=7)
+    assert items[0].id == "capstone" and items[0].scale == drill.CAPSTONE_SCALE
+    assert "Rubric" in items[0].model and "−1 each" in items[0].model
+    assert sorted(i.id for i in items[1:]) == sorted(q.id for q in bank.questions) and seed == 7
+    assert [i.id for i in interview.draw(seed=7)[0]] == [i.id for i in items]
+    orders = {tuple(i.id for i in interview.draw(seed=s)[0]) for s in range(5)}
+    assert len(orders) > 1
+    fencing, _ = interview.draw(topic="fencing", seed=3)
+    assert {i.topic for i in fencing} == {"fencing"} and "capstone" not in [i.id for i in fencing]
+    assert all(i.model.startswith("20 s  ") and "\n60 s  " in i.model for i in fencing)
+    seniors, _ = interview.draw(level="senior", seed=3)
+    assert {i.level for i in seniors} == {"senior"} and len(seniors) == len(bank.select(level="senior"))
+    assert interview.draw()[1] in range(10_000)                  # a seed of its own, told to the learner
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"minutes": 0}, r"minutes=0 is too small.*Fix: pass minutes=20"),
+    ({"minutes": -5}, r"too small.*Fix:"),
+    ({"minutes": 1000}, r"more than .*180 minutes at most.*Fix: pass minutes=20"),
+    ({"minutes": "soon"}, r"not a number.*Fix:"),
+    ({"topic": "kafka"}, r"no topic 'kafka'.*Fix: use one of policies, convoy"),
+    ({"level": "junior", "topic": "fencing"}, r"No question .* junior on topic fencing.*Fix: drop --level"),
+])
+def test_a_mock_refuses_bad_input_with_the_fix(scores, kwargs, expected):
+    with pytest.raises(LabkitError, match=expected) as refused:
+        interview.TerminalMock(**{"minutes": 20, **kwargs}, scores=scores)
+    assert "\n" not in str(refused.value)                          # one paragraph
+    assert not scores.exists()
+
+
+def test_a_terminal_mock_from_a_stream(scores):
+    import io
+
+    first = interview.draw(topic="fencing", seed=11)[0][0]
+    n = len(first.follow_ups)
+    answers = io.StringIO("\n" * n + "\n" + "7\n" + "2\n" + "q\n")     # every follow-up, the model, a bad score, 2
+    out = io.StringIO()
+    mock = interview.TerminalMock(20, topic="fencing", seed=11, scores=scores, stdin=answers, out=out)
+    kept = mock.run()
+    text = out.getvalue()
+    assert [(i.id, s) for i, s in kept] == [(first.id, 2)]
+    positions = [text.index(q) for q, _, _ in first.follow_ups]
+    assert positions == sorted(positions) and text.index("── the model") > positions[-1]
+    assert f"follow-up {n} of {n}" in text and "20:00 left" in text
+    assert "a score is 0, 1, 2 or 3" in text and f"kept: fencing 2/3 ({first.id})" in text
+    assert "--seed 11 asks the same questions again" in text
+    records, bad = interview.Scores(scores).read()
+    assert bad == 0 and [(r["question"], r["topic"], r["level"], r["score"]) for r in records] == [
+        (first.id, "fencing", first.level, 2)]
+
+
+def test_skipping_to_the_model_and_leaving_a_question_unscored(scores):
+    import io
+
+    out = io.StringIO()
+    mock = interview.TerminalMock(5, seed=2, scores=scores, stdin=io.StringIO("s\n\n\ns\n3\n"), out=out)
+    kept = mock.run()                        # the input ends after the second score: the mock stops
+    text = out.getvalue()
+    assert "capstone" in text.split("\n── 2 ·")[0] and "not scored" in text
+    assert "── follow-up 1 of" not in text.split("\n── 2 ·")[0]       # s went straight to the model
+    assert "0  less than the junior rubric" in text                    # the capstone is scored by its rubric
+    assert [s for _, s in kept] == [3] and kept[0][0].id != "capstone"
+    assert len(interview.Scores(scores).read()[0]) == 1
+
+
+def test_when_the_time_is_up_the_mock_shows_the_model_and_stops(scores):
+    import io
+
+    seed = next(s for s in range(50) if len(interview.draw(topic="leases", seed=s)[0][0].follow_ups) >= 2)
+    first = interview.draw(topic="leases", seed=seed)[0][0]
+    t = [0.0]
+    out = io.StringIO()
+    mock = interview.TerminalMock(1, topic="leases", seed=seed, scores=scores, stdin=io.StringIO("\n1\n"),
+                                  out=out, now=lambda: t[0])
+    real = mock.ask
+
+    def ask(prompt):                 # the learner talks for a minute before pressing Enter
+        answer = real(prompt)
+        t[0] = 61.0
+        return answer
+
+    mock.ask = ask
+    kept = mock.run()
+    text = out.getvalue()
+    assert f"── 1 · {first.id} · {first.level} · leases · {first.notebook} · 1:00 left" in text
+    assert "── follow-up 1 of" in text and "── follow-up 2 of" not in text
+    assert "Time is up: the model, and your score." in text and "\nTime is up.\n" in text
+    assert "\n── 2 ·" not in text and "Enter: the next question" not in text
+    assert [(i.id, s) for i, s in kept] == [(first.id, 1)]
+
+
+def test_the_report_averages_per_topic_and_names_what_to_revisit(scores, bank):
+    book = interview.Scores(scores)
+    assert interview.report(scores).startswith("No mock interview scored yet")
+    items = {i.topic: i for i in interview.draw(seed=1)[0]}
+    for topic, score in [("fencing", 1), ("fencing", 0), ("policies", 3), ("policies", 2), ("drain", 1),
+                         ("drain", 3)]:
+        book.add(items[topic], score)
+    with open(scores, "a") as f:
+        f.write('{"topic": "fencing", "score": 9}\nnot json\n')
+    text = interview.report(scores)
+    lines = text.splitlines()
+    assert lines[0] == "Mock interviews · 6 answers scored, 0-3 each, on 3 topics"
+    rows = [line.split() for line in lines[2:5]]
+    assert rows == [["fencing", "2", "0.5", "0"], ["drain", "2", "2.0", "3"], ["policies", "2", "2.5", "2"]]
+    assert "revisit: fencing (08_fencing_tokens.ipynb)" in text and "drain (" not in text
+    assert "not practised yet: convoy, claim," in " ".join(text.split())
+    assert "policies," not in text.split("not practised yet:")[1]
+    assert lines[-1] == "(2 unreadable line(s) of the score file left out)"
+    with pytest.raises(LabkitError, match="score 0, 1, 2 or 3"):
+        book.add(items["fencing"], 4)
+
+
+def _labkit(*args, stdin="", env=None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "labkit", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_labkit_drill_mock_in_a_terminal_reads_its_answers_from_stdin(tmp_path):
+    state = tmp_path / "state"
+    first, second = interview.draw(topic="drain", seed=5)[0][:2]
+    run = _labkit("drill", "mock", "--minutes", "10", "--topic", "drain", "--seed", "5",
+                  stdin="s\n3\n\ns\n1\nq\n", env={"LABKIT_STATE_DIR": str(state)})
+    assert run.returncode == 0, run.stderr
+    assert f"── 1 · {first.id}" in run.stdout and f"── 2 · {second.id}" in run.stdout
+    assert f"This mock: {first.id} 3 · {second.id} 1." in " ".join(run.stdout.split())
+    records = [json.loads(line) for line in (state / "drill_scores.jsonl").read_text().splitlines()]
+    assert [(r["question"], r["score"]) for r in records] == [(first.id, 3), (second.id, 1)]
+    report = _labkit("drill", "mock", "--report", env={"LABKIT_STATE_DIR": str(state)})
+    assert report.returncode == 0 and ["drain", "2", "2.0", "1"] in [x.split() for x in report.stdout.splitlines()]
+    assert f"scores: {state / 'drill_scores.jsonl'}" in report.stdout
+    own = tmp_path / "own.jsonl"
+    assert _labkit("drill", "mock", "--topic", "drain", "--seed", "5", "--scores", str(own),
+                   stdin="s\n2\n", env={"LABKIT_STATE_DIR": str(state)}).returncode == 0
+    assert len(own.read_text().splitlines()) == 1 and len((state / "drill_scores.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--minutes", "0"], "--minutes=0 is too small: it must be above 0 to 180 minutes. Fix: pass --minutes=20"),
+    (["--minutes", "-1"], "Fix: pass --minutes=20"),
+    (["--topic", "kafka"], "There is no topic 'kafka'. Fix: use one of policies"),
+    (["--scores", "/nonexistent/folder/s.jsonl"], "does not exist. Fix: create it"),
+])
+def test_labkit_drill_mock_refuses_bad_input_in_one_paragraph(tmp_path, args, expected):
+    run = _labkit("drill", "mock", *args, env={"LABKIT_STATE_DIR": str(tmp_path)})
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and expected in run.stderr and "Traceback" not in run.stderr
+
+
+def test_ctrl_c_stops_the_terminal_mock_cleanly_and_keeps_the_scores(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "scores.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "drill", "mock", "--topic", "fencing", "--seed", "3",
+                             "--scores", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("s\n2\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not (path.exists() and path.read_text().endswith("\n")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)                                    # now waiting at "the next question"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
+    assert "interrupted: 1 score kept in" in out
+    assert [json.loads(line)["score"] for line in path.read_text().splitlines()] == [2]
+
+
+def test_the_mock_widget_reveals_scores_and_reads_as_text(scores):
+    t = [0.0]
+    mock = interview.MockInterview(20, topic="fencing", seed=1, scores=scores, now=lambda: t[0])
+    first = mock.current
+    assert repr(mock.box) == (f"Mock interview: 20 min · {first.id} ({first.level}, fencing) · "
+                              f"{len(first.follow_ups)} follow-ups one at a time, then score 0-3")
+    assert "VBox(children=" not in repr(mock.box) and len(repr(mock.box)) <= 110
+    assert all(b.disabled for b in mock.score_buttons) and "20:00 left" in mock.clock_label.value
+    mock.follow_button.click()
+    assert mock.shown == 1 and first.follow_ups[0][0][:30] in " ".join(mock.text().split())
+    assert "The model:" not in mock.text()
+    mock.model_button.click()
+    assert mock.model_shown and "The model:" in mock.text() and first.model.split("\n")[0] in mock.text()
+    assert mock.follow_button.disabled and not any(b.disabled for b in mock.score_buttons)
+    mock.score_buttons[2].click()
+    assert all(b.disabled for b in mock.score_buttons) and "kept: fencing 2/3" in mock.text()
+    assert [(r["question"], r["score"]) for r in interview.Scores(scores).read()[0]] == [(first.id, 2)]
+    mock.next_button.click()
+    assert mock.current is not first and mock.shown == 0 and not mock.model_shown
+    t[0] = 20 * 60 + 1                                # the time runs out: the next reveal shows the model
+    mock.follow_button.click()
+    assert mock.model_shown and mock.shown == 0 and "Time is up" in mock.text()
+    assert mock.clock_label.value == "time is up" and mock.next_button.disabled
+
+
+def test_the_notebook_mock_shows_a_static_view():
+    shown = [t for _, cell, t in _outputs(NB10) if "interview.mock(" in cell.source]
+    assert any(t.startswith("Mock interview: 20 min · capstone (senior, policies)") for t in shown), shown
+    assert all("VBox(children=" not in t for t in shown)

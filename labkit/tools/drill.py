@@ -9,12 +9,15 @@ comes as a small widget:
 * :func:`print_study_sheet` prints the static study sheet, :func:`flashcards` shows the
   reveal / next widget;
 * :func:`load_costly` reads ``labkit/data/costly_answers.yaml``; :func:`print_quiz` prints the
-  quiz with its key, :func:`quiz` is the pick-an-answer widget, :func:`grade_quiz`
-  marks a dict of answers;
+  quiz (its key only when asked for), :func:`quiz` is the pick-an-answer widget,
+  :func:`grade_quiz` marks a dict of answers;
+* :func:`load_capstone` reads ``labkit/data/capstone.yaml``, the seed question with a layered
+  answer, a rubric by level, deductions and follow-ups; :func:`capstone_text` prints it
+  (the timed mock interview that asks it is :mod:`labkit.tools.interview`);
 * :func:`check_claim`, :func:`check_report_count` and :func:`check_reaper` run the
   reader's SQL in a scratch schema with real sessions and say what is right and wrong.
 
-Command line (``drill_command``): ``labkit drill sheet|quiz|check``.
+Command line (``drill_command``): ``labkit drill sheet|quiz|capstone|check``.
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ if TYPE_CHECKING:
 DATA = data_file()
 QUESTIONS_FILE = DATA / "questions.yaml"
 COSTLY_FILE = DATA / "costly_answers.yaml"
+CAPSTONE_FILE = DATA / "capstone.yaml"
 
 LEVELS = ("junior", "middle", "senior", "principal")
-# The workbook's notebooks, by file name.  Notebooks 02-05 and 09 may not exist yet; the
-# bank names them by these names and a test checks the names against the real files.
+# The workbook's notebooks the bank may name, by file name; a test checks the names against
+# the real files.
 NOTEBOOKS = (
     "00_start_here.ipynb",
     "01_one_lock_three_policies.ipynb",
@@ -60,8 +64,16 @@ NOTEBOOKS = (
     "08_fencing_tokens.ipynb",
     "09_relay_vs_drain.ipynb",
     "10_interview_drill.ipynb",
+    "11_how_fast.ipynb",
+    "12_prove_it.ipynb",
+    "13_the_queue_in_production.ipynb",
+    "14_wakeups_and_poolers.ipynb",
+    "15_outbox_in_depth.ipynb",
 )
-MUST_COVER = NOTEBOOKS[1:10]          # every notebook 01-09 needs a question
+# every notebook with a lesson needs a question: all but 00 and 10 (about the workbook itself)
+# and 12 (it proves with torture runs what 03-08 teach)
+MUST_COVER = tuple(n for n in NOTEBOOKS
+                   if n not in ("00_start_here.ipynb", "10_interview_drill.ipynb", "12_prove_it.ipynb"))
 MIN_QUESTIONS = 30
 MIN_PER_LEVEL = 4
 WIDTH = 88
@@ -247,7 +259,19 @@ def _check_entry(entry: dict, where: str, fields: tuple[str, ...], list_field: s
 
 
 def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
-    """Everything wrong with the raw contents of costly_answers.yaml."""
+    """Everything wrong with the raw contents of costly_answers.yaml.
+
+    Besides each entry's fields, it checks that the quiz cannot be scored without reading it
+    (:func:`quiz_balance` counts what the rule needs, over the well-formed entries):
+
+    * **length**: the right answer may be the strictly longest choice — in characters, after
+      collapsing whitespace; a tie is not longest — in at most half of the statements;
+    * **position**: every letter must be the right answer in at least 20 % of the
+      statements that offer it. a, b and c, which every statement offers, count over all
+      statements; d, which only four-choice statements offer, counts over those alone
+      (with six four-choice statements, d must be right in at least two of them).
+
+    Each problem names the figure and the fix."""
     problems: list[str] = []
     items = data.get("answers") if isinstance(data, dict) else None
     if not isinstance(items, list) or not items:
@@ -269,6 +293,89 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
                 problems.append(f"{where}: answer {ans!r} is not the letter of a choice")
         elif choices:
             problems.append(f"{where}: choices must be a list")
+    return problems + _balance_problems(quiz_balance(items))
+
+
+# The quiz must not be solvable without reading it: see validate_costly and the header of
+# costly_answers.yaml.  Shares are compared in whole numbers (no float rounding at the edge).
+MAX_LONGEST = (1, 2)        # the right answer strictly longest in at most 1/2 of the statements
+MIN_POSITION = (1, 5)       # every letter right in at least 1/5 of the statements offering it
+
+
+@dataclass(frozen=True)
+class QuizBalance:
+    """What gives a quiz's answers away: over ``statements`` well-formed statements, in how
+    many the right answer is the strictly longest choice, and per letter how many
+    statements offer it and how many have their right answer there."""
+
+    statements: int
+    longest: int
+    offered: dict[str, int]
+    right: dict[str, int]
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{x}) {self.right[x]}/{self.offered[x]}" for x in self.offered)
+        return (f"{self.statements} statements; the right answer is the longest choice in "
+                f"{self.longest}; right answers by position: {where}")
+
+
+def _is_longest(choices: list[str], index: int) -> bool:
+    lengths = [len(_clean(x)) for x in choices]
+    return all(lengths[index] > n for i, n in enumerate(lengths) if i != index)
+
+
+def quiz_balance(items: list) -> QuizBalance:
+    """The length and position figures of a quiz: ``items`` are the raw entries of
+    costly_answers.yaml (mappings) or :class:`Costly` statements.  Entries that are not
+    well formed (not 3 or 4 text choices, an answer that is not one of their letters) are
+    left out: validate_costly reports them on their own."""
+    statements = longest = 0
+    offered = dict.fromkeys(LETTERS, 0)
+    right = dict.fromkeys(LETTERS, 0)
+    for c in items:
+        if isinstance(c, Costly):
+            choices, answer = list(c.choices), c.answer
+        elif isinstance(c, dict):
+            choices, answer = c.get("choices"), c.get("answer")
+        else:
+            continue
+        if (not isinstance(choices, list) or not 3 <= len(choices) <= len(LETTERS)
+                or any(_blank(x) for x in choices) or answer not in LETTERS[:len(choices)]):
+            continue
+        statements += 1
+        index = LETTERS.index(answer)
+        longest += _is_longest(choices, index)
+        right[answer] += 1
+        for letter in LETTERS[:len(choices)]:
+            offered[letter] += 1
+    return QuizBalance(statements, longest, {x: n for x, n in offered.items() if n},
+                       {x: right[x] for x, n in offered.items() if n})
+
+
+def _balance_problems(b: QuizBalance) -> list[str]:
+    problems: list[str] = []
+    if not b.statements:
+        return problems
+    most, of = MAX_LONGEST
+    if b.longest * of > b.statements * most:
+        allowed = b.statements * most // of
+        problems.append(
+            f"the right answer is the strictly longest choice in {b.longest} of {b.statements} statements "
+            f"(more than half): a reader scores by picking the longest without reading. Make "
+            f"the wrong choices as long and specific as the right one (or say the right one more "
+            f"briefly) until it is the longest in at most {allowed}")
+    least, per = MIN_POSITION
+    for letter, offered in b.offered.items():
+        held = b.right[letter]
+        if held * per < offered * least:
+            need = -(-offered * least // per)
+            among = (f"{offered} statements" if offered == b.statements
+                     else f"the {offered} statements that offer it")
+            problems.append(
+                f"position {letter}) is the right answer in {held} of {among} "
+                f"({100 * held // offered} %, under {100 * least // per} %): a reader can rule it "
+                f"out without reading. Move right answers to {letter}) — reorder the choices "
+                f"and change `answer` — until it holds at least {need}")
     return problems
 
 
@@ -306,6 +413,163 @@ def load_costly(path: Path | str | None = None, *, topics: Collection[str] | Non
 
 def _clean(text) -> str:
     return " ".join(str(text).split())
+
+
+# -- the capstone card ---------------------------------------------------------------------------
+
+CAPSTONE_FIELDS = ("topic", "notebook", "asked_at", "question", "levels", "deductions", "follow_ups")
+CAPSTONE_LEVEL_FIELDS = ("answer", "rubric", "shown_in")
+CHAIN_FIELDS = ("level", "notebook", "q", "a")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One level of the capstone: what its answer adds to the level below, what must be
+    present to score at it, and the notebooks that show it."""
+
+    level: str
+    answer: str
+    rubric: tuple[str, ...]
+    shown_in: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Deduction:
+    costly: str         # the id of a statement in costly_answers.yaml
+    says: str
+
+
+@dataclass(frozen=True)
+class ChainedFollowUp:
+    level: str
+    notebook: str
+    question: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Capstone:
+    """The seed question with a layered answer (junior to principal), a rubric by level,
+    the costly answers as deductions and the follow-ups an interviewer chains from it."""
+
+    topic: str
+    notebook: str
+    asked_at: str
+    question: str
+    layers: tuple[Layer, ...]
+    deductions: tuple[Deduction, ...]
+    follow_ups: tuple[ChainedFollowUp, ...]
+    id: str = "capstone"
+
+    def layer(self, level: str) -> Layer:
+        return next(x for x in self.layers if x.level == level)
+
+    def answer(self, level: str) -> str:
+        """The layered answer up to ``level``: each level's answer after the one below."""
+        return " ".join(x.answer for x in self.layers[:LEVELS.index(level) + 1])
+
+
+def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Collection[str] = ()) -> list[str]:
+    """Everything wrong with the raw contents of capstone.yaml: every field present, the four
+    levels in order (each with an answer, a rubric of at least two items and the notebooks
+    that show it), every deduction naming a statement of costly_answers.yaml (``costly_ids``)
+    once, every follow-up with a level, a known notebook, a question and an answer."""
+    problems: list[str] = []
+    if not isinstance(data, dict) or not data:
+        return ["the file needs the card's fields: " + ", ".join(CAPSTONE_FIELDS)]
+    for name in CAPSTONE_FIELDS:
+        if _blank(data.get(name)) or (name in ("levels", "deductions", "follow_ups") and not data.get(name)):
+            problems.append(f"{name} is missing or empty")
+    extra = set(data) - set(CAPSTONE_FIELDS)
+    if extra:
+        problems.append(f"unknown field(s) {', '.join(sorted(extra))}")
+    if not _blank(data.get("question")) and not isinstance(data["question"], str):
+        problems.append("question must be text")
+    if topics and not _blank(data.get("topic")) and data["topic"] not in topics:
+        problems.append(f"topic {data['topic']!r} is not a topic of questions.yaml")
+    _check_notebook("the card", data.get("notebook"), problems)
+    if not _blank(data.get("asked_at")) and data["asked_at"] not in LEVELS:
+        problems.append(f"asked_at {data['asked_at']!r} is not one of {', '.join(LEVELS)}")
+    levels = data.get("levels")
+    if isinstance(levels, dict) and levels:
+        if list(levels) != list(LEVELS):
+            problems.append(f"levels must be {', '.join(LEVELS)}, in that order (found {', '.join(map(str, levels))})")
+        for name, layer in levels.items():
+            where = f"level {name}"
+            if not isinstance(layer, dict):
+                problems.append(f"{where}: needs answer, rubric and shown_in")
+                continue
+            for f in CAPSTONE_LEVEL_FIELDS:
+                if _blank(layer.get(f)) or (f != "answer" and not layer.get(f)):
+                    problems.append(f"{where}: {f} is missing or empty")
+            extra = set(layer) - set(CAPSTONE_LEVEL_FIELDS)
+            if extra:
+                problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
+            rubric = layer.get("rubric")
+            if rubric and (not isinstance(rubric, list) or any(_blank(x) or not isinstance(x, str) for x in rubric)):
+                problems.append(f"{where}: rubric must be a list of non-empty lines")
+            elif isinstance(rubric, list) and len(rubric) < 2:
+                problems.append(f"{where}: the rubric needs at least two things to listen for")
+            shown = layer.get("shown_in")
+            if shown and not isinstance(shown, list):
+                problems.append(f"{where}: shown_in must be a list of notebooks")
+            elif shown:
+                for nb in shown:
+                    _check_notebook(where, nb, problems)
+    elif levels:
+        problems.append("levels must map junior, middle, senior and principal to their answers")
+    deductions = data.get("deductions")
+    if deductions and not isinstance(deductions, list):
+        problems.append("deductions must be a list of {costly, says}")
+    elif deductions:
+        seen: set[str] = set()
+        for i, d in enumerate(deductions, 1):
+            if not isinstance(d, dict) or _blank(d.get("costly")) or _blank(d.get("says")):
+                problems.append(f"deduction {i}: needs costly (an id of costly_answers.yaml) and says")
+                continue
+            if set(d) - {"costly", "says"}:
+                problems.append(f"deduction {i}: unknown field(s) {', '.join(sorted(set(d) - {'costly', 'says'}))}")
+            if costly_ids and d["costly"] not in costly_ids:
+                problems.append(f"deduction {i}: {d['costly']!r} is not an id of costly_answers.yaml")
+            if d["costly"] in seen:
+                problems.append(f"deduction {i}: {d['costly']} is deducted twice")
+            seen.add(d["costly"])
+    chain = data.get("follow_ups")
+    if chain and not isinstance(chain, list):
+        problems.append("follow_ups must be a list of {level, notebook, q, a}")
+    elif chain:
+        for i, f in enumerate(chain, 1):
+            where = f"follow-up {i}"
+            if not isinstance(f, dict):
+                problems.append(f"{where}: is not a mapping")
+                continue
+            for name in CHAIN_FIELDS:
+                if _blank(f.get(name)):
+                    problems.append(f"{where}: {name} is missing or empty")
+            if set(f) - set(CHAIN_FIELDS):
+                problems.append(f"{where}: unknown field(s) {', '.join(sorted(set(f) - set(CHAIN_FIELDS)))}")
+            if not _blank(f.get("level")) and f["level"] not in LEVELS:
+                problems.append(f"{where}: level {f['level']!r} is not one of {', '.join(LEVELS)}")
+            _check_notebook(where, f.get("notebook"), problems)
+    return problems
+
+
+def load_capstone(path: Path | str | None = None) -> Capstone:
+    """The capstone card, validated against itself, the quiz's ids and the bank's topics."""
+    path = Path(path) if path else CAPSTONE_FILE
+    data = _read_yaml(path)
+    costly_ids = [c.get("id") for c in _read_yaml(COSTLY_FILE).get("answers") or [] if isinstance(c, dict)]
+    problems = validate_capstone(data, costly_ids, _read_yaml(QUESTIONS_FILE).get("topics") or {})
+    if problems:
+        raise LabkitError(f"{path.name} has {len(problems)} problem(s): " + "; ".join(problems[:8]),
+                          "fix them; `labkit drill check` lists them all.")
+    return Capstone(
+        data["topic"], data["notebook"], data["asked_at"], _clean(data["question"]),
+        tuple(Layer(lvl, _clean(x["answer"]), tuple(_clean(r) for r in x["rubric"]), tuple(x["shown_in"]))
+              for lvl, x in data["levels"].items()),
+        tuple(Deduction(d["costly"], _clean(d["says"])) for d in data["deductions"]),
+        tuple(ChainedFollowUp(f["level"], f["notebook"], _clean(f["q"]), _clean(f["a"]))
+              for f in data["follow_ups"]))
 
 
 # -- text rendering ------------------------------------------------------------------------------
@@ -383,16 +647,87 @@ def costly_text(item: Costly, *, key: bool = True) -> str:
     return "\n".join(lines)
 
 
-def quiz_text(items: list[Costly] | None = None, *, key: bool = True) -> str:
+def quiz_text(items: list[Costly] | None = None, *, key: bool = True, limit: int | None = None) -> str:
+    """The quiz as text: each statement with its choices, and with key=True the answer and
+    why under each one.  ``limit``: only the first that many statements, and a line that
+    says how to print the rest."""
     items = load_costly() if items is None else items
-    head = f"The answers that cost you the question · {len(items)} statements · what is wrong?"
-    return "\n\n".join([head + "\n" + "=" * len(head)] + [costly_text(c, key=key) for c in items])
+    shown = items if limit is None else items[:max(limit, 0)]
+    count = f"{len(items)} statements" if len(shown) == len(items) else f"{len(shown)} of {len(items)} statements"
+    head = f"The answers that cost you the question · {count} · what is wrong?"
+    blocks = [head + "\n" + "=" * len(head)] + [costly_text(c, key=key) for c in shown]
+    if len(shown) < len(items):
+        blocks.append(f"… and {len(items) - len(shown)} more: drill.print_quiz() prints them all"
+                      + (", with the key" if key else "; key=True adds the answers"))
+    return "\n\n".join(blocks)
 
 
-def print_quiz(topic: str | None = None, *, key: bool = True) -> None:
-    """Print the quiz (every statement, or one topic's) with its answer key."""
+def print_quiz(topic: str | None = None, *, key: bool = False, limit: int | None = None) -> None:
+    """Print the quiz (every statement, or one topic's; ``limit``: the first few).  The
+    answers and why are printed only when asked for (key=True): a quiz whose key is printed
+    under it cannot be taken."""
     items = [c for c in load_costly() if topic is None or c.topic == topic]
-    print(quiz_text(items, key=key))
+    print(quiz_text(items, key=key, limit=limit))
+
+
+def _id_ranges(ids: list[str]) -> str:
+    """``c04, c05, c06, c09`` as ``c04–c06, c09``."""
+    runs: list[list[str]] = []
+    for i in ids:
+        m = re.fullmatch(r"([a-z]+)(\d+)", i)
+        prev = runs[-1][-1] if runs else None
+        pm = re.fullmatch(r"([a-z]+)(\d+)", prev) if prev else None
+        if m and pm and m.group(1) == pm.group(1) and int(m.group(2)) == int(pm.group(2)) + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+
+
+CAPSTONE_SCALE = ("0  less than the junior rubric",
+                  "1  everything the junior rubric asks",
+                  "2  everything up to the middle rubric",
+                  "3  everything up to the senior rubric (principal depth scores 3 too)")
+
+
+def _short_nb(name: str) -> str:
+    return name.split("_", 1)[0]
+
+
+def capstone_text(card: Capstone | None = None, *, level: str | None = None,
+                  follow_ups: bool = False, rubric: bool | None = None) -> str:
+    """The capstone card as text.  By default the question, the rubric by level and the
+    deductions.  ``level``: the layered answer from junior up to that level instead of the
+    rubric (rubric=True keeps it as well); ``follow_ups``: the chain of follow-ups with
+    their answers and the notebooks that show them."""
+    card = card or load_capstone()
+    if level is not None and level not in LEVELS:
+        raise LabkitError(f"There is no level {level!r}.", f"use one of {', '.join(LEVELS)}.")
+    rubric = level is None if rubric is None else rubric
+    lines = [f"Capstone · asked at {card.asked_at} · {card.topic} · {card.notebook}",
+             _wrap(card.question, "  ", "Q ")]
+    if level is not None:
+        lines.append(f"\nThe layered answer, junior to {level} (each level adds to the one before):")
+        for layer in card.layers[:LEVELS.index(level) + 1]:
+            shown = ", ".join(_short_nb(n) for n in layer.shown_in)
+            lines.append(_wrap(f"{layer.answer} [shown in {shown}]", " " * 12, f"  {layer.level:<10}"))
+    if rubric:
+        lines.append("\nRubric · a level scores when all of it, and of the levels below, is there:")
+        for layer in card.layers:
+            lines.append(_wrap(" · ".join(layer.rubric), " " * 12, f"  {layer.level:<10}"))
+        lines.append(_wrap(" · ".join(f"{d.costly} {d.says}" for d in card.deductions),
+                           " " * 12, "  −1 each   "))
+    if follow_ups:
+        lines.append(f"\nFollow-ups, in the order they usually come ({len(card.follow_ups)}):")
+        for i, f in enumerate(card.follow_ups, 1):
+            lines.append(_wrap(f"{f.question} [{f.level} · {f.notebook}]", "      ", f"  {i:>2}. "))
+            lines.append(_wrap(f.answer, "      ", "      "))
+    return "\n".join(lines)
+
+
+def print_capstone(level: str | None = None, *, follow_ups: bool = False) -> None:
+    """Print the capstone card: the question and rubric, or (``level``) the layered answer."""
+    print(capstone_text(level=level, follow_ups=follow_ups))
 
 
 @dataclass
@@ -406,11 +741,22 @@ class QuizGrade:
         return f"{len(self.right)}/{len(self.right) + len(self.wrong)}"
 
     def __str__(self) -> str:
-        lines = [f"{self.score} right"
-                 + (f" · not answered: {', '.join(self.unanswered)}" if self.unanswered else "")]
+        return self.text()
+
+    def text(self, *, key: bool = True) -> str:
+        """The score, what was not answered and each wrong answer: with key=True its right
+        answer and why, with key=False only the notebook that shows it (the key stays
+        hidden, so the quiz can be taken again)."""
+        answered = len(self.right) + len(self.wrong)
+        lines = [(f"{self.score} right" if answered else "nothing answered yet")
+                 + (f" · not answered: {_id_ranges(self.unanswered)}" if self.unanswered else "")]
         for c, picked in self.wrong:
-            lines.append(_wrap(f"{c.id}: you picked {picked}, the answer is {c.answer} — {c.why} "
-                               f"(see {c.notebook})", "    ", "  "))
+            if key:
+                lines.append(_wrap(f"{c.id}: you picked {picked}, the answer is {c.answer} — {c.why} "
+                                   f"(see {c.notebook})", "    ", "  "))
+            else:
+                lines.append(_wrap(f"{c.id}: not {picked} — {c.notebook} shows why (key=True: the answer)",
+                                   "    ", "  "))
         return "\n".join(lines)
 
 
@@ -603,7 +949,7 @@ def quiz(topic: str | None = None) -> Quiz:
     from IPython.display import display
 
     q = Quiz([c for c in load_costly() if topic is None or c.topic == topic])
-    print("No widget below? drill.print_quiz() prints every statement with its answer and why.")
+    print("No widget below? drill.print_quiz() prints the statements; key=True adds the answers.")
     display(q.box)
     return q
 
@@ -835,19 +1181,24 @@ class _Solo:
 # -- command line: labkit drill ---------------------------------------------------------------
 
 def drill_command(*, what: str, level: str | None = None, topic: str | None = None,
-                  short: bool = False, key: bool = True) -> int:
+                  short: bool = False, key: bool = True, follow_ups: bool = False) -> int:
     """``labkit drill sheet [--level L] [--topic T] [--short]`` · ``labkit drill quiz
-    [--topic T] [--no-key]`` · ``labkit drill check`` (validate both data files; exit 1 on
-    a problem)."""
+    [--topic T] [--no-key]`` · ``labkit drill capstone [--level L] [--follow-ups]`` ·
+    ``labkit drill check`` (validate the three data files; exit 1 on a problem)."""
     try:
         if what == "sheet":
             print_study_sheet(level, topic, short=short)
         elif what == "quiz":
             print_quiz(topic, key=key)
+        elif what == "capstone":
+            print_capstone(level, follow_ups=follow_ups)
         else:
-            qdata, cdata = _read_yaml(QUESTIONS_FILE), _read_yaml(COSTLY_FILE)
+            qdata, cdata, kdata = _read_yaml(QUESTIONS_FILE), _read_yaml(COSTLY_FILE), _read_yaml(CAPSTONE_FILE)
+            topics = qdata.get("topics") or {}
+            costly_ids = [c.get("id") for c in cdata.get("answers") or [] if isinstance(c, dict)]
             problems = ([f"questions.yaml: {p}" for p in validate_bank(qdata)]
-                        + [f"costly_answers.yaml: {p}" for p in validate_costly(cdata, qdata.get("topics") or {})])
+                        + [f"costly_answers.yaml: {p}" for p in validate_costly(cdata, topics)]
+                        + [f"capstone.yaml: {p}" for p in validate_capstone(kdata, costly_ids, topics)])
             for p in problems:
                 print(p)
             if problems:
@@ -855,6 +1206,9 @@ def drill_command(*, what: str, level: str | None = None, topic: str | None = No
             bank = load_bank()
             print(f"questions.yaml: {len(bank)} questions, {len(bank.topics)} topics — ok")
             print(f"costly_answers.yaml: {len(load_costly())} statements — ok")
+            card = load_capstone()
+            print(f"capstone.yaml: {len(card.layers)} levels, {len(card.deductions)} deductions, "
+                  f"{len(card.follow_ups)} follow-ups — ok")
     except LabkitError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -6,6 +6,7 @@ with the current Python) and strips what must not be committed.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -31,6 +32,57 @@ def slide_type(cell: NotebookNode) -> str:
     return "-"
 
 
+# Where a markdown cell is split so that each part can start a slide of its own: a `## ` or
+# `### ` heading, the interview box and an exercise, when other text comes before them.
+SPLIT_AT = re.compile(r"(?:#{2,3} |> \*\*Say it in an interview|\*\*Exercise)")
+
+
+def split_points(source: str) -> list[int]:
+    """Line numbers in ``source`` where a new slide must start (outside code fences and
+    ``<details>``, and never at the first line with text)."""
+    points, fenced, details, seen_text = [], False, 0, False
+    for i, line in enumerate(source.split("\n")):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            details += stripped.count("<details") - stripped.count("</details>")
+            if (seen_text and details == 0 and SPLIT_AT.match(line)
+                    and (i == 0 or not source.split("\n")[i - 1].strip().startswith(">"))):
+                points.append(i)
+        seen_text = seen_text or bool(stripped)
+    return points
+
+
+def split_markdown_at_headings(nb: NotebookNode) -> int:
+    """Split markdown cells at every section heading, interview box and exercise that comes
+    after other text, so each starts a slide (code cells and outputs are untouched). The new
+    cells get their slide type by ``slide_type``; returns how many cells were added."""
+    import nbformat
+
+    cells, added = [], 0
+    for cell in nb.cells:
+        points = split_points(cell.source) if cell.cell_type == "markdown" else []
+        if not points:
+            cells.append(cell)
+            continue
+        lines = cell.source.split("\n")
+        bounds = [0, *points, len(lines)]
+        for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            text = "\n".join(lines[a:b]).strip("\n")
+            if n == 0:
+                cell.source = text
+                cells.append(cell)
+                continue
+            part = nbformat.v4.new_markdown_cell(text)
+            part.metadata = {k: copy.deepcopy(v) for k, v in cell.metadata.items() if k != "slideshow"}
+            part.metadata["slideshow"] = {"slide_type": slide_type(part)}
+            cells.append(part)
+            added += 1
+    nb.cells = cells
+    return added
+
+
 def add_slide_metadata(nb: NotebookNode) -> None:
     """Give every cell slideshow metadata (an author's own choice is kept)."""
     for cell in nb.cells:
@@ -38,8 +90,10 @@ def add_slide_metadata(nb: NotebookNode) -> None:
 
 
 def clean(nb: NotebookNode) -> None:
-    """Drop widget state and per-cell execution timing (both change on every run), and
-    make sure every cell carries slide metadata."""
+    """Drop widget state and per-cell execution timing (both change on every run), split
+    markdown cells at headings that come after other text, and make sure every cell carries
+    slide metadata."""
+    split_markdown_at_headings(nb)
     add_slide_metadata(nb)
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
