@@ -20,6 +20,25 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# What the server cannot change -- decks, handouts and student copies, an installed copy's
+# packaging, JupyterLab in a browser -- is checked once, on the default path (the embedded
+# server: CI's first leg).  A run against LABKIT_DSN leaves those tests out, saying so: their
+# result does not depend on which server answers, and CI's time budget is spent on what does.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "default_leg: checked without LABKIT_DSN only (nothing in "
+                                       "it depends on which server answers)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("LABKIT_DSN"):
+        return
+    skip = pytest.mark.skip(reason="does not depend on the server: checked without LABKIT_DSN, "
+                                   "on the embedded server")
+    for item in items:
+        if item.get_closest_marker("default_leg"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def db():
     return labkit.connect(quiet=True)

@@ -30,8 +30,8 @@ def _digest(folder: Path) -> dict:
 def quick():
     """One `labkit bench --quick --json` run as a subprocess (the command a reader types)."""
     before = _digest(bench.NOTEBOOKS)
-    proc = subprocess.run([sys.executable, "-m", "labkit", "bench", "--quick", "--json",
-                           "--notebooks", "00_start_here"],
+    proc = subprocess.run([sys.executable, "-m", "labkit", "bench", "--quick", "--seconds", "0.3",
+                           "--json", "--notebooks", "00_start_here"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout), proc.stderr, before

@@ -13,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Packaging: what ships in the wheel does not depend on which server answers.
+pytestmark = pytest.mark.default_leg
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> tuple[Path, dict, Path]:
@@ -65,7 +68,7 @@ def test_spec_run_of_a_shipped_spec_from_an_installed_copy(installed) -> None:
 
 
 def test_bench_quick_json_from_an_installed_copy(installed) -> None:
-    out = run(installed, "bench", "--quick", "--json", timeout=600)
+    out = run(installed, "bench", "--quick", "--seconds", "0.3", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["durability"] and result["goals"]

@@ -1,7 +1,6 @@
 """Training mode: offline slide decks, the handout book, student copies without solutions."""
 
 import json
-import os
 
 import nbformat
 import pytest
@@ -10,11 +9,9 @@ from browser import Browser
 from labkit.tools import training
 from labkit.tools.nbtools import NOTEBOOKS
 
-# The decks are built from the committed outputs and checked in a browser: nothing here talks to
-# the server, so the whole-deck checks run once, on the embedded server's run (CI's first leg),
-# and a run against LABKIT_DSN leaves them out to stay within CI's time budget.
-front_end_only = pytest.mark.skipif(bool(os.environ.get("LABKIT_DSN")),
-                                    reason="deck checks do not depend on the server: they run without LABKIT_DSN")
+# The decks and handouts are built from the committed outputs and checked in a browser; the
+# student copies are made from the notebooks: none of it depends on which server answers.
+pytestmark = pytest.mark.default_leg
 
 ALL = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
 
@@ -64,7 +61,6 @@ def test_a_stale_student_copy_is_detected(tmp_path, monkeypatch):
     assert training.student_copies(check=True) == [first.name]
 
 
-@front_end_only
 def test_slides_work_offline_in_a_browser(decks, browser):
     tmp_path = decks[0].parent
     assert [d.name for d in decks] == [p.stem + ".slides.html" for p in ALL]
@@ -201,7 +197,6 @@ def test_slides_check_without_chromium_names_the_fix(tmp_path, monkeypatch, caps
     assert not (tmp_path / "index.html").exists()
 
 
-@front_end_only
 def test_every_slide_of_every_deck_fits_a_1280x720_projector(tmp_path, capsys):
     """`labkit slides --check` over all decks, as CI runs it (this test is how CI runs it)."""
     from browser import find_chromium

@@ -1,7 +1,4 @@
-"""Run by hand, not by `make test`:  pytest tests/live_widgets_check.py  (about two minutes; the
-name keeps it out of the suite, whose CI run is already close to its 30-minute budget).
-
-The widgets stay live in JupyterLab: a real JupyterLab, driven from headless
+"""The widgets stay live in JupyterLab: a real JupyterLab, driven from headless
 Chromium over the DevTools protocol (labkit/tools/browser.py).
 
 * Every notebook opens (with its kernel, as a reader opens it) without a JavaScript error in the
@@ -40,6 +37,9 @@ import pytest
 from browser import Browser, find_chromium
 
 from labkit.tools import training
+
+# The front end is the same on every server: checked without LABKIT_DSN (tests/conftest.py).
+pytestmark = pytest.mark.default_leg
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -269,10 +269,6 @@ class LabBrowser(Browser):
 # -- fixtures ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def jupyterlab():
-    if os.environ.get("LABKIT_DSN"):
-        # what is checked here is the front end, the same on every server; at about two minutes
-        # a run, CI runs it once, on its embedded-server leg
-        pytest.skip("the live JupyterLab checks run on the embedded server (unset LABKIT_DSN)")
     find_chromium()     # no Chromium: skip (or fail under LABKIT_REQUIRE_BROWSER) before starting anything
     lab = JupyterLab()
     try:
