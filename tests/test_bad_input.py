@@ -89,6 +89,8 @@ IMPOSSIBLE = {
     "relay: nan backoff": (lambda lab: rl.broker_down_trace(lab, batch=10, down_after=2, backoff_s=float("nan")),
                            "backoff_s"),
     "relay lag: endless run": (lambda lab: rl.measure_lag(lab, run_s=float("inf")), "run_s"),
+    "relay lag: burst while frozen": (lambda lab: rl.measure_lag(lab, burst=(1.5, 100)), "inside the pause"),
+    "relay lag: empty burst": (lambda lab: rl.measure_lag(lab, burst=(0.5, 0)), "burst size"),
     "drain: nan lease": (lambda lab: dr.crash_trace(lab, lease_s=float("nan")), "lease_s"),
     "drain: clock to infinity": (lambda lab: dr.Clock(lab).advance(float("inf")), "seconds"),
     "fencing: nan overrun": (lambda lab: fencing.zombie_trace(lab, fence=True, overrun_s=float("nan")),

@@ -165,7 +165,7 @@ def test_the_claim_dead_letters_a_row_whose_attempts_are_used_up(lab, form):
 
 
 def test_a_suspect_is_claimed_alone_among_suspects_and_sent_last(lab):
-    clock = dr.create_ledger(lab, 6)
+    dr.create_ledger(lab, 6)
     lab.execute("UPDATE delivery SET attempts = 2 WHERE id IN (1, 2)")   # two attempts, no outcome
     d = dr.make_drain(lab, "d", batch=4)
     try:

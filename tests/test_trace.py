@@ -1,4 +1,5 @@
-"""Traces render the same content as text, as a widget (which also prints it) and as a swimlane."""
+"""Traces render the same content as text, as a widget (which also prints it) and as a chart of
+what was sent against what was recorded."""
 
 import json
 
@@ -41,9 +42,41 @@ def test_replay_prints_the_whole_trace_for_static_readers(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_json_and_swimlane():
-    tr = sample()
-    data = json.loads(tr.to_json())
+def test_json():
+    data = json.loads(sample().to_json())
     assert [s["kind"] for s in data["steps"]] == ["step", "crash", "step"]
-    ax = tr.swimlane()
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["relay 1", "relay 2"]
+
+
+def shipped() -> Trace:
+    """Publishes and marks, as the relay's traces record them: a crash after two publishes,
+    a second relay sending all four and marking them, then a relay that marks before it sends."""
+    tr = Trace("sent against recorded")
+    tr.add("relay 1", "publish 2", "", {"broker": 2, "marked": 0})
+    tr.add("relay 1", "SIGKILL", "", {}, kind="crash")
+    tr.add("relay 2", "publish 4, mark 4", "", {"broker": 6, "marked": 4})
+    tr.add("relay 3", "mark 3 before sending", "", {"marked": 7})
+    tr.add("consumer", "count", "", {"delivered": 6})
+    return tr
+
+
+def test_the_divergence_chart_shades_duplicates_above_and_loss_below():
+    ax = shipped().divergence("broker", "marked")
+    sent, recorded = (line.get_ydata().tolist() for line in ax.get_lines()[:2])
+    # a step whose state does not name a key keeps the last value
+    assert sent == [2, 2, 6, 6, 6] and recorded == [0, 0, 4, 7, 7]
+    dup, loss = ax.collections[:2]
+    assert dup.get_label().endswith("(duplicates)") and loss.get_label().endswith("lost")
+    assert len(dup.get_paths()) >= 1 and len(loss.get_paths()) >= 1     # both regions are drawn
+    # the crash is marked where it happened, and each step is labelled with who acted
+    assert [line.get_xdata()[0] for line in ax.get_lines()[2:]] == [2]
+    assert [t.get_text() for t in ax.get_xticklabels()][1] == "2\nrelay 1"
+
+
+def test_the_divergence_chart_takes_a_function_of_the_state():
+    tr = Trace("t")
+    tr.add("drain", "send", "", {"sent": 3, "failed": 1, "pushes": 6})
+    tr.add("drain", "crash", "", {"pushes_by_drain_1": 2}, kind="crash")
+    ax = tr.divergence(lambda st: st.get("pushes"), lambda st: st["sent"] + st["failed"] if "sent" in st else None,
+                       ylabel="pushes")
+    assert [line.get_ydata().tolist() for line in ax.get_lines()[:2]] == [[6, 6], [4, 4]]
+    assert ax.get_ylabel() == "pushes"

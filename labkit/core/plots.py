@@ -31,6 +31,15 @@ def setup_matplotlib() -> None:
     })
 
 
+def plain_log_ticks(axis) -> None:
+    """Label a log axis with plain numbers (0.1, 1, 10, 1,000), never ``6×10^-1``, and leave the
+    in-between ticks unlabelled: readable from the back of a room."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def static_box(children: list, describe: Callable[[], str]) -> Any:
     """A VBox whose text form is ``describe()``: what nbval, GitHub, the handouts and a kernel
     without the widget front end show instead of ``VBox(children=...)``."""

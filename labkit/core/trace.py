@@ -4,7 +4,8 @@ A trace is a list of steps.  Each step says who acted, what it did, a one-line
 explanation, and a snapshot taken from the real systems afterwards (database
 rows, locks from ``pg_locks``, the broker's messages...).  It renders as a text
 transcript (for static readers, nbval and handouts), as a step-through widget
-(Play + slider) that prints the same text, and as a swimlane.
+(Play + slider) that prints the same text, and as a chart of what was sent against
+what the database records as sent (:func:`divergence`).
 """
 
 from __future__ import annotations
@@ -110,28 +111,56 @@ class Trace:
         display(box)
         return box
 
-    # -- swimlane -------------------------------------------------------------------
-    def swimlane(self, ax=None, title: str | None = None):
-        """One lane per actor; a mark per step; crashes and errors stand out."""
-        import matplotlib.pyplot as plt
+    # -- pictures -------------------------------------------------------------------
+    def divergence(self, sent, recorded, **kw):
+        """See :func:`divergence`: sent against recorded, step by step."""
+        return divergence(self, sent, recorded, **kw)
 
 
-        if ax is None:
-            _, ax = plt.subplots(figsize=(9, 0.8 + 0.55 * len(self.actors)))
-        lanes = {a: len(self.actors) - 1 - i for i, a in enumerate(self.actors)}
-        for i, st in enumerate(self.steps):
-            y = lanes[st.actor]
-            colour = {"crash": PALETTE[2], "error": PALETTE[1]}.get(st.kind, PALETTE[0])
-            marker = {"crash": "X", "error": "s"}.get(st.kind, "o")
-            ax.plot(i + 1, y, marker=marker, color=colour, markersize=11 if st.kind != "step" else 8)
-        ax.set_yticks(list(lanes.values()))
-        ax.set_yticklabels(list(lanes.keys()))
-        ax.set_xticks(range(1, len(self.steps) + 1))
-        ax.set_xlim(0.5, len(self.steps) + 0.5)
-        ax.set_ylim(-0.7, len(self.actors) - 0.3)
-        ax.set_xlabel("step")
-        ax.set_title(title or self.title)
-        return ax
+def _series(trace: "Trace", key) -> list[float]:
+    """``key``'s value after every step: a state key, or a function of the state; a step whose
+    state does not say (the key absent, or the function returning None) keeps the last value."""
+    out, last = [], 0.0
+    for st in trace.steps:
+        v = key(st.state) if callable(key) else st.state.get(key)
+        last = last if v is None else float(v)
+        out.append(last)
+    return out
+
+
+def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
+               recorded_label: str = "recorded as sent", ylabel: str = "messages", ax=None,
+               title: str | None = None):
+    """What went out against what the database records as gone out, after every step of
+    ``trace``.  Above the line (sent, not recorded) is what will be sent again: duplicates.
+    Below it (recorded, never sent) is what no one will send: loss.  Crashes are marked.
+    ``sent`` and ``recorded`` are state keys or functions of a step's state."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    x = np.arange(1, len(trace.steps) + 1)
+    s, r = np.array(_series(trace, sent)), np.array(_series(trace, recorded))
+    ax.fill_between(x, r, s, where=s > r, interpolate=True, color=PALETTE[1], alpha=0.3,
+                    label="sent, not recorded: will be sent again (duplicates)")
+    ax.fill_between(x, r, s, where=s < r, interpolate=True, color=PALETTE[2], alpha=0.3,
+                    label="recorded, never sent: lost")
+    ax.plot(x, s, "o-", color=PALETTE[0], lw=2, label=sent_label)
+    ax.plot(x, r, "s--", color=PALETTE[7], lw=1.5, label=recorded_label)
+    for i, st in enumerate(trace.steps):
+        if st.kind == "crash":
+            ax.axvline(i + 1, color=PALETTE[2], ls=":", lw=1.5)
+            ax.annotate("crash", (i + 1, ax.get_ylim()[1]), xytext=(3, -14), textcoords="offset points",
+                        color=PALETTE[2])
+    ax.set_xticks(x, [f"{i + 1}\n{st.actor}" for i, st in enumerate(trace.steps)], fontsize=9)
+    ax.set_xlim(0.5, len(x) + 0.5)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or trace.title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
 
 
 def _fmt(v: Any) -> str:

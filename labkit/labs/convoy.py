@@ -38,7 +38,7 @@ from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab
 from ..core.limits import bulk, number, writable_file
-from ..core.plots import PALETTE, setup_matplotlib, static_box
+from ..core.plots import PALETTE, plain_log_ticks, setup_matplotlib, static_box
 from ..core.queries import queries
 
 if TYPE_CHECKING:
@@ -692,6 +692,7 @@ def _against_workers(ax: Axes, workers: Iterable[int], ylabel: str, title: str) 
     labels, and the legend beside the axes."""
     _log2_workers(ax, workers)
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("workers N")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -732,6 +733,22 @@ def plot_throughput(df: pd.DataFrame, reference: pd.DataFrame | None = None, ax:
     return _against_workers(ax, workers, "jobs per second (log)",
                             title or f"Throughput against workers (d = {job_ms:g} ms, "
                                      f"{'lock held for the job' if hold else 'claim + mark + commit'})")
+
+
+def plot_efficiency(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Measured throughput over the model's (1/d for wait and NOWAIT, N/d for SKIP LOCKED)
+    against workers, on a linear axis from 0: the fall a log throughput axis hides."""
+    ax = _axes(ax, (8, 4))
+    for policy, part, colour in _by_policy(df):
+        ax.plot(part["workers"], part["efficiency"], "o-", color=colour, lw=2, label=POLICY_NAMES[policy])
+    ax.axhline(1.0, color="black", ls="--", lw=1.2, label="the model")
+    _log2_workers(ax, df["workers"])
+    ax.set_ylim(0, max(1.15, float(df["efficiency"].max()) + 0.05))
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("measured / model")
+    ax.set_title(title or "Efficiency: how close each policy gets to its model")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    return ax
 
 
 def plot_claim_wait(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:

@@ -528,7 +528,8 @@ def _wait_backend_gone(lab: Lab, pid: int, timeout: float = 10) -> None:
 def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: float = LEASE_S,
                 warmup: int = 10, others: int = 10) -> Trace:
     """A drain (a real process) claims ``batch`` rows with leases, sends ``crash_after`` pushes
-    and is SIGKILLed; a second drain carries on; the leases run out; the rows come back."""
+    and is SIGKILLed; a second drain carries on; the leases run out; the rows come back.  The
+    steps that push record ``pushes`` (every push so far) beside the ledger's counts."""
 
     check_params(batch=batch, lease_s=lease_s, warmup=warmup, others=others)
     if lease_s < 2:
@@ -554,7 +555,7 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
     if warmup:
         tr.add("drain 0", f"tick: claim {len(res.claimed)}, send, record outcomes",
                "an earlier tick finished normally: these rows are terminal now (sent or failed)",
-               {**_statuses(lab), "at": "T"})
+               {**_statuses(lab), "pushes": _pushes(lab)["pushes"], "at": "T"})
 
     w = Worker(drain_worker, name="drain 1", dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                lease_s=lease_s, pause_after_sends=crash_after if crash_after else None)
@@ -576,7 +577,7 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
                    "the devices have them; the ledger does not know yet: outcomes are written "
                    "after the batch", {"pushes_by_drain_1": lab.execute(
                        "SELECT count(*) FROM device_push WHERE pushed_by = 'drain 1'")[0][0],
-                       **_statuses(lab)})
+                       **_statuses(lab), "pushes": _pushes(lab)["pushes"]})
         w.kill()
     finally:
         w.kill()
@@ -600,7 +601,7 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
                "the crashed batch is not due (its leases run) and nothing is locked, so the "
                "second drain takes the remaining due rows without waiting",
                {"claimed": len(ids2), "from_crashed_batch": len(set(ids2) & set(crashed_ids)),
-                **_statuses(lab)})
+                **_statuses(lab), "pushes": _pushes(lab)["pushes"]})
 
         clock.advance(lease_s - 1)
         early = second.claim()
@@ -619,7 +620,7 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
         tr.add("drain 2", f"re-claim {len(ids3)} rows; send all; record outcomes",
                "attempt 2 for every row of the crashed batch: the ones pushed before the crash "
                "are pushed a second time", {"claimed": len(ids3), "attempts": sorted(
-                   {c.attempts for c in res3.claimed}), **_statuses(lab)})
+                   {c.attempts for c in res3.claimed}), **_statuses(lab), "pushes": _pushes(lab)["pushes"]})
     finally:
         close_drain(second)
 

@@ -44,7 +44,6 @@ from .broker import Broker, BrokerDown
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.axes import Axes
 
 ITEMS = ["kettle", "lamp", "mug", "teapot", "rug"]
 MAX_BATCH = 10_000         # rows in one relay tick (a trace places that many orders first)
@@ -988,10 +987,12 @@ def metrics(lab: Lab) -> tuple[int, float]:
 
 def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 40, interval_s: float = 0.1,
                 run_s: float = 3.0, pause: tuple[float, float] = (1.0, 2.0), sample_s: float = 0.05,
-                batch: int = 100) -> pd.DataFrame:
+                batch: int = 100, burst: tuple[float, int] | None = None) -> pd.DataFrame:
     """Orders arrive at ``rate_per_s``; a relay process ticks every ``interval_s``; it is
-    frozen (SIGSTOP) during ``pause`` and thawed (SIGCONT) after.  Samples depth and the
-    oldest row's age every ``sample_s``.  Returns a DataFrame (t_s, depth, oldest_age_s, relay)."""
+    frozen (SIGSTOP) during ``pause`` and thawed (SIGCONT) after.  ``burst=(t, n)`` places n
+    more orders at once at time t, the relay running.  Samples depth and the oldest row's age
+    every ``sample_s``.  Returns a DataFrame (t_s, depth, oldest_age_s, relay); ``df.attrs``
+    keeps ``pause`` and ``burst`` for :func:`plot_lag`."""
     if min(rate_per_s, interval_s, sample_s, run_s, batch) <= 0:
         raise LabkitError("rate_per_s, interval_s, sample_s, run_s and batch must be positive.",
                           "pass positive numbers, for example rate_per_s=40, run_s=3, batch=100.")
@@ -1003,11 +1004,19 @@ def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 4
     if not 0 <= pause[0] < pause[1] <= run_s:
         raise LabkitError(f"pause={pause} does not fit in run_s={run_s}.",
                           "use pause=(start, end) with 0 <= start < end <= run_s.")
+    if burst is not None:
+        number("burst time", burst[0], low=0, high=run_s, unit=" s", example=0.5)
+        number("burst size", burst[1], low=1, high=MAX_BATCH * 10, whole=True, example=150)
+        if pause[0] <= burst[0] < pause[1]:
+            raise LabkitError(f"burst at {burst[0]} s falls inside the pause {pause}.",
+                              "place the burst while the relay runs, for example burst=(0.5, 150).")
     with _OwnBroker(lab, broker) as bk:
-        return _measure_lag(lab, bk, rate_per_s, interval_s, run_s, pause, sample_s, batch)
+        df = _measure_lag(lab, bk, rate_per_s, interval_s, run_s, pause, sample_s, batch, burst)
+    df.attrs.update(pause=pause, burst=burst)
+    return df
 
 
-def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch):
+def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_s, batch, burst):
     import pandas as pd
 
     _fresh_outbox(lab, broker, 0)
@@ -1027,6 +1036,10 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
                 os.kill(w.pid, signal.SIGCONT)
                 stopped = False
             due = int(t * rate_per_s) - int(placed)
+            if burst is not None and t >= burst[0]:
+                place_orders(lab, burst[1], start=next_id, conn=producer)
+                next_id += burst[1]
+                burst = None
             if due > 0:
                 place_orders(lab, due, start=next_id, conn=producer)
                 next_id += due
@@ -1042,28 +1055,33 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
     return pd.DataFrame(rows, columns=["t_s", "depth", "oldest_age_s", "relay"])
 
 
-def plot_lag(df: pd.DataFrame, pause: tuple[float, float], ax: Axes | None = None,
-             title: str = "Relay lag while the relay is paused") -> Axes:
-    """The lag of :func:`measure_lag`: the oldest row's age and the outbox's depth over time,
-    the pause shaded."""
+def plot_lag(df: pd.DataFrame, pause: tuple[float, float] | None = None, title: str = "Outbox lag"):
+    """The lag of :func:`measure_lag` on two panels sharing the time axis: the oldest unpublished
+    row's age above, the outbox's depth below; the pause shaded, the burst marked.  Returns the
+    two axes."""
     import matplotlib.pyplot as plt
 
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.6))
-    ax.axvspan(*pause, color=PALETTE[1], alpha=0.18, label="relay paused (SIGSTOP)")
-    ax.plot(df.t_s, df.oldest_age_s, color=PALETTE[0], label="age of oldest unpublished row (s)")
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("age (s)")
-    ax2 = ax.twinx()
-    ax2.plot(df.t_s, df.depth, color=PALETTE[2], linestyle="--", label="outbox depth (rows)")
-    ax2.set_ylabel("unpublished rows")
-    ax2.spines["right"].set_visible(True)
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=9)
-    ax.set_title(title)
-    return ax
+    pause = pause or df.attrs.get("pause")
+    burst = df.attrs.get("burst")
+    fig, (age, depth) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True)
+    for ax in (age, depth):
+        if pause:
+            ax.axvspan(*pause, color=PALETTE[1], alpha=0.18,
+                       label="relay frozen (SIGSTOP)" if ax is age else None)
+        if burst:
+            ax.axvline(burst[0], color=PALETTE[4], ls=":", lw=1.5,
+                       label=f"a burst of {burst[1]} orders" if ax is age else None)
+    age.plot(df.t_s, df.oldest_age_s, color=PALETTE[0], lw=2)
+    age.set_ylabel("oldest row's\nage (s)")
+    age.set_ylim(bottom=0)
+    depth.plot(df.t_s, df.depth, color=PALETTE[2], lw=2)
+    depth.set_ylabel("depth\n(unpublished rows)")
+    depth.set_ylim(bottom=0)
+    depth.set_xlabel("time (s)")
+    age.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    age.set_title(title)
+    fig.tight_layout()
+    return age, depth
 
 
 # -- command line --------------------------------------------------------------------------------

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
     import pandas as pd
     import psycopg
-    from matplotlib.axes import Axes
 
     from ..core.procs import Context
 
@@ -1306,31 +1305,37 @@ def compare(mine: dict, reference: dict) -> pd.DataFrame:
     return df
 
 
-def plot_ceiling(mine: dict | None, reference: dict | None, ax: Axes | None = None) -> Axes:
-    """Claim ceiling by batch size: labkit and pgbench, yours (solid) and the reference (hatched)."""
+def plot_ceiling(mine: dict | None, reference: dict | None):
+    """Claim ceiling by batch size, on plain axes from 0: jobs claimed per second (left) and
+    claims per second (right, jobs / batch), labkit and pgbench, yours (solid) and the
+    reference (hatched).  Returns the two axes."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 4))
     runs = [(name, r) for name, r in (("reference", reference), ("yours", mine)) if r]
     batches = list((runs[0][1])["claim_jobs_per_s"])
+    fig, (jobs, calls) = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / (2 * len(runs))
     k = 0
     for name, r in runs:
         for who, key, colour in (("labkit", "claim_jobs_per_s", PALETTE[0]),
                                  ("pgbench", "pgbench_jobs_per_s", PALETTE[1])):
             xs = [i + (k - (2 * len(runs) - 1) / 2) * width for i in range(len(batches))]
-            ax.bar(xs, [r[key][b] for b in batches], width, color=colour,
-                   hatch="//" if name == "reference" else None, alpha=0.55 if name == "reference" else 1.0,
-                   label=f"{who}, {name}", edgecolor="white")
+            style = dict(color=colour, hatch="//" if name == "reference" else None,
+                         alpha=0.55 if name == "reference" else 1.0, edgecolor="white")
+            jobs.bar(xs, [r[key][b] for b in batches], width, label=f"{who}, {name}", **style)
+            calls.bar(xs, [r[key][b] / int(b) for b in batches], width, **style)
             k += 1
-    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
-    ax.set_yscale("log")
-    ax.set_ylabel("jobs claimed per second (log scale)")
-    ax.set_title("Claim ceiling: claim + mark, one transaction per call")
-    ax.legend(fontsize=8, ncol=2)
-    return ax
+    for ax, label in ((jobs, "jobs claimed per second"), (calls, "claims per second (jobs / batch)")):
+        ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        ax.set_ylabel(label)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    jobs.set_title("More jobs per second with a bigger batch...")
+    calls.set_title("...in fewer, heavier claims")
+    jobs.legend(fontsize=9, ncol=2)
+    fig.suptitle("Claim ceiling: claim + mark, one transaction per call")
+    fig.tight_layout()
+    return jobs, calls
 
 
 # -- command line --------------------------------------------------------------------------------------
