@@ -222,6 +222,10 @@ def test_the_freeze_trace_reproduces_exactly(lab):
         b = relay.freeze_summary(lab, bk, batch=10, freeze_after=3)
     assert a["trace"].to_text() == b["trace"].to_text()
     assert "released_after_s" not in a["trace"].to_text()      # the one measured figure stays out
+    # a freeze is not a crash: the frozen step says so
+    frozen = [st for st in a["trace"].steps if st.kind == "freeze"]
+    assert len(frozen) == 1 and "SIGSTOP" in frozen[0].action
+    assert "⏸ FROZEN" in a["trace"].to_text()
 
 
 def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):

@@ -65,7 +65,8 @@ def test_the_divergence_chart_shades_duplicates_above_and_loss_below():
     # a step whose state does not name a key keeps the last value
     assert sent == [2, 2, 6, 6, 6] and recorded == [0, 0, 4, 7, 7]
     dup, loss = ax.collections[:2]
-    assert dup.get_label().endswith("(duplicates)") and loss.get_label().endswith("lost")
+    assert dup.get_label() == "sent, not recorded: sent again, so duplicates"
+    assert loss.get_label() == "recorded, not sent: lost unless sent later"
     assert len(dup.get_paths()) >= 1 and len(loss.get_paths()) >= 1     # both regions are drawn
     # the crash is marked where it happened, and each step is labelled with who acted
     assert [line.get_xdata()[0] for line in ax.get_lines()[2:]] == [2]
@@ -80,3 +81,6 @@ def test_the_divergence_chart_takes_a_function_of_the_state():
                        ylabel="pushes")
     assert [line.get_ydata().tolist() for line in ax.get_lines()[:2]] == [[6, 6], [4, 4]]
     assert ax.get_ylabel() == "pushes"
+    # no loss anywhere: its region has no entry in the legend
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "sent, not recorded: sent again, so duplicates", "sent", "recorded"]

@@ -23,7 +23,7 @@ class TraceStep:
     action: str                   # what it did, short: "claim 100 rows", "SIGKILL"
     explain: str                  # one line: why this matters
     state: dict[str, Any] = field(default_factory=dict)   # snapshot after the step
-    kind: str = "step"            # step, crash, error, check
+    kind: str = "step"            # step, crash, freeze, error, check
 
     def state_line(self) -> str:
         return ", ".join(f"{k}={_fmt(v)}" for k, v in self.state.items())
@@ -47,7 +47,7 @@ class Trace:
     # -- text ---------------------------------------------------------------------
     def step_text(self, i: int) -> str:
         st = self.steps[i]
-        mark = {"crash": "  ✗ CRASH", "error": "  ! ERROR"}.get(st.kind, "")
+        mark = {"crash": "  ✗ CRASH", "freeze": "  ⏸ FROZEN", "error": "  ! ERROR"}.get(st.kind, "")
         lines = [f"step {i + 1}/{len(self.steps)} · {st.actor}: {st.action}{mark}",
                  f"    {st.explain}"]
         if st.state:
@@ -129,11 +129,14 @@ def _series(trace: "Trace", key) -> list[float]:
 
 
 def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
-               recorded_label: str = "recorded as sent", ylabel: str = "messages", ax=None,
+               recorded_label: str = "recorded", ylabel: str = "count",
+               above: str = "sent, not recorded: sent again, so duplicates",
+               below: str = "recorded, not sent: lost unless sent later", ax=None,
                title: str | None = None):
     """What went out against what the database records as gone out, after every step of
     ``trace``.  Above the line (sent, not recorded) is what will be sent again: duplicates.
-    Below it (recorded, never sent) is what no one will send: loss.  Crashes are marked.
+    Below it (recorded, never sent) is what no one will send unless someone sends it: loss.
+    Crashes and freezes are marked; ``above`` and ``below`` name the shaded regions.
     ``sent`` and ``recorded`` are state keys or functions of a step's state."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -142,17 +145,19 @@ def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
         _, ax = plt.subplots(figsize=(9, 4))
     x = np.arange(1, len(trace.steps) + 1)
     s, r = np.array(_series(trace, sent)), np.array(_series(trace, recorded))
+    # a region's legend entry only where it is drawn
     ax.fill_between(x, r, s, where=s > r, interpolate=True, color=PALETTE[1], alpha=0.3,
-                    label="sent, not recorded: will be sent again (duplicates)")
+                    label=above if (s > r).any() else None)
     ax.fill_between(x, r, s, where=s < r, interpolate=True, color=PALETTE[2], alpha=0.3,
-                    label="recorded, never sent: lost")
+                    label=below if (s < r).any() else None)
     ax.plot(x, s, "o-", color=PALETTE[0], lw=2, label=sent_label)
     ax.plot(x, r, "s--", color=PALETTE[7], lw=1.5, label=recorded_label)
     for i, st in enumerate(trace.steps):
-        if st.kind == "crash":
+        if st.kind in ("crash", "freeze"):
             ax.axvline(i + 1, color=PALETTE[2], ls=":", lw=1.5)
-            ax.annotate("crash", (i + 1, ax.get_ylim()[1]), xytext=(3, -14), textcoords="offset points",
-                        color=PALETTE[2])
+            ax.annotate("crash" if st.kind == "crash" else "frozen", (i + 1, 0.62),
+                        xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points",
+                        rotation=90, color=PALETTE[2])
     ax.set_xticks(x, [f"{i + 1}\n{st.actor}" for i, st in enumerate(trace.steps)], fontsize=9)
     ax.set_xlim(0.5, len(x) + 0.5)
     ax.set_ylim(bottom=0)

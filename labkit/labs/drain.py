@@ -846,7 +846,7 @@ def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
                "open; it sends nothing. The claim committed before the sends, so its sessions are "
                "idle, not idle in a transaction: it holds no lock",
                {"process": proc_state, "sessions": sessions, "locks_held": locks,
-                "rows_locked": rows_locked, "lease_until": clock.rel(lease_until)})
+                "rows_locked": rows_locked, "lease_until": clock.rel(lease_until)}, kind="freeze")
         res = second.tick()
         at_once = [c.id for c in res.claimed]
         tr.add("drain 2", f"claim at once: {len(at_once)} other rows",

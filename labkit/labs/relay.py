@@ -714,7 +714,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             held = frozen["locked_rows"]
             tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
                    "a host freeze, a paused VM, a long GC pause: the process stops, its connection "
-                   f"stays open, and the server sees a session '{state}'", frozen, kind="crash")
+                   f"stays open, and the server sees a session '{state}'", frozen, kind="freeze")
             # Another relay's claim, while relay 1 is frozen: the same SQL, its own session.
             with lab.connect(role="relay-2", autocommit=False) as other:
                 others = len(other.execute(CLAIM, {"batch": batch}).fetchall())

@@ -1323,7 +1323,9 @@ def plot_ceiling(mine: dict | None, reference: dict | None):
             xs = [i + (k - (2 * len(runs) - 1) / 2) * width for i in range(len(batches))]
             style = dict(color=colour, hatch="//" if name == "reference" else None,
                          alpha=0.55 if name == "reference" else 1.0, edgecolor="white")
-            jobs.bar(xs, [r[key][b] for b in batches], width, label=f"{who}, {name}", **style)
+            durable = (r.get("durability") or {}).get("commits_durable")
+            promise = "" if durable is None else (", durable" if durable else ", fsync = off")
+            jobs.bar(xs, [r[key][b] for b in batches], width, label=f"{who}, {name}{promise}", **style)
             calls.bar(xs, [r[key][b] / int(b) for b in batches], width, **style)
             k += 1
     for ax, label in ((jobs, "jobs claimed per second"), (calls, "claims per second (jobs / batch)")):
