@@ -150,6 +150,12 @@ def test_transcript_renders_text_html_and_swimlane(jobs):
     assert "A:1" in text
     html = t.to_html()
     assert html.count("<tr>") == len(t.rows) + 1
+    # one line a step: the session named in its own column, the note and the locks beside it
+    lines = t.to_lines().splitlines()
+    assert lines[0].split() == ["#", "session", "step", "→", "result", "note", "rows", "locked"]
+    assert len(lines) == len(t.rows) + 1
+    nowait = next(line for line in lines if "claim NOWAIT" in line)
+    assert nowait.split()[:2] == ["4", "B"] and "ERROR 55P03" in nowait and "A:1" in nowait
     ax = t.swimlane()
     assert [tick.get_text() for tick in ax.get_yticklabels()] == ["B", "A"]
 

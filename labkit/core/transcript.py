@@ -89,6 +89,16 @@ class Transcript:
             lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
         return "\n".join(lines)
 
+    def to_lines(self) -> str:
+        """The same steps one line each -- number, session, what it ran and got, the note, the
+        rows locked after it: narrower than :meth:`to_text` when there are many sessions."""
+        s = max(len(r.session) for r in self.rows)
+        w = max(len(r.text) for r in self.rows)
+        n = max(len(r.note) for r in self.rows)
+        head = f"{'#':<2} {'session':<{s}}  {'step → result':<{w}}  {'note':<{n}}  {'rows locked' * self.show_locks}"
+        return "\n".join([head.rstrip()] + [f"{r.n:<2} {r.session:<{s}}  {r.text:<{w}}  {r.note:<{n}}  {r.locks}".rstrip()
+                                            for r in self.rows])
+
     def __str__(self) -> str:
         return self.to_text()
 
