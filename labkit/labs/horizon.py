@@ -496,7 +496,7 @@ def plot(result: dict, ax=None):
         bottom.plot(t, [max(p["buffers"], 1) for p in series], style, marker="o", ms=3, label=label)
     top.set_ylabel("claim, median ms")
     top.set_ylim(bottom=0)
-    bottom.set_ylabel("buffers one claim reads")
+    bottom.set_ylabel("buffers one claim reads (log scale)")
     bottom.set_yscale("log")
     bottom.set_xlabel("seconds into the run")
     top.legend(loc="upper left", fontsize=10)
