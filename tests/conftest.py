@@ -76,6 +76,64 @@ def backends_gone(db, pattern: str, timeout: float = 10.0) -> list[tuple]:
         time.sleep(0.05)
 
 
+def child_processes(proc=None, *, zombies: bool = True) -> list:
+    """The descendants of ``proc`` (this test process by default), but multiprocessing's
+    resource tracker (started once, on first use of spawn, and kept for the life of the
+    process); without zombies when ``zombies`` is False.  What the leftover checks compare
+    before and after a run."""
+    import psutil
+
+    out = []
+    for p in (proc or psutil.Process()).children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()) and (
+                    zombies or p.status() != psutil.STATUS_ZOMBIE):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def child_pids() -> set[int]:
+    """The pids of :func:`child_processes` of this test process."""
+    return {p.pid for p in child_processes()}
+
+
+def interrupt_when(connect, ready, sent: list, *, timeout: float = 60, poll_s: float = 0.02):
+    """Ctrl-C for the main thread (a KeyboardInterrupt, as the key gives a reader) once
+    ``ready(conn)`` is true on a connection from ``connect()`` -- a state read from the server,
+    never a fixed delay a slow machine may not have reached -- or after ``timeout`` seconds.
+    The moment is appended to ``sent``.  Returns the watcher thread, started."""
+    import _thread
+    import threading
+    import time
+
+    def watch():
+        with connect() as conn:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and not ready(conn):
+                time.sleep(poll_s)
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def returns_a_row(sql: str, params: tuple = (), *, missing_ok: bool = False):
+    """A ``ready`` for :func:`interrupt_when`: ``sql`` returns a row.  With ``missing_ok``, a
+    statement that fails (its table not created yet) counts as not yet."""
+    def ready(conn) -> bool:
+        try:
+            return conn.execute(sql, params).fetchone() is not None
+        except Exception:
+            if missing_ok:
+                return False
+            raise
+    return ready
+
+
 @pytest.fixture
 def scratch_root():
     """A short-named folder of the test's own that every user may pass through (as root the

@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
+from conftest import child_processes
 
 import labkit
 from labkit import Lab
@@ -27,17 +27,6 @@ from labkit.labs import drain as dr
 from labkit.labs import relay as rl
 from labkit.tools import grade
 from labkit.tools import torture as tt
-
-
-def _workers() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _sessions_but_admin(lab) -> list[tuple]:
@@ -104,12 +93,12 @@ def test_impossible_parameters_name_the_fix_and_leave_nothing_behind(lab, case):
     call, word = IMPOSSIBLE[case]
     if case.startswith(("drain: negative ticks", "drain: clock")):
         dr.create_ledger(lab, 1)
-    before = {p.pid for p in _workers()}
+    before = {p.pid for p in child_processes(zombies=False)}
     with pytest.raises(LabkitError) as err:
         call(lab)
     assert word in str(err.value)
     assert "Fix:" in str(err.value)
-    assert [p for p in _workers() if p.pid not in before] == []
+    assert [p for p in child_processes(zombies=False) if p.pid not in before] == []
     assert _sessions_but_admin(lab) == []
 
 
@@ -149,7 +138,7 @@ def test_broker_down_marks_nothing_retries_then_catches_up(lab):
 def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_server):
     scratch_server.start()
     lab = Lab.open(labkit.connect(quiet=True), "down")
-    before = {p.pid for p in _workers()}
+    before = {p.pid for p in child_processes(zombies=False)}
     stopper = threading.Timer(2.0, scratch_server.stop)
     stopper.start()
     t0 = time.monotonic()
@@ -160,7 +149,7 @@ def test_server_down_mid_run_stops_it_says_so_and_it_can_be_repeated(scratch_ser
         stopper.join()
     assert time.monotonic() - t0 < 60
     assert "server went away" in str(err.value) and "labkit server start" in str(err.value)
-    assert [p for p in _workers() if p.pid not in before] == []
+    assert [p for p in child_processes(zombies=False) if p.pid not in before] == []
     # start it again: the same run goes through, on a fresh copy of its tables
     scratch_server.start()
     lab = Lab.open(labkit.connect(quiet=True), "down")

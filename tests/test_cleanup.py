@@ -18,6 +18,7 @@ import time
 
 import psutil
 import pytest
+from conftest import child_processes
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -36,18 +37,6 @@ SELECT count(*) FILTER (WHERE a.xact_start IS NOT NULL)                  AS open
   FROM pg_stat_activity a
  WHERE a.application_name LIKE %(app)s AND a.pid <> pg_backend_pid()
 """
-
-
-def _workers(proc: psutil.Process) -> list[psutil.Process]:
-    """A process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = []
-    for p in proc.children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _left_on_server(db, schema: str, *, but_admin: bool = False, timeout: float = 10) -> dict:
@@ -96,14 +85,14 @@ def _interrupt_once_running(lab, sent: list, settle_s: float = 1.0, timeout: flo
 
 
 def test_keyboard_interrupt_mid_torture_leaves_no_process_session_or_lock(lab, db):
-    before = {p.pid for p in _workers(psutil.Process())}
+    before = {p.pid for p in child_processes(psutil.Process())}
     sent: list = []
     watcher = _interrupt_once_running(lab, sent)
     with pytest.raises(KeyboardInterrupt):
         tt.torture(lab, "relay", kills=200, seed=11)
     watcher.join(5)
     assert sent and time.monotonic() - sent[0] < 20   # it stopped soon after Ctrl-C
-    assert [p for p in _workers(psutil.Process()) if p.pid not in before] == []
+    assert [p for p in child_processes(psutil.Process()) if p.pid not in before] == []
     # everything but the lab's own admin connection is gone; nothing holds a lock
     assert _left_on_server(db, lab.schema, but_admin=True) == {
         "open_transactions": 0, "locks": 0, "sessions": 0}
@@ -150,17 +139,17 @@ def test_sigint_to_a_process_mid_experiment_leaves_nothing_behind(db, what):
         # mid-experiment: worker threads are busy, or worker processes are up
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            kids = _workers(ps)
+            kids = child_processes(ps)
             if (what == "convoy" and len(ps.threads()) > 4) or kids:
                 break
             time.sleep(0.05)
         time.sleep(1.0)
         # strike while worker processes are up (a trace starts and ends them in turn)
         deadline = time.monotonic() + 15
-        kids = _workers(ps)
+        kids = child_processes(ps)
         while what != "convoy" and not kids and time.monotonic() < deadline:
             time.sleep(0.01)
-            kids = _workers(ps)
+            kids = child_processes(ps)
         if what != "convoy":
             assert kids, "the experiment never started its worker processes"
         proc.send_signal(signal.SIGINT)

@@ -4,17 +4,15 @@ Every test runs on the real server.  The ``kind`` fixture runs the hang tests wi
 recording broker (a scripted hang) and, when LABKIT_AMQP_URL is set, with RabbitMQ behind
 the lab's TCP proxy (a network hang)."""
 
-import _thread
 import json
 import os
 import socket
 import threading
 import time
 
-import psutil
 import psycopg
 import pytest
-from conftest import backends_gone
+from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 
 from labkit import Lab
 from labkit.core.errors import LabkitError
@@ -31,20 +29,8 @@ def kind(request):
     return request.param
 
 
-def _children() -> set[int]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def _nothing_left(db, lab, before: set[int], kind: str = "recording") -> None:
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     assert backends_gone(db, f"labkit:{lab.schema}:hang-%") == []
     held = lab.execute(query("hang.sql", "hang_locks").sql, {"k1": hang.HANG_KEY, "schema": lab.schema})
     assert held == [(0,)]
@@ -58,7 +44,7 @@ def _nothing_left(db, lab, before: set[int], kind: str = "recording") -> None:
 
 
 def test_a_hung_broker_holds_only_the_unbounded_relays_transaction(lab, db, kind):
-    before = _children()
+    before = child_pids()
     r = hang.broker_hang_trace(lab, hang_s=2.0, publish_timeout_s=0.5, deadline_s=1.0,
                                broker=kind, orders=10)
     assert r["broker"] == kind
@@ -157,7 +143,7 @@ def test_only_transaction_timeout_bounds_a_transaction_of_short_busy_statements(
 
 
 def test_backstop_trace_shows_which_setting_ends_which_transaction(lab, db):
-    before = _children()
+    before = child_pids()
     r = hang.backstop_trace(lab, backstop_s=0.4, busy_s=1.2, step_s=0.1, rows=4)
     silent, busy, busy_whole = r["cases"]
     assert [c["relay"] for c in r["cases"]] == ["silent", "busy", "busy"]
@@ -179,7 +165,7 @@ def test_backstop_trace_shows_which_setting_ends_which_transaction(lab, db):
     else:
         assert busy_whole["ran"] is False and "ended_by_server" not in busy_whole
     json.dumps(r)
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     assert backends_gone(db, f"labkit:{lab.schema}:hang-backstop-%") == []
 
 
@@ -196,24 +182,14 @@ def test_backstop_trace_names_the_fix_for_bad_parameters(lab, kw, match):
 
 
 def test_ctrl_c_mid_hang_leaves_no_process_session_or_lock(lab, db, kind):
-    before = _children()
+    before = child_pids()
     sent: list[float] = []
 
-    def interrupt_once_the_unbounded_relay_waits():
-        with lab.connect(role="watch") as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                                "AND state = 'idle in transaction' "
-                                "AND clock_timestamp() - xact_start > interval '1 s'",
-                                (f"labkit:{lab.schema}:hang-relay-u",)).fetchone()[0]:
-                    break
-                time.sleep(0.02)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    watcher = threading.Thread(target=interrupt_once_the_unbounded_relay_waits, daemon=True)
-    watcher.start()
+    # Ctrl-C once the unbounded relay has sat in its transaction for a second
+    watcher = interrupt_when(lambda: lab.connect(role="watch"), returns_a_row(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s "
+        "AND state = 'idle in transaction' AND clock_timestamp() - xact_start > interval '1 s'",
+        (f"labkit:{lab.schema}:hang-relay-u",)), sent)
     with pytest.raises(KeyboardInterrupt):
         hang.broker_hang_trace(lab, hang_s=5.0, broker=kind, orders=5)
     watcher.join(5)

@@ -1,34 +1,19 @@
 """The xmin horizon lab on a real server: a REPEATABLE READ report idle in transaction
 makes every claim walk the jobs done since it began, and VACUUM remove none of them."""
 
-import _thread
 import json
 import math
-import threading
 import time
 
 import matplotlib
-import psutil
 import pytest
-from conftest import backends_gone
+from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 
 from labkit.core.errors import LabkitError
 from labkit.core.queries import query, strip_comments
 from labkit.labs import horizon as hz
 
 matplotlib.use("Agg")
-
-
-def _children() -> set[int]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _lab_sessions_gone(db, lab) -> None:
@@ -59,7 +44,7 @@ def test_the_measured_select_is_the_claims_own():
 
 
 def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
-    before = _children()
+    before = child_pids()
     r = hz.horizon_trace(lab, seconds=2, workers=2)
     # the report held the horizon, as the server shows it
     assert r["horizon_held_by"] == f"labkit:{lab.schema}:report (idle in transaction)"
@@ -94,7 +79,7 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
     assert len(fig.axes) == 2 and "fsync=" in fig._suptitle.get_text()
     matplotlib.pyplot.close(fig)
     _lab_sessions_gone(db, lab)
-    assert _children() - before == set()
+    assert child_pids() - before == set()
 
 
 def test_who_holds_the_horizon_names_the_idle_report(lab):
@@ -153,25 +138,16 @@ def test_command_prints_json_and_drops_its_lab(db, capsys):
 
 
 def test_ctrl_c_mid_run_leaves_no_worker_report_or_session(lab, db):
-    before = _children()
+    before = child_pids()
     sent: list[float] = []
 
-    def interrupt_once_the_report_holds_the_horizon():
-        with db.connect() as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not conn.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name = %s "
-                    "AND state = 'idle in transaction'",
-                    (f"labkit:{lab.schema}:report",)).fetchone():
-                time.sleep(0.05)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    watcher = threading.Thread(target=interrupt_once_the_report_holds_the_horizon, daemon=True)
-    watcher.start()
+    # Ctrl-C once the report holds the horizon
+    watcher = interrupt_when(db.connect, returns_a_row(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle in transaction'",
+        (f"labkit:{lab.schema}:report",)), sent, poll_s=0.05)
     with pytest.raises(KeyboardInterrupt):
         hz.churn(lab, seconds=60, workers=2, hold_horizon=True)
     watcher.join(5)
     assert sent and time.monotonic() - sent[0] < 20
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     _lab_sessions_gone(db, lab)

@@ -1,33 +1,18 @@
 """The consumer side: in-memory dedup, the inbox, and the inbox in separate transactions,
 each consumer a real process SIGKILLed mid-stream and restarted, on the real server."""
 
-import _thread
 import json
 import math
-import threading
 import time
 
-import psutil
 import pytest
 
-from conftest import backends_gone
+from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 from labkit.core import procs
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab, schema_name
 from labkit.labs import inbox as ib
 from labkit.labs import relay
-
-
-def _children() -> set[int]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _consumer_backends(db, schema: str) -> list[tuple]:
@@ -39,7 +24,7 @@ def _consumer_backends(db, schema: str) -> list[tuple]:
 
 def _nothing_left(db, schema: str, before: set[int]) -> None:
     assert [w.name for w in procs._live if w.alive] == []
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     assert _consumer_backends(db, schema) == []
 
 
@@ -56,7 +41,7 @@ def test_the_stream_redelivers_before_and_after_the_restart():
 
 
 def test_four_consumers_killed_and_restarted(lab, db):
-    before = _children()
+    before = child_pids()
     t0 = time.monotonic()
     t = ib.consumer_trace(lab, events=20, duplicates=5, kill_after=10)
     assert time.monotonic() - t0 < 8
@@ -98,7 +83,7 @@ def test_four_consumers_killed_and_restarted(lab, db):
 
 
 def test_kill_on_the_first_event_without_redeliveries(lab, db):
-    before = _children()
+    before = child_pids()
     t = ib.consumer_trace(lab, events=3, duplicates=0, kill_after=1)
     ev = relay.event_id
     assert t["consumers"]["in_memory"]["twice"] == [ev(1)]
@@ -156,30 +141,15 @@ def test_the_command_prints_json_and_text_and_drops_its_lab(db, capsys):
             assert backends_gone(db, f"labkit:{lab.schema}:%") == []
 
 
-def _interrupt_when(db, sql: str, params: tuple, sent: list[float]) -> threading.Thread:
-    def watch():
-        with db.connect() as conn:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if conn.execute(sql, params).fetchone():
-                    break
-                time.sleep(0.005)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
-
-
 CONNECTED = "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
 
 
 def test_ctrl_c_while_a_consumer_runs_leaves_nothing(lab, db):
-    before, sent = _children(), []
+    before, sent = child_pids(), []
     # the inbox consumer's process 1 is connected: it handles its deliveries, or is paused
     # inside its transaction at the kill point
-    watcher = _interrupt_when(db, CONNECTED, (f"labkit:{lab.schema}:inbox-1",), sent)
+    watcher = interrupt_when(db.connect, returns_a_row(CONNECTED, (f"labkit:{lab.schema}:inbox-1",)), sent,
+                             timeout=30, poll_s=0.005)
     with pytest.raises(KeyboardInterrupt):
         ib.consumer_trace(lab)
     watcher.join(5)
@@ -188,10 +158,11 @@ def test_ctrl_c_while_a_consumer_runs_leaves_nothing(lab, db):
 
 
 def test_ctrl_c_mid_command_drops_its_lab(db):
-    before, sent = _children(), []
+    before, sent = child_pids(), []
     name = f"t_inbox_ctrl_c_{id(sent)}"
     schema = schema_name(name)
-    watcher = _interrupt_when(db, CONNECTED, (f"labkit:{schema}:memory-1",), sent)
+    watcher = interrupt_when(db.connect, returns_a_row(CONNECTED, (f"labkit:{schema}:memory-1",)), sent,
+                             timeout=30, poll_s=0.005)
     with pytest.raises(KeyboardInterrupt):
         ib.consumer_command(open_lab=lambda: Lab.open(db, name), json=True)
     watcher.join(5)

@@ -1,36 +1,21 @@
 """Heartbeats, zombies and graceful shutdown, with real worker processes on the real server."""
 
-import _thread
 import json
 import math
-import threading
 import time
 
-import psutil
 import pytest
 
-from conftest import backends_gone
+from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 from labkit.core import procs
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab, schema_name
 from labkit.labs import lifecycle as lc
 
 
-def _children() -> set[int]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def _nothing_left(db, schema: str, before: set[int]) -> None:
     assert [w.name for w in procs._live if w.alive] == []
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     assert backends_gone(db, f"labkit:{schema}:{lc.ROLE}%") == []
 
 
@@ -46,7 +31,7 @@ def _never():
 
 
 def test_without_a_heartbeat_the_second_worker_runs_the_job_again(lab, db):
-    before = _children()
+    before = child_pids()
     t0 = time.monotonic()
     r = lc.heartbeat_trace(lab, heartbeat=False)
     assert time.monotonic() - t0 < 12
@@ -63,7 +48,7 @@ def test_without_a_heartbeat_the_second_worker_runs_the_job_again(lab, db):
 
 
 def test_with_a_heartbeat_the_job_runs_once(lab, db):
-    before = _children()
+    before = child_pids()
     r = lc.heartbeat_trace(lab, heartbeat=True)
     assert (r["runs"], r["claims"]) == (1, 1)
     assert _runs(lab) == [("worker 1", 1)]
@@ -81,7 +66,7 @@ def test_with_a_heartbeat_the_job_runs_once(lab, db):
 
 
 def test_a_frozen_zombie_s_heartbeat_matches_no_row_and_it_stops_its_handler(lab, db):
-    before = _children()
+    before = child_pids()
     r = lc.zombie_trace(lab)
     assert (r["zombie_heartbeat_rows"], r["zombie_stopped"], r["zombie_completes"]) == (0, True, 0)
     assert (r["zombie_claim_version"], r["owner_claim_version"]) == (1, 2)
@@ -117,7 +102,7 @@ def test_the_heartbeat_is_fenced_by_claim_version(lab):
 
 
 def test_a_kill_leaves_claims_waiting_for_their_lease_a_sigterm_leaves_none(lab, db):
-    before = _children()
+    before = child_pids()
     t0 = time.monotonic()
     r = lc.shutdown_trace(lab)
     assert time.monotonic() - t0 < 12
@@ -138,7 +123,7 @@ def test_a_kill_leaves_claims_waiting_for_their_lease_a_sigterm_leaves_none(lab,
 
 
 def test_past_the_deadline_the_job_in_hand_is_handed_back_with_its_attempt_kept(lab, db):
-    before = _children()
+    before = child_pids()
     r = lc.shutdown_trace(lab, workers=3, jobs=4, per_worker_batch=2, job_s=0.8, deadline_s=0.2)
     assert r["waiting_lease_after_graceful"] == 0 and r["exit_code_graceful"] == 0
     assert (r["released"], r["stopped_mid_run"], r["finished_in_deadline"]) == (1, 1, False)
@@ -197,29 +182,11 @@ def test_the_commands_print_their_summaries_and_drop_their_labs(db, capsys):
     assert left == []
 
 
-def _interrupt_when(db, sql: str, params: tuple, sent: list[float]) -> threading.Thread:
-    def watch():
-        with db.connect() as conn:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    if conn.execute(sql, params).fetchone():
-                        break
-                except Exception:         # the table is not there yet
-                    pass
-                time.sleep(0.02)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
-
-
 def test_ctrl_c_while_a_worker_is_frozen_leaves_no_process_or_session(lab, db):
-    before, sent = _children(), []
+    before, sent = child_pids(), []
     # worker 2 has re-claimed the job: worker 1 is frozen (SIGSTOP) right now
-    watcher = _interrupt_when(db, f"SELECT 1 FROM {lab.schema}.job WHERE claim_version = 2", (), sent)
+    watcher = interrupt_when(db.connect, returns_a_row(f"SELECT 1 FROM {lab.schema}.job WHERE claim_version = 2",
+                                                       missing_ok=True), sent, timeout=30)
     with pytest.raises(KeyboardInterrupt):
         lc.zombie_trace(lab)
     watcher.join(5)
@@ -228,11 +195,12 @@ def test_ctrl_c_while_a_worker_is_frozen_leaves_no_process_or_session(lab, db):
 
 
 def test_ctrl_c_mid_shutdown_command_drops_its_lab(db):
-    before, sent = _children(), []
+    before, sent = child_pids(), []
     name = f"lifecycle_ctrl_c_{id(sent)}"
     schema = schema_name(name)
     # worker 1 holds its batch of claims
-    watcher = _interrupt_when(db, f"SELECT 1 FROM {schema}.job WHERE status = 'RUNNING'", (), sent)
+    watcher = interrupt_when(db.connect, returns_a_row(f"SELECT 1 FROM {schema}.job WHERE status = 'RUNNING'",
+                                                       missing_ok=True), sent, timeout=30)
     with pytest.raises(KeyboardInterrupt):
         lc.shutdown_command(open_lab=lambda: Lab.open(db, name), json=True)
     watcher.join(5)

@@ -5,32 +5,17 @@ aggregate, and the consumer that checks versions.
 The relay tests run with the recording broker and with the broker the environment picks
 (RabbitMQ when LABKIT_AMQP_URL is set)."""
 
-import _thread
 import json
-import threading
 import time
 from collections import Counter
 
-import psutil
 import pytest
-from conftest import backends_gone
+from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 
 from labkit.core.errors import LabkitError
 from labkit.core.queries import queries
 from labkit.labs import broker as brokers
 from labkit.labs import ordering as od
-
-
-def _children() -> set[int]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def _relays_gone(db, lab) -> None:
@@ -283,24 +268,16 @@ def test_command_prints_json_and_drops_its_lab(db, capsys):
 
 
 def test_ctrl_c_mid_run_leaves_no_relay_process_or_session(lab, db):
-    before = _children()
+    before = child_pids()
     sent: list[float] = []
 
-    def interrupt_once_a_relay_holds_its_claim():
-        with db.connect() as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not conn.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s "
-                    "AND state = 'idle in transaction'", (f"labkit:{lab.schema}:relay%",)).fetchone():
-                time.sleep(0.02)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    watcher = threading.Thread(target=interrupt_once_a_relay_holds_its_claim, daemon=True)
-    watcher.start()
+    # Ctrl-C once a relay holds its claim
+    watcher = interrupt_when(db.connect, returns_a_row(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s AND state = 'idle in transaction'",
+        (f"labkit:{lab.schema}:relay%",)), sent)
     with pytest.raises(KeyboardInterrupt):
         od.ordering_trace(lab, relays=2, events=500, batch=5, schedule="free", hold_ms=1000)
     watcher.join(5)
     assert sent and time.monotonic() - sent[0] < 20
-    assert _children() - before == set()
+    assert child_pids() - before == set()
     _relays_gone(db, lab)

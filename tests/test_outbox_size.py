@@ -7,7 +7,7 @@ import math
 import time
 
 import pytest
-from conftest import backends_gone, backends_of
+from conftest import backends_gone, backends_of, interrupt_when, returns_a_row
 
 from labkit import Lab
 from labkit.core.errors import LabkitError
@@ -179,8 +179,6 @@ def test_the_command_prints_json_and_drops_its_lab(db, capsys):
 
 
 def test_ctrl_c_mid_command_drops_its_lab_and_leaves_no_session(db):
-    import _thread
-    import threading
 
     from labkit.core.lab import schema_name
 
@@ -188,19 +186,10 @@ def test_ctrl_c_mid_command_drops_its_lab_and_leaves_no_session(db):
     schema = schema_name(name)
     sent: list[float] = []
 
-    def interrupt_once_the_partitioned_outbox_exists():
-        with db.connect() as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if conn.execute("SELECT 1 FROM pg_class WHERE relname = 'outbox' AND relkind = 'p' "
-                                "AND relnamespace::regnamespace::text = %s", (schema,)).fetchone():
-                    break
-                time.sleep(0.01)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
-
-    watcher = threading.Thread(target=interrupt_once_the_partitioned_outbox_exists, daemon=True)
-    watcher.start()
+    # Ctrl-C once the partitioned outbox exists
+    watcher = interrupt_when(db.connect, returns_a_row(
+        "SELECT 1 FROM pg_class WHERE relname = 'outbox' AND relkind = 'p' "
+        "AND relnamespace::regnamespace::text = %s", (schema,)), sent, poll_s=0.01)
     with pytest.raises(KeyboardInterrupt):
         osz.size_command(open_lab=lambda: Lab.open(db, name), history=200_000, batch=1_000,
                          largest=4_000, json=True)

@@ -19,7 +19,8 @@ import time
 
 import psutil
 import pytest
-from test_cleanup import _left_on_server, _workers
+from conftest import child_processes
+from test_cleanup import _left_on_server
 
 from labkit.core.lab import Lab, schema_name
 
@@ -48,7 +49,7 @@ def _wait_for_workers(ps: psutil.Process, timeout: float = 40, stopped: bool = F
     them has stayed frozen by SIGSTOP for a while -- a stall, not a blink)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = _workers(ps)
+        kids = child_processes(ps)
         if kids and not stopped:
             return kids
         frozen = [k for k in kids if _stopped(k)]
@@ -83,7 +84,7 @@ def _tidy(db, proc, lab_name: str) -> None:
     """After a failure: what the command under test left, removed (so one failure does
     not leave processes, sessions or schemas for the next test)."""
     if proc.poll() is None:
-        for k in _workers(psutil.Process(proc.pid)):
+        for k in child_processes(psutil.Process(proc.pid)):
             k.kill()
         proc.kill()
         proc.wait(10)
@@ -127,7 +128,7 @@ def test_ctrl_c_while_workers_are_starting_leaves_nothing_behind(db, delay):
         kids = _wait_for_workers(ps)
         assert kids
         time.sleep(delay)
-        kids = _workers(ps) or kids
+        kids = child_processes(ps) or kids
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         _nothing_left(db, proc, kids, schema, signal.SIGINT, err.replace("interrupted", "SIGINT"))

@@ -9,8 +9,8 @@ job table is caught.
 
 import json
 
-import psutil
 import pytest
+from conftest import child_processes
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -24,19 +24,6 @@ FEW = settings(max_examples=2, deadline=None, derandomize=True, phases=[Phase.ge
                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
-def _no_children_left():
-    """Child processes of this test process, but multiprocessing's resource tracker
-    (started once, on first use of spawn, and kept for the life of the process)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def _assert_report_shape(rep: tt.TortureReport, kills: int):
     doc = json.loads(rep.to_json())
     for key in ("kills", "lost", "duplicates", "duplicate_bound", "stale_writes", "invariants_hold"):
@@ -46,7 +33,7 @@ def _assert_report_shape(rep: tt.TortureReport, kills: int):
     assert not rep.stopped_early
     assert rep.invariants_hold, rep.verdicts() + "\n" + rep.figures()
     assert rep.lost == 0 and rep.duplicates <= rep.duplicate_bound
-    assert _no_children_left() == []
+    assert child_processes(zombies=False) == []
 
 
 @FEW

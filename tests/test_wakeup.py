@@ -1,14 +1,11 @@
 """Waking workers on a real server: NOTIFY at commit, folded, rolled back, missed while no
 one listens; a polling worker process against a notified one; nothing left behind."""
 
-import _thread
 import json
-import threading
 import time
 
-import psutil
 import pytest
-from conftest import backends_gone
+from conftest import backends_gone, child_processes, interrupt_when
 
 from labkit import Lab
 from labkit.core.errors import LabkitError
@@ -122,41 +119,21 @@ def test_command_prints_json_and_text_and_drops_its_lab(db, capsys):
             assert backends_gone(db, f"labkit:{lab.schema}:%") == []
 
 
-def _workers() -> list[psutil.Process]:
-    """This process's descendants, but multiprocessing's long-lived resource tracker."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_keyboard_interrupt_mid_run_leaves_no_worker_and_no_session(lab, db):
-    before = {p.pid for p in _workers()}
+    before = {p.pid for p in child_processes()}
     sent: list[float] = []
 
-    def interrupt_once_jobs_flow():
-        # Ctrl-C once the worker is connected and jobs are arriving (read from the server)
-        with lab.connect(role="watch") as conn:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                worker = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                                      (f"labkit:{lab.schema}:wake-worker",)).fetchone()[0]
-                if worker and conn.execute("SELECT to_regclass('job') IS NOT NULL").fetchone()[0] \
-                        and conn.execute("SELECT count(*) FROM job").fetchone()[0] >= 2:
-                    break
-                time.sleep(0.02)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
+    def jobs_flow(conn) -> bool:
+        # the worker is connected and jobs are arriving (read from the server)
+        worker = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                              (f"labkit:{lab.schema}:wake-worker",)).fetchone()[0]
+        return bool(worker and conn.execute("SELECT to_regclass('job') IS NOT NULL").fetchone()[0]
+                    and conn.execute("SELECT count(*) FROM job").fetchone()[0] >= 2)
 
-    watcher = threading.Thread(target=interrupt_once_jobs_flow, daemon=True)
-    watcher.start()
+    watcher = interrupt_when(lambda: lab.connect(role="watch"), jobs_flow, sent)
     with pytest.raises(KeyboardInterrupt):
         wk.latency(lab, jobs=200, poll_ms=200, mode="notify")
     watcher.join(5)
     assert sent and time.monotonic() - sent[0] < 10
-    assert [p for p in _workers() if p.pid not in before] == []
+    assert [p for p in child_processes() if p.pid not in before] == []
     assert backends_gone(db, f"labkit:{lab.schema}:wake-%") == []
