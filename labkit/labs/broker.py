@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from psycopg import sql
@@ -318,6 +320,24 @@ def for_lab(lab: Lab, kind: str | None = None) -> Broker:
                               "recording broker.")
         return RabbitBroker.for_lab(lab, url).reset()
     raise LabkitError(f"No broker kind {kind!r}.", "use 'recording' or 'rabbitmq'.")
+
+
+@contextmanager
+def used_by(lab: Lab, broker: Broker | str | None, *, reset: bool = False) -> Iterator[Broker]:
+    """The broker a lab function works with: the caller's Broker (emptied first when
+    ``reset``), or else the lab's own -- of the kind ``broker`` names, or :func:`for_lab`'s
+    choice when None -- discarded and closed at the end."""
+    if isinstance(broker, Broker):
+        yield broker.reset() if reset else broker
+        return
+    bk = for_lab(lab, broker)
+    try:
+        yield bk
+    finally:
+        try:
+            bk.discard()
+        finally:
+            bk.close()
 
 
 def from_spec(spec: dict[str, Any], *, role: str = "broker") -> Broker:

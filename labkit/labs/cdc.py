@@ -413,21 +413,6 @@ def check_params(*, events: int, down_events: int | None, down_bytes: int, produ
     number("producers", producers, low=2, high=MAX_PRODUCERS, whole=True, example=3)
 
 
-@contextmanager
-def _own_broker(lab: Lab, broker: Broker | None) -> Iterator[Broker]:
-    if broker is not None:
-        yield broker
-        return
-    bk = brokers.for_lab(lab)
-    try:
-        yield bk
-    finally:
-        try:
-            bk.discard()
-        finally:
-            bk.close()
-
-
 def _flush_stats(conn: psycopg.Connection) -> None:
     """Make ``conn``'s table statistics reach the shared counters now (PostgreSQL 15+)."""
     if conn.info.server_version >= 150000:
@@ -522,7 +507,7 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
     check_params(events=events, down_events=down_events, down_bytes=down_bytes, producers=producers)
     check_available(lab)
     t0 = time.monotonic()
-    with _own_broker(lab, broker) as bk:
+    with brokers.used_by(lab, broker) as bk:
         bk.reset()
         relay.create_outbox(lab)
         # Building the outbox's three indexes scanned the table three times, counted on the

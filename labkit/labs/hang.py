@@ -508,12 +508,6 @@ class _Hang:
                 self.conn.close()            # a lock still held goes with the session
 
 
-def _own_broker(lab: Lab, broker: Broker | str | None) -> tuple[Broker, bool]:
-    if isinstance(broker, Broker):
-        return broker, False
-    return brokers.for_lab(lab, broker), True
-
-
 def broker_hang_trace(lab: Lab, *, hang_s: float = 3.0, publish_timeout_s: float = 0.5,
                       deadline_s: float = 1.0, broker: Broker | str | None = None,
                       orders: int = 10) -> dict:
@@ -534,15 +528,8 @@ def broker_hang_trace(lab: Lab, *, hang_s: float = 3.0, publish_timeout_s: float
     made), ``server_backstop`` and ``timeline`` (what happened, seconds from the hang's start)."""
     check_params(hang_s=hang_s, publish_timeout_s=publish_timeout_s, deadline_s=deadline_s,
                  orders=orders, broker=broker)
-    bk, own = _own_broker(lab, broker)
-    try:
+    with brokers.used_by(lab, broker) as bk:
         return _run(lab, bk, hang_s, publish_timeout_s, deadline_s, orders)
-    finally:
-        if own:
-            try:
-                bk.discard()
-            finally:
-                bk.close()
 
 
 def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline_s: float,

@@ -334,10 +334,7 @@ def consumer_command(*, open_lab: Callable[[], Lab], events: int = EVENTS, dupli
     the four consumers killed and restarted over the same stream (:func:`consumer_trace`), as
     text or JSON."""
     check_params(events=events, duplicates=duplicates, kill_after=kill_after)
-    lab = open_lab()
-    try:
+    with open_lab() as lab:
         t = consumer_trace(lab, events=events, duplicates=duplicates, kill_after=kill_after)
-    finally:
-        lab.drop()
     print(jsonlib.dumps(t, indent=2, default=str) if json else format_trace(t))
     return 0

@@ -467,13 +467,10 @@ def heartbeat_command(*, open_lab: Callable[[], Lab], lease_s: float = LEASE_S, 
     ``runs_with_heartbeat``, ``zombie_heartbeat_rows``, ``zombie_stopped``), and with the text
     output each run's events."""
     check_heartbeat(lease_s=lease_s, job_s=job_s)
-    lab = open_lab()
-    try:
+    with open_lab() as lab:
         runs = [heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=False),
                 heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=True),
                 zombie_trace(lab, lease_s=lease_s, job_s=job_s)]
-    finally:
-        lab.drop()
     summary = {"runs_without_heartbeat": runs[0]["runs"], "runs_with_heartbeat": runs[1]["runs"],
                "zombie_heartbeat_rows": runs[2]["zombie_heartbeat_rows"],
                "zombie_stopped": runs[2]["zombie_stopped"]}
@@ -609,11 +606,8 @@ def shutdown_command(*, open_lab: Callable[[], Lab], workers: int = WORKERS, lea
     kw = dict(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
               lease_s=lease_s, deadline_s=deadline_s)
     check_shutdown(**kw)
-    lab = open_lab()
-    try:
+    with open_lab() as lab:
         out = shutdown_trace(lab, **kw)
-    finally:
-        lab.drop()
     summary = {k: out[k] for k in SHUTDOWN_KEYS}
     if json:
         print(jsonlib.dumps(summary, indent=2))

@@ -41,8 +41,7 @@ import hashlib
 import json as _json
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -233,22 +232,6 @@ def check_params(*, relays: int = 2, aggregates: int = 10, events: int = 200, ba
         raise LabkitError(f"No schedule {schedule!r}.", f"use one of {', '.join(SCHEDULES)}.")
 
 
-@contextmanager
-def _own_broker(lab: Lab, broker: Broker | None) -> Iterator[Broker]:
-    """The caller's broker (emptied), or the lab's own, discarded and closed at the end."""
-    if broker is not None:
-        yield broker.reset()
-        return
-    bk = brokers.for_lab(lab)
-    try:
-        yield bk
-    finally:
-        try:
-            bk.discard()
-        finally:
-            bk.close()
-
-
 def _next_stop(w: Worker, start: int, timeout: float = TIMEOUT_S) -> tuple[str, int]:
     """The worker's next pause tag ("claimed", "idle") or "done", read from its events
     after index ``start``; and the index to read from next time."""
@@ -368,7 +351,7 @@ def ordering_trace(lab: Lab, broker: Broker | None = None, *, relays: int = 2, a
                  hold_ms=hold_ms, seed=seed)
     claim = remedy if per_aggregate else "skip-locked"
     scripted = schedule == "scripted"
-    with _own_broker(lab, broker) as bk:
+    with brokers.used_by(lab, broker, reset=True) as bk:
         create_ordered_outbox(lab)
         produce(lab, events, aggregates, seed=seed)
         workers = [Worker(ordering_relay, name=f"relay-{i + 1}", dsn=lab.db.dsn, schema=lab.schema,

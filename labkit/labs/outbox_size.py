@@ -670,11 +670,8 @@ def size_command(*, open_lab: Callable[[], Lab], history: int = HISTORY, batch: 
     number("largest", largest, low=4, high=MAX_SIZE, whole=True, example=SIZES[-1])
     ladder = (0, largest // 4, largest)
     check_params(sizes=ladder, history=history, batch=batch)
-    lab = open_lab()
-    try:
+    with open_lab() as lab:
         out = size_trace(lab, history=history, batch=batch, sizes=ladder)
-    finally:
-        lab.drop()
     summary = {k: out[k] for k in SUMMARY_KEYS}
     if json:
         print(jsonlib.dumps(summary, indent=2))

@@ -409,24 +409,6 @@ def _check(batch: int, point: int, name: str) -> None:
                           f"use 0 <= {name} < batch, so the crash falls inside the batch.")
 
 
-class _OwnBroker:
-    """The broker a lab function uses: the caller's, or its own, discarded at the end."""
-
-    def __init__(self, lab: Lab, broker: Broker | None):
-        self.own = broker is None
-        self.broker = broker or brokers.for_lab(lab)
-
-    def __enter__(self) -> Broker:
-        return self.broker
-
-    def __exit__(self, *exc) -> None:
-        if self.own:
-            try:
-                self.broker.discard()
-            finally:
-                self.broker.close()
-
-
 def _fresh_outbox(lab: Lab, broker: Broker, orders: int) -> None:
     """An empty broker, and a new outbox with ``orders`` orders placed."""
     broker.reset()
@@ -438,7 +420,7 @@ def _fresh_outbox(lab: Lab, broker: Broker, orders: int) -> None:
 def _outbox_run(lab: Lab, broker: Broker | None, orders: int) -> Iterator[tuple[Broker, Observer]]:
     """The start every relay lab shares: the broker (the lab's own when ``broker`` is None,
     discarded at the end), a new outbox with ``orders`` orders placed, and an Observer."""
-    with _OwnBroker(lab, broker) as bk:
+    with brokers.used_by(lab, broker) as bk:
         _fresh_outbox(lab, bk, orders)
         obs = Observer(lab, bk)
         try:
@@ -1010,7 +992,7 @@ def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 4
         if pause[0] <= burst[0] < pause[1]:
             raise LabkitError(f"burst at {burst[0]} s falls inside the pause {pause}.",
                               "place the burst while the relay runs, for example burst=(0.5, 150).")
-    with _OwnBroker(lab, broker) as bk:
+    with brokers.used_by(lab, broker) as bk:
         df = _measure_lag(lab, bk, rate_per_s, interval_s, run_s, pause, sample_s, batch, burst)
     df.attrs.update(pause=pause, burst=burst)
     return df

@@ -657,11 +657,8 @@ def life_command(*, open_lab: Callable[[], Lab], max_attempts: int = MAX_ATTEMPT
     [--seed 0] [--json]``: the default script's life, as tables or JSON (``attempts``,
     ``jobs``, ``summary``, ``params``)."""
     check_params(max_attempts=max_attempts, base_s=base_s, cap_s=cap_s, jitter=jitter, seed=seed)
-    lab = open_lab()
-    try:
+    with open_lab() as lab:
         life = job_life(lab, max_attempts=max_attempts, base_s=base_s, cap_s=cap_s, jitter=jitter, seed=seed)
-    finally:
-        lab.drop()
     if json:
         print(jsonlib.dumps({"params": life.params, "summary": life.summary(), "attempts": life.attempts,
                              "jobs": life.jobs}, indent=2, default=str))

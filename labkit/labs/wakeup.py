@@ -44,7 +44,8 @@ from __future__ import annotations
 import json as jsonlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -99,6 +100,22 @@ def _close(*conns: psycopg.Connection | None) -> None:
             c.close()
 
 
+@contextmanager
+def _listener_and_enqueuer(lab: Lab) -> Iterator[tuple[psycopg.Connection, psycopg.Connection, str]]:
+    """A fresh job table; session A (autocommit) listening on the lab's channel and session B
+    (in a transaction) to enqueue: ``(a, b, channel)``, both closed at the end."""
+    create_table(lab)
+    ch = channel(lab)
+    a = b = None
+    try:
+        a = lab.connect(role="wake-listen")
+        b = lab.connect(role="wake-enqueue", autocommit=False)
+        listen(a, ch)
+        yield a, b, ch
+    finally:
+        _close(a, b)
+
+
 def check_params(*, jobs: Any = None, poll_ms: Any = None, safety_poll_ms: Any = None,
                  mode: Any = None, wait_ms: Any = None) -> None:
     """Every parameter the lab takes, checked before anything is created."""
@@ -136,15 +153,8 @@ def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
     ``delivered_ms`` (from B's COMMIT returning to A holding the notification) and ``steps``
     (session, what it did, what it saw)."""
     check_params(wait_ms=wait_ms)
-    create_table(lab)
-    ch = channel(lab)
-    a = b = None
-    try:
-        a = lab.connect(role="wake-listen")
-        b = lab.connect(role="wake-enqueue", autocommit=False)
-        steps = []
-        listen(a, ch)
-        steps.append(("A", f"LISTEN {ch}", "listening"))
+    with _listener_and_enqueuer(lab) as (a, b, ch):
+        steps = [("A", f"LISTEN {ch}", "listening")]
         job_id = b.execute(_q("enqueue")).fetchone()[0]
         steps.append(("B", "BEGIN; INSERT INTO job ...", f"job {job_id}, not committed"))
         b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
@@ -163,8 +173,6 @@ def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
                 "from_producer": bool(after) and after[0].pid == b.info.backend_pid,
                 "waited_ms": wait_ms, "delivered_ms": round(delivered_ms, 2),
                 "steps": [dict(zip(("session", "did", "saw"), s)) for s in steps]}
-    finally:
-        _close(a, b)
 
 
 def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
@@ -178,13 +186,7 @@ def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
     order) and ``next_transaction_received`` (the repeat from another transaction)."""
     number("repeats", repeats, low=2, high=100, whole=True, example=3)
     check_params(wait_ms=wait_ms)
-    create_table(lab)
-    ch = channel(lab)
-    a = b = None
-    try:
-        a = lab.connect(role="wake-listen")
-        b = lab.connect(role="wake-enqueue", autocommit=False)
-        listen(a, ch)
+    with _listener_and_enqueuer(lab) as (a, b, ch):
         ids = [b.execute(_q("enqueue")).fetchone()[0] for _ in range(3)]
         sent = [str(ids[0])] * repeats + [str(i) for i in ids[1:]]
         for payload in sent:
@@ -198,8 +200,6 @@ def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
                 "received": len(got), "same_payload_received": got.count(str(ids[0])),
                 "distinct_payloads_received": len(set(got)), "payloads": got,
                 "next_transaction_received": again.count(str(ids[0]))}
-    finally:
-        _close(a, b)
 
 
 def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
@@ -208,21 +208,13 @@ def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
     Returns ``notified`` (1), ``received`` (0: never delivered) and ``jobs_in_table`` (0: the
     job went with it)."""
     check_params(wait_ms=wait_ms)
-    create_table(lab)
-    ch = channel(lab)
-    a = b = None
-    try:
-        a = lab.connect(role="wake-listen")
-        b = lab.connect(role="wake-enqueue", autocommit=False)
-        listen(a, ch)
+    with _listener_and_enqueuer(lab) as (a, b, ch):
         job_id = b.execute(_q("enqueue")).fetchone()[0]
         b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
         b.rollback()
         got = _received(a, wait_ms / 1000)
         return {"channel": ch, "notified": 1, "received": len(got), "waited_ms": wait_ms,
                 "jobs_in_table": lab.execute("SELECT count(*) FROM job")[0][0]}
-    finally:
-        _close(a, b)
 
 
 def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, float] | None:
