@@ -185,6 +185,28 @@ def _run_lab(name: str, *, quiet: bool = True) -> Callable[[], Lab]:
     return open_lab
 
 
+def _engine_lab(name: str, engine: str, isolation: str | None) -> Callable:
+    """What ``_run_lab`` gives, on the engine asked for: a lab on the MySQL-compatible server
+    for ``mariadb`` and ``mysql`` (refused when the server found is the other one)."""
+    if engine == "postgresql":
+        if isolation:
+            raise LabkitError("--isolation is for --engine mariadb or mysql: the PostgreSQL labs run "
+                              "READ COMMITTED, PostgreSQL's default.", "leave --isolation out.")
+        return _run_lab(name)
+
+    def open_lab():
+        from .core import mysql
+
+        server = mysql.find()
+        if server.engine != engine:
+            raise LabkitError(f"--engine {engine}, but the server found is {server.describe()}.",
+                              f"pass --engine {server.engine}, or point {mysql.ENV} at a {engine} server.")
+        lab = mysql.MyLab.open(server, f"{name}_{os.getpid()}")
+        lab.isolation = isolation.replace("-", " ").upper() if isolation else None
+        return lab
+    return open_lab
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -289,9 +311,18 @@ def build_parser() -> argparse.ArgumentParser:
     specs = _group(commands, "spec", "run PostgreSQL isolation-tester specs",
                    description="Run PostgreSQL isolation-tester specs and print the tester's output.")
     p = _command(specs, "run", "run specs and print (or compare) their output",
-                 lambda a: spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout),
+                 lambda a: spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout,
+                                             engine=a.engine, check=a.check),
                  prefix="labkit spec")
-    p.add_argument("specs", nargs="+", metavar="FILE.spec")
+    p.add_argument("specs", nargs="*", metavar="FILE.spec",
+                   help="spec files (default: the workbook's own wait, NOWAIT and SKIP LOCKED specs "
+                        "for the engine)")
+    p.add_argument("--engine", choices=spec.ENGINES, default="postgresql",
+                   help="where to play them: the lab's PostgreSQL (default), or the MySQL-compatible "
+                        "server of the cross-engine appendix (LABKIT_MYSQL_DSN or 127.0.0.1:3306)")
+    p.add_argument("--check", action="store_true",
+                   help="with no FILE.spec: compare each of the workbook's own specs with its "
+                        "shipped output; exit 1 on a difference")
     p.add_argument("--diff", action="append", metavar="EXPECTED.out",
                    help="compare with this expected output (once per spec, in order); "
                         "exit 1 and show a unified diff on a mismatch")
@@ -338,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "convoy", "measure the convoy: N workers claiming from one job table, per "
                                      "claim policy",
                  lambda a: convoy.convoy_command(
-                     open_lab=_run_lab("convoy_cli"), workers=a.workers, policies=a.policies,
+                     open_lab=_engine_lab("convoy_cli", a.engine, a.isolation), workers=a.workers,
+                     policies=a.policies,
                      job_ms=a.job_ms, seconds=a.seconds, hold=a.hold, backoff=a.backoff, drain=a.drain,
                      format=a.format, plot=a.plot, check=a.check, progress=not a.no_progress),
                  prefix="labkit convoy")
@@ -362,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
                         "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--engine", choices=["postgresql", "mariadb", "mysql"], default="postgresql",
+                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 16 "
+                        "(LABKIT_MYSQL_DSN, else 127.0.0.1:3306)")
+    p.add_argument("--isolation", choices=["repeatable-read", "read-committed"], default=None,
+                   help="MySQL and MariaDB only: the workers' isolation level (default: the server's, "
+                        "REPEATABLE READ unless it was changed)")
 
     p = _command(commands, "bench", "how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ",
                  lambda a: bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks,

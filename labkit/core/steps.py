@@ -25,7 +25,10 @@ class StepError:
         return f"ERROR {self.sqlstate} {self.message}"
 
     def brief(self) -> str:
-        """A transcript-sized form: the known lock errors in a few words."""
+        """A transcript-sized form: the known lock errors in a few words.  (A MySQL error,
+        numbered, keeps the server's own words up to the first semicolon.)"""
+        if self.sqlstate.isdigit():
+            return f"ERROR {self.sqlstate} {self.message.split(';')[0]}"
         known = {NOWAIT: "could not obtain lock", LOCK_TIMEOUT: "lock timeout",
                  STATEMENT_TIMEOUT: "statement timeout", DEADLOCK: "deadlock detected"}
         return f"ERROR {self.sqlstate} {known.get(self.kind, self.message)}"

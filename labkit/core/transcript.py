@@ -41,12 +41,17 @@ class Transcript:
         self.show_locks = show_locks
 
     @classmethod
-    def from_run(cls, run: Run, *, show_locks: bool | None = None) -> "Transcript":
+    def from_run(cls, run: Run, *, show_locks: bool | None = None,
+                 lock_detail: bool = False) -> "Transcript":
+        """``lock_detail``: after "waits for A", the lock the step asked for, as the server
+        names it (InnoDB's ``RECORD X,GAP on PRIMARY: 5``)."""
         rows: list[Row] = []
         locks_known = run.track_locks if show_locks is None else show_locks
         for step in run.steps:
             if step.waited:
                 blockers = ", ".join(step.blocked_by) or "?"
+                if lock_detail and step.wait_event:
+                    blockers += f"; asked for {step.wait_event}"
                 rows.append(Row(str(step.index + 1), step.session, _cell(step.label, "<waiting ...>"),
                                 f"BLOCKS (waits for {blockers})", _locks(step, run.names), "waiting"))
             else:
@@ -181,6 +186,11 @@ def _spans(flags: list[bool]) -> list[tuple[int, int]]:
 
 def _note(step: Step) -> str:
     if step.error:
+        if step.error.sqlstate.isdigit():          # MySQL / MariaDB: see labkit.core.mysessions
+            return {"nowait": "NOWAIT: fails at once; the transaction goes on",
+                    "lock_timeout": "lock wait timeout; the transaction goes on",
+                    "statement_timeout": "statement timeout",
+                    "deadlock": "deadlock: the transaction is rolled back"}.get(step.error.kind, "")
         if step.error.sqlstate == "25P02":
             return "transaction already failed: every statement errors until ROLLBACK"
         return {"nowait": "NOWAIT: fails at once", "lock_timeout": "lock_timeout expired",

@@ -34,6 +34,7 @@ import psycopg
 from psycopg import sql
 
 from ..core.db import WORKER_GUARDS
+from ..core import mysql
 from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab
@@ -61,7 +62,7 @@ COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_pe
            "claim_wait_p99_ms", "claim_wait_max_ms", "job_latency_p50_ms", "job_latency_p99_ms",
            "errors", "errors_per_s", "errors_per_job", "busy_workers", "idle_workers", "top_worker_share",
            "client_cpu_pct", "server_cpu_pct", "makespan_s", "model_makespan_s", "backlog",
-           "claim_wait_censored", "claim_wait_p99_censored", "commit_delay_ms"]
+           "claim_wait_censored", "claim_wait_p99_censored", "commit_delay_ms", "deadlocks"]
 
 
 # -- the SQL the workers send ----------------------------------------------------------
@@ -69,10 +70,26 @@ COLUMNS = ["policy", "workers", "variant", "job_ms", "seconds", "jobs", "jobs_pe
 WORKER_SQL = "convoy_worker.sql"     # named queries: claim, finish_holding, mark, finish, refill
 
 
-def claim_sql(policy: str) -> sql.Composed:
-    """The claim statement for one policy (``wait``, ``nowait`` or ``skip``)."""
+def claim_sql(policy: str, engine: str = "postgresql") -> sql.Composed | str:
+    """The claim statement for one policy (``wait``, ``nowait`` or ``skip``); on MySQL and
+    MariaDB, the same text as a plain string."""
     _check_policy(policy)
-    return sql.SQL(queries(WORKER_SQL)["claim"].sql).format(policy=sql.SQL(POLICIES[policy]))
+    text = queries(WORKER_SQL)["claim"].sql
+    if engine != "postgresql":
+        return text.format(policy=POLICIES[policy])
+    return sql.SQL(text).format(policy=sql.SQL(POLICIES[policy]))
+
+
+# A NOWAIT claim that met a locked row: psycopg's error, or labkit's for MySQL and MariaDB.
+BUSY = (psycopg.errors.LockNotAvailable, mysql.LockNotAvailable)
+# A transaction the server rolled back to break a deadlock (never seen here on PostgreSQL;
+# InnoDB's gap locks make them under REPEATABLE READ): the worker rolls back and goes on.
+DEADLOCKS = (psycopg.errors.DeadlockDetected, mysql.Deadlock)
+
+
+def engine_of(lab: Any) -> str:
+    """``postgresql``, or ``mariadb`` / ``mysql`` for a lab on a MySQL-compatible server."""
+    return lab.engine if isinstance(lab, mysql.MyLab) else "postgresql"
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -117,6 +134,7 @@ class WorkerLog:
     claims: list[Claim] = field(default_factory=list)
     error_times: list[float] = field(default_factory=list)
     errors: int = 0
+    deadlocks: int = 0          # deadlocks this worker's transactions lost (InnoDB; retried)
     open_ask: float | None = None     # still trying to claim when the window closed
     ran_dry: bool = False
     failure: BaseException | None = None
@@ -238,6 +256,7 @@ class ConvoyRun:
             # the p99 lands among cut-off waits when one of them is at least as long
             "claim_wait_p99_censored": bool(censored) and max(censored) >= pct(99),
             "commit_delay_ms": self.commit_delay_ms,
+            "deadlocks": sum(log.deadlocks for log in self.logs),
         }
 
     def summary(self) -> str:
@@ -337,6 +356,9 @@ def prepare_queue(lab: Lab, n: int) -> None:
     if n > MAX_JOBS:
         raise LabkitError(f"This run would need {n} pending jobs (more than {MAX_JOBS}).",
                           "use fewer workers, fewer seconds or a longer job_ms.")
+    if isinstance(lab, mysql.MyLab):
+        _prepare_mysql_queue(lab, n)
+        return
     if lab.execute("SELECT to_regclass('job')")[0][0] is None:
         lab.run_file("job_table.sql")
     for stmt in queries(WORKER_SQL)["refill"].statements:
@@ -344,6 +366,22 @@ def prepare_queue(lab: Lab, n: int) -> None:
             bulk(lab, stmt, {"n": n}, rows=n)
         else:
             lab.execute(stmt)
+
+
+def _prepare_mysql_queue(lab: mysql.MyLab, n: int) -> None:
+    """The same fresh queue on MySQL or MariaDB: ``n`` pending jobs, one a second."""
+    import datetime as dt
+
+    q = queries("mysql_jobs.sql")
+    if not lab.execute("SHOW TABLES LIKE 'job'"):
+        lab.execute(q["job_table"].sql)
+    lab.execute(q["empty"].sql)
+    start = dt.datetime(2026, 1, 1, 9, 0, 0)
+    cur = lab.admin.raw.cursor()
+    for lo in range(1, n + 1, 5000):
+        cur.executemany(q["add_job"].sql, [(i, "PENDING", start + dt.timedelta(seconds=i - 1), f"job {i}")
+                                           for i in range(lo, min(n, lo + 4999) + 1)])
+    lab.execute("ANALYZE TABLE job")
 
 
 def _backend_cpu_s(pids: list[int]) -> float | None:
@@ -361,6 +399,8 @@ def _backend_cpu_s(pids: list[int]) -> float | None:
 
 
 def _is_local(lab: Lab) -> bool:
+    if isinstance(lab, mysql.MyLab):
+        return False             # one server process, its sessions are threads: no per-session CPU
     dsn = lab.db.dsn
     return any(h in dsn for h in ("127.0.0.1", "localhost", "host=/", "%2F")) or "@/" in dsn
 
@@ -384,6 +424,9 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
     """
     _validate(policy, workers, job_ms, seconds, backlog)
     number("commit_delay_ms", commit_delay_ms, low=0, high=100, unit=" ms", example=5)
+    if commit_delay_ms and isinstance(lab, mysql.MyLab):
+        raise LabkitError("commit_delay_ms is PostgreSQL's commit_delay; MySQL and MariaDB have none.",
+                          "leave commit_delay_ms at 0 on this engine.")
     if backoff_cap_ms is None:
         backoff_cap_ms = float(job_ms)
     if backoff_base_ms <= 0 or backoff_cap_ms <= 0:
@@ -395,7 +438,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
     own_pool = pool is None
     pool = pool or WorkerPool(lab)
     stmts = {name: queries(WORKER_SQL)[name].sql for name in ("finish_holding", "mark", "finish")}
-    claim = claim_sql(policy)
+    claim = claim_sql(policy, engine_of(lab))
     d = job_ms / 1000.0
     deadline = float("inf") if backlog else float(seconds)
     stop = threading.Event()
@@ -428,7 +471,11 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
                         row = conn.execute(claim).fetchone()
                         answered = True
                         break
-                    except psycopg.errors.LockNotAvailable:
+                    except DEADLOCKS:              # InnoDB under REPEATABLE READ: retry
+                        conn.rollback()
+                        log.deadlocks += 1
+                        continue
+                    except BUSY:
                         conn.rollback()
                         errors += 1
                         log.errors += 1
@@ -452,19 +499,24 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
                     break
                 job = row[0]
                 params = {"id": job, "worker": me}
-                if hold:
-                    time.sleep(d)                                   # the job, row locked
-                    conn.execute(stmts["finish_holding"], params)
-                    conn.commit()
-                    released = done = now()
-                else:
-                    conn.execute(stmts["mark"], params)
-                    conn.commit()
-                    released = now()
-                    time.sleep(d)                                   # the job, no lock held
-                    conn.execute(stmts["finish"], params)
-                    conn.commit()
-                    done = now()
+                try:
+                    if hold:
+                        time.sleep(d)                                   # the job, row locked
+                        conn.execute(stmts["finish_holding"], params)
+                        conn.commit()
+                        released = done = now()
+                    else:
+                        conn.execute(stmts["mark"], params)
+                        conn.commit()
+                        released = now()
+                        time.sleep(d)                                   # the job, no lock held
+                        conn.execute(stmts["finish"], params)
+                        conn.commit()
+                        done = now()
+                except DEADLOCKS:       # chosen as the victim: its work is rolled back, not done
+                    conn.rollback()
+                    log.deadlocks += 1
+                    continue
                 log.claims.append(Claim(w, job, asked, claimed, released, done, errors))
         except threading.BrokenBarrierError:
             pass
@@ -1007,7 +1059,8 @@ def convoy_command(*, open_lab: Callable[[], Lab], workers: list[int], policies:
             _check_plot_path(plot)
         lab = open_lab()
         database = lab.db
-        print(database.describe(), file=sys.stderr)
+        where = lab.describe() if isinstance(lab, mysql.MyLab) else database.describe()
+        print(where, file=sys.stderr)
         t0 = time.perf_counter()
         df = sweep(lab, workers, policies, job_ms, None if drain else seconds,
                    hold=hold, backoff=backoff, backlog=drain, progress=progress)
@@ -1022,7 +1075,7 @@ def convoy_command(*, open_lab: Callable[[], Lab], workers: list[int], policies:
         print(json.dumps(records, indent=1))
     else:
         print(table(df))
-    print(f"{len(df)} point(s) in {wall:.1f} s ({database.describe()})", file=sys.stderr)
+    print(f"{len(df)} point(s) in {wall:.1f} s ({where})", file=sys.stderr)
     if plot:
         import matplotlib
 

@@ -57,6 +57,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 import psycopg
@@ -66,8 +67,10 @@ from psycopg.conninfo import make_conninfo
 
 from ..core.db import Database, Guards, connect, current_user_tag, session_name
 from ..core.errors import LabkitError, SpecError
+from ..core.files import data_file
 from ..core.lab import Lab
-from ..core.queries import query
+from ..core.mysessions import MySessions
+from ..core.queries import query, statements
 from ..core.sandbox import Sandbox, check_number, read_input
 from ..core.sessions import MAX_SESSIONS, Sessions
 from ..core.sessions import Step as EngineStep
@@ -954,6 +957,147 @@ def run_file(path: str | os.PathLike, lab: Lab | None = None, **kw) -> str:
 
 
 # ======================================================================================
+# The same runner on MySQL and MariaDB (the cross-engine appendix)
+# ======================================================================================
+
+class _MyRunner(_Runner):
+    """Plays a spec on a MySQL-compatible lab through :class:`MySessions`: the tester's
+    order, its ``<waiting ...>`` (the server's lock-wait tables say a step waits) and its
+    output.  An error prints as ``ERROR:  (1205) message``: MySQL's number, then its words.
+    MySQL has no notices and no NOTIFY, and there is no sandbox role: the spec's SQL runs
+    as the configured user, in a database made for the run and dropped at the end."""
+
+    def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err: TextIO) -> None:
+        self.spec = spec
+        self.lab = lab
+        self.timeout = timeout
+        self.out = out
+        self.err = err
+        self.session_of = {st.name: st.session for st in spec.steps}
+        self.sql_of = {st.name: st.sql for st in spec.steps}
+        self.notices = []
+
+    def run(self) -> None:
+        spec = self.spec
+        if spec.conninfo or any(s.conninfo for s in spec.sessions):
+            raise SpecError(f"{spec.filename}: 'conninfo' is not supported by labkit's runner.",
+                            "remove the conninfo lines: every session runs on the lab's server.")
+        self.emit(f"Parsed test spec with {len(spec.sessions)} sessions\n")
+        self.control = self.lab.connect(role="spec-control")
+        try:
+            for perm in spec.permutations_to_run():
+                self.run_permutation(perm)
+        finally:
+            self.control.close()
+
+    def _run_block(self, conn, text: str, what: str, fatal: str | None) -> None:
+        import pymysql
+
+        for stmt in statements(text):
+            try:
+                cur = conn.execute(stmt)
+            except pymysql.err.MySQLError as exc:
+                msg = f"({exc.args[0]}) {exc.args[1]}" if len(exc.args) > 1 else str(exc)
+                if fatal is None:
+                    self.warn(f"{what} failed: {msg}")
+                    return
+                raise SpecError(f"{self.spec.filename}: {what} failed: {msg}", fatal) from None
+            if cur.description:
+                self.emit(format_result([d[0] for d in cur.description],
+                                        [tuple(None if v is None else str(v) for v in r)
+                                         for r in cur.fetchall()]))
+
+    def exec_control(self, sql: str, what: str) -> None:
+        self._run_block(self.control, sql, what,
+                        None if what == "teardown" else "fix the SQL of the spec's setup block.")
+
+    def exec_session(self, name: str, sql: str, what: str) -> None:
+        self._run_block(self.engine.sessions[name].conn, sql, f"{what} of session {name}",
+                        None if what == "teardown" else f"fix the SQL of session {name}'s setup block.")
+
+    def run_permutation(self, perm: Permutation) -> None:
+        spec = self.spec
+        self.emit("\nstarting permutation: " + " ".join(perm.names) + "\n")
+        for sql in spec.setup:
+            self.exec_control(sql, "setup")
+        names = [s.name for s in spec.sessions]
+        self.engine = MySessions(self.lab, *names, lock_wait_timeout_s=int(max(1, self.timeout * 2)),
+                                 statement_timeout_s=self.timeout * 2)
+        self.total_notices = {n: 0 for n in names}
+        self.new_notice = False
+        self.active = {n: None for n in names}
+        try:
+            for sess in spec.sessions:
+                if sess.setup:
+                    self.exec_session(sess.name, sess.setup, "setup")
+            self.run_steps(perm)
+            for sess in spec.sessions:
+                if sess.teardown:
+                    self.exec_session(sess.name, sess.teardown, "teardown")
+        finally:
+            self.engine.close()
+        if spec.teardown:
+            self.exec_control(spec.teardown, "teardown")
+
+    def _completed(self, act: _Active, retry: bool) -> None:
+        self.emit(f"step {act.ps.name}: <... completed>\n" if retry else f"step {act.ps.name}: {act.sql}\n")
+        step = act.step
+        for r in step.results:
+            if r.columns:
+                self.emit(format_result(r.columns, r.text_rows))
+        if step.error is not None:
+            self.emit(f"ERROR:  ({step.error.sqlstate}) {step.error.message}\n")
+
+    def _watchdog(self, act: _Active) -> Callable[[float], None]:
+        canceled = False
+
+        def check(elapsed: float) -> None:
+            nonlocal canceled
+            if elapsed > self.timeout and not canceled:
+                self.engine.cancel(act.session)
+                self.emit(f"isolationtester: canceling step {act.ps.name} after {int(elapsed)} seconds\n")
+                canceled = True
+            elif elapsed > 2 * self.timeout:
+                raise LabkitError(f"{self.spec.filename}: step {act.ps.name} timed out after "
+                                  f"{int(elapsed)} seconds.",
+                                  "check the permutation: the step waits for something that never happens.")
+        return check
+
+
+ENGINES = ("postgresql", "mariadb", "mysql")
+
+
+def own_specs(engine: str = "postgresql") -> list[Path]:
+    """The workbook's own specs for ``engine`` (data/specs, data/specs/mysql), with their
+    expected outputs beside them."""
+    folder = data_file("specs") if engine == "postgresql" else data_file("specs", engine)
+    return sorted(p for p in folder.iterdir() if p.suffix == ".spec")
+
+
+def run_mysql(spec_or_path: Spec | str | os.PathLike, *, engine: str = "mariadb",
+              timeout: float = 60.0, stderr: TextIO | None = None) -> str:
+    """:func:`run`, on the MySQL-compatible server :func:`labkit.core.mysql.find` finds (it
+    must be ``engine``): in a database made for the run, dropped at the end."""
+    from ..core import mysql
+
+    spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
+    check_number("timeout", timeout, low=0.1, high=MAX_TIMEOUT_S,
+                 fix="give the step timeout in seconds, such as 60 (the default).")
+    spec.check_size()
+    stderr = sys.stderr if stderr is None else stderr
+    for w in spec.warnings:
+        print(w, file=stderr)
+    server = mysql.find()
+    if server.engine != engine:
+        raise LabkitError(f"--engine {engine}, but the server found is {server.describe()}.",
+                          f"pass --engine {server.engine}, or point {mysql.ENV} at a {engine} server.")
+    out: list[str] = []
+    with mysql.MyLab.open(server, f"spec_{os.getpid()}") as lab:
+        _MyRunner(spec, lab, timeout, out, stderr).run()
+    return "".join(out)
+
+
+# ======================================================================================
 # Where a run's objects go: a database of its own, as in PostgreSQL's tester
 # ======================================================================================
 
@@ -1133,9 +1277,27 @@ def _spec_place(server: Database, lab: Lab | None, *, reset: bool,
 # ======================================================================================
 
 def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
-                 timeout: float = 60.0) -> int:
+                 timeout: float = 60.0, engine: str = "postgresql", check: bool = False) -> int:
     """``labkit spec run FILE.spec ... [--diff EXPECTED.out ...] [--timeout S]`` (exit 1 on a
-    mismatch, 3 when a step had to be cancelled) · ``labkit spec permutations FILE.spec ...``"""
+    mismatch, 3 when a step had to be cancelled) · ``labkit spec permutations FILE.spec ...``
+
+    ``--engine mariadb`` (or ``mysql``) plays the specs on the MySQL-compatible server of
+    the cross-engine appendix.  Without FILE.spec, ``run`` plays the workbook's own specs for
+    the engine; with ``--check``, each compared with the output shipped beside it."""
+    if engine not in ENGINES:
+        print(f"labkit spec: --engine {engine!r} is not one of {', '.join(ENGINES)}.", file=sys.stderr)
+        return 2
+    if what == "run" and not specs:
+        own = own_specs(engine)
+        specs = [str(p) for p in own]
+        if check:
+            diff = [str(p.with_suffix(".out")) for p in own]
+    elif check:
+        print("labkit spec: --check compares the workbook's own specs with their outputs; give no "
+              "FILE.spec with it (or use --diff EXPECTED.out).", file=sys.stderr)
+        return 2
+    play = (lambda path: run_file(path, timeout=timeout)) if engine == "postgresql" else \
+        (lambda path: run_mysql(path, engine=engine, timeout=timeout))
     try:
         if what == "permutations":
             for path in specs:
@@ -1152,7 +1314,7 @@ def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
             return 2
         status = 0
         for k, path in enumerate(specs):
-            output = run_file(path, timeout=timeout)
+            output = play(path)
             if "isolationtester: canceling step" in output:
                 # a step never finished and had to be cancelled: say so in the exit code
                 status = max(status, 3)
