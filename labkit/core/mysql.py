@@ -235,7 +235,7 @@ def find(*, quiet: bool = True, fresh: bool = False) -> MyServer:
     dsn = os.environ.get(ENV, "").strip()
     if dsn.lower() in ("off", "none", "0"):
         raise NoServer(f"{ENV}={dsn} turns the cross-engine appendix off.",
-                       f"unset {ENV}, or set it to mysql://USER@HOST:PORT/DATABASE, to run it.")
+                       f"unset {ENV}, or set it to mysql://USER@HOST:PORT/DATABASE.")
     if dsn:
         params = parse_dsn(dsn)
         server = MyServer(params, "dsn", f"{ENV} {params['host']}:{params['port']}/{params['database']}")
@@ -285,6 +285,15 @@ def _from_docker() -> MyServer:
                 raise
             time.sleep(1)
     return MyServer(params, "docker", f"container {DOCKER_IMAGE}", _keep=container)
+
+
+def find_or_stop(*, quiet: bool = False) -> MyServer:
+    """:func:`find`, for notebook 16's first cell: without a server, stop the notebook with
+    the one line of :func:`skip_reason` instead of a traceback."""
+    try:
+        return find(quiet=quiet)
+    except NoServer as exc:
+        raise SystemExit(f"cross-engine appendix skipped: {exc.what} To run it: {exc.fix}") from None
 
 
 def skip_reason() -> str | None:

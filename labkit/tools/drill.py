@@ -69,6 +69,7 @@ NOTEBOOKS = (
     "13_the_queue_in_production.ipynb",
     "14_wakeups_and_poolers.ipynb",
     "15_outbox_in_depth.ipynb",
+    "16_other_engines.ipynb",
 )
 # every notebook with a lesson needs a question: all but 00 and 10 (about the workbook itself)
 # and 12 (it proves with torture runs what 03-08 teach)
