@@ -61,6 +61,21 @@ def test_turned_off_is_one_line_that_says_how_to_run_it(monkeypatch):
     assert reason.startswith("cross-engine appendix skipped:") and "LABKIT_MYSQL_DSN" in reason
 
 
+def test_nothing_set_and_nothing_answering_is_the_skip_line_a_new_user_sees(monkeypatch):
+    monkeypatch.delenv(mysql.ENV, raising=False)
+    monkeypatch.delenv("LABKIT_BACKEND", raising=False)
+    monkeypatch.setattr(mysql, "LOCAL", ("127.0.0.1", 1, "root", "test"))   # a port nothing listens on
+    monkeypatch.setattr(mysql, "_cached", None)
+    reason = mysql.skip_reason()
+    assert reason == ("cross-engine appendix skipped: No MySQL or MariaDB server: LABKIT_MYSQL_DSN is not "
+                      "set and nothing answers on 127.0.0.1:1. To run it: set "
+                      "LABKIT_MYSQL_DSN=mysql://USER@HOST:PORT/DATABASE (MySQL 8+ or MariaDB 10.6+), or "
+                      "start one on 127.0.0.1:1, or set LABKIT_BACKEND=docker for a container.")
+    with pytest.raises(SystemExit) as stop:            # notebook 16's first cell: the same line
+        mysql.find_or_stop()
+    assert str(stop.value) == reason
+
+
 @pytest.mark.parametrize("dsn, words", [
     ("postgresql://root@127.0.0.1/test", "must be a URL such as mysql://"),
     ("mysql://root@127.0.0.1:3306", "needs a host and a database"),

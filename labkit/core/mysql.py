@@ -246,10 +246,10 @@ def find(*, quiet: bool = True, fresh: bool = False) -> MyServer:
     elif os.environ.get("LABKIT_BACKEND", "").strip().lower() == "docker":
         server = _from_docker()
     else:
-        raise NoServer("No MySQL or MariaDB server: LABKIT_MYSQL_DSN is not set and nothing answers "
-                       "on 127.0.0.1:3306.",
+        raise NoServer(f"No MySQL or MariaDB server: {ENV} is not set and nothing answers "
+                       f"on {LOCAL[0]}:{LOCAL[1]}.",
                        f"set {ENV}=mysql://USER@HOST:PORT/DATABASE (MySQL 8+ or MariaDB 10.6+), or "
-                       "start one on 127.0.0.1:3306, or set LABKIT_BACKEND=docker for a container.")
+                       f"start one on {LOCAL[0]}:{LOCAL[1]}, or set LABKIT_BACKEND=docker for a container.")
     _identify(server)
     _cached = server
     if not quiet:

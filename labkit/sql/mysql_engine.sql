@@ -30,10 +30,3 @@ SELECT b.trx_mysql_thread_id AS blocking_thread,
 SELECT id
   FROM information_schema.PROCESSLIST
  WHERE db = %(db)s AND user = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND id <> CONNECTION_ID();
-
--- name: lab_databases
--- The lab databases of one user (labkit_<lab>_<user>): what `labkit clean` may drop.
-SELECT schema_name
-  FROM information_schema.SCHEMATA
- WHERE schema_name LIKE %(like)s
- ORDER BY 1;
