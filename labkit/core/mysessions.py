@@ -26,7 +26,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from .errors import LabkitError
 from .mysql import (
@@ -47,9 +47,9 @@ from .steps import LOCK_TIMEOUT as K_LOCK_TIMEOUT
 from .steps import NOWAIT as K_NOWAIT
 from .steps import STATEMENT_TIMEOUT as K_STATEMENT_TIMEOUT
 from .steps import Blockers, Result, Step, StepError
+from .script import ScriptRun, close_all
 from .transcript import Transcript
 
-MAX_SESSIONS = 16
 POLL_S = 0.005
 CACHE_S = 0.15          # InnoDB's lock tables may lag this much behind (0.1 s, and a margin)
 
@@ -125,7 +125,7 @@ class MySession:
                             break
                         code = exc.args[0] if exc.args else 0
                         msg = str(exc.args[1]) if len(exc.args) > 1 else str(exc)
-                        step.error = StepError(str(code), msg, classify(code, stmt))
+                        step.error = StepError(str(code), msg, classify(code, stmt), engine="mysql")
                         break
                     step.results.append(_result(cur, stmt))
             except BaseException as exc:  # noqa: BLE001 -- reported by the caller
@@ -156,7 +156,7 @@ def _text(v) -> str:
     return str(v)
 
 
-class MySessions:
+class MySessions(ScriptRun):
     """Drive named sessions on a MySQL-compatible lab through one ordered script; the same
     methods as :class:`labkit.core.sessions.Sessions` (``step``, ``send``, ``settle``,
     ``wait``, ``script``, ``blockers``, ``transcript``), and ``run.A("SQL")`` for a step.
@@ -168,15 +168,7 @@ class MySessions:
 
     def __init__(self, lab: MyLab, *names: str, isolation: str | None = None,
                  lock_wait_timeout_s: int = 5, statement_timeout_s: float = 15) -> None:
-        if not 1 <= len(names) <= MAX_SESSIONS:
-            raise LabkitError(f"A run takes 1 to {MAX_SESSIONS} sessions, not {len(names)}.",
-                              "name the sessions, for example MySessions(lab, 'A', 'B').")
-        if len(set(names)) != len(names):
-            raise LabkitError(f"Session names must differ: {names}.", "give each session its own name.")
-        for name in names:
-            if not name.isidentifier() or hasattr(type(self), name):
-                raise LabkitError(f"{name!r} cannot name a session (it must be a Python name and not "
-                                  "one of the run's own methods).", "use names such as 'A', 'B', 'worker1'.")
+        self._check_names(names)
         if isolation is not None and isolation.upper() not in (
                 "READ UNCOMMITTED", "READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"):
             raise LabkitError(f"{isolation!r} is not an isolation level.",
@@ -202,14 +194,8 @@ class MySessions:
             self.close()
             raise
         self._threads = {s.thread_id: s.name for s in self.sessions.values()}
-        self._finalizer = weakref.finalize(self, _close_all, lab.server,
+        self._finalizer = weakref.finalize(self, close_all,
                                            [s.conn for s in self.sessions.values()] + [self.monitor])
-
-    def __enter__(self) -> "MySessions":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop what is running, roll back what is open, close every connection."""
@@ -230,48 +216,6 @@ class MySessions:
                 pass
             s.conn.close()
         self.monitor.close()
-
-    def __getattr__(self, name: str) -> Callable[..., Step]:
-        sessions = self.__dict__.get("sessions", {})
-        if name in sessions:
-            return lambda sql_text, label=None: self.step(name, sql_text, label=label)
-        if name.startswith("_") or not sessions:
-            raise AttributeError(name)
-        raise LabkitError(f"No session named {name!r} in this run (have {self.names}).",
-                          "use one of the names given to MySessions(...); they are case-sensitive.")
-
-    def _check_name(self, session: str) -> None:
-        if session not in self.sessions:
-            raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
-                              "use one of the names given to MySessions(...); they are case-sensitive.")
-
-    # -- running steps -----------------------------------------------------------------
-    def step(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
-        step = self.send(session, sql_text, label=label)
-        blockers = self.settle(session)
-        if blockers is not None:
-            step.waited = True
-            step.blocked_by, step.wait_event = blockers
-        self._check_waiters(exclude=session)
-        return step
-
-    def send(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
-        if self._closed:
-            raise LabkitError("This run is closed.", "start a new MySessions(...) run.")
-        self._check_name(session)
-        s = self.sessions[session]
-        if s.pending is not None and s.pending.done:
-            s.poll(0)                  # finished, and no one has looked since: collect it
-        if s.pending is not None:
-            raise LabkitError(
-                f"Session {session} is still waiting (step {s.pending.index + 1}, {s.pending.label!r}); "
-                "it cannot run another statement until that step ends.",
-                f"end the blocker's transaction first (COMMIT or ROLLBACK), or call "
-                f"run.wait({session!r}) to wait for it on purpose.")
-        step = Step(len(self.steps), session, sql_text.strip(), label or _label(sql_text))
-        self.steps.append(step)
-        s.send(step)
-        return step
 
     def settle(self, session: str, *, until_done: bool = False,
                watchdog: Callable[[float], None] | None = None) -> Blockers | None:
@@ -304,23 +248,6 @@ class MySessions:
         """Stop ``session``'s running statement (KILL QUERY)."""
         kill(self.lab.server, self.sessions[session].thread_id, query_only=True)
 
-    def wait(self, session: str) -> Step | None:
-        self._check_name(session)
-        s = self.sessions[session]
-        if s.pending is None:
-            return None
-        step = s.pending
-        self.settle(session, until_done=True)
-        if step.waited and step.completed_after is None:
-            step.completed_after = self.steps[-1].index
-            step.script_waited = True
-        return step
-
-    def script(self, steps: Iterable[tuple]) -> "MySessions":
-        for item in steps:
-            self.step(*item[:2], label=item[2] if len(item) > 2 else None)
-        return self
-
     def blockers(self, session: str) -> Blockers | None:
         """The sessions of this run that ``session``'s step waits for, and the lock it asked
         for, as InnoDB says; None when it waits for none of them."""
@@ -341,21 +268,11 @@ class MySessions:
         event = f"{lock_type} {mode} on {index} ({data})" if lock_type else None
         return Blockers(names, event)
 
-    def _check_waiters(self, exclude: str) -> None:
-        after = self.steps[-1]
-        for s in self.sessions.values():
-            if s.name == exclude or s.pending is None:
-                continue
-            waiting = s.pending
-            blockers = self._settle_after(s.name)
-            if blockers is None:
-                waiting.completed_after = after.index
-                continue
-            current = waiting.rewaits[-1][1] if waiting.rewaits else waiting.blocked_by
-            if blockers.sessions != current:
-                waiting.rewaits.append((after.index, blockers.sessions))
+    def _collect(self, s: MySession) -> None:
+        if s.pending is not None and s.pending.done:
+            s.poll(0)                  # finished on its thread, and no one has looked since
 
-    def _settle_after(self, session: str) -> Blockers | None:
+    def _look_again(self, session: str) -> Blockers | None:
         """After another session's step: has this waiting step finished, or does it still wait?
         The lock tables may show the wait as it was up to 0.1 s ago, so an unchanged answer
         is taken only after a fresh look."""
@@ -378,19 +295,3 @@ class MySessions:
         """The run as a transcript; a waiting step's note names the lock it asked for."""
         kw.setdefault("lock_detail", True)
         return Transcript.from_run(self, **kw)
-
-    def result(self, index: int) -> Step:
-        return self.steps[index]
-
-
-def _label(sql_text: str, width: int = 48) -> str:
-    one = " ".join(sql_text.split())
-    return one if len(one) <= width else one[: width - 1] + "…"
-
-
-def _close_all(server, conns) -> None:
-    for c in conns:
-        try:
-            c.close()
-        except Exception:
-            pass

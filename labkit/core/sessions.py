@@ -22,7 +22,7 @@ from __future__ import annotations
 import selectors
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import psycopg
 from psycopg import pq, sql
@@ -31,6 +31,8 @@ from psycopg.adapt import Transformer
 from .errors import LabkitError
 from .lab import Lab
 from .queries import query
+from .script import MAX_SESSIONS as MAX_SESSIONS  # the limit lives with the script; named here too
+from .script import ScriptRun, close_all
 from .steps import (
     Blockers,
     Result,
@@ -38,14 +40,11 @@ from .steps import (
     StepError,
     classify,
 )
-from .transcript import Transcript
 
 # Guards: a mistyped script ends with an error, never a hung kernel.
 DEFAULT_LOCK_TIMEOUT = "5s"
 DEFAULT_STATEMENT_TIMEOUT = "15s"
 POLL_S = 0.002
-# One run, one connection per session: PostgreSQL's own isolation specs use up to 8.
-MAX_SESSIONS = 16
 
 class Session:
     """One named connection taking part in a run."""
@@ -119,7 +118,7 @@ class Session:
 _NUMERIC_OIDS = {21, 23, 20, 26, 700, 701, 1700, 28}
 
 
-class Sessions:
+class Sessions(ScriptRun):
     """Drive named sessions through one ordered script.
 
     ``watch`` maps a table to the column that names its rows; after every step the
@@ -131,17 +130,7 @@ class Sessions:
                  lock_timeout: str = DEFAULT_LOCK_TIMEOUT,
                  statement_timeout: str = DEFAULT_STATEMENT_TIMEOUT,
                  setup: str | None = None, track_locks: bool = True) -> None:
-        if not 1 <= len(names) <= MAX_SESSIONS:
-            raise LabkitError(f"A run takes 1 to {MAX_SESSIONS} sessions, not {len(names)}.",
-                              "name the sessions, for example Sessions(lab, 'A', 'B')." if not names
-                              else f"use at most {MAX_SESSIONS} (each session is a connection of "
-                              "its own to the server).")
-        if len(set(names)) != len(names):
-            raise LabkitError(f"Session names must differ: {names}.", "give each session its own name.")
-        for name in names:
-            if not name.isidentifier() or hasattr(type(self), name):
-                raise LabkitError(f"{name!r} cannot name a session (it must be a Python name and not "
-                                  "one of the run's own methods).", "use names such as 'A', 'B', 'worker1'.")
+        self._check_names(names)
         self.lab = lab
         self.names = list(names)
         self.watch = dict(watch or {})
@@ -172,15 +161,8 @@ class Sessions:
             raise
         self._pids = {s.pid: s.name for s in self.sessions.values()}
         self._deadline_s = _seconds(statement_timeout) + 5
-        self._finalizer = weakref.finalize(self, _close_all,
+        self._finalizer = weakref.finalize(self, close_all,
                                            [s.conn for s in self.sessions.values()] + [self.monitor])
-
-    # -- context manager --------------------------------------------------------------
-    def __enter__(self) -> "Sessions":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Roll back whatever is open and close every connection (locks go with them)."""
@@ -210,77 +192,6 @@ class Sessions:
             self.monitor.close()
         except Exception:
             pass
-
-    def __getattr__(self, name: str) -> Callable[..., Step]:
-        sessions = self.__dict__.get("sessions", {})
-        if name in sessions:
-            return lambda sql_text, label=None: self.step(name, sql_text, label=label)
-        if name.startswith("_") or not sessions:
-            raise AttributeError(name)
-        raise LabkitError(f"No session named {name!r} in this run (have {self.names}).",
-                          "use one of the names given to Sessions(...); they are case-sensitive.")
-
-    # -- running steps ------------------------------------------------------------------
-    def step(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
-        """Run one step in ``session``; return it (done, failed or waiting)."""
-        step = self.send(session, sql_text, label=label)
-        blockers = self.settle(session)
-        if blockers is not None:
-            step.waited = True
-            step.blocked_by, step.wait_event = blockers
-        self._check_waiters(exclude=self.sessions[session])
-        self._record_locks(step)
-        return step
-
-    def send(self, session: str, sql_text: str, *, label: str | None = None) -> Step:
-        """Send one step to ``session`` and return it at once, still running: :meth:`settle`
-        waits for it.  (:meth:`step` is send, settle, then a look at the other sessions'
-        waiting steps.)"""
-        if self._closed:
-            raise LabkitError("This run is closed.", "start a new Sessions(...) run.")
-        self._check_name(session)
-        s = self.sessions[session]
-        if s.pending is not None:
-            waiting = s.pending
-            raise LabkitError(
-                f"Session {session} is still waiting (step {waiting.index + 1}, {waiting.label!r}, "
-                f"blocked by {', '.join(waiting.blocked_by) or 'another session'}); it cannot run "
-                f"another statement until that step ends.",
-                f"end the blocker's transaction first (COMMIT or ROLLBACK in "
-                f"{', '.join(waiting.blocked_by) or 'the blocking session'}), or call "
-                f"run.wait({session!r}) to wait for it on purpose.")
-        step = Step(len(self.steps), session, sql_text.strip(), label or _label(sql_text))
-        self.steps.append(step)
-        s.send(step)
-        return step
-
-    def wait(self, session: str) -> Step | None:
-        """Let a waiting step of ``session`` run to its end (its blocker going away, or a
-        timeout firing); the script does nothing else meanwhile.  Returns that step."""
-        self._check_name(session)
-        s = self.sessions[session]
-        if s.pending is None:
-            return None
-        step = s.pending
-        self.settle(session, until_done=True)
-        for earlier in reversed(self.steps):
-            if earlier.session == session and earlier.waited and earlier.completed_after is None:
-                earlier.completed_after = self.steps[-1].index
-                earlier.script_waited = True
-                break
-        self._record_locks(self.steps[-1])
-        return step
-
-    def _check_name(self, session: str) -> None:
-        if session not in self.sessions:
-            raise LabkitError(f"No session named {session!r} in this run (have {self.names}).",
-                              "use one of the names given to Sessions(...); they are case-sensitive.")
-
-    def script(self, steps: Iterable[tuple]) -> "Sessions":
-        """Run a list of ``(session, sql)`` or ``(session, sql, label)`` tuples in order."""
-        for item in steps:
-            self.step(*item[:2], label=item[2] if len(item) > 2 else None)
-        return self
 
     def settle(self, session: str, *, until_done: bool = False,
                watchdog: Callable[[float], None] | None = None) -> Blockers | None:
@@ -337,22 +248,6 @@ class Sessions:
             "statement_timeout for long steps.",
         )
 
-    def _check_waiters(self, exclude: Session) -> None:
-        """After a step, see which waiting steps it let through (asking the server)."""
-        after = self.steps[-1]
-        for s in self.sessions.values():
-            if s is exclude or s.pending is None:
-                continue
-            waiting_step = s.pending
-            blockers = self.settle(s.name)
-            if blockers is None:
-                waiting_step.completed_after = after.index
-                continue
-            # Still waiting; maybe now behind another session (its row moved on).
-            current = waiting_step.rewaits[-1][1] if waiting_step.rewaits else waiting_step.blocked_by
-            if blockers.sessions != current:
-                waiting_step.rewaits.append((after.index, blockers.sessions))
-
     def _record_locks(self, step: Step) -> None:
         if not self.track_locks:
             return
@@ -386,30 +281,9 @@ class Sessions:
             (list(by_xid),),
         ).fetchall()
 
-    # -- rendering --------------------------------------------------------------------------
-    def transcript(self, **kw) -> Transcript:
-        return Transcript.from_run(self, **kw)
-
-    def result(self, index: int) -> Step:
-        return self.steps[index]
-
-
-def _label(sql_text: str, width: int = 48) -> str:
-    one = " ".join(sql_text.split())
-    return one if len(one) <= width else one[: width - 1] + "…"
-
-
 def _seconds(setting: str) -> float:
     s = setting.strip().lower()
     for unit, mult in (("ms", 0.001), ("s", 1), ("min", 60)):
         if s.endswith(unit):
             return float(s[: -len(unit)]) * mult
     return float(s) / 1000  # PostgreSQL's default unit for timeouts is ms
-
-
-def _close_all(conns) -> None:
-    for c in conns:
-        try:
-            c.close()
-        except Exception:
-            pass

@@ -17,17 +17,18 @@ DEADLOCK = "deadlock"
 
 @dataclass
 class StepError:
-    sqlstate: str
+    sqlstate: str      # PostgreSQL's SQLSTATE, or MySQL's error number
     message: str
     kind: str  # nowait, lock_timeout, statement_timeout, deadlock, other
+    engine: str = "postgresql"   # or "mysql" (MySQL and MariaDB: labkit.core.mysessions)
 
     def short(self) -> str:
         return f"ERROR {self.sqlstate} {self.message}"
 
     def brief(self) -> str:
-        """A transcript-sized form: the known lock errors in a few words.  (A MySQL error,
-        numbered, keeps the server's own words up to the first semicolon.)"""
-        if self.sqlstate.isdigit():
+        """A transcript-sized form: the known lock errors in a few words.  (A MySQL error
+        keeps the server's own words up to the first semicolon.)"""
+        if self.engine == "mysql":
             return f"ERROR {self.sqlstate} {self.message.split(';')[0]}"
         known = {NOWAIT: "could not obtain lock", LOCK_TIMEOUT: "lock timeout",
                  STATEMENT_TIMEOUT: "statement timeout", DEADLOCK: "deadlock detected"}

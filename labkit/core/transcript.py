@@ -186,7 +186,7 @@ def _spans(flags: list[bool]) -> list[tuple[int, int]]:
 
 def _note(step: Step) -> str:
     if step.error:
-        if step.error.sqlstate.isdigit():          # MySQL / MariaDB: see labkit.core.mysessions
+        if step.error.engine == "mysql":          # MySQL / MariaDB: see labkit.core.mysessions
             return {"nowait": "NOWAIT: fails at once; the transaction goes on",
                     "lock_timeout": "lock wait timeout; the transaction goes on",
                     "statement_timeout": "statement timeout",

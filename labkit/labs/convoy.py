@@ -578,6 +578,8 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
     for log in logs:
         if log.failure is not None:
             exc = log.failure
+            if isinstance(exc, LabkitError):       # already says what happened and the fix
+                raise exc
             raise LabkitError(f"Convoy worker {log.worker} failed: {type(exc).__name__}: {exc}",
                               "check the server with `labkit doctor` and re-run.") from exc
     if not backlog and any(log.ran_dry for log in logs):

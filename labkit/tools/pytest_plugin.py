@@ -1,4 +1,9 @@
-"""What pytest needs to know about the whole repository (tests/ and notebooks/).
+"""labkit's pytest plugin: what pytest needs to know about tests/ and notebooks/ alike.
+
+pyproject.toml loads it for every run in the repository (``-p labkit.tools.pytest_plugin``),
+so ``pytest tests``, ``pytest notebooks`` and ``make test`` all see it.  (A conftest.py at
+the top of the repository would do the same, but the tests import their helpers with
+``from conftest import ...``, which a second conftest module would shadow.)
 
 The cross-engine appendix -- notebook 16 and the tests marked ``needs_mysql`` -- runs on a
 MySQL-compatible server (labkit.core.mysql.find).  Without one, they are reported as ONE
@@ -25,7 +30,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     wanting = [item for item in items if _wants_mysql(item)]
     if not wanting:
         return
-    from labkit.core.mysql import skip_reason
+    from ..core.mysql import skip_reason
 
     reason = skip_reason()
     if reason is None:
