@@ -29,7 +29,7 @@ from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
                    outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import bench, drill, grade, interview, nbtools, spec, torture, training
+from .tools import bench, classroom, drill, grade, interview, nbtools, spec, torture, training
 from .tools.spec import drop_spec_databases
 
 
@@ -345,6 +345,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(specs, "permutations", "parse specs and list the permutations they run",
                  lambda a: spec.spec_command(what="permutations", specs=a.specs), prefix="labkit spec")
     p.add_argument("specs", nargs="+", metavar="FILE.spec")
+
+    room = _group(commands, "classroom", "one shared PostgreSQL for a room of trainees",
+                  description="One login role per trainee on a shared PostgreSQL, with only what the "
+                              "labs need; the presenter's view of their progress; clean-up.")
+    dsn_help = "the server's administrator DSN (a superuser or a role with CREATEROLE; default: LABKIT_DSN)"
+    p = _command(room, "create", "one login role per trainee; print their DSNs and write them to a 0600 file",
+                 lambda a: classroom.classroom_command(what="create", dsn=a.dsn, trainees=a.trainees,
+                                                       out=a.out, as_json_output=a.json),
+                 prefix="labkit classroom")
+    p.add_argument("--trainees", type=int, required=True, help=f"1 to {classroom.MAX_TRAINEES}")
+    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--out", type=Path, help="where to write the DSNs (default classroom-<database>.json)")
+    p.add_argument("--json", action="store_true", help='print {"trainees": [{"name": ..., "dsn": ...}, ...]}')
+    p = _command(room, "status", "each trainee's lab schemas, last notebook, open sessions",
+                 lambda a: classroom.classroom_command(what="status", dsn=a.dsn, as_json_output=a.json),
+                 prefix="labkit classroom")
+    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--json", action="store_true")
+    p = _command(room, "clean", "end trainees' sessions idle in a transaction (--all: every one)",
+                 lambda a: classroom.classroom_command(what="clean", dsn=a.dsn, every_one=a.all),
+                 prefix="labkit classroom")
+    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--all", action="store_true", help="end every trainee session")
+    p = _command(room, "drop", "end trainee sessions, drop the trainee roles and what they own",
+                 lambda a: classroom.classroom_command(what="drop", dsn=a.dsn), prefix="labkit classroom")
+    p.add_argument("--dsn", help=dsn_help)
 
     p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
                  lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check))

@@ -1,0 +1,53 @@
+-- labkit classroom: one login role per trainee on a shared PostgreSQL, and what the
+-- presenter asks about them. Every role is marked by its comment, so that status, clean
+-- and drop touch the classroom's roles and nothing else.
+
+-- name: roles
+-- The classroom's roles on this server, oldest first.
+SELECT r.rolname
+  FROM pg_catalog.pg_roles AS r
+ WHERE r.rolname LIKE %(like)s
+   AND pg_catalog.shobj_description(r.oid, 'pg_authid') = %(mark)s
+ ORDER BY r.rolname;
+
+-- name: create_role
+-- A trainee: may log in, and nothing else of its own (no superuser, no new databases or
+-- roles, no replication, no row-level-security bypass).
+CREATE ROLE {role} LOGIN PASSWORD {password}
+  NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS
+  CONNECTION LIMIT 40;
+
+-- name: grant
+-- What the labs need: connect, and create schemas of their own (lab_<notebook>_<user>),
+-- and temporary tables. Nothing on any other trainee's schema: a schema is its owner's.
+GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {database} TO {role};
+
+-- name: progress
+-- Per trainee: the lab schemas they own, the one rebuilt last (its catalogue row is the
+-- youngest: a notebook's setup cell drops and re-creates its schema), their sessions and
+-- those idle inside a transaction.
+SELECT r.rolname,
+       (SELECT count(*) FROM pg_catalog.pg_namespace n
+         WHERE n.nspowner = r.oid AND n.nspname LIKE 'lab\_%%') AS schemas,
+       (SELECT n.nspname FROM pg_catalog.pg_namespace n
+         WHERE n.nspowner = r.oid AND n.nspname LIKE 'lab\_%%'
+         ORDER BY pg_catalog.age(n.xmin) ASC LIMIT 1) AS last_schema,
+       (SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n
+         WHERE n.nspowner = r.oid AND n.nspname LIKE 'lab\_%%'
+         ORDER BY pg_catalog.age(n.xmin) ASC LIMIT 1) AS last_schema_mark,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity a
+         WHERE a.usename = r.rolname AND a.backend_type = 'client backend') AS sessions,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity a
+         WHERE a.usename = r.rolname AND a.state LIKE 'idle in transaction%%') AS idle_in_transaction
+  FROM pg_catalog.pg_roles r
+ WHERE r.rolname = ANY(%(roles)s)
+ ORDER BY r.rolname;
+
+-- name: end_sessions
+-- End the trainees' sessions: those idle inside a transaction (holding their locks for
+-- nothing), or with every_one, all of them. Only the classroom's roles are ever named.
+SELECT a.pid, a.usename, a.state, pg_catalog.pg_terminate_backend(a.pid)
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.usename = ANY(%(roles)s)
+   AND a.pid <> pg_catalog.pg_backend_pid()
+   AND (%(every_one)s OR a.state LIKE 'idle in transaction%%');
