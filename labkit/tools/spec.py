@@ -977,19 +977,6 @@ class _MyRunner(_Runner):
         self.sql_of = {st.name: st.sql for st in spec.steps}
         self.notices = []
 
-    def run(self) -> None:
-        spec = self.spec
-        if spec.conninfo or any(s.conninfo for s in spec.sessions):
-            raise SpecError(f"{spec.filename}: 'conninfo' is not supported by labkit's runner.",
-                            "remove the conninfo lines: every session runs on the lab's server.")
-        self.emit(f"Parsed test spec with {len(spec.sessions)} sessions\n")
-        self.control = self.lab.connect(role="spec-control")
-        try:
-            for perm in spec.permutations_to_run():
-                self.run_permutation(perm)
-        finally:
-            self.control.close()
-
     def _run_block(self, conn, text: str, what: str, fatal: str | None) -> None:
         import pymysql
 
