@@ -220,6 +220,11 @@ class Sessions(ScriptRun):
                 self._give_up(s)
         return None
 
+    def cancel(self, session: str) -> None:
+        """Cancel ``session``'s running statement (libpq's cancel request)."""
+        self._check_name(session)
+        self.sessions[session].conn.cancel()
+
     def blockers(self, session: str) -> Blockers | None:
         """The sessions of this run that ``session``'s running step waits for, as the server
         says (None when it waits for none of them).  It is PostgreSQL's isolation tester's

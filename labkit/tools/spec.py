@@ -643,14 +643,15 @@ class _Active:
 
 
 class _Runner:
-    """Plays a spec.  ``box`` is the sandbox: every connection comes from ``box.lab``, so
-    all of the spec's SQL runs as its role."""
+    """Plays a spec on PostgreSQL.  ``box`` is the sandbox: every connection comes from
+    ``box.lab``, so all of the spec's SQL runs as its role.  :class:`_MyRunner` plays it on
+    MySQL and MariaDB: it changes the engine, how a block of SQL runs and how a step prints."""
 
-    def __init__(self, spec: Spec, box: Sandbox, timeout: float, out: list[str],
-                 err: TextIO) -> None:
+    def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err: TextIO, *,
+                 box: Sandbox | None = None) -> None:
         self.spec = spec
         self.box = box
-        self.lab = box.lab
+        self.lab = lab
         self.timeout = timeout
         self.out = out
         self.err = err
@@ -733,20 +734,14 @@ class _Runner:
             self.exec_control(sql, "setup")
 
         names = [s.name for s in spec.sessions]
-        # The tester sets no timeouts: lock_timeout 0 is the server's default.  The
-        # engine's statement_timeout guard stays, at twice the step timeout, so that
-        # our own cancel (after ``timeout``, reported like the tester's) comes first.
-        self.engine = Sessions(self.lab, *names, lock_timeout="0",
-                               statement_timeout=f"{int(self.timeout * 2000)}ms",
-                               track_locks=False)
+        self.engine = self._open_engine(names)
         self.notices: list[tuple[str, str]] = []
         self.total_notices = {n: 0 for n in names}
         self.new_notice = False
         self.active: dict[str, _Active | None] = {n: None for n in names}
         self.pid_names = {s.pid: n for n, s in self.engine.sessions.items()}
         try:
-            for name, s in self.engine.sessions.items():
-                s.conn.add_notice_handler(self._notice_handler(name))
+            self._listen()
             for sess in spec.sessions:
                 if sess.setup:
                     self.exec_session(sess.name, sess.setup, "setup")
@@ -760,6 +755,18 @@ class _Runner:
             self.engine.close()
         if spec.teardown:
             self.exec_control(spec.teardown, "teardown")
+
+    def _open_engine(self, names: list[str]) -> Sessions:
+        # The tester sets no timeouts: lock_timeout 0 is the server's default.  The
+        # engine's statement_timeout guard stays, at twice the step timeout, so that
+        # our own cancel (after ``timeout``, reported like the tester's) comes first.
+        return Sessions(self.lab, *names, lock_timeout="0",
+                        statement_timeout=f"{int(self.timeout * 2000)}ms", track_locks=False)
+
+    def _listen(self) -> None:
+        """Collect each session's notices, as the tester prints them."""
+        for name, s in self.engine.sessions.items():
+            s.conn.add_notice_handler(self._notice_handler(name))
 
     def _notice_handler(self, name: str) -> Callable[[psycopg.errors.Diagnostic], None]:
         def handler(diag: psycopg.errors.Diagnostic) -> None:
@@ -899,7 +906,7 @@ class _Runner:
         def check(elapsed: float) -> None:
             nonlocal canceled
             if elapsed > self.timeout and not canceled:
-                self.engine.sessions[act.session].conn.cancel()
+                self.engine.cancel(act.session)
                 self.emit(f"isolationtester: canceling step {act.ps.name} after "
                           f"{int(elapsed)} seconds\n")
                 canceled = True
@@ -947,7 +954,7 @@ def run(spec_or_path: Spec | str | os.PathLike, lab: Lab | None = None, *,
                      own_database=isinstance(place, _OwnDatabase)) as box:
             if box.role is None:
                 print(f"labkit spec: the spec's SQL {box.note}.", file=stderr)
-            _Runner(spec, box, timeout, out, stderr).run()
+            _Runner(spec, box.lab, timeout, out, stderr, box=box).run()
     return "".join(out)
 
 
@@ -966,16 +973,6 @@ class _MyRunner(_Runner):
     output.  An error prints as ``ERROR:  (1205) message``: MySQL's number, then its words.
     MySQL has no notices and no NOTIFY, and there is no sandbox role: the spec's SQL runs
     as the configured user, in a database made for the run and dropped at the end."""
-
-    def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err: TextIO) -> None:
-        self.spec = spec
-        self.lab = lab
-        self.timeout = timeout
-        self.out = out
-        self.err = err
-        self.session_of = {st.name: st.session for st in spec.steps}
-        self.sql_of = {st.name: st.sql for st in spec.steps}
-        self.notices = []
 
     def _run_block(self, conn, text: str, what: str, fatal: str | None) -> None:
         import pymysql
@@ -1002,29 +999,14 @@ class _MyRunner(_Runner):
         self._run_block(self.engine.sessions[name].conn, sql, f"{what} of session {name}",
                         None if what == "teardown" else f"fix the SQL of session {name}'s setup block.")
 
-    def run_permutation(self, perm: Permutation) -> None:
-        spec = self.spec
-        self.emit("\nstarting permutation: " + " ".join(perm.names) + "\n")
-        for sql in spec.setup:
-            self.exec_control(sql, "setup")
-        names = [s.name for s in spec.sessions]
-        self.engine = MySessions(self.lab, *names, lock_wait_timeout_s=int(max(1, self.timeout * 2)),
-                                 statement_timeout_s=self.timeout * 2)
-        self.total_notices = {n: 0 for n in names}
-        self.new_notice = False
-        self.active = {n: None for n in names}
-        try:
-            for sess in spec.sessions:
-                if sess.setup:
-                    self.exec_session(sess.name, sess.setup, "setup")
-            self.run_steps(perm)
-            for sess in spec.sessions:
-                if sess.teardown:
-                    self.exec_session(sess.name, sess.teardown, "teardown")
-        finally:
-            self.engine.close()
-        if spec.teardown:
-            self.exec_control(spec.teardown, "teardown")
+    def _open_engine(self, names: list[str]) -> MySessions:
+        # InnoDB's lock-wait guard and the statement guard at twice the step timeout, so
+        # that our own cancel (after ``timeout``, reported like the tester's) comes first.
+        return MySessions(self.lab, *names, lock_wait_timeout_s=int(max(1, self.timeout * 2)),
+                          statement_timeout_s=self.timeout * 2)
+
+    def _listen(self) -> None:
+        """MySQL sends no notices."""
 
     def _completed(self, act: _Active, retry: bool) -> None:
         self.emit(f"step {act.ps.name}: <... completed>\n" if retry else f"step {act.ps.name}: {act.sql}\n")
@@ -1034,21 +1016,6 @@ class _MyRunner(_Runner):
                 self.emit(format_result(r.columns, r.text_rows))
         if step.error is not None:
             self.emit(f"ERROR:  ({step.error.sqlstate}) {step.error.message}\n")
-
-    def _watchdog(self, act: _Active) -> Callable[[float], None]:
-        canceled = False
-
-        def check(elapsed: float) -> None:
-            nonlocal canceled
-            if elapsed > self.timeout and not canceled:
-                self.engine.cancel(act.session)
-                self.emit(f"isolationtester: canceling step {act.ps.name} after {int(elapsed)} seconds\n")
-                canceled = True
-            elif elapsed > 2 * self.timeout:
-                raise LabkitError(f"{self.spec.filename}: step {act.ps.name} timed out after "
-                                  f"{int(elapsed)} seconds.",
-                                  "check the permutation: the step waits for something that never happens.")
-        return check
 
 
 ENGINES = ("postgresql", "mariadb", "mysql")
