@@ -211,11 +211,7 @@ def _engine_lab(name: str, engine: str, isolation: str | None) -> Callable:
     def open_lab():
         from .core import mysql
 
-        server = mysql.find()
-        if server.engine != engine:
-            raise LabkitError(f"--engine {engine}, but the server found is {server.describe()}.",
-                              f"pass --engine {server.engine}, or point {mysql.ENV} at a {engine} server.")
-        lab = mysql.MyLab.open(server, f"{name}_{os.getpid()}")
+        lab = mysql.MyLab.open(mysql.find_engine(engine), f"{name}_{os.getpid()}")
         lab.isolation = isolation.replace("-", " ").upper() if isolation else None
         return lab
     return open_lab
@@ -434,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
                         "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--engine", choices=["postgresql", "mariadb", "mysql"], default="postgresql",
+    p.add_argument("--engine", choices=spec.ENGINES, default="postgresql",
                    help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 16 "
                         "(LABKIT_MYSQL_DSN, else 127.0.0.1:3306)")
     p.add_argument("--isolation", choices=["repeatable-read", "read-committed"], default=None,

@@ -287,6 +287,20 @@ def _from_docker() -> MyServer:
     return MyServer(params, "docker", f"container {DOCKER_IMAGE}", _keep=container)
 
 
+# What a command's --engine may name: the labs' PostgreSQL, or this module's server.
+ENGINES = ("postgresql", "mariadb", "mysql")
+
+
+def find_engine(engine: str) -> MyServer:
+    """:func:`find`, for a command told ``--engine mariadb`` or ``--engine mysql``: the server
+    found must be that one."""
+    server = find()
+    if server.engine != engine:
+        raise LabkitError(f"--engine {engine}, but the server found is {server.describe()}.",
+                          f"pass --engine {server.engine}, or point {ENV} at a {engine} server.")
+    return server
+
+
 def find_or_stop(*, quiet: bool = False) -> MyServer:
     """:func:`find`, for notebook 16's first cell: without a server, stop the notebook with
     the one line of :func:`skip_reason` instead of a traceback."""

@@ -69,6 +69,7 @@ from ..core.db import Database, Guards, connect, current_user_tag, session_name
 from ..core.errors import LabkitError, SpecError
 from ..core.files import data_file
 from ..core.lab import Lab
+from ..core.mysql import ENGINES
 from ..core.mysessions import MySessions
 from ..core.queries import query, statements
 from ..core.sandbox import Sandbox, check_number, read_input
@@ -1018,7 +1019,6 @@ class _MyRunner(_Runner):
             self.emit(f"ERROR:  ({step.error.sqlstate}) {step.error.message}\n")
 
 
-ENGINES = ("postgresql", "mariadb", "mysql")
 
 
 def own_specs(engine: str = "postgresql") -> list[Path]:
@@ -1041,12 +1041,8 @@ def run_mysql(spec_or_path: Spec | str | os.PathLike, *, engine: str = "mariadb"
     stderr = sys.stderr if stderr is None else stderr
     for w in spec.warnings:
         print(w, file=stderr)
-    server = mysql.find()
-    if server.engine != engine:
-        raise LabkitError(f"--engine {engine}, but the server found is {server.describe()}.",
-                          f"pass --engine {server.engine}, or point {mysql.ENV} at a {engine} server.")
     out: list[str] = []
-    with mysql.MyLab.open(server, f"spec_{os.getpid()}") as lab:
+    with mysql.MyLab.open(mysql.find_engine(engine), f"spec_{os.getpid()}") as lab:
         _MyRunner(spec, lab, timeout, out, stderr).run()
     return "".join(out)
 
