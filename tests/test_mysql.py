@@ -225,6 +225,10 @@ def test_convoy_command_on_the_engine_gives_json_with_the_postgresql_keys(server
     other = "mysql" if server.engine == "mariadb" else "mariadb"
     wrong = run_labkit("convoy", "--engine", other, "--workers", "1", "--no-progress")
     assert wrong.returncode == 2 and f"pass --engine {server.engine}" in wrong.stderr
+    # the workbook's own specs, on the other engine: the same one paragraph, no traceback
+    wrong = run_labkit("spec", "run", "--engine", other)
+    assert wrong.returncode == 2 and f"pass --engine {server.engine}" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
 
 
 @pytest.mark.needs_mysql
