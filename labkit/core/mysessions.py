@@ -218,17 +218,20 @@ class MySessions(ScriptRun):
         self.monitor.close()
 
     def settle(self, session: str, *, until_done: bool = False,
-               watchdog: Callable[[float], None] | None = None) -> Blockers | None:
+               watchdog: Callable[[float], None] | None = None,
+               since: float | None = None) -> Blockers | None:
         """Wait for ``session``'s step: None once it has finished, or (unless ``until_done``)
-        what it waits for, as soon as the server says it waits for another session."""
+        what it waits for, as soon as the server says it waits for another session.  The
+        lock tables may show the waits of up to 0.1 s ago, so they are read only once they
+        are fresh after ``since`` (a ``time.perf_counter()``; by default the step's start)."""
         self._check_name(session)
         s = self.sessions[session]
         start = time.monotonic()
         while s.pending is not None:
             if s.poll(0.05 if until_done else POLL_S):
                 return None
-            ran = time.perf_counter() - s.pending.started
-            if not until_done and ran >= CACHE_S:
+            fresh = time.perf_counter() - (s.pending.started if since is None else since) >= CACHE_S
+            if not until_done and fresh:
                 blockers = self.blockers(session)
                 if blockers is not None:
                     return None if s.poll(0) else blockers
@@ -273,23 +276,9 @@ class MySessions(ScriptRun):
             s.poll(0)                  # finished on its thread, and no one has looked since
 
     def _look_again(self, session: str) -> Blockers | None:
-        """After another session's step: has this waiting step finished, or does it still wait?
-        The lock tables may show the wait as it was up to 0.1 s ago, so an unchanged answer
-        is taken only after a fresh look."""
-        s = self.sessions[session]
-        seen = time.perf_counter()
-        while True:
-            if s.poll(POLL_S):
-                return None
-            if time.perf_counter() - seen >= CACHE_S:
-                blockers = self.blockers(session)
-                if blockers is not None:
-                    return None if s.poll(0) else blockers
-                # no wait listed and not finished: it is running; give it time
-                if time.perf_counter() - seen > self._deadline_s:
-                    raise LabkitError(f"Session {session}'s step neither finished nor waited for a "
-                                      f"lock within {self._deadline_s:.0f} s.",
-                                      "check the script for a step that runs for a long time.")
+        """After another session's step: has this waiting step finished, or does it still
+        wait?  An unchanged answer is taken only from lock tables fresher than that step."""
+        return self.settle(session, since=time.perf_counter())
 
     def transcript(self, **kw) -> Transcript:
         """The run as a transcript; a waiting step's note names the lock it asked for."""
