@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .db import _slug, current_user_tag
+from .db import _slug, current_user_tag, redact
 from .errors import LabkitError, ServerError
 from .queries import query
 
@@ -128,11 +128,6 @@ def parse_dsn(dsn: str) -> dict:
                           f"write it as mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE.")
     return {"host": parts.hostname, "port": port, "user": unquote(parts.username or "root"),
             "password": unquote(parts.password or ""), "database": unquote(database)}
-
-
-def redact(dsn: str) -> str:
-    """A DSN safe to print: the password replaced by ***."""
-    return re.sub(r"^([a-z]+://[^:/@]*):[^@]*@", r"\1:***@", dsn.strip(), flags=re.I)
 
 
 def _open(params: dict, *, database: str | None, autocommit: bool, where: str,
