@@ -16,6 +16,7 @@ uses.  ``cli.py`` sits on top of all three rooms.
 from .core.db import Database, connect
 from .core.errors import LabkitError
 from .core.lab import Lab, read_sql, schema_name
+from .core.load import shape
 from .core.plots import setup_matplotlib
 from .core.sessions import Sessions, Step
 from .core.trace import Trace
@@ -38,4 +39,4 @@ def setup(notebook: str) -> Lab:
 
 
 __all__ = ["Database", "Lab", "LabkitError", "Sessions", "Step", "Trace", "connect", "lab",
-           "read_sql", "schema_name", "setup", "workbook_map", "__version__"]
+           "read_sql", "schema_name", "setup", "shape", "workbook_map", "__version__"]
