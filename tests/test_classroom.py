@@ -154,3 +154,27 @@ def test_the_command_line_prints_the_json_the_hub_reads(db, tmp_path):
     finally:
         dropped = labkit_cmd("classroom", "drop", "--dsn", db.dsn)
     assert dropped.returncode == 0 and "dropped 2 trainee role(s)" in dropped.stdout
+
+
+def test_a_server_that_trusts_the_trainees_connections_is_named(db, tmp_path):
+    """A role's password keeps trainees apart only where the server asks for it: on a server
+    whose pg_hba.conf trusts every connection, `create` says so."""
+    out = tmp_path / "dsns.json"
+    try:
+        done = labkit_cmd("classroom", "create", "--trainees", "1", "--dsn", db.dsn, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        made = [classroom.Trainee(t["name"], "claimlab_" + t["name"], t["dsn"])
+                for t in json.loads(out.read_text())["trainees"]]
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            methods = {r[0] for r in conn.execute("SELECT auth_method FROM pg_catalog.pg_hba_file_rules")}
+        if methods == {"trust"}:           # both of CI's servers: labkit's embedded one, and PostgreSQL 15 here
+            assert classroom.asks_for_passwords(made[0]) is False
+            assert classroom.TRUST_WARNING in done.stderr
+        elif "trust" not in methods:
+            assert classroom.asks_for_passwords(made[0]) is True
+            assert classroom.TRUST_WARNING not in done.stderr
+        else:                              # some rules trust, some ask: the connection tells
+            trusted = classroom.asks_for_passwords(made[0]) is False
+            assert (classroom.TRUST_WARNING in done.stderr) == trusted
+    finally:
+        labkit_cmd("classroom", "drop", "--dsn", db.dsn)

@@ -165,6 +165,26 @@ def drop(admin_dsn: str) -> list[str]:
     return names
 
 
+def asks_for_passwords(trainee: Trainee) -> bool | None:
+    """Whether the server refuses the trainee's role with a wrong password (None: it could
+    not be told).  A server whose pg_hba.conf says ``trust`` for where the trainees connect
+    from lets anyone log in as any role: the roles then keep trainees apart only from each
+    other's mistakes, not from each other."""
+    wrong = make_conninfo(trainee.dsn, password=secrets.token_urlsafe(12))
+    try:
+        psycopg.connect(wrong, connect_timeout=10).close()
+    except psycopg.OperationalError as exc:
+        refused = getattr(exc, "sqlstate", None) == "28P01" or "password authentication failed" in str(exc)
+        return True if refused else None
+    return False
+
+
+TRUST_WARNING = ("WARNING: this server let a trainee's role in with a wrong password: its "
+                 "pg_hba.conf trusts connections from here, so any trainee can log in as any "
+                 "other. Use scram-sha-256 for the trainees' roles (pg_hba.conf) before the "
+                 "room logs in.")
+
+
 # -- the command ------------------------------------------------------------------------------
 
 def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None,
@@ -184,6 +204,8 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
                 print(f"{t.name:<{width}}  LABKIT_DSN='{t.dsn}'")
         print(f"{len(made)} trainee role(s); their DSNs (passwords included: hand each one to its "
               f"trainee only) are in {out} (mode 0600)", file=sys.stderr)
+        if asks_for_passwords(made[0]) is False:
+            print(TRUST_WARNING, file=sys.stderr)
         return 0
     if what == "status":
         rows = status(dsn)
