@@ -2,6 +2,9 @@
 #   make lab    set up .venv, start the embedded PostgreSQL, open JupyterLab
 #   make study  the same, opening the student copies (the exercises without their answers)
 #   make test   set up .venv, run labkit's tests and nbval over every notebook
+# For a training room on one machine (as root; README, "Running a training room"):
+#   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared [DSN=ADMIN_DSN]
+#   make test-hub   the room under load: every trainee runs notebooks 00, 01 and 03 at once
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,7 +15,17 @@ JUPYTER_ARGS ?=
 # JupyterLab refuses to run as root unless told it may.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs
+# The hub's environment: its own, built from a Python every trainee's user may run (a
+# Python under /root, as pyenv installs it, is closed to them).
+HUB_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
+HUB_VENV   := .hubenv
+HUB_STAMP  := $(HUB_VENV)/.labkit-installed
+TRAINEES   ?= 8
+MODE       ?= embedded
+DSN        ?=
+HUB_PORT   ?= 8000
+
+.PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs hub test-hub hub-clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Claim Lab needs Python 3.10 or newer (found %s)" % sys.version.split()[0])'
@@ -22,6 +35,22 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+$(HUB_STAMP): pyproject.toml
+	@$(HUB_PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "the hub needs Python 3.10 or newer: make hub HUB_PYTHON=...")'
+	$(HUB_PYTHON) -m venv $(HUB_VENV)
+	$(HUB_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(HUB_VENV)/bin/python -m pip install --quiet -e ".[hub]"
+	@touch $(HUB_STAMP)
+
+hub: $(HUB_STAMP)
+	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT) $(if $(DSN),--dsn $(DSN))
+
+test-hub: $(HUB_STAMP)
+	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE) $(if $(DSN),--dsn $(DSN))
+
+hub-clean: $(HUB_STAMP)
+	$(HUB_VENV)/bin/labkit hub clean
 
 lab: setup
 	@if [ -z "$$LABKIT_DSN" ] && [ -z "$$LABKIT_BACKEND" ]; then $(BIN)/labkit server start; fi

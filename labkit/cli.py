@@ -29,7 +29,7 @@ from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
                    outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import bench, classroom, drill, grade, interview, nbtools, spec, torture, training
+from .tools import bench, classroom, drill, grade, hub, interview, nbtools, spec, torture, training
 from .tools.spec import drop_spec_databases
 
 
@@ -262,6 +262,11 @@ def _group(group: Subcommands, name: str, help: str, *, description: str | None 
                             required=True)
 
 
+def _roomload():
+    from .tools import roomload      # requests and websocket-client: installed with the hub
+    return roomload
+
+
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
@@ -367,6 +372,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(room, "drop", "end trainee sessions, drop the trainee roles and what they own",
                  lambda a: classroom.classroom_command(what="drop", dsn=a.dsn), prefix="labkit classroom")
     p.add_argument("--dsn", help=dsn_help)
+
+    room = _group(commands, "hub", "a JupyterHub for a training room (run as root)",
+                  description="One JupyterHub on this machine for a training room: a system user per "
+                              "trainee, each with the workbook and their own PostgreSQL (embedded) or "
+                              "their own role on one shared server (shared).")
+    p = _command(room, "start", "set the room up and run the hub in the foreground",
+                 lambda a: hub.start(trainees=a.trainees, mode=a.mode, port=a.port, dsn=a.dsn),
+                 prefix="labkit hub")
+    p.add_argument("--trainees", type=int, default=8, help=f"1 to {hub.MAX_TRAINEES} (default 8)")
+    p.add_argument("--mode", choices=hub.MODES, default="embedded",
+                   help="each trainee's own embedded PostgreSQL (default), or one shared server")
+    p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
+    p.add_argument("--port", type=int, default=8000, help="the port trainees open (default 8000)")
+    p = _command(room, "loadtest", "every trainee logs in and runs notebooks at once; the figures",
+                 lambda a: _roomload().loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn,
+                                                        notebooks=a.notebooks, as_json=a.json),
+                 prefix="labkit hub loadtest")
+    p.add_argument("--trainees", type=int, default=8, help="how many at once (default 8)")
+    p.add_argument("--mode", choices=hub.MODES, default="embedded")
+    p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
+    p.add_argument("--notebooks", nargs="+", metavar="NAME",
+                   help="notebooks to run, without .ipynb (default: 00, 01 and 03)")
+    p.add_argument("--json", action="store_true")
+    _command(room, "clean", "stop the room's servers; remove its trainee users, homes and roles",
+             lambda a: hub.clean(), prefix="labkit hub")
 
     p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
                  lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check))

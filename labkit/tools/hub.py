@@ -1,0 +1,431 @@
+"""``labkit hub``: one JupyterHub for a training room, and its load test.
+
+The hub runs as root on one machine (JupyterHub's own LocalProcessSpawner): every trainee
+gets a system user of their own, ``claimlab-trainee01`` ..., with a private home (0700)
+holding a copy of the workbook.  Their Jupyter server, kernels and, in the default mode,
+their embedded PostgreSQL all run as that user, so one trainee cannot open another's files,
+socket or processes.  Where a trainee's PostgreSQL comes from is the room's *mode*:
+
+``embedded``  each trainee's own embedded server, in their home (nothing shared);
+``shared``    one server for the room: ``labkit classroom create`` makes one login role per
+              trainee and the hub hands each trainee their own DSN (``LABKIT_DSN``).
+
+Log-in is JupyterHub's shared-password authenticator: one password for the room, the
+trainee names ``trainee01`` ... only.  That is a one-day training room's lock, not an
+account system: behind it, each trainee is still a separate system user.
+
+The room's state lives in one folder (``.hub/`` beside the workbook, or ``LABKIT_HUB_DIR``):
+``room.json`` (mode, trainees, port), the passwords and the trainees' DSNs (0600),
+JupyterHub's database and cookie secret, and the proxy (``configurable-http-proxy``, from
+npm).  ``labkit hub clean`` stops the room's servers and removes the trainee users and
+their homes, and, in the shared mode, the classroom's roles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+try:
+    import pwd
+except ImportError:          # Windows: no system users, no hub
+    pwd = None
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..core.errors import LabkitError
+from ..core.limits import number
+from . import classroom
+
+ROOT = Path(__file__).resolve().parents[2]          # the workbook: notebooks/, student/, hub/
+CONFIG = ROOT / "hub" / "jupyterhub_config.py"
+SYSTEM_PREFIX = "claimlab-"
+MARK = "labkit hub trainee"                          # the comment (GECOS) of the users we made
+MODES = ("embedded", "shared")
+MAX_TRAINEES = 60
+HOMES = Path("/home")
+COPY = ("notebooks", "student")                      # what each trainee gets in ~/claimlab
+PROXY_PACKAGE = "configurable-http-proxy@5"
+
+
+def hub_dir() -> Path:
+    return Path(os.environ.get("LABKIT_HUB_DIR") or ROOT / ".hub").resolve()
+
+
+def trainee_names(n: int) -> list[str]:
+    return [f"trainee{i:02d}" for i in range(1, n + 1)]
+
+
+def system_user(trainee: str) -> str:
+    if not re.fullmatch(r"trainee\d{2,3}", trainee):
+        raise LabkitError(f"{trainee!r} is not a trainee of this room.", "log in as trainee01, trainee02, ...")
+    return SYSTEM_PREFIX + trainee
+
+
+@dataclass
+class Room:
+    mode: str
+    trainees: int
+    port: int
+    bin: str                                  # the virtual environment's bin folder
+    password_file: str = "password"
+    presenter_password_file: str = "presenter-password"
+    dsn_file: str = "trainees.json"           # shared mode: the classroom's DSNs
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return trainee_names(self.trainees)
+
+    @staticmethod
+    def load(folder: Path | None = None) -> Room:
+        folder = folder or hub_dir()
+        try:
+            return Room(**json.loads((folder / "room.json").read_text()))
+        except FileNotFoundError:
+            raise LabkitError(f"No room is set up in {folder}.",
+                              "run `make hub` (or `labkit hub start --trainees N`) first.") from None
+
+    def save(self, folder: Path) -> None:
+        (folder / "room.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    def secret(self, folder: Path, which: str) -> str:
+        return (folder / getattr(self, which)).read_text().strip()
+
+
+# -- checks -------------------------------------------------------------------------------
+
+def _reachable_by_others(path: Path) -> Path | None:
+    """The first folder or file on the way to ``path`` that another user may not pass or
+    run (None: every user can run it)."""
+    real = path.resolve()
+    for part in [*reversed(real.parents), real]:
+        mode = part.stat().st_mode
+        if not mode & 0o001:
+            return part
+    return None
+
+
+def preflight(*, bin_dir: Path | None = None) -> Path:
+    """What the hub needs before anything is made; each missing piece names its fix."""
+    if os.name != "posix" or os.geteuid() != 0:
+        raise LabkitError("The training hub runs as root: it starts each trainee's server as that "
+                          "trainee's own system user.",
+                          "run it with sudo (sudo make hub), on the machine the room logs in to.")
+    bin_dir = bin_dir or Path(sys.executable).parent
+    try:
+        import jupyterhub  # noqa: F401
+    except ImportError:
+        raise LabkitError("JupyterHub is not installed in this environment.",
+                          "run `make hub`, which installs it (pip install -e '.[hub]').") from None
+    blocked = _reachable_by_others(Path(sys.executable))
+    if blocked is not None:
+        raise LabkitError(f"The trainees' users cannot run this Python: {blocked} is closed to "
+                          "other users.",
+                          "build the hub's environment from a Python every user can run: "
+                          "make hub HUB_PYTHON=/usr/bin/python3 (the default where it exists).")
+    if shutil.which("useradd") is None:
+        raise LabkitError("useradd is not on this machine, so trainee users cannot be made.",
+                          "run the hub on Linux (Debian or Ubuntu: apt-get install passwd).")
+    return bin_dir
+
+
+def proxy_command(folder: Path) -> list[str]:
+    """configurable-http-proxy, installed from npm into the room's folder on first use."""
+    local = folder / "node_modules" / ".bin" / "configurable-http-proxy"
+    for near in (local, folder.parent / "node_modules" / ".bin" / "configurable-http-proxy"):
+        if near.exists():                  # a load test's room sits inside the room's folder
+            return [str(near)]
+    found = shutil.which("configurable-http-proxy")
+    if found:
+        return [found]
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        raise LabkitError("JupyterHub's proxy (configurable-http-proxy) needs Node.js and npm.",
+                          "install them (Debian or Ubuntu: apt-get install nodejs npm), then run "
+                          "`make hub` again.")
+    print(f"installing {PROXY_PACKAGE} from npm into {folder} ...", flush=True)
+    done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
+                           "--loglevel", "error", PROXY_PACKAGE], capture_output=True, text=True)
+    if done.returncode != 0 or not local.exists():
+        raise LabkitError(f"npm could not install {PROXY_PACKAGE}: "
+                          f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}",
+                          "check that this machine reaches the npm registry, or install it yourself: "
+                          f"npm install -g {PROXY_PACKAGE}.")
+    return [str(local)]
+
+
+def _private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+# -- the room's users ---------------------------------------------------------------------
+
+def room_users() -> list[pwd.struct_passwd]:
+    """The system users this hub made (name prefix *and* comment): nothing else is touched."""
+    return [p for p in pwd.getpwall() if p.pw_name.startswith(SYSTEM_PREFIX) and p.pw_gecos == MARK]
+
+
+def ensure_user(trainee: str) -> pwd.struct_passwd:
+    """The trainee's system user, with a private home holding a copy of the workbook."""
+    name = system_user(trainee)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        done = subprocess.run(["useradd", "--create-home", "--home-dir", str(HOMES / name),
+                               "--shell", "/bin/bash", "--comment", MARK, "--user-group", name],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise LabkitError(f"useradd could not make {name}: {done.stderr.strip()}",
+                              "check that this machine lets root add users.")
+        entry = pwd.getpwnam(name)
+    if entry.pw_gecos != MARK:
+        raise LabkitError(f"A system user {name} exists and this hub did not make it.",
+                          "remove or rename that user, or run the room on another machine.")
+    home = Path(entry.pw_dir)
+    os.chmod(home, 0o700)
+    workbook = home / "claimlab"
+    if not workbook.exists():
+        workbook.mkdir(mode=0o755)
+        for part in COPY:
+            if (ROOT / part).is_dir():
+                shutil.copytree(ROOT / part, workbook / part, symlinks=False,
+                                ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        for folder, dirs, files in os.walk(workbook):
+            for item in [folder, *(os.path.join(folder, x) for x in dirs + files)]:
+                os.lchown(item, entry.pw_uid, entry.pw_gid)
+    return entry
+
+
+def as_user(entry: pwd.struct_passwd):
+    """A preexec function: become the trainee (groups, gid, uid), in their home."""
+    def become():
+        os.setgroups([])
+        os.setgid(entry.pw_gid)
+        os.setuid(entry.pw_uid)
+        os.chdir(entry.pw_dir)
+    return become
+
+
+def user_env(entry: pwd.struct_passwd, bin_dir: str) -> dict:
+    return {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name,
+            "SHELL": entry.pw_shell or "/bin/sh", "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+
+
+def stop_trainee_server(entry: pwd.struct_passwd, bin_dir: str) -> None:
+    """``labkit server stop`` as the trainee: their embedded PostgreSQL keeps running after
+    their kernel ends (that is how it is shared by their kernels), until this."""
+    try:
+        subprocess.run([str(Path(bin_dir) / "labkit"), "server", "stop"], env=user_env(entry, bin_dir),
+                       preexec_fn=as_user(entry), capture_output=True, timeout=90)
+    except (OSError, subprocess.SubprocessError):
+        pass        # labkit not runnable as the trainee: clean() ends their processes instead
+
+
+def _kill_user_processes(entry: pwd.struct_passwd) -> int:
+    killed = 0
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids_of(entry.pw_uid)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while _pids_of(entry.pw_uid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return killed
+
+
+def _pids_of(uid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if d.stat().st_uid == uid:
+                    pids.append(int(d.name))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+# -- JupyterHub's spawner -----------------------------------------------------------------
+
+def _spawner_base():
+    from jupyterhub.spawner import LocalProcessSpawner
+    return LocalProcessSpawner
+
+
+def make_spawner_class(room: Room, folder: Path):
+    """The room's spawner, made here so that importing labkit never imports JupyterHub."""
+    base = _spawner_base()
+
+    class RoomSpawner(base):
+        """JupyterHub's LocalProcessSpawner, run as the trainee's own system user, with the
+        room's mode: nothing more (embedded), or the trainee's own LABKIT_DSN (shared)."""
+
+        def _entry(self) -> pwd.struct_passwd:
+            return ensure_user(self.user.name)
+
+        def make_preexec_fn(self, name):
+            return super().make_preexec_fn(self._entry().pw_name)
+
+        def user_env(self, env):
+            entry = self._entry()
+            env.update(user_env(entry, room.bin))
+            env["LABKIT_MYSQL_DSN"] = "off"       # the appendix's server is not the room's
+            if room.mode == "shared":
+                dsns = {t["name"]: t["dsn"] for t in
+                        json.loads((folder / room.dsn_file).read_text())["trainees"]}
+                env["LABKIT_DSN"] = dsns[self.user.name]
+            return env
+
+        async def stop(self, now=False):
+            await super().stop(now=now)
+            if room.mode == "embedded":
+                import asyncio
+                await asyncio.get_running_loop().run_in_executor(
+                    None, stop_trainee_server, self._entry(), room.bin)
+
+    return RoomSpawner
+
+
+def configure(c, folder: Path | None = None) -> None:
+    """Fill JupyterHub's config ``c`` for the room in ``folder`` (hub/jupyterhub_config.py)."""
+    folder = folder or hub_dir()
+    room = Room.load(folder)
+    names = room.names
+    c.JupyterHub.bind_url = f"http://:{room.port}"
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.db_url = f"sqlite:///{folder / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(folder / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(folder / "jupyterhub.pid")
+    c.ConfigurableHTTPProxy.command = proxy_command(folder)
+    c.ConfigurableHTTPProxy.pid_file = str(folder / "proxy.pid")
+    c.JupyterHub.authenticator_class = "shared-password"
+    c.SharedPasswordAuthenticator.user_password = room.secret(folder, "password_file")
+    c.SharedPasswordAuthenticator.admin_password = room.secret(folder, "presenter_password_file")
+    c.Authenticator.admin_users = {"presenter"}
+    c.Authenticator.allowed_users = set(names)
+    c.JupyterHub.spawner_class = make_spawner_class(room, folder)
+    c.Spawner.cmd = [str(Path(room.bin) / "jupyterhub-singleuser")]
+    c.Spawner.notebook_dir = "~"
+    c.Spawner.default_url = "/lab/tree/claimlab/notebooks/00_start_here.ipynb"
+    c.Spawner.http_timeout = 120          # a loaded machine starts a server slowly
+    c.Spawner.start_timeout = 180
+    c.JupyterHub.concurrent_spawn_limit = 0
+    token = os.environ.get("LABKIT_HUB_SERVICE_TOKEN")
+    if token:                              # the load test's driver: it spawns and runs cells
+        c.JupyterHub.services = [{"name": "claimlab-loadtest", "api_token": token}]
+        c.JupyterHub.load_roles = [{"name": "claimlab-loadtest",
+                                    "scopes": ["admin:users", "admin:servers", "access:servers"],
+                                    "services": ["claimlab-loadtest"]}]
+
+
+# -- setting up, starting and cleaning the room ---------------------------------------------
+
+def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = None,
+            folder: Path | None = None, quiet: bool = False) -> tuple[Room, Path]:
+    number("trainees", trainees, low=1, high=MAX_TRAINEES, whole=True, example=12)
+    number("port", port, low=1024, high=65535, whole=True, example=8000)
+    if mode not in MODES:
+        raise LabkitError(f"--mode {mode!r} is not a mode of the room.", "use --mode embedded or --mode shared.")
+    bin_dir = preflight()
+    folder = folder or hub_dir()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)                # passwords and DSNs: root only
+    proxy_command(folder)
+    room = Room(mode=mode, trainees=trainees, port=port, bin=str(bin_dir))
+    # JupyterHub asks for at least 8 characters for the room and 32 for an admin
+    for attr, size in (("password_file", 9), ("presenter_password_file", 24)):
+        path = folder / getattr(room, attr)
+        if not path.exists() or len(path.read_text().strip()) < len(secrets.token_urlsafe(size)):
+            _private(path, secrets.token_urlsafe(size) + "\n")
+    if mode == "shared":
+        dsn = dsn or os.environ.get("LABKIT_DSN", "")
+        made = classroom.create(dsn, trainees, out=folder / room.dsn_file)
+        room.extra["admin_dsn_file"] = "admin-dsn"
+        _private(folder / "admin-dsn", dsn + "\n")
+        room.extra["passwords_checked"] = classroom.asks_for_passwords(made[0])
+        if not quiet:
+            print(f"classroom: {len(made)} trainee roles on the shared server")
+            if room.extra["passwords_checked"] is False:
+                print(classroom.TRUST_WARNING)
+    room.save(folder)
+    for name in room.names:
+        ensure_user(name)
+    return room, folder
+
+
+def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
+    """``labkit hub start``: set the room up and run JupyterHub in the foreground."""
+    folder = hub_dir()
+    if (folder / "room.json").exists():
+        old = Room.load(folder)
+        if (old.mode, old.trainees) != (mode, trainees):
+            raise LabkitError(f"A room is already set up here ({old.mode}, {old.trainees} trainees).",
+                              "run `labkit hub clean` first, or start it with the same --mode and --trainees.")
+        room = old
+        for name in room.names:
+            ensure_user(name)
+    else:
+        room, folder = prepare(trainees=trainees, mode=mode, port=port, dsn=dsn)
+    print(f"Claim Lab hub: http://<this machine>:{room.port}/  ({room.trainees} trainees, "
+          f"{'each with an embedded PostgreSQL' if room.mode == 'embedded' else 'one shared PostgreSQL'})")
+    print(f"  trainees log in as trainee01 .. trainee{room.trainees:02d} with the room password "
+          f"in {folder / room.password_file}")
+    print(f"  the presenter logs in as presenter with {folder / room.presenter_password_file}")
+    print("  Ctrl-C stops the hub and every trainee's server; `labkit hub clean` removes the users.",
+          flush=True)
+    proc = subprocess.Popen(hub_command(room), cwd=folder)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:       # Ctrl-C, SIGTERM or SIGHUP: the hub stops every server first
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
+def hub_command(room: Room) -> list[str]:
+    return [str(Path(room.bin) / "jupyterhub"), "-f", str(CONFIG)]
+
+
+def clean(folder: Path | None = None, *, out=print) -> int:
+    """Stop every trainee server and process, remove the room's users and their homes, drop
+    the classroom (shared mode), and remove the room's state."""
+    folder = folder or hub_dir()
+    room = None
+    if (folder / "room.json").exists():
+        room = Room.load(folder)
+    bin_dir = room.bin if room else str((ROOT / ".hubenv" / "bin") if (ROOT / ".hubenv").is_dir()
+                                        else Path(sys.executable).parent)
+    for entry in room_users():
+        stop_trainee_server(entry, bin_dir)
+        _kill_user_processes(entry)
+        done = subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, text=True)
+        if done.returncode != 0 and "mail spool" not in done.stderr:
+            raise LabkitError(f"userdel could not remove {entry.pw_name}: {done.stderr.strip()}",
+                              "remove the user by hand (userdel --remove NAME).")
+        out(f"removed {entry.pw_name} and its home")
+    if room and room.mode == "shared" and (folder / "admin-dsn").exists():
+        dropped = classroom.drop((folder / "admin-dsn").read_text().strip())
+        out(f"dropped {len(dropped)} classroom roles")
+    if folder.exists() and (folder / "room.json").exists():
+        for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", "admin-dsn",
+                     room.dsn_file if room else "trainees.json"):
+            (folder / name).unlink(missing_ok=True)
+        out(f"removed the room's state in {folder} (the proxy and the room passwords are kept)")
+    return 0

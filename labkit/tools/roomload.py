@@ -1,0 +1,465 @@
+"""``labkit hub loadtest``: a whole room at the same moment, through the hub.
+
+It sets a room up (as ``labkit hub start`` does, in a folder of its own), starts JupyterHub,
+and then every trainee, at once, in a thread of their own, does what a person in the room
+does:
+
+1. logs in through the hub's log-in form (the room password);
+2. starts their server (``/hub/spawn``, as the browser does after log-in) and waits until the
+   hub says it is ready;
+3. opens each notebook in their own Jupyter server (a session, so a kernel in the notebook's
+   folder) and runs every code cell in order, as Run All does, over the kernel's websocket;
+   a cell that ends in an error is a failure.
+
+Meanwhile a sampler reads, once a second, the memory of each trainee's processes (their
+Jupyter server, kernel and, in the embedded mode, their PostgreSQL: everything their system
+user runs) as PSS, so that pages shared between processes are split between them, not counted
+twice.  In the shared mode the trainee's backends on the shared server are added, where that
+server runs on this machine.  At the end: the servers are stopped through the hub, the hub is
+stopped, and the room is cleaned (users, homes, classroom roles), also after a failure or
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import LabkitError
+from ..core.limits import number
+from . import hub
+
+NOTEBOOKS = ("00_start_here", "01_one_lock_three_policies", "03_claim_mark_commit")
+SAID = "Not checked here:"          # what labkit.shape prints when load ate a timing margin
+
+
+@dataclass
+class TraineeRun:
+    name: str
+    login_s: float = 0.0
+    spawn_s: float = 0.0
+    notebooks_s: dict = field(default_factory=dict)
+    cells: int = 0
+    said: int = 0                   # timed shapes that the load kept from being checked
+    error: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- memory -------------------------------------------------------------------------------
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def _is_local_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in ("postgres", "postmaster")
+    except OSError:
+        return False
+
+
+class Sampler(threading.Thread):
+    """Peak memory (PSS, MB) per trainee, and of the hub and its proxy, once a second."""
+
+    def __init__(self, uids: dict[int, str], hub_pids, backends=None):
+        super().__init__(daemon=True)
+        self.uids, self.hub_pids, self.backends = uids, hub_pids, backends
+        self.peak = {name: 0.0 for name in uids.values()}
+        self.peak_backends = {name: 0.0 for name in uids.values()}
+        self.peak_hub = 0.0
+        self.backends_local = False
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        per = {name: 0 for name in self.uids.values()}
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                uid = d.stat().st_uid
+            except FileNotFoundError:
+                continue
+            if uid in self.uids:
+                per[self.uids[uid]] += _pss_kb(int(d.name))
+        back = {name: 0 for name in self.uids.values()}
+        if self.backends is not None:
+            for name, pid in self.backends():
+                if name in back and _is_local_postgres(pid):
+                    self.backends_local = True
+                    back[name] += _pss_kb(pid)
+        for name in per:
+            self.peak[name] = max(self.peak[name], (per[name] + back[name]) / 1024)
+            self.peak_backends[name] = max(self.peak_backends[name], back[name] / 1024)
+        self.peak_hub = max(self.peak_hub, sum(_pss_kb(p) for p in self.hub_pids()) / 1024)
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            try:
+                self.sample()
+            except Exception:       # a process that ends mid-read: the next sample counts
+                pass
+
+
+# -- one trainee --------------------------------------------------------------------------
+
+class Trainee:
+    def __init__(self, base: str, name: str, password: str, token: str, *, cell_timeout: float):
+        import requests
+        self.base, self.name, self.password, self.token = base, name, password, token
+        self.web = requests.Session()
+        self.api = requests.Session()
+        self.api.headers["Authorization"] = f"token {token}"
+        self.cell_timeout = cell_timeout
+
+    def login(self) -> None:
+        page = self.web.get(f"{self.base}/hub/login", timeout=60)
+        page.raise_for_status()
+        found = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+        form = {"username": self.name, "password": self.password}
+        if found:
+            form["_xsrf"] = found.group(1)
+        r = self.web.post(f"{self.base}/hub/login", data=form, allow_redirects=False, timeout=60)
+        if r.status_code != 302 or "/hub/login" in r.headers.get("Location", ""):
+            raise RuntimeError(f"log-in refused (HTTP {r.status_code})")
+
+    def spawn(self, timeout: float = 300) -> None:
+        r = self.web.get(f"{self.base}/hub/spawn/{self.name}", allow_redirects=False, timeout=120)
+        if r.status_code >= 400:
+            raise RuntimeError(f"spawn refused (HTTP {r.status_code})")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.api.get(f"{self.base}/hub/api/users/{self.name}", timeout=60).json()
+            server = (info.get("servers") or {}).get("")
+            if server and server.get("ready"):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"server not ready after {timeout:.0f} s")
+
+    def run_notebook(self, path: Path, run: TraineeRun) -> None:
+        import nbformat
+        import websocket
+        nb = nbformat.read(path, as_version=4)
+        where = f"claimlab/notebooks/{path.name}"
+        r = self.api.post(f"{self.base}/user/{self.name}/api/sessions", timeout=120,
+                          json={"path": where, "name": path.name, "type": "notebook",
+                                "kernel": {"name": "python3"}})
+        r.raise_for_status()
+        session = r.json()
+        kernel = session["kernel"]["id"]
+        ws_url = self.base.replace("http://", "ws://") + f"/user/{self.name}/api/kernels/{kernel}/channels"
+        ws = websocket.create_connection(ws_url, header=[f"Authorization: token {self.token}"],
+                                         timeout=self.cell_timeout)
+        client = uuid.uuid4().hex
+        try:
+            for index, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+                msg_id = uuid.uuid4().hex
+                ws.send(json.dumps({
+                    "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": client,
+                               "username": self.name, "date": "", "version": "5.3"},
+                    "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                    "content": {"code": cell.source, "silent": False, "store_history": True,
+                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+                reply = None
+                idle = False
+                while reply is None or not idle:
+                    msg = json.loads(ws.recv())
+                    if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                        continue
+                    kind = msg["header"]["msg_type"]
+                    if kind == "execute_reply":
+                        reply = msg["content"]
+                    elif kind == "status" and msg["content"].get("execution_state") == "idle":
+                        idle = True
+                    elif kind == "stream" and SAID in msg["content"].get("text", ""):
+                        run.said += 1
+                run.cells += 1
+                if reply.get("status") != "ok":
+                    raise RuntimeError(f"{path.stem}, code cell {index + 1}: "
+                                       f"{reply.get('ename')}: {reply.get('evalue', '')[:300]}")
+        finally:
+            ws.close()
+            self.api.delete(f"{self.base}/user/{self.name}/api/sessions/{session['id']}", timeout=60)
+
+    def stop_server(self) -> None:
+        self.api.delete(f"{self.base}/hub/api/users/{self.name}/server", timeout=120)
+
+
+def _one(trainee: Trainee, notebooks: list[Path], start_at: threading.Barrier) -> TraineeRun:
+    run = TraineeRun(trainee.name)
+    start_at.wait()
+    try:
+        t = time.monotonic()
+        trainee.login()
+        run.login_s = time.monotonic() - t
+        t = time.monotonic()
+        trainee.spawn()
+        run.spawn_s = time.monotonic() - t
+        for path in notebooks:
+            t = time.monotonic()
+            trainee.run_notebook(path, run)
+            run.notebooks_s[path.stem] = time.monotonic() - t
+    except Exception as exc:  # any failure of a trainee is counted and shown, not raised
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run
+
+
+# -- the whole room -----------------------------------------------------------------------
+
+def _wait_for_hub(base: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    import requests
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabkitError(f"JupyterHub exited at start (code {proc.returncode}): "
+                              f"{_tail(log)}", f"read {log}.")
+        try:
+            if requests.get(f"{base}/hub/api/", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise LabkitError(f"JupyterHub did not answer within {timeout:.0f} s.", f"read {log}.")
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(log.read_text().strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _hub_pids(proc: subprocess.Popen, folder: Path):
+    def pids():
+        out = [proc.pid]
+        try:
+            out.append(int((folder / "proxy.pid").read_text().strip()))
+        except (OSError, ValueError):
+            pass
+        return out
+    return pids
+
+
+def _backends(admin_dsn: str):
+    import psycopg
+    conn = psycopg.connect(admin_dsn, autocommit=True)
+    lock = threading.Lock()
+
+    def backends():
+        with lock:
+            rows = conn.execute("SELECT usename, pid FROM pg_stat_activity "
+                                "WHERE usename LIKE 'claimlab\\_trainee%'").fetchall()
+        return [(name.removeprefix(hub.classroom.PREFIX), pid) for name, pid in rows]
+    return backends, conn
+
+
+def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = None,
+             notebooks: tuple[str, ...] = NOTEBOOKS, cell_timeout: float = 600) -> dict:
+    number("trainees", trainees, low=1, high=hub.MAX_TRAINEES, whole=True, example=8)
+    paths = []
+    for stem in notebooks:
+        path = hub.ROOT / "notebooks" / f"{stem}.ipynb"
+        if not path.exists():
+            raise LabkitError(f"There is no notebook {stem!r}.", "name one of notebooks/*.ipynb, without .ipynb.")
+        paths.append(path)
+    hub.preflight()
+    left = hub.room_users()
+    if left:
+        raise LabkitError(f"Trainee users of a room are on this machine already ({left[0].pw_name} ...).",
+                          "stop that room and run `labkit hub clean` first.")
+    folder = hub.hub_dir() / "loadtest"
+    folder.parent.mkdir(mode=0o700, exist_ok=True)
+    if folder.exists():
+        hub.clean(folder, out=lambda line: None)
+    hub.proxy_command(folder.parent)        # installed once, beside the rooms
+    proc = None
+    conn = None
+    started = time.monotonic()
+    try:
+        room, folder = hub.prepare(trainees=trainees, mode=mode, port=_free_port(), dsn=dsn,
+                                   folder=folder, quiet=True)
+        setup_s = time.monotonic() - started
+        token = secrets.token_hex(24)
+        log = folder / "hub.log"
+        env = {**os.environ, "LABKIT_HUB_DIR": str(folder), "LABKIT_HUB_SERVICE_TOKEN": token}
+        with open(log, "w") as out:
+            proc = subprocess.Popen(hub.hub_command(room), cwd=folder, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{room.port}"
+        _wait_for_hub(base, proc, log)
+        import pwd
+        uids = {pwd.getpwnam(hub.system_user(n)).pw_uid: n for n in room.names}
+        backends = None
+        if mode == "shared":
+            backends, conn = _backends((folder / "admin-dsn").read_text().strip())
+        sampler = Sampler(uids, _hub_pids(proc, folder), backends)
+        sampler.start()
+        password = room.secret(folder, "password_file")
+        people = [Trainee(base, n, password, token, cell_timeout=cell_timeout) for n in room.names]
+        gate = threading.Barrier(len(people))
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(len(people)) as pool:
+            runs = list(pool.map(lambda p: _one(p, paths, gate), people))
+        wall = time.monotonic() - t0
+        sampler.done.set()
+        sampler.join()
+        load = os.getloadavg()[0]
+        if not any(r.error for r in runs):
+            for name, problem in verify(room, folder, [p.stem for p in paths]).items():
+                next(r for r in runs if r.name == name).error = problem
+        for person in people:
+            try:
+                person.stop_server()
+            except Exception:
+                pass
+        report = _report(mode, runs, wall, setup_s, sampler, load, [p.stem for p in paths])
+        if mode == "shared":
+            report["server_asks_trainees_for_passwords"] = room.extra["passwords_checked"]
+        return report
+    finally:
+        if conn is not None:
+            conn.close()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)     # the hub stops every server it started
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        hub.clean(folder, out=lambda line: None)
+
+
+PROBE = """
+import os, sys
+other = sys.argv[1]
+for what, path in (("home", other), ("a process's environment", sys.argv[2])):
+    try:
+        os.listdir(path) if what == "home" else open(path).read()
+    except PermissionError:
+        continue
+    print(f"reached {what} of another trainee: {path}")
+"""
+
+
+def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]:
+    """What the room must show after the run, per trainee (a problem each, or nothing):
+    their labs ran on *their* PostgreSQL, and they cannot reach another trainee."""
+    import pwd
+    problems: dict[str, str] = {}
+    entries = {n: pwd.getpwnam(hub.system_user(n)) for n in room.names}
+    if room.mode == "shared":
+        rows = {r["trainee"]: r for r in hub.classroom.status((folder / "admin-dsn").read_text().strip())}
+        for name in room.names:
+            row = rows.get(name)
+            if row is None or row["last_notebook"] != notebooks[-1] or row["schemas"] < len(notebooks):
+                problems[name] = f"the shared server shows no labs of {name}'s own role: {row}"
+    else:
+        for name, entry in entries.items():
+            state = subprocess.run([str(Path(room.bin) / "labkit"), "server", "status"],
+                                   env=hub.user_env(entry, room.bin), preexec_fn=hub.as_user(entry),
+                                   capture_output=True, text=True, timeout=60)
+            if state.returncode != 0 or "running" not in state.stdout:
+                problems[name] = f"{name}'s own embedded server is not running: {state.stdout.strip()}"
+    names = room.names
+    for i, name in enumerate(names):
+        other = entries[names[(i + 1) % len(names)]]
+        if other.pw_name == entries[name].pw_name:
+            break                                   # a room of one has no neighbour
+        pids = hub._pids_of(other.pw_uid)
+        environ = f"/proc/{pids[0]}/environ" if pids else "/proc/1/environ"
+        probe = subprocess.run([str(Path(room.bin) / "python"), "-c", PROBE, other.pw_dir, environ],
+                               env=hub.user_env(entries[name], room.bin),
+                               preexec_fn=hub.as_user(entries[name]), capture_output=True, text=True, timeout=60)
+        if probe.returncode != 0 or probe.stdout.strip():
+            problems.setdefault(name, (probe.stdout or probe.stderr).strip()[:300])
+    return problems
+
+
+def _report(mode, runs, wall, setup_s, sampler, load, notebooks) -> dict:
+    failed = [r for r in runs if r.error]
+    mems = [sampler.peak[r.name] for r in runs]
+    per_nb = {nb: [r.notebooks_s[nb] for r in runs if nb in r.notebooks_s] for nb in notebooks}
+    report = {
+        "mode": mode, "trainees": len(runs), "notebooks": notebooks, "failures": len(failed),
+        "errors": {r.name: r.error for r in failed},
+        "wall_s": round(wall, 1), "setup_s": round(setup_s, 1),
+        "cells_run": sum(r.cells for r in runs),
+        "shapes_said_not_checked": sum(r.said for r in runs),
+        "login_s_max": round(max(r.login_s for r in runs), 2),
+        "spawn_s_median": round(statistics.median(r.spawn_s for r in runs), 1),
+        "spawn_s_max": round(max(r.spawn_s for r in runs), 1),
+        "notebook_s_median": {nb: round(statistics.median(v), 1) for nb, v in per_nb.items() if v},
+        "notebook_s_max": {nb: round(max(v), 1) for nb, v in per_nb.items() if v},
+        "memory_mb_per_trainee_median": round(statistics.median(mems)),
+        "memory_mb_per_trainee_max": round(max(mems)),
+        "hub_and_proxy_mb": round(sampler.peak_hub),
+        "load_1m_at_end": round(load, 1),
+        "cpus": os.cpu_count(),
+    }
+    if mode == "shared":
+        report["server_backends_mb_per_trainee_max"] = (
+            round(max(sampler.peak_backends.values())) if sampler.backends_local else None)
+    return report
+
+
+def text(report: dict) -> str:
+    nb = report["notebooks"]
+    lines = [
+        f"room load test, mode {report['mode']}: {report['trainees']} trainees at once, "
+        f"notebooks {', '.join(nb)}, on {report['cpus']} CPUs",
+        f"  failures: {report['failures']}  ({report['cells_run']} cells run)",
+        f"  wall time, first log-in to last cell: {report['wall_s']} s  "
+        f"(setting the room up before that: {report['setup_s']} s)",
+        f"  log-in: at most {report['login_s_max']} s; server ready: median {report['spawn_s_median']} s, "
+        f"at most {report['spawn_s_max']} s",
+    ]
+    for name in nb:
+        if name in report["notebook_s_median"]:
+            lines.append(f"  {name}: median {report['notebook_s_median'][name]} s, "
+                         f"at most {report['notebook_s_max'][name]} s")
+    what = "Jupyter server + kernel + embedded PostgreSQL" if report["mode"] == "embedded" else \
+        "Jupyter server + kernel + their backends on the shared server"
+    lines.append(f"  memory per trainee ({what}), peak PSS: median {report['memory_mb_per_trainee_median']} MB, "
+                 f"at most {report['memory_mb_per_trainee_max']} MB")
+    if report["mode"] == "shared":
+        b = report.get("server_backends_mb_per_trainee_max")
+        lines.append("  of which backends on the shared server: " +
+                     (f"at most {b} MB" if b is not None else "not measured (the server is not on this machine)"))
+    if report.get("server_asks_trainees_for_passwords") is False:
+        lines.append("  " + hub.classroom.TRUST_WARNING)
+    lines.append(f"  hub and proxy: {report['hub_and_proxy_mb']} MB; 1-minute load at the end: "
+                 f"{report['load_1m_at_end']}")
+    lines.append(f"  timed shapes said, not checked, because of the load: {report['shapes_said_not_checked']}")
+    for name, err in report["errors"].items():
+        lines.append(f"  FAILED {name}: {err}")
+    return "\n".join(lines)
+
+
+def loadtest_command(*, trainees: int, mode: str, dsn: str | None, notebooks: list[str] | None,
+                     as_json: bool) -> int:
+    report = loadtest(trainees=trainees, mode=mode, dsn=dsn,
+                      notebooks=tuple(notebooks) if notebooks else NOTEBOOKS)
+    print(json.dumps(report, indent=1) if as_json else text(report))
+    return 1 if report["failures"] else 0

@@ -1,0 +1,211 @@
+"""labkit hub: the room's configuration, its users and the checks its load test makes.
+
+The whole room under load (a hub, eight trainees, three notebooks each, in both modes) is
+`make test-hub`, which CI runs after the suite; these tests hold the pieces it is made of.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from traitlets.config import Config
+
+from labkit.core.errors import LabkitError
+from labkit.tools import hub, roomload
+
+ROOT_USER = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT_USER, reason="makes system users; the hub runs as root")
+
+
+def make_room(folder: Path, mode: str = "embedded", trainees: int = 3) -> hub.Room:
+    folder.mkdir(mode=0o700, exist_ok=True)
+    room = hub.Room(mode=mode, trainees=trainees, port=8123, bin="/opt/claimlab/bin")
+    (folder / "password").write_text("room-password\n")
+    (folder / "presenter-password").write_text("p" * 32 + "\n")
+    proxy = folder / "node_modules" / ".bin" / "configurable-http-proxy"
+    proxy.parent.mkdir(parents=True)
+    proxy.write_text("#!/bin/sh\n")
+    if mode == "shared":
+        (folder / "trainees.json").write_text(json.dumps({"trainees": [
+            {"name": n, "dsn": f"postgresql://claimlab_{n}:pw{n}@db/training"} for n in room.names]}))
+    room.save(folder)
+    return room
+
+
+def test_room_round_trips_and_names_its_trainees(tmp_path):
+    room = make_room(tmp_path / "room")
+    again = hub.Room.load(tmp_path / "room")
+    assert again == room
+    assert again.names == ["trainee01", "trainee02", "trainee03"]
+    assert hub.system_user("trainee02") == "claimlab-trainee02"
+    for bad in ("root", "trainee1", "trainee01; rm -rf /", "../trainee01"):
+        with pytest.raises(LabkitError):
+            hub.system_user(bad)
+
+
+def test_no_room_names_its_fix(tmp_path):
+    with pytest.raises(LabkitError) as err:
+        hub.Room.load(tmp_path)
+    assert "make hub" in str(err.value)
+
+
+def test_configure_sets_the_log_in_the_spawner_and_the_proxy(tmp_path):
+    folder = tmp_path / "room"
+    make_room(folder)
+    c = Config()
+    hub.configure(c, folder)
+    assert c.JupyterHub.authenticator_class == "shared-password"
+    assert c.SharedPasswordAuthenticator.user_password == "room-password"
+    assert c.Authenticator.allowed_users == {"trainee01", "trainee02", "trainee03"}
+    assert c.Authenticator.admin_users == {"presenter"}
+    assert c.JupyterHub.bind_url == "http://:8123"
+    assert c.ConfigurableHTTPProxy.command == [str(folder / "node_modules/.bin/configurable-http-proxy")]
+    assert c.Spawner.cmd == ["/opt/claimlab/bin/jupyterhub-singleuser"]
+    assert c.Spawner.default_url.endswith("claimlab/notebooks/00_start_here.ipynb")
+    assert "services" not in c.JupyterHub          # no API token unless a load test asks
+
+
+def test_the_shipped_config_file_is_the_same_configuration(tmp_path, monkeypatch):
+    folder = tmp_path / "room"
+    make_room(folder)
+    monkeypatch.setenv("LABKIT_HUB_DIR", str(folder))
+    c = Config()
+    exec(compile(hub.CONFIG.read_text(), str(hub.CONFIG), "exec"), {"c": c})
+    assert c.Authenticator.allowed_users == {"trainee01", "trainee02", "trainee03"}
+    assert c.JupyterHub.spawner_class.__name__ == "RoomSpawner"
+
+
+def test_the_load_test_token_is_a_service_with_only_what_it_needs(tmp_path, monkeypatch):
+    folder = tmp_path / "room"
+    make_room(folder)
+    monkeypatch.setenv("LABKIT_HUB_SERVICE_TOKEN", "t" * 48)
+    c = Config()
+    hub.configure(c, folder)
+    (service,) = c.JupyterHub.services
+    assert service == {"name": "claimlab-loadtest", "api_token": "t" * 48}
+    (role,) = c.JupyterHub.load_roles
+    assert set(role["scopes"]) == {"admin:users", "admin:servers", "access:servers"}
+
+
+def test_a_closed_folder_on_the_way_to_python_is_found():
+    import shutil
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="claimlab-hub-", dir="/tmp"))   # /tmp: open to all
+    try:
+        closed = base / "closed"
+        (closed / "bin").mkdir(parents=True)
+        python = closed / "bin" / "python"
+        python.write_text("")
+        for p in (base, closed, closed / "bin", python):
+            p.chmod(0o755)
+        assert hub._reachable_by_others(python) is None
+        closed.chmod(0o700)
+        assert hub._reachable_by_others(python) == closed
+        closed.chmod(0o755)
+        python.chmod(0o750)                    # the file itself: not runnable by others
+        assert hub._reachable_by_others(python) == python
+    finally:
+        shutil.rmtree(base)
+
+
+def test_not_root_is_one_paragraph_naming_sudo(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(LabkitError) as err:
+        hub.preflight()
+    assert "sudo make hub" in str(err.value)
+
+
+def test_the_report_counts_failures_and_names_them():
+    runs = [roomload.TraineeRun("trainee01", login_s=0.1, spawn_s=3, notebooks_s={"00": 2.0}, cells=5),
+            roomload.TraineeRun("trainee02", login_s=0.2, spawn_s=5, error="RuntimeError: log-in refused")]
+    sampler = SimpleNamespace(peak={"trainee01": 300.0, "trainee02": 120.0},
+                              peak_backends={"trainee01": 0.0, "trainee02": 0.0}, peak_hub=170.0,
+                              backends_local=False)
+    report = roomload._report("embedded", runs, 12.3, 0.5, sampler, 3.2, ["00"])
+    assert report["failures"] == 1 and report["errors"] == {"trainee02": "RuntimeError: log-in refused"}
+    assert report["memory_mb_per_trainee_max"] == 300
+    assert "FAILED trainee02: RuntimeError: log-in refused" in roomload.text(report)
+
+
+# -- as root: the room's system users -----------------------------------------------------
+
+@pytest.fixture
+def room_users(tmp_path):
+    """Trainee users made for a test, removed after it (with their homes)."""
+    if hub.room_users():
+        pytest.fail("a room's trainee users are on this machine: run `labkit hub clean` first")
+    yield
+    hub.clean(tmp_path / "no-room", out=lambda line: None)
+    assert hub.room_users() == []
+
+
+@needs_root
+def test_a_trainee_user_has_a_private_home_with_the_workbook(room_users):
+    entry = hub.ensure_user("trainee01")
+    assert entry.pw_name == "claimlab-trainee01" and entry.pw_gecos == hub.MARK
+    home = Path(entry.pw_dir)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    notebook = home / "claimlab" / "notebooks" / "00_start_here.ipynb"
+    assert notebook.stat().st_uid == entry.pw_uid
+    assert hub.ensure_user("trainee01") == entry              # a second start reuses it
+
+
+@needs_root
+def test_a_user_the_hub_did_not_make_is_refused_and_left_alone(room_users, tmp_path):
+    name = "claimlab-trainee09"
+    subprocess.run(["useradd", "--no-create-home", "--comment", "someone else", name], check=True)
+    try:
+        with pytest.raises(LabkitError) as err:
+            hub.ensure_user("trainee09")
+        assert "did not make it" in str(err.value)
+        hub.clean(tmp_path / "no-room", out=lambda line: None)
+        assert pwd.getpwnam(name).pw_gecos == "someone else"   # clean leaves it
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+@needs_root
+def test_the_spawner_hands_each_trainee_their_own_dsn_only(room_users, tmp_path):
+    folder = tmp_path / "room"
+    room = make_room(folder, mode="shared", trainees=2)
+    spawner_class = hub.make_spawner_class(room, folder)
+    spawner = spawner_class(user=SimpleNamespace(name="trainee02", url="/user/trainee02/",
+                                                 escaped_name="trainee02"))
+    env = spawner.user_env({})
+    assert env["LABKIT_DSN"] == "postgresql://claimlab_trainee02:pwtrainee02@db/training"
+    assert env["HOME"] == str(hub.HOMES / "claimlab-trainee02") and env["USER"] == "claimlab-trainee02"
+    assert env["LABKIT_MYSQL_DSN"] == "off"
+    embedded = hub.make_spawner_class(hub.Room("embedded", 2, 8123, "/opt/claimlab/bin"), folder)
+    assert "LABKIT_DSN" not in embedded(user=SimpleNamespace(name="trainee01", url="/user/trainee01/",
+                                                             escaped_name="trainee01")).user_env({})
+
+
+@needs_root
+def test_the_isolation_probe_fails_when_a_home_is_open(room_users, tmp_path):
+    import sys
+    # the probe needs only the standard library, from a Python the trainees may run
+    python = next((p for p in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3")
+                   if Path(p).exists() and hub._reachable_by_others(Path(p)) is None), None)
+    assert python, "no Python on this machine that other users may run: the hub could not run either"
+    room = hub.Room(mode="embedded", trainees=2, port=8123, bin=str(Path(python).parent))
+    for name in room.names:
+        hub.ensure_user(name)
+    probe = roomload.PROBE
+    entries = [pwd.getpwnam(hub.system_user(n)) for n in room.names]
+
+    def reach(who, other) -> str:
+        done = subprocess.run([python, "-c", probe, other.pw_dir, "/proc/1/environ"],
+                              env=hub.user_env(who, room.bin), preexec_fn=hub.as_user(who),
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout.strip()
+
+    assert reach(entries[0], entries[1]) == ""
+    os.chmod(entries[1].pw_dir, 0o755)
+    assert "reached home of another trainee" in reach(entries[0], entries[1])
