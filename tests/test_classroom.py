@@ -100,7 +100,8 @@ def test_status_shows_progress_and_clean_ends_only_trainee_sessions_idle_in_a_tr
         assert rows["trainee01"]["idle_in_transaction"] == 1 and rows["trainee01"]["sessions"] >= 2
         assert rows["trainee02"] == {"trainee": "trainee02", "role": b.role, "schemas": 0,
                                      "last_notebook": None, "sessions": 0, "idle_in_transaction": 0}
-        ended = classroom.clean(db.dsn)
+        assert classroom.clean(db.dsn) == []        # a demo's transaction, seconds old: left alone
+        ended = classroom.clean(db.dsn, idle_s=0)
         assert [(pid, user) for pid, user, _ in ended] == [(stuck.info.backend_pid, a.role)]
         assert admin.execute("SELECT 2").fetchone() == (2,)          # untouched
         with pytest.raises(psycopg.OperationalError):
@@ -178,3 +179,18 @@ def test_a_server_that_trusts_the_trainees_connections_is_named(db, tmp_path):
             assert (classroom.TRUST_WARNING in done.stderr) == trusted
     finally:
         labkit_cmd("classroom", "drop", "--dsn", db.dsn)
+
+
+def test_status_names_the_lab_even_when_a_long_user_name_cut_the_schema_name(db, room):
+    """On a hub a trainee's user tag is long (login claimlab-trainee01 plus the role): the
+    schema's name is cut to fit and ends in a hash, and status still names the lab."""
+    (a, _), _ = room
+    long_user = "claimlab_trainee01_claimlab_trainee01"
+    lab = Lab.open(Database(a.dsn, "dsn", a.name, db.version_num, db.version), "13_production",
+                   user=long_user)
+    try:
+        assert lab.schema != f"lab_13_production_{long_user}"       # it was cut
+        rows = {r["trainee"]: r for r in classroom.status(db.dsn)}
+        assert rows["trainee01"]["last_notebook"] == "13_production"
+    finally:
+        lab.drop()

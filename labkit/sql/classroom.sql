@@ -45,9 +45,13 @@ SELECT r.rolname,
 
 -- name: end_sessions
 -- End the trainees' sessions: those idle inside a transaction (holding their locks for
--- nothing), or with every_one, all of them. Only the classroom's roles are ever named.
+-- nothing) for at least idle_s seconds, or with every_one, all of them. A notebook holds a
+-- transaction open on purpose for a few seconds (the lock demonstrations), hence the
+-- threshold. Only the classroom's roles are ever named.
 SELECT a.pid, a.usename, a.state, pg_catalog.pg_terminate_backend(a.pid)
   FROM pg_catalog.pg_stat_activity a
  WHERE a.usename = ANY(%(roles)s)
    AND a.pid <> pg_catalog.pg_backend_pid()
-   AND (%(every_one)s OR a.state LIKE 'idle in transaction%%');
+   AND (%(every_one)s
+        OR (a.state LIKE 'idle in transaction%%'
+            AND a.state_change <= pg_catalog.now() - pg_catalog.make_interval(secs => %(idle_s)s)));

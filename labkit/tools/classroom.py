@@ -9,15 +9,17 @@ them out (``LABKIT_DSN=...`` per trainee).
 
 ``status`` shows each trainee's progress (lab schemas, the one rebuilt last, sessions open,
 sessions idle inside a transaction); ``clean`` ends trainees' sessions idle in a transaction
-(``--all``: every trainee session); ``drop`` ends every trainee session, drops what the
+for a minute or more (``--idle-seconds``; ``--all``: every trainee session); ``drop`` ends every trainee session, drops what the
 roles own in this database, and the roles.  Every command names the classroom's roles by
 their prefix *and* their comment (``labkit classroom``): nothing else is ever touched.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import secrets
 import sys
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..core.db import hide, redact, scrub
 from ..core.errors import LabkitError
+from ..core.lab import schema_name
 from ..core.limits import number
 from ..core.queries import query
 
@@ -127,21 +130,41 @@ def status(admin_dsn: str) -> list[dict]:
 
 
 def _notebook_of(schema: str | None, mark: str | None) -> str | None:
-    """``lab_02_the_convoy_<user>`` -> ``02_the_convoy``: the schema's name without its prefix
-    and without the user part, which the schema's comment (``labkit:<user>``) names."""
+    """``lab_02_the_convoy_<user>`` -> ``02_the_convoy``: the lab's name, without the user
+    part that the schema's comment (``labkit:<user>``) names.  A long name was cut to fit and
+    ends in a hash; it is matched against the labs the notebooks open."""
     if schema is None:
         return None
-    body = schema.removeprefix("lab_")
     user = (mark or "").removeprefix("labkit:")
+    if user:
+        for name in _lab_names():
+            if schema_name(name, user) == schema:
+                return name
+    body = schema.removeprefix("lab_")
     return body[: -len(user) - 1] if user and body.endswith("_" + user) else body
 
 
-def clean(admin_dsn: str, *, every_one: bool = False) -> list[tuple]:
-    """End the trainees' sessions idle in a transaction (all of them with ``every_one``)."""
+@functools.lru_cache(maxsize=1)
+def _lab_names() -> tuple[str, ...]:
+    """The names the notebooks give their labs (``lk.setup("01_one_lock")``, ``lk.lab(...)``)."""
+    from .nbtools import NOTEBOOKS
+    names: set[str] = set()
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        names.update(re.findall(r'lk\.(?:setup|lab)\(\\?"([^"\\]+)', path.read_text(errors="replace")))
+    return tuple(sorted(names))
+
+
+IDLE_S = 60          # as `labkit clean`: a transaction idle this long is left over, not a demo
+
+
+def clean(admin_dsn: str, *, every_one: bool = False, idle_s: float = IDLE_S) -> list[tuple]:
+    """End the trainees' sessions idle in a transaction for ``idle_s`` seconds or more (all
+    their sessions with ``every_one``)."""
+    number("idle", idle_s, low=0, high=86_400, example=60)
     with _admin(admin_dsn) as conn:
         names = roles(conn)
         ended = conn.execute(query(SQL, "end_sessions").sql,
-                             {"roles": names, "every_one": every_one}).fetchall()
+                             {"roles": names, "every_one": every_one, "idle_s": float(idle_s)}).fetchall()
     return [(pid, user, state) for pid, user, state, _ in ended]
 
 
@@ -151,7 +174,7 @@ def drop(admin_dsn: str) -> list[str]:
         names = roles(conn)
         if not names:
             return []
-        conn.execute(query(SQL, "end_sessions").sql, {"roles": names, "every_one": True}).fetchall()
+        conn.execute(query(SQL, "end_sessions").sql, {"roles": names, "every_one": True, "idle_s": 0.0}).fetchall()
         for role in names:
             try:
                 with conn.transaction():
@@ -188,7 +211,8 @@ TRUST_WARNING = ("WARNING: this server let a trainee's role in with a wrong pass
 # -- the command ------------------------------------------------------------------------------
 
 def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None,
-                      out: Path | None = None, as_json_output: bool = False, every_one: bool = False) -> int:
+                      out: Path | None = None, as_json_output: bool = False, every_one: bool = False,
+                      idle_s: float = IDLE_S) -> int:
     dsn = dsn or os.environ.get("LABKIT_DSN", "")
     if what == "create":
         if trainees is None:
@@ -221,7 +245,7 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
                   f"{r['sessions']:>8} {r['idle_in_transaction']:>10}")
         return 0
     if what == "clean":
-        ended = clean(dsn, every_one=every_one)
+        ended = clean(dsn, every_one=every_one, idle_s=idle_s)
         for pid, user, state in ended:
             print(f"ended pid {pid} ({user.removeprefix(PREFIX)}, {state})")
         print(f"{len(ended)} trainee session(s) ended")
