@@ -3,8 +3,10 @@
 #   make study  the same, opening the student copies (the exercises without their answers)
 #   make test   set up .venv, run labkit's tests and nbval over every notebook
 # For a training room on one machine (as root; README, "Running a training room"):
-#   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared [DSN=ADMIN_DSN]
+#   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared (shared: the
+#                   admin DSN in LABKIT_DSN, exported in a root shell, not on a command line)
 #   make test-hub   the room under load: every trainee runs notebooks 00, 01 and 03 at once
+#   make hub-status who is where; make hub-clean removes the room's users, passwords, roles
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -25,7 +27,7 @@ MODE       ?= embedded
 DSN        ?=
 HUB_PORT   ?= 8000
 
-.PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs hub test-hub hub-clean
+.PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs hub test-hub hub-status hub-clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Claim Lab needs Python 3.10 or newer (found %s)" % sys.version.split()[0])'
@@ -44,10 +46,13 @@ $(HUB_STAMP): pyproject.toml
 	@touch $(HUB_STAMP)
 
 hub: $(HUB_STAMP)
-	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT) $(if $(DSN),--dsn $(DSN))
+	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT) $(if $(DSN),--dsn '$(DSN)')
 
 test-hub: $(HUB_STAMP)
-	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE) $(if $(DSN),--dsn $(DSN))
+	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE) $(if $(DSN),--dsn '$(DSN)')
+
+hub-status: $(HUB_STAMP)
+	$(HUB_VENV)/bin/labkit hub status
 
 hub-clean: $(HUB_STAMP)
 	$(HUB_VENV)/bin/labkit hub clean

@@ -364,10 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
                  prefix="labkit classroom")
     p.add_argument("--dsn", help=dsn_help)
     p.add_argument("--json", action="store_true")
-    p = _command(room, "clean", "end trainees' sessions idle in a transaction (--all: every one)",
-                 lambda a: classroom.classroom_command(what="clean", dsn=a.dsn, every_one=a.all),
+    p = _command(room, "clean", "end trainees' sessions idle in a transaction for a minute (--all: every one)",
+                 lambda a: classroom.classroom_command(what="clean", dsn=a.dsn, every_one=a.all,
+                                                       idle_s=a.idle_seconds),
                  prefix="labkit classroom")
     p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--idle-seconds", type=float, default=classroom.IDLE_S, metavar="SECONDS",
+                   help=f"idle in a transaction at least this long (default {classroom.IDLE_S:g}; "
+                        "a notebook holds one open for seconds on purpose)")
     p.add_argument("--all", action="store_true", help="end every trainee session")
     p = _command(room, "drop", "end trainee sessions, drop the trainee roles and what they own",
                  lambda a: classroom.classroom_command(what="drop", dsn=a.dsn), prefix="labkit classroom")
@@ -395,7 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notebooks", nargs="+", metavar="NAME",
                    help="notebooks to run, without .ipynb (default: 00, 01 and 03)")
     p.add_argument("--json", action="store_true")
-    _command(room, "clean", "stop the room's servers; remove its trainee users, homes and roles",
+    p = _command(room, "status", "each trainee: their server, PostgreSQL, last notebook, open sessions",
+                 lambda a: hub.status_command(as_json=a.json), prefix="labkit hub")
+    p.add_argument("--json", action="store_true")
+    _command(room, "clean", "stop the room's servers; remove its trainee users, homes, passwords and roles",
              lambda a: hub.clean(), prefix="labkit hub")
 
     p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",

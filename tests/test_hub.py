@@ -27,8 +27,8 @@ needs_root = pytest.mark.skipif(not ROOT_USER, reason="makes system users; the h
 def make_room(folder: Path, mode: str = "embedded", trainees: int = 3) -> hub.Room:
     folder.mkdir(mode=0o700, exist_ok=True)
     room = hub.Room(mode=mode, trainees=trainees, port=8123, bin="/opt/claimlab/bin")
-    (folder / "password").write_text("room-password\n")
-    (folder / "presenter-password").write_text("p" * 32 + "\n")
+    passwords = {"presenter": "p" * 24, **{n: f"pw-{n}" for n in room.names}}
+    (folder / "passwords.json").write_text(json.dumps(passwords))
     proxy = folder / "node_modules" / ".bin" / "configurable-http-proxy"
     proxy.parent.mkdir(parents=True)
     proxy.write_text("#!/bin/sh\n")
@@ -61,8 +61,7 @@ def test_configure_sets_the_log_in_the_spawner_and_the_proxy(tmp_path):
     make_room(folder)
     c = Config()
     hub.configure(c, folder)
-    assert c.JupyterHub.authenticator_class == "shared-password"
-    assert c.SharedPasswordAuthenticator.user_password == "room-password"
+    assert c.JupyterHub.authenticator_class.__name__ == "RoomAuthenticator"
     assert c.Authenticator.allowed_users == {"trainee01", "trainee02", "trainee03"}
     assert c.Authenticator.admin_users == {"presenter"}
     assert c.JupyterHub.bind_url == "http://:8123"
@@ -70,6 +69,37 @@ def test_configure_sets_the_log_in_the_spawner_and_the_proxy(tmp_path):
     assert c.Spawner.cmd == ["/opt/claimlab/bin/jupyterhub-singleuser"]
     assert c.Spawner.default_url.endswith("claimlab/notebooks/00_start_here.ipynb")
     assert "services" not in c.JupyterHub          # no API token unless a load test asks
+
+
+def test_each_name_logs_in_with_its_own_password_only(tmp_path):
+    import asyncio
+    folder = tmp_path / "room"
+    make_room(folder)
+    c = Config()
+    hub.configure(c, folder)
+    auth = c.JupyterHub.authenticator_class()
+
+    def log_in(name, password):
+        return asyncio.run(auth.authenticate(None, {"username": name, "password": password}))
+
+    assert log_in("trainee02", "pw-trainee02") == "trainee02"
+    assert log_in("presenter", "p" * 24) == "presenter"
+    assert log_in("trainee02", "pw-trainee01") is None          # a neighbour's password
+    assert log_in("trainee02", "") is None
+    assert log_in("trainee09", "pw-trainee02") is None          # not in the room
+    assert log_in("root", "p" * 24) is None
+    landing = c.JupyterHub.default_url
+    assert landing(SimpleNamespace(current_user=SimpleNamespace(admin=True))) == "/hub/admin"
+    assert landing(SimpleNamespace(current_user=SimpleNamespace(admin=False))) is None
+
+
+def test_the_handout_names_every_trainee_with_their_password():
+    room = hub.Room(mode="embedded", trainees=2, port=8123, bin="/opt/claimlab/bin")
+    text = hub.handout(room, {"presenter": "P" * 24, "trainee01": "abc", "trainee02": "def"})
+    assert ":8123/" in text.splitlines()[0]
+    assert "trainee01  password abc" in text and "trainee02  password def" in text
+    assert "presenter  password " + "P" * 24 in text
+    assert all(ch not in hub._typable(200) for ch in "0O1lI")
 
 
 def test_the_shipped_config_file_is_the_same_configuration(tmp_path, monkeypatch):
@@ -111,6 +141,10 @@ def test_a_closed_folder_on_the_way_to_python_is_found():
         closed.chmod(0o755)
         python.chmod(0o750)                    # the file itself: not runnable by others
         assert hub._reachable_by_others(python) == python
+        python.chmod(0o644)                    # readable is enough for a file that is read
+        assert hub._reachable_by_others(python, read=True) is None
+        python.chmod(0o640)
+        assert hub._reachable_by_others(python, read=True) == python
     finally:
         shutil.rmtree(base)
 
@@ -144,6 +178,24 @@ def room_users(tmp_path):
     yield
     hub.clean(tmp_path / "no-room", out=lambda line: None)
     assert hub.room_users() == []
+
+
+@needs_root
+def test_a_room_is_set_up_with_private_passwords_and_cleaned_away(room_users, tmp_path, monkeypatch):
+    folder = tmp_path / "hubstate"
+    monkeypatch.setattr(hub, "proxy_command", lambda f: ["configurable-http-proxy"])
+    monkeypatch.setattr(hub, "preflight", lambda: Path("/opt/claimlab/bin"))
+    room, folder = hub.prepare(trainees=2, mode="embedded", port=8123, folder=folder, quiet=True)
+    for name in ("passwords.json", "handout.txt"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    passwords = room.passwords(folder)
+    assert set(passwords) == {"presenter", "trainee01", "trainee02"}
+    assert len(set(passwords.values())) == 3
+    assert [p.pw_name for p in hub.room_users()] == ["claimlab-trainee01", "claimlab-trainee02"]
+    hub.clean(folder, out=lambda line: None)
+    assert hub.room_users() == []
+    assert not (folder / "passwords.json").exists() and not (folder / "handout.txt").exists()
 
 
 @needs_root

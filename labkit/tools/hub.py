@@ -10,15 +10,16 @@ socket or processes.  Where a trainee's PostgreSQL comes from is the room's *mod
 ``shared``    one server for the room: ``labkit classroom create`` makes one login role per
               trainee and the hub hands each trainee their own DSN (``LABKIT_DSN``).
 
-Log-in is JupyterHub's shared-password authenticator: one password for the room, the
-trainee names ``trainee01`` ... only.  That is a one-day training room's lock, not an
-account system: behind it, each trainee is still a separate system user.
+Log-in: each trainee has a password of their own (``trainee01`` ... only), and the presenter
+(``presenter``, the hub's admin) another; they are made for the room, kept in a file only
+root may read, and printed on a handout.  A shared room password would let anyone who has
+it log in as any trainee, and open that trainee's notebooks and PostgreSQL.
 
 The room's state lives in one folder (``.hub/`` beside the workbook, or ``LABKIT_HUB_DIR``):
-``room.json`` (mode, trainees, port), the passwords and the trainees' DSNs (0600),
+``room.json`` (mode, trainees, port), the passwords, the handout and the trainees' DSNs (0600),
 JupyterHub's database and cookie secret, and the proxy (``configurable-http-proxy``, from
 npm).  ``labkit hub clean`` stops the room's servers and removes the trainee users and
-their homes, and, in the shared mode, the classroom's roles.
+their homes, the passwords, and, in the shared mode, the classroom's roles.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ SYSTEM_PREFIX = "claimlab-"
 MARK = "labkit hub trainee"                          # the comment (GECOS) of the users we made
 MODES = ("embedded", "shared")
 MAX_TRAINEES = 60
+PRESENTER = "presenter"
 HOMES = Path("/home")
 COPY = ("notebooks", "student")                      # what each trainee gets in ~/claimlab
 PROXY_PACKAGE = "configurable-http-proxy@5"
@@ -74,8 +76,8 @@ class Room:
     trainees: int
     port: int
     bin: str                                  # the virtual environment's bin folder
-    password_file: str = "password"
-    presenter_password_file: str = "presenter-password"
+    password_file: str = "passwords.json"     # {"presenter": ..., "trainee01": ..., ...}
+    handout_file: str = "handout.txt"
     dsn_file: str = "trainees.json"           # shared mode: the classroom's DSNs
     extra: dict = field(default_factory=dict)
 
@@ -95,21 +97,20 @@ class Room:
     def save(self, folder: Path) -> None:
         (folder / "room.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
 
-    def secret(self, folder: Path, which: str) -> str:
-        return (folder / getattr(self, which)).read_text().strip()
+    def passwords(self, folder: Path) -> dict[str, str]:
+        return json.loads((folder / self.password_file).read_text())
 
 
 # -- checks -------------------------------------------------------------------------------
 
-def _reachable_by_others(path: Path) -> Path | None:
-    """The first folder or file on the way to ``path`` that another user may not pass or
-    run (None: every user can run it)."""
-    real = path.resolve()
-    for part in [*reversed(real.parents), real]:
-        mode = part.stat().st_mode
-        if not mode & 0o001:
+def _reachable_by_others(path: Path, *, resolve: bool = True, read: bool = False) -> Path | None:
+    """The first folder or file on the way to ``path`` that another user may not pass, or
+    run (``read``: read) at the end (None: every user can)."""
+    real = path.resolve() if resolve else path.absolute()
+    for part in reversed(real.parents):
+        if not part.stat().st_mode & 0o001:
             return part
-    return None
+    return None if real.stat().st_mode & (0o004 if read else 0o001) else real
 
 
 def preflight(*, bin_dir: Path | None = None) -> Path:
@@ -130,6 +131,13 @@ def preflight(*, bin_dir: Path | None = None) -> Path:
                           "other users.",
                           "build the hub's environment from a Python every user can run: "
                           "make hub HUB_PYTHON=/usr/bin/python3 (the default where it exists).")
+    for needed, read in ((bin_dir / "jupyterhub-singleuser", False), (ROOT / "labkit" / "__init__.py", True)):
+        blocked = _reachable_by_others(needed, resolve=False, read=read)
+        if blocked is not None:
+            raise LabkitError(f"The trainees' users cannot reach {needed}: "
+                              f"{blocked} is closed to other users.",
+                              "clone the workbook into a folder every user may enter and read, "
+                              "such as /opt/claimlab (not under /root), and run make hub there.")
     if shutil.which("useradd") is None:
         raise LabkitError("useradd is not on this machine, so trainee users cannot be made.",
                           "run the hub on Linux (Debian or Ubuntu: apt-get install passwd).")
@@ -158,6 +166,30 @@ def proxy_command(folder: Path) -> list[str]:
                           "check that this machine reaches the npm registry, or install it yourself: "
                           f"npm install -g {PROXY_PACKAGE}.")
     return [str(local)]
+
+
+def _typable(n: int) -> str:
+    """A password a trainee types from a slip of paper: no 0/O, 1/l/I."""
+    alphabet = "abcdefghjkmnpqrstuvwxyz23456789"
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def handout(room: Room, passwords: dict[str, str]) -> str:
+    lines = [f"Claim Lab training room: http://{_address()}:{room.port}/", ""]
+    lines += [f"{name}  password {passwords[name]}" for name in room.names]
+    lines += ["", f"(presenter  password {passwords[PRESENTER]}  -- keep this line)"]
+    return "\n".join(lines) + "\n"
+
+
+def _address() -> str:
+    """This machine's address as trainees on the network see it (the host name if unsure)."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))          # a documentation address: nothing is sent
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
 
 
 def _private(path: Path, text: str) -> None:
@@ -300,6 +332,28 @@ def make_spawner_class(room: Room, folder: Path):
     return RoomSpawner
 
 
+def make_authenticator_class(room: Room, folder: Path):
+    """Each name logs in with its own password only (made here so that importing labkit
+    never imports JupyterHub)."""
+    from jupyterhub.auth import Authenticator
+
+    class RoomAuthenticator(Authenticator):
+        async def authenticate(self, handler, data):
+            name, given = data.get("username", ""), data.get("password", "")
+            expected = room.passwords(folder).get(name)
+            if expected and secrets.compare_digest(given.encode(), expected.encode()):
+                return name
+            return None
+
+    return RoomAuthenticator
+
+
+def _landing(handler):
+    """The presenter lands on the admin page (they have no server); trainees on their own."""
+    user = handler.current_user
+    return "/hub/admin" if user is not None and user.admin else None
+
+
 def configure(c, folder: Path | None = None) -> None:
     """Fill JupyterHub's config ``c`` for the room in ``folder`` (hub/jupyterhub_config.py)."""
     folder = folder or hub_dir()
@@ -312,10 +366,9 @@ def configure(c, folder: Path | None = None) -> None:
     c.JupyterHub.pid_file = str(folder / "jupyterhub.pid")
     c.ConfigurableHTTPProxy.command = proxy_command(folder)
     c.ConfigurableHTTPProxy.pid_file = str(folder / "proxy.pid")
-    c.JupyterHub.authenticator_class = "shared-password"
-    c.SharedPasswordAuthenticator.user_password = room.secret(folder, "password_file")
-    c.SharedPasswordAuthenticator.admin_password = room.secret(folder, "presenter_password_file")
-    c.Authenticator.admin_users = {"presenter"}
+    c.JupyterHub.authenticator_class = make_authenticator_class(room, folder)
+    c.JupyterHub.default_url = _landing
+    c.Authenticator.admin_users = {PRESENTER}
     c.Authenticator.allowed_users = set(names)
     c.JupyterHub.spawner_class = make_spawner_class(room, folder)
     c.Spawner.cmd = [str(Path(room.bin) / "jupyterhub-singleuser")]
@@ -346,11 +399,10 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     os.chmod(folder, 0o700)                # passwords and DSNs: root only
     proxy_command(folder)
     room = Room(mode=mode, trainees=trainees, port=port, bin=str(bin_dir))
-    # JupyterHub asks for at least 8 characters for the room and 32 for an admin
-    for attr, size in (("password_file", 9), ("presenter_password_file", 24)):
-        path = folder / getattr(room, attr)
-        if not path.exists() or len(path.read_text().strip()) < len(secrets.token_urlsafe(size)):
-            _private(path, secrets.token_urlsafe(size) + "\n")
+    passwords = {PRESENTER: secrets.token_urlsafe(18)}
+    passwords.update({name: _typable(10) for name in room.names})
+    _private(folder / room.password_file, json.dumps(passwords, indent=1) + "\n")
+    _private(folder / room.handout_file, handout(room, passwords))
     if mode == "shared":
         dsn = dsn or os.environ.get("LABKIT_DSN", "")
         made = classroom.create(dsn, trainees, out=folder / room.dsn_file)
@@ -380,23 +432,100 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
             ensure_user(name)
     else:
         room, folder = prepare(trainees=trainees, mode=mode, port=port, dsn=dsn)
-    print(f"Claim Lab hub: http://<this machine>:{room.port}/  ({room.trainees} trainees, "
+    print(f"Claim Lab hub: http://{_address()}:{room.port}/  ({room.trainees} trainees, "
           f"{'each with an embedded PostgreSQL' if room.mode == 'embedded' else 'one shared PostgreSQL'})")
-    print(f"  trainees log in as trainee01 .. trainee{room.trainees:02d} with the room password "
-          f"in {folder / room.password_file}")
-    print(f"  the presenter logs in as presenter with {folder / room.presenter_password_file}")
+    print(f"  each trainee's name and password, and the presenter's, are on the handout: "
+          f"{folder / room.handout_file} (root only; print it and cut it into slips)")
     print("  Ctrl-C stops the hub and every trainee's server; `labkit hub clean` removes the users.",
           flush=True)
-    proc = subprocess.Popen(hub_command(room), cwd=folder)
+    # its own session: Ctrl-C reaches labkit only, which asks the hub once to stop
+    proc = subprocess.Popen(hub_command(room), cwd=folder, start_new_session=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:       # Ctrl-C, SIGTERM or SIGHUP: the hub stops every server first
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
         raise
+
+
+# What a trainee's own embedded server says about their progress: run as the trainee, so
+# only their own socket is opened.  It never starts a server that is not running.
+PROGRESS = r"""
+import json, psycopg
+from labkit.core.queries import query
+from labkit.core.server import EmbeddedServer
+server = EmbeddedServer()
+out = {"postgres": "running" if server.status().running else "stopped"}
+if out["postgres"] == "running":
+    with psycopg.connect(server.conninfo(), autocommit=True, connect_timeout=10) as conn:
+        me = conn.execute("SELECT current_user").fetchone()[0]
+        r = conn.execute(query("classroom.sql", "progress").sql, {"roles": [me]}).fetchone()
+        out.update(schemas=r[1], last_schema=r[2], mark=r[3], sessions=r[4] - 1, idle_in_transaction=r[5])
+print(json.dumps(out))
+"""
+
+
+def status(folder: Path | None = None) -> list[dict]:
+    """One row per trainee: their Jupyter server, their PostgreSQL, lab schemas, the notebook
+    run last, sessions open and idle in a transaction: who is where, and who is stuck."""
+    folder = folder or hub_dir()
+    room = Room.load(folder)
+    shared = {}
+    if room.mode == "shared":
+        shared = {r["trainee"]: r for r in classroom.status((folder / "admin-dsn").read_text().strip())}
+    rows = []
+    for name in room.names:
+        row = {"trainee": name, "server": "no user", "postgres": "-", "schemas": 0,
+               "last_notebook": None, "sessions": 0, "idle_in_transaction": 0}
+        try:
+            entry = pwd.getpwnam(system_user(name))
+        except KeyError:
+            rows.append(row)
+            continue
+        running = any("jupyterhub-singleuser" in _cmdline(pid) for pid in _pids_of(entry.pw_uid))
+        row["server"] = "running" if running else "stopped"
+        if room.mode == "shared":
+            got = shared.get(name, {})
+            row.update(postgres="shared", **{k: got.get(k, row[k]) for k in
+                                             ("schemas", "last_notebook", "sessions", "idle_in_transaction")})
+        else:
+            done = subprocess.run([str(Path(room.bin) / "python"), "-c", PROGRESS],
+                                  env=user_env(entry, room.bin), preexec_fn=as_user(entry),
+                                  capture_output=True, text=True, timeout=60)
+            try:
+                got = json.loads(done.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                got = {"postgres": "unreadable"}
+            row["postgres"] = got.pop("postgres")
+            if "schemas" in got:
+                row.update(schemas=got["schemas"], sessions=got["sessions"],
+                           idle_in_transaction=got["idle_in_transaction"],
+                           last_notebook=classroom._notebook_of(got["last_schema"], got["mark"]))
+        rows.append(row)
+    return rows
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def status_command(*, as_json: bool) -> int:
+    rows = status()
+    if as_json:
+        print(json.dumps({"trainees": rows}, indent=1))
+        return 0
+    print(f"{'trainee':<10} {'server':<8} {'postgres':<9} {'schemas':>7}  {'last notebook':<30} "
+          f"{'sessions':>8} {'idle in tx':>10}")
+    for r in rows:
+        print(f"{r['trainee']:<10} {r['server']:<8} {r['postgres']:<9} {r['schemas']:>7}  "
+              f"{r['last_notebook'] or '-':<30} {r['sessions']:>8} {r['idle_in_transaction']:>10}")
+    return 0
 
 
 def hub_command(room: Room) -> list[str]:
@@ -425,7 +554,7 @@ def clean(folder: Path | None = None, *, out=print) -> int:
         out(f"dropped {len(dropped)} classroom roles")
     if folder.exists() and (folder / "room.json").exists():
         for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", "admin-dsn",
-                     room.dsn_file if room else "trainees.json"):
+                     room.dsn_file, room.password_file, room.handout_file):
             (folder / name).unlink(missing_ok=True)
-        out(f"removed the room's state in {folder} (the proxy and the room passwords are kept)")
+        out(f"removed the room's state and passwords in {folder} (the proxy is kept)")
     return 0
