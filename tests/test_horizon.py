@@ -97,6 +97,8 @@ def test_who_holds_the_horizon_names_the_idle_report(lab):
         assert ages == sorted(ages, reverse=True)
     finally:
         report.close()
+    # the client's close returns at once; the server's backend leaves a moment later
+    assert backends_gone(lab.db, f"labkit:{lab.schema}:{hz.REPORT_ROLE}") == []
     assert all(r["application_name"] != f"labkit:{lab.schema}:report"
                for r in hz.who_holds_the_horizon(lab, limit=100))
     assert isinstance(hz.other_horizon_holders(lab), list)
