@@ -200,13 +200,16 @@ def test_a_room_is_set_up_with_private_passwords_and_cleaned_away(room_users, tm
 
 @needs_root
 def test_a_trainee_user_has_a_private_home_with_the_workbook(room_users):
-    entry = hub.ensure_user("trainee01")
+    entry = hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
     assert entry.pw_name == "claimlab-trainee01" and entry.pw_gecos == hub.MARK
     home = Path(entry.pw_dir)
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
     notebook = home / "claimlab" / "notebooks" / "00_start_here.ipynb"
     assert notebook.stat().st_uid == entry.pw_uid
-    assert hub.ensure_user("trainee01") == entry              # a second start reuses it
+    profile = (home / ".profile").read_text()     # their terminal's login shell finds labkit
+    assert profile.count('export PATH="/opt/claimlab/.hubenv/bin:$PATH"') == 1
+    assert hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin") == entry   # a second start reuses it
+    assert (home / ".profile").read_text() == profile                            # and adds nothing
 
 
 @needs_root

@@ -52,8 +52,23 @@ MODES = ("embedded", "shared")
 MAX_TRAINEES = 60
 PRESENTER = "presenter"
 HOMES = Path("/home")
-COPY = ("notebooks", "student")                      # what each trainee gets in ~/claimlab
 PROXY_PACKAGE = "configurable-http-proxy@5"
+NODE_MAJOR = 20                                      # what configurable-http-proxy 5 asks for
+PROFILE_MARK = "# labkit hub: labkit and jupyter in the terminal"
+# Run as the trainee, in their home: $1 the workbook, $2 the hub's bin folder, $3 the mark.
+SETUP_HOME = r"""
+set -e
+if [ ! -e claimlab ]; then
+  mkdir claimlab
+  for part in notebooks student; do
+    if [ -d "$1/$part" ]; then cp -R "$1/$part" claimlab/; fi
+  done
+  find claimlab -name .ipynb_checkpoints -prune -exec rm -rf {} +
+fi
+if [ -n "$2" ] && ! grep -qsF "$3" .profile; then
+  printf '\nexport PATH="%s:$PATH"   %s\n' "$2" "$3" >> .profile
+fi
+"""
 
 
 def hub_dir() -> Path:
@@ -92,7 +107,7 @@ class Room:
             return Room(**json.loads((folder / "room.json").read_text()))
         except FileNotFoundError:
             raise LabkitError(f"No room is set up in {folder}.",
-                              "run `make hub` (or `labkit hub start --trainees N`) first.") from None
+                              "run `sudo make hub` (or `labkit hub start --trainees N`) first.") from None
 
     def save(self, folder: Path) -> None:
         (folder / "room.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -154,8 +169,16 @@ def proxy_command(folder: Path) -> list[str]:
     if found:
         return [found]
     if shutil.which("npm") is None or shutil.which("node") is None:
-        raise LabkitError("JupyterHub's proxy (configurable-http-proxy) needs Node.js and npm.",
-                          "install them (Debian or Ubuntu: apt-get install nodejs npm), then run "
+        raise LabkitError(f"JupyterHub's proxy (configurable-http-proxy) needs Node.js {NODE_MAJOR} or "
+                          "newer and npm.",
+                          f"install them (Node.js {NODE_MAJOR} or newer: nodejs.org or NodeSource; "
+                          "Debian 12's own nodejs is 18), then run `make hub` again.")
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    major = re.match(r"v?(\d+)", version)
+    if major is None or int(major.group(1)) < NODE_MAJOR:
+        raise LabkitError(f"JupyterHub's proxy needs Node.js {NODE_MAJOR} or newer; this machine has "
+                          f"{version or 'an unknown version'}.",
+                          f"install Node.js {NODE_MAJOR} or newer (nodejs.org or NodeSource), then run "
                           "`make hub` again.")
     print(f"installing {PROXY_PACKAGE} from npm into {folder} ...", flush=True)
     done = subprocess.run(["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund",
@@ -206,8 +229,10 @@ def room_users() -> list[pwd.struct_passwd]:
     return [p for p in pwd.getpwall() if p.pw_name.startswith(SYSTEM_PREFIX) and p.pw_gecos == MARK]
 
 
-def ensure_user(trainee: str) -> pwd.struct_passwd:
-    """The trainee's system user, with a private home holding a copy of the workbook."""
+def ensure_user(trainee: str, bin_dir: str | None = None) -> pwd.struct_passwd:
+    """The trainee's system user, with a private home holding a copy of the workbook (and,
+    given ``bin_dir``, the hub's environment on the PATH of their terminal's login shell,
+    which /etc/profile would otherwise reset)."""
     name = system_user(trainee)
     try:
         entry = pwd.getpwnam(name)
@@ -223,17 +248,15 @@ def ensure_user(trainee: str) -> pwd.struct_passwd:
         raise LabkitError(f"A system user {name} exists and this hub did not make it.",
                           "remove or rename that user, or run the room on another machine.")
     home = Path(entry.pw_dir)
-    os.chmod(home, 0o700)
-    workbook = home / "claimlab"
-    if not workbook.exists():
-        workbook.mkdir(mode=0o755)
-        for part in COPY:
-            if (ROOT / part).is_dir():
-                shutil.copytree(ROOT / part, workbook / part, symlinks=False,
-                                ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        for folder, dirs, files in os.walk(workbook):
-            for item in [folder, *(os.path.join(folder, x) for x in dirs + files)]:
-                os.lchown(item, entry.pw_uid, entry.pw_gid)
+    os.chmod(home, 0o700)         # /home is root's: the trainee cannot put a link in its place
+    # Inside the home, everything is done as the trainee: root never writes, copies or
+    # follows a link in a folder another user controls.
+    done = subprocess.run(["/bin/sh", "-c", SETUP_HOME, "sh", str(ROOT), bin_dir or "", PROFILE_MARK],
+                          env=user_env(entry, bin_dir or "/usr/bin"), preexec_fn=as_user(entry),
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise LabkitError(f"Could not set up {name}'s home: {done.stderr.strip()[:300]}",
+                          f"check that every user may read {ROOT}.")
     return entry
 
 
@@ -415,7 +438,7 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
                 print(classroom.TRUST_WARNING)
     room.save(folder)
     for name in room.names:
-        ensure_user(name)
+        ensure_user(name, room.bin)
     return room, folder
 
 
@@ -426,17 +449,22 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
         old = Room.load(folder)
         if (old.mode, old.trainees) != (mode, trainees):
             raise LabkitError(f"A room is already set up here ({old.mode}, {old.trainees} trainees).",
-                              "run `labkit hub clean` first, or start it with the same --mode and --trainees.")
+                              "run `sudo make hub-clean` first, or start it with the same MODE and TRAINEES.")
         room = old
+        if port != room.port:              # another port: the room keeps its people and passwords
+            number("port", port, low=1024, high=65535, whole=True, example=8000)
+            room.port = port
+            room.save(folder)
+            _private(folder / room.handout_file, handout(room, room.passwords(folder)))
         for name in room.names:
-            ensure_user(name)
+            ensure_user(name, room.bin)
     else:
         room, folder = prepare(trainees=trainees, mode=mode, port=port, dsn=dsn)
     print(f"Claim Lab hub: http://{_address()}:{room.port}/  ({room.trainees} trainees, "
           f"{'each with an embedded PostgreSQL' if room.mode == 'embedded' else 'one shared PostgreSQL'})")
     print(f"  each trainee's name and password, and the presenter's, are on the handout: "
           f"{folder / room.handout_file} (root only; print it and cut it into slips)")
-    print("  Ctrl-C stops the hub and every trainee's server; `labkit hub clean` removes the users.",
+    print("  Ctrl-C stops the hub and every trainee's server; `sudo make hub-clean` removes the room.",
           flush=True)
     # its own session: Ctrl-C reaches labkit only, which asks the hub once to stop
     proc = subprocess.Popen(hub_command(room), cwd=folder, start_new_session=True)

@@ -300,7 +300,7 @@ def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = Non
     left = hub.room_users()
     if left:
         raise LabkitError(f"Trainee users of a room are on this machine already ({left[0].pw_name} ...).",
-                          "stop that room and run `labkit hub clean` first.")
+                          "stop that room and run `sudo make hub-clean` first.")
     folder = hub.hub_dir() / "loadtest"
     folder.parent.mkdir(mode=0o700, exist_ok=True)
     if folder.exists():
@@ -383,21 +383,13 @@ def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]
     import pwd
     problems: dict[str, str] = {}
     entries = {n: pwd.getpwnam(hub.system_user(n)) for n in room.names}
-    if room.mode == "shared":
-        rows = {r["trainee"]: r for r in hub.classroom.status((folder / "admin-dsn").read_text().strip())}
-        for name in room.names:
-            row = rows.get(name)
-            last = (row or {}).get("last_notebook") or ""
-            # a notebook's lab is named by its start: 01_one_lock for 01_one_lock_three_policies
-            if row is None or not last or not notebooks[-1].startswith(last) or row["schemas"] < len(notebooks):
-                problems[name] = f"the shared server shows no labs of {name}'s own role: {row}"
-    else:
-        for name, entry in entries.items():
-            state = subprocess.run([str(Path(room.bin) / "labkit"), "server", "status"],
-                                   env=hub.user_env(entry, room.bin), preexec_fn=hub.as_user(entry),
-                                   capture_output=True, text=True, timeout=60)
-            if state.returncode != 0 or "running" not in state.stdout:
-                problems[name] = f"{name}'s own embedded server is not running: {state.stdout.strip()}"
+    # hub status reads each trainee's own embedded server as that trainee, or the shared
+    # server by the trainee's role: either way, their labs must be there
+    for row in hub.status(folder):
+        last = row["last_notebook"] or ""
+        # a notebook's lab is named by its start: 01_one_lock for 01_one_lock_three_policies
+        if not last or not notebooks[-1].startswith(last) or row["schemas"] < len(notebooks):
+            problems[row["trainee"]] = f"{row['trainee']}'s own PostgreSQL does not show their labs: {row}"
     names = room.names
     for i, name in enumerate(names):
         other = entries[names[(i + 1) % len(names)]]
