@@ -24,7 +24,6 @@ HUB_VENV   := .hubenv
 HUB_STAMP  := $(HUB_VENV)/.labkit-installed
 TRAINEES   ?= 8
 MODE       ?= embedded
-DSN        ?=
 HUB_PORT   ?= 8000
 
 .PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs hub test-hub hub-status hub-clean
@@ -46,10 +45,10 @@ $(HUB_STAMP): pyproject.toml
 	@touch $(HUB_STAMP)
 
 hub: $(HUB_STAMP)
-	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT) $(if $(DSN),--dsn '$(DSN)')
+	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT)
 
 test-hub: $(HUB_STAMP)
-	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE) $(if $(DSN),--dsn '$(DSN)')
+	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE)
 
 hub-status: $(HUB_STAMP)
 	$(HUB_VENV)/bin/labkit hub status

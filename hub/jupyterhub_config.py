@@ -13,8 +13,7 @@
 #   * where their PostgreSQL comes from: their own embedded server (mode embedded), or their
 #     own login role on one shared server, handed to them as LABKIT_DSN (mode shared).
 #
-# labkit.tools.hub.configure() holds the settings, so that `labkit hub` and this file agree;
-# set anything of your own below it (c.JupyterHub.ssl_cert and c.JupyterHub.ssl_key for
+# The room's settings come from labkit.tools.hub.configure(); add your own below it (c.JupyterHub.ssl_cert and c.JupyterHub.ssl_key for
 # HTTPS, c.JupyterHub.bind_url, ...).
 
 from labkit.tools.hub import configure
