@@ -200,6 +200,13 @@ def test_a_room_is_set_up_with_private_passwords_and_cleaned_away(room_users, tm
 
 @needs_root
 def test_a_trainee_user_has_a_private_home_with_the_workbook(room_users):
+    notebook = hub.ROOT / "notebooks" / "00_start_here.ipynb"
+    if hub._reachable_by_others(notebook, resolve=False, read=True) is not None:
+        # a clone in a folder closed to other users (mktemp -d makes one): said, not half-done
+        with pytest.raises(LabkitError) as err:
+            hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
+        assert "closed to this user" in str(err.value) and "every user may read" in str(err.value)
+        return
     entry = hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
     assert entry.pw_name == "claimlab-trainee01" and entry.pw_gecos == hub.MARK
     home = Path(entry.pw_dir)

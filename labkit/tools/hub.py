@@ -58,6 +58,9 @@ PROFILE_MARK = "# labkit hub: labkit and jupyter in the terminal"
 # Run as the trainee, in their home: $1 the workbook, $2 the hub's bin folder, $3 the mark.
 SETUP_HOME = r"""
 set -e
+if [ ! -r "$1/notebooks/00_start_here.ipynb" ]; then
+  echo "cannot read $1/notebooks: the workbook's folder is closed to this user" >&2; exit 1
+fi
 if [ ! -e claimlab ]; then
   mkdir claimlab
   for part in notebooks student; do
