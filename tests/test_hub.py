@@ -171,12 +171,24 @@ def test_the_report_counts_failures_and_names_them():
 # -- as root: the room's system users -----------------------------------------------------
 
 @pytest.fixture
-def room_users(tmp_path):
-    """Trainee users made for a test, removed after it (with their homes)."""
+def room_users(tmp_path, monkeypatch):
+    """Trainee users made for a test, removed after it (with their homes).  The workbook they
+    copy is a copy of this one in a folder every user may read, wherever this clone lives
+    (`mktemp -d` makes a folder only its owner may enter)."""
+    import shutil
+    import tempfile
     if hub.room_users():
         pytest.fail("a room's trainee users are on this machine: run `labkit hub clean` first")
-    yield
+    workbook = Path(tempfile.mkdtemp(prefix="claimlab-workbook-", dir="/tmp"))
+    shutil.copytree(hub.ROOT / "notebooks", workbook / "notebooks")
+    for folder, dirs, files in os.walk(workbook):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    monkeypatch.setattr(hub, "ROOT", workbook)
+    yield workbook
     hub.clean(tmp_path / "no-room", out=lambda line: None)
+    shutil.rmtree(workbook)
     assert hub.room_users() == []
 
 
@@ -199,14 +211,15 @@ def test_a_room_is_set_up_with_private_passwords_and_cleaned_away(room_users, tm
 
 
 @needs_root
+def test_a_workbook_the_trainee_cannot_read_is_said_not_copied_empty(room_users):
+    room_users.chmod(0o700)                     # as a clone in a mktemp folder
+    with pytest.raises(LabkitError) as err:
+        hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
+    assert "closed to this user" in str(err.value) and "every user may read" in str(err.value)
+
+
+@needs_root
 def test_a_trainee_user_has_a_private_home_with_the_workbook(room_users):
-    notebook = hub.ROOT / "notebooks" / "00_start_here.ipynb"
-    if hub._reachable_by_others(notebook, resolve=False, read=True) is not None:
-        # a clone in a folder closed to other users (mktemp -d makes one): said, not half-done
-        with pytest.raises(LabkitError) as err:
-            hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
-        assert "closed to this user" in str(err.value) and "every user may read" in str(err.value)
-        return
     entry = hub.ensure_user("trainee01", "/opt/claimlab/.hubenv/bin")
     assert entry.pw_name == "claimlab-trainee01" and entry.pw_gecos == hub.MARK
     home = Path(entry.pw_dir)
