@@ -108,11 +108,15 @@ def create(admin_dsn: str, trainees: int, *, out: Path | None = None) -> list[Tr
 
 def write_dsns(path: Path, trainees: list[Trainee]) -> None:
     """The trainees' DSNs as JSON, in a file only its owner may read or write."""
-    path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    write_private(path, json.dumps(as_json(trainees), indent=1))
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` in a file only its owner may read or write (passwords, DSNs)."""
+    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)              # an existing file keeps its mode on open: set it
     with os.fdopen(fd, "w") as f:
-        json.dump(as_json(trainees), f, indent=1)
+        f.write(text)
 
 
 def as_json(trainees: list[Trainee]) -> dict:

@@ -218,13 +218,6 @@ def _address() -> str:
         return socket.gethostname()
 
 
-def _private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 # -- the room's users ---------------------------------------------------------------------
 
 def room_users() -> list[pwd.struct_passwd]:
@@ -427,13 +420,13 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     room = Room(mode=mode, trainees=trainees, port=port, bin=str(bin_dir))
     passwords = {PRESENTER: secrets.token_urlsafe(18)}
     passwords.update({name: _typable(10) for name in room.names})
-    _private(folder / room.password_file, json.dumps(passwords, indent=1) + "\n")
-    _private(folder / room.handout_file, handout(room, passwords))
+    classroom.write_private(folder / room.password_file, json.dumps(passwords, indent=1) + "\n")
+    classroom.write_private(folder / room.handout_file, handout(room, passwords))
     if mode == "shared":
         dsn = dsn or os.environ.get("LABKIT_DSN", "")
         made = classroom.create(dsn, trainees, out=folder / room.dsn_file)
         room.extra["admin_dsn_file"] = "admin-dsn"
-        _private(folder / "admin-dsn", dsn + "\n")
+        classroom.write_private(folder / "admin-dsn", dsn + "\n")
         room.extra["passwords_checked"] = classroom.asks_for_passwords(made[0])
         if not quiet:
             print(f"classroom: {len(made)} trainee roles on the shared server")
@@ -458,7 +451,7 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
             number("port", port, low=1024, high=65535, whole=True, example=8000)
             room.port = port
             room.save(folder)
-            _private(folder / room.handout_file, handout(room, room.passwords(folder)))
+            classroom.write_private(folder / room.handout_file, handout(room, room.passwords(folder)))
         for name in room.names:
             ensure_user(name, room.bin)
     else:
