@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ..core.errors import LabkitError
 from ..core.limits import number
@@ -94,10 +95,12 @@ class Room:
     trainees: int
     port: int
     bin: str                                  # the virtual environment's bin folder
-    password_file: str = "passwords.json"     # {"presenter": ..., "trainee01": ..., ...}
-    handout_file: str = "handout.txt"
-    dsn_file: str = "trainees.json"           # shared mode: the classroom's DSNs
     extra: dict = field(default_factory=dict)
+    # the room's files, in its folder (all 0600)
+    password_file: ClassVar[str] = "passwords.json"     # {"presenter": ..., "trainee01": ..., ...}
+    handout_file: ClassVar[str] = "handout.txt"
+    dsn_file: ClassVar[str] = "trainees.json"           # shared mode: the classroom's DSNs
+    admin_dsn_file: ClassVar[str] = "admin-dsn"         # shared mode: the administrator's DSN
 
     @property
     def names(self) -> list[str]:
@@ -117,6 +120,9 @@ class Room:
 
     def passwords(self, folder: Path) -> dict[str, str]:
         return json.loads((folder / self.password_file).read_text())
+
+    def admin_dsn(self, folder: Path) -> str:
+        return (folder / self.admin_dsn_file).read_text().strip()
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -425,8 +431,7 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     if mode == "shared":
         dsn = dsn or os.environ.get("LABKIT_DSN", "")
         made = classroom.create(dsn, trainees, out=folder / room.dsn_file)
-        room.extra["admin_dsn_file"] = "admin-dsn"
-        classroom.write_private(folder / "admin-dsn", dsn + "\n")
+        classroom.write_private(folder / room.admin_dsn_file, dsn + "\n")
         room.extra["passwords_checked"] = classroom.asks_for_passwords(made[0])
         if not quiet:
             print(f"classroom: {len(made)} trainee roles on the shared server")
@@ -499,7 +504,7 @@ def status(folder: Path | None = None) -> list[dict]:
     room = Room.load(folder)
     shared = {}
     if room.mode == "shared":
-        shared = {r["trainee"]: r for r in classroom.status((folder / "admin-dsn").read_text().strip())}
+        shared = {r["trainee"]: r for r in classroom.status(room.admin_dsn(folder))}
     rows = []
     for name in room.names:
         row = {"trainee": name, "server": "no user", "postgres": "-", "schemas": 0,
@@ -573,11 +578,11 @@ def clean(folder: Path | None = None, *, out=print) -> int:
             raise LabkitError(f"userdel could not remove {entry.pw_name}: {done.stderr.strip()}",
                               "remove the user by hand (userdel --remove NAME).")
         out(f"removed {entry.pw_name} and its home")
-    if room and room.mode == "shared" and (folder / "admin-dsn").exists():
-        dropped = classroom.drop((folder / "admin-dsn").read_text().strip())
+    if room and room.mode == "shared" and (folder / room.admin_dsn_file).exists():
+        dropped = classroom.drop(room.admin_dsn(folder))
         out(f"dropped {len(dropped)} classroom roles")
     if folder.exists() and (folder / "room.json").exists():
-        for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", "admin-dsn",
+        for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", room.admin_dsn_file,
                      room.dsn_file, room.password_file, room.handout_file):
             (folder / name).unlink(missing_ok=True)
         out(f"removed the room's state and passwords in {folder} (the proxy is kept)")

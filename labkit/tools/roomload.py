@@ -325,7 +325,7 @@ def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = Non
         uids = {pwd.getpwnam(hub.system_user(n)).pw_uid: n for n in room.names}
         backends = None
         if mode == "shared":
-            backends, conn = _backends((folder / "admin-dsn").read_text().strip())
+            backends, conn = _backends(room.admin_dsn(folder))
         sampler = Sampler(uids, _hub_pids(proc, folder), backends)
         sampler.start()
         passwords = room.passwords(folder)
