@@ -250,6 +250,8 @@ def test_a_user_the_hub_did_not_make_is_refused_and_left_alone(room_users, tmp_p
 def test_the_spawner_hands_each_trainee_their_own_dsn_only(room_users, tmp_path):
     folder = tmp_path / "room"
     room = make_room(folder, mode="shared", trainees=2)
+    for name in room.names:                  # what the spawner's start() does first
+        hub.ensure_user(name, room.bin)
     spawner_class = hub.make_spawner_class(room, folder)
     spawner = spawner_class(user=SimpleNamespace(name="trainee02", url="/user/trainee02/",
                                                  escaped_name="trainee02"))

@@ -318,21 +318,23 @@ def _pids_of(uid: int) -> list[int]:
 
 # -- JupyterHub's spawner -----------------------------------------------------------------
 
-def _spawner_base():
-    from jupyterhub.spawner import LocalProcessSpawner
-    return LocalProcessSpawner
-
-
 def make_spawner_class(room: Room, folder: Path):
     """The room's spawner, made here so that importing labkit never imports JupyterHub."""
-    base = _spawner_base()
+    from jupyterhub.spawner import LocalProcessSpawner
 
-    class RoomSpawner(base):
+    class RoomSpawner(LocalProcessSpawner):
         """JupyterHub's LocalProcessSpawner, run as the trainee's own system user, with the
         room's mode: nothing more (embedded), or the trainee's own LABKIT_DSN (shared)."""
 
         def _entry(self) -> pwd.struct_passwd:
-            return ensure_user(self.user.name)
+            return pwd.getpwnam(system_user(self.user.name))
+
+        async def start(self):
+            # once per start, off the hub's event loop: the user, their home and workbook
+            # (copied again if the trainee removed it)
+            import asyncio
+            await asyncio.get_running_loop().run_in_executor(None, ensure_user, self.user.name, room.bin)
+            return await super().start()
 
         def make_preexec_fn(self, name):
             return super().make_preexec_fn(self._entry().pw_name)
