@@ -137,13 +137,13 @@ def _reachable_by_others(path: Path, *, resolve: bool = True, read: bool = False
     return None if real.stat().st_mode & (0o004 if read else 0o001) else real
 
 
-def preflight(*, bin_dir: Path | None = None) -> Path:
+def preflight() -> Path:
     """What the hub needs before anything is made; each missing piece names its fix."""
     if os.name != "posix" or os.geteuid() != 0:
         raise LabkitError("The training hub runs as root: it starts each trainee's server as that "
                           "trainee's own system user.",
                           "run it with sudo (sudo make hub), on the machine the room logs in to.")
-    bin_dir = bin_dir or Path(sys.executable).parent
+    bin_dir = Path(sys.executable).parent
     try:
         import jupyterhub  # noqa: F401
     except ImportError:
@@ -288,32 +288,34 @@ def stop_trainee_server(entry: pwd.struct_passwd, bin_dir: str) -> None:
         pass        # labkit not runnable as the trainee: clean() ends their processes instead
 
 
-def _kill_user_processes(entry: pwd.struct_passwd) -> int:
-    killed = 0
+def _kill_user_processes(entry: pwd.struct_passwd) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _pids_of(entry.pw_uid)
-        for pid in pids:
+        for pid in _pids_of(entry.pw_uid):
             try:
                 os.kill(pid, sig)
-                killed += 1
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 10
         while _pids_of(entry.pw_uid) and time.monotonic() < deadline:
             time.sleep(0.2)
-    return killed
 
 
-def _pids_of(uid: int) -> list[int]:
-    pids = []
+def pids_by_uid(uids) -> dict[int, list[int]]:
+    """The processes of each of ``uids``, from one pass over /proc."""
+    found: dict[int, list[int]] = {uid: [] for uid in uids}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if d.stat().st_uid == uid:
-                    pids.append(int(d.name))
-            except FileNotFoundError:
-                pass
-    return pids
+                uid = d.stat().st_uid
+            except FileNotFoundError:      # it ended meanwhile
+                continue
+            if uid in found:
+                found[uid].append(int(d.name))
+    return found
+
+
+def _pids_of(uid: int) -> list[int]:
+    return pids_by_uid([uid])[uid]
 
 
 # -- JupyterHub's spawner -----------------------------------------------------------------

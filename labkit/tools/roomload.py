@@ -96,16 +96,8 @@ class Sampler(threading.Thread):
         self.done = threading.Event()
 
     def sample(self) -> None:
-        per = {name: 0 for name in self.uids.values()}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                uid = d.stat().st_uid
-            except FileNotFoundError:
-                continue
-            if uid in self.uids:
-                per[self.uids[uid]] += _pss_kb(int(d.name))
+        per = {self.uids[uid]: sum(_pss_kb(pid) for pid in pids)
+               for uid, pids in hub.pids_by_uid(self.uids).items()}
         back = {name: 0 for name in self.uids.values()}
         if self.backends is not None:
             for name, pid in self.backends():
