@@ -29,7 +29,7 @@ from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
                    outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import bench, classroom, drill, grade, hub, interview, nbtools, spec, torture, training
+from .tools import bench, classroom, drill, grade, hub, interview, nbtools, roomload, spec, torture, training
 from .tools.spec import drop_spec_databases
 
 
@@ -262,11 +262,6 @@ def _group(group: Subcommands, name: str, help: str, *, description: str | None 
                             required=True)
 
 
-def _roomload():
-    from .tools import roomload      # requests and websocket-client: installed with the hub
-    return roomload
-
-
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
@@ -390,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
     p.add_argument("--port", type=int, default=8000, help="the port trainees open (default 8000)")
     p = _command(room, "loadtest", "every trainee logs in and runs notebooks at once; the figures",
-                 lambda a: _roomload().loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn,
-                                                        notebooks=a.notebooks, as_json=a.json),
+                 lambda a: roomload.loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn,
+                                                      notebooks=a.notebooks, as_json=a.json),
                  prefix="labkit hub loadtest")
     p.add_argument("--trainees", type=int, default=8, help="how many at once (default 8)")
     p.add_argument("--mode", choices=hub.MODES, default="embedded")
