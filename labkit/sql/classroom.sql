@@ -55,3 +55,10 @@ SELECT a.pid, a.usename, a.state, pg_catalog.pg_terminate_backend(a.pid)
    AND (%(every_one)s
         OR (a.state LIKE 'idle in transaction%%'
             AND a.state_change <= pg_catalog.now() - pg_catalog.make_interval(secs => %(idle_s)s)));
+
+-- name: backends
+-- Each trainee's server processes (one per session): whose they are and their process ids,
+-- for the room's load test to weigh their memory.
+SELECT a.usename, a.pid
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.usename = ANY(%(roles)s);

@@ -268,13 +268,15 @@ def _hub_pids(proc: subprocess.Popen, folder: Path):
 
 def _backends(admin_dsn: str):
     import psycopg
+
+    from ..core.queries import query
     conn = psycopg.connect(admin_dsn, autocommit=True)
+    roles = hub.classroom.roles(conn)
     lock = threading.Lock()
 
     def backends():
         with lock:
-            rows = conn.execute("SELECT usename, pid FROM pg_stat_activity "
-                                "WHERE usename LIKE 'claimlab\\_trainee%'").fetchall()
+            rows = conn.execute(query(hub.classroom.SQL, "backends").sql, {"roles": roles}).fetchall()
         return [(name.removeprefix(hub.classroom.PREFIX), pid) for name, pid in rows]
     return backends, conn
 
