@@ -9,8 +9,8 @@ them out (``LABKIT_DSN=...`` per trainee).
 
 ``status`` shows each trainee's progress (lab schemas, the one rebuilt last, sessions open,
 sessions idle inside a transaction); ``clean`` ends trainees' sessions idle in a transaction
-for a minute or more (``--idle-seconds``; ``--all``: every trainee session); ``drop`` ends every trainee session, drops what the
-roles own in this database, and the roles.  Every command names the classroom's roles by
+for a minute or more (``--idle-seconds``; ``--all``: every trainee session); ``drop`` ends
+every trainee session, drops what the roles own in this database, and the roles.  Every command names the classroom's roles by
 their prefix *and* their comment (``labkit classroom``): nothing else is ever touched.
 """
 
@@ -129,11 +129,11 @@ def status(admin_dsn: str) -> list[dict]:
         names = roles(conn)
         rows = conn.execute(query(SQL, "progress").sql, {"roles": names}).fetchall()
     return [{"trainee": r[0].removeprefix(PREFIX), "role": r[0], "schemas": r[1],
-             "last_notebook": _notebook_of(r[2], r[3]), "sessions": r[4], "idle_in_transaction": r[5]}
+             "last_notebook": notebook_of(r[2], r[3]), "sessions": r[4], "idle_in_transaction": r[5]}
             for r in rows]
 
 
-def _notebook_of(schema: str | None, mark: str | None) -> str | None:
+def notebook_of(schema: str | None, mark: str | None) -> str | None:
     """``lab_02_the_convoy_<user>`` -> ``02_the_convoy``: the lab's name, without the user
     part that the schema's comment (``labkit:<user>``) names.  A long name was cut to fit and
     ends in a hash; it is matched against the labs the notebooks open."""

@@ -536,7 +536,7 @@ def status(folder: Path | None = None) -> list[dict]:
             if "schemas" in got:
                 row.update(schemas=got["schemas"], sessions=got["sessions"],
                            idle_in_transaction=got["idle_in_transaction"],
-                           last_notebook=classroom._notebook_of(got["last_schema"], got["mark"]))
+                           last_notebook=classroom.notebook_of(got["last_schema"], got["mark"]))
         rows.append(row)
     return rows
 
