@@ -348,11 +348,17 @@ def build_parser() -> argparse.ArgumentParser:
     dsn_help = "the server's administrator DSN (a superuser or a role with CREATEROLE; default: LABKIT_DSN)"
     p = _command(room, "create", "one login role per trainee; print their DSNs and write them to a 0600 file",
                  lambda a: classroom.classroom_command(what="create", dsn=a.dsn, trainees=a.trainees,
-                                                       out=a.out, as_json_output=a.json),
+                                                       out=a.out, as_json_output=a.json,
+                                                       unsafe_trusting_server=a.unsafe_trusting_server),
                  prefix="labkit classroom")
     p.add_argument("--trainees", type=int, required=True, help=f"1 to {classroom.MAX_TRAINEES}")
     p.add_argument("--dsn", help=dsn_help)
-    p.add_argument("--out", type=Path, help="where to write the DSNs (default classroom-<database>.json)")
+    p.add_argument("--out", type=Path, help="a new file for the DSNs, in a folder of yours that no one "
+                                            "else may write (default: labkit's state folder)")
+    p.add_argument("--unsafe-trusting-server", action="store_true",
+                   help="make the room even on a server that lets roles in without their password "
+                        "(pg_hba.conf trust): any trainee could then log in as any role, a superuser "
+                        "included. Only for a server no trainee can reach")
     p.add_argument("--json", action="store_true", help='print {"trainees": [{"name": ..., "dsn": ...}, ...]}')
     p = _command(room, "status", "each trainee's lab schemas, last notebook, open sessions",
                  lambda a: classroom.classroom_command(what="status", dsn=a.dsn, as_json_output=a.json),
@@ -377,13 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
                               "trainee, each with the workbook and their own PostgreSQL (embedded) or "
                               "their own role on one shared server (shared).")
     p = _command(room, "start", "set the room up and run the hub in the foreground",
-                 lambda a: hub.start(trainees=a.trainees, mode=a.mode, port=a.port, dsn=a.dsn),
+                 lambda a: hub.start(trainees=a.trainees, mode=a.mode, port=a.port, dsn=a.dsn,
+                                     trust_ok=a.unsafe_trusting_server),
                  prefix="labkit hub")
     p.add_argument("--trainees", type=int, default=8, help=f"1 to {hub.MAX_TRAINEES} (default 8)")
     p.add_argument("--mode", choices=hub.MODES, default="embedded",
                    help="each trainee's own embedded PostgreSQL (default), or one shared server")
     p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
     p.add_argument("--port", type=int, default=8000, help="the port trainees open (default 8000)")
+    p.add_argument("--unsafe-trusting-server", action="store_true",
+                   help="shared mode: run the room even on a server that lets roles in without their "
+                        "password (pg_hba.conf trust), where any trainee could log in as any role, a "
+                        "superuser included. Only for a server no trainee can reach")
     p = _command(room, "loadtest", "every trainee logs in and runs notebooks at once; the figures",
                  lambda a: roomload.loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn,
                                                       notebooks=a.notebooks, as_json=a.json),

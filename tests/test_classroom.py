@@ -18,10 +18,14 @@ from labkit.core.lab import Lab
 from labkit.tools import classroom
 
 
+# CI's servers (labkit's embedded one, and PostgreSQL 15 here) trust every connection from this
+# host, which `create` refuses for a real room; the tests of what a role may do pass the flag a
+# presenter would, and the tests of the refusal itself, and of a server that asks for passwords,
+# are below.
 @pytest.fixture
 def room(db, tmp_path):
     out = tmp_path / "room.json"
-    trainees = classroom.create(db.dsn, 2, out=out)
+    trainees = classroom.create(db.dsn, 2, out=out, trust_ok=True)
     try:
         yield trainees, out
     finally:
@@ -117,7 +121,7 @@ def test_drop_removes_the_classroom_and_what_it_owns_and_nothing_else(db):
         conn.execute("DROP ROLE IF EXISTS claimlab_bystander")
         conn.execute("CREATE ROLE claimlab_bystander")     # the prefix, without the classroom's mark
     try:
-        (a,) = classroom.create(db.dsn, 1)
+        (a,) = classroom.create(db.dsn, 1, trust_ok=True)
         lab_a = as_trainee(a, db, "classroom_drop")
         lab_a.create_jobs(1)
         schema = lab_a.schema
@@ -135,7 +139,7 @@ def test_drop_removes_the_classroom_and_what_it_owns_and_nothing_else(db):
 def test_a_second_classroom_and_a_role_that_may_not_create_roles_are_refused(db, room):
     (a, _), _ = room
     with pytest.raises(LabkitError, match="already has a classroom"):
-        classroom.create(db.dsn, 1)
+        classroom.create(db.dsn, 1, trust_ok=True)
     with pytest.raises(LabkitError, match="may not create roles.*Fix: connect as a superuser"):
         classroom.status(a.dsn)
 
@@ -144,7 +148,7 @@ def test_the_command_line_prints_the_json_the_hub_reads(db, tmp_path):
     out = tmp_path / "dsns.json"
     try:
         done = labkit_cmd("classroom", "create", "--trainees", "2", "--dsn", db.dsn, "--json",
-                          "--out", str(out))
+                          "--out", str(out), "--unsafe-trusting-server")
         assert done.returncode == 0, done.stderr
         printed = json.loads(done.stdout)
         assert printed == json.loads(out.read_text())
@@ -157,28 +161,186 @@ def test_the_command_line_prints_the_json_the_hub_reads(db, tmp_path):
     assert dropped.returncode == 0 and "dropped 2 trainee role(s)" in dropped.stdout
 
 
-def test_a_server_that_trusts_the_trainees_connections_is_named(db, tmp_path):
-    """A role's password keeps trainees apart only where the server asks for it: on a server
-    whose pg_hba.conf trusts every connection, `create` says so."""
+def _trusts(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return bool(classroom.who_gets_in_without_a_password(conn, dsn))
+
+
+def _classroom_roles(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE 'claimlab%' "
+                                           "ORDER BY 1").fetchall()]
+
+
+def test_a_server_that_trusts_this_host_is_refused_unless_told(db, tmp_path):
+    """On a server whose pg_hba.conf trusts the connections from here, any trainee could log in
+    as any role, a superuser included: `create` refuses, exit 2, naming the pg_hba.conf fix,
+    before any role is made; --unsafe-trusting-server makes the room and says what it means."""
     out = tmp_path / "dsns.json"
+    assert _classroom_roles(db.dsn) == []
+    refused = labkit_cmd("classroom", "create", "--trainees", "1", "--dsn", db.dsn, "--out", str(out))
+    if not _trusts(db.dsn):                # a server of your own that asks for passwords: accepted
+        labkit_cmd("classroom", "drop", "--dsn", db.dsn)
+        assert refused.returncode == 0, refused.stderr
+        return
+    assert refused.returncode == 2, refused.stderr
+    assert "log in from here with a wrong password" in refused.stderr
+    assert "pg_hba_file_rules" in refused.stderr and "scram-sha-256" in refused.stderr
+    assert "--unsafe-trusting-server" in refused.stderr
+    assert _classroom_roles(db.dsn) == [] and not out.exists()       # nothing made, the probe gone
     try:
-        done = labkit_cmd("classroom", "create", "--trainees", "1", "--dsn", db.dsn, "--out", str(out))
+        done = labkit_cmd("classroom", "create", "--trainees", "1", "--dsn", db.dsn, "--out", str(out),
+                          "--unsafe-trusting-server")
         assert done.returncode == 0, done.stderr
-        made = [classroom.Trainee(t["name"], "claimlab_" + t["name"], t["dsn"])
-                for t in json.loads(out.read_text())["trainees"]]
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            methods = {r[0] for r in conn.execute("SELECT auth_method FROM pg_catalog.pg_hba_file_rules")}
-        if methods == {"trust"}:           # both of CI's servers: labkit's embedded one, and PostgreSQL 15 here
-            assert classroom.asks_for_passwords(made[0]) is False
-            assert classroom.TRUST_WARNING in done.stderr
-        elif "trust" not in methods:
-            assert classroom.asks_for_passwords(made[0]) is True
-            assert classroom.TRUST_WARNING not in done.stderr
-        else:                              # some rules trust, some ask: the connection tells
-            trusted = classroom.asks_for_passwords(made[0]) is False
-            assert (classroom.TRUST_WARNING in done.stderr) == trusted
+        assert classroom.TRUST_WARNING in done.stderr
     finally:
         labkit_cmd("classroom", "drop", "--dsn", db.dsn)
+
+
+@pytest.fixture
+def password_server(scratch_server):
+    """A cluster of the test's own whose pg_hba.conf asks every role for its password, and
+    logs every statement: the administrator is ``postgres`` with a password."""
+    scratch_server.start()
+    secret = "admin-" + os.urandom(6).hex()
+    with psycopg.connect(scratch_server.url(), autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE postgres PASSWORD '{classroom.scram_verifier(secret)}'")
+        conn.execute("ALTER SYSTEM SET log_statement = 'all'")
+        scratch_server.hba_file.write_text("local all all scram-sha-256\n")
+        conn.execute("SELECT pg_reload_conf()")
+    from psycopg.conninfo import make_conninfo
+    yield scratch_server, make_conninfo(scratch_server.url(), password=secret)
+
+
+def test_a_server_that_asks_for_passwords_gets_a_room_with_limits_and_no_password_in_its_log(password_server, tmp_path):
+    server, admin = password_server
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(make_wrong(admin)).close()            # the server really asks
+    out = tmp_path / "dsns.json"
+    try:
+        done = labkit_cmd("classroom", "create", "--trainees", "2", "--dsn", admin, "--out", str(out),
+                          env={"LABKIT_DSN": ""})
+        assert done.returncode == 0, done.stderr
+        assert classroom.TRUST_WARNING not in done.stderr
+        assert "each trainee: at most" in done.stderr
+        trainees = json.loads(out.read_text())["trainees"]
+        for t in trainees:
+            with psycopg.connect(t["dsn"]) as conn:                    # in with its own password
+                assert conn.execute("SELECT current_user").fetchone() == ("claimlab_" + t["name"],)
+            with pytest.raises(psycopg.OperationalError):
+                psycopg.connect(make_wrong(t["dsn"])).close()          # not with another
+        with psycopg.connect(admin) as conn:
+            stored = conn.execute("SELECT a.rolpassword, r.rolconnlimit, r.rolconfig FROM pg_authid a "
+                                  "JOIN pg_roles r ON r.oid = a.oid WHERE a.rolname = 'claimlab_trainee01'").fetchone()
+            budget = conn.execute(classroom.query(classroom.SQL, "connection_budget").sql).fetchone()[0]
+        assert stored[0].startswith("SCRAM-SHA-256$")
+        assert stored[1] == min(classroom.CONNECTIONS_NEEDED + 4, budget // 2)
+        assert set(stored[2]) == {f"{k}={v}" for k, v in classroom.TRAINEE_SETTINGS.items()}
+        log = server.log_file.read_text(errors="replace")
+        assert "CREATE ROLE" in log                                     # the statements were logged ...
+        for t in trainees:                                              # ... without the passwords
+            password = psycopg.conninfo.conninfo_to_dict(t["dsn"])["password"]
+            assert password not in log
+        with psycopg.connect(trainees[0]["dsn"], autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SET temp_file_limit = -1")              # the administrator's limit stays
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("5min",)
+    finally:
+        classroom.drop(admin)
+
+
+def make_wrong(dsn: str) -> str:
+    from psycopg.conninfo import make_conninfo
+    return make_conninfo(dsn, password="not-" + os.urandom(4).hex())
+
+
+def test_the_file_of_passwords_is_new_private_and_never_written_through_a_link(tmp_path, monkeypatch):
+    made = [classroom.Trainee("trainee01", "claimlab_trainee01", "postgresql://x:secret@h/db")]
+    target = tmp_path / "room.json"
+    classroom.write_dsns(target, made)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    with pytest.raises(LabkitError, match="already exists"):
+        classroom.check_private_target(target)                       # never over a file
+    victim = tmp_path / "victim"
+    victim.write_text("root's own file")
+    link = tmp_path / "link.json"
+    link.symlink_to(victim)
+    with pytest.raises(LabkitError, match="already exists"):
+        classroom.check_private_target(link)                         # nor through a planted link
+    classroom.write_private(link, "handout")                         # the hub's files: the link replaced
+    assert victim.read_text() == "root's own file" and not link.is_symlink()
+    assert link.read_text() == "handout" and stat.S_IMODE(link.stat().st_mode) == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)                                             # /tmp's kind of folder
+    with pytest.raises(LabkitError, match="only you may write"):
+        classroom.check_private_target(shared / "room.json")
+    from labkit.tools.nbtools import NOTEBOOKS
+    with pytest.raises(LabkitError, match="inside the workbook's folder"):
+        classroom.check_private_target(NOTEBOOKS.parent / "classroom-test.json")
+    monkeypatch.setenv("LABKIT_STATE_DIR", str(tmp_path / "state"))
+    default = classroom.default_out("training")
+    assert default.parent == tmp_path / "state" and stat.S_IMODE(default.parent.stat().st_mode) == 0o700
+    classroom.check_private_target(default)                          # the default place is fine
+
+
+def test_other_databases_a_trainee_may_reach_are_named_and_closed_by_the_revoke_shown(db, room):
+    (a, _), _ = room
+    other = "claimlab_other_" + os.urandom(3).hex()
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{other}"')
+    try:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            assert other in classroom.other_databases(conn, a.role)
+        lines = classroom.describe_room(db.dsn, [a])
+        revoke = f'REVOKE CONNECT, TEMPORARY ON DATABASE "{other}" FROM PUBLIC;'
+        assert any(revoke in line for line in lines)
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(revoke)
+            assert other not in classroom.other_databases(conn, a.role)
+        from psycopg.conninfo import make_conninfo
+        with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+            psycopg.connect(make_conninfo(a.dsn, dbname=other)).close()
+    finally:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+
+
+def test_drop_refuses_to_take_an_administrators_view_with_the_room(db, room):
+    (a, _), _ = room
+    lab_a = as_trainee(a, db, "classroom_view")
+    lab_a.create_jobs(1)
+    schema = lab_a.schema
+    lab_a.close()                                         # drop ends the trainees' sessions
+    view = f"public.claimlab_watch_{os.urandom(3).hex()}"
+    try:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE VIEW {view} AS SELECT id FROM {schema}.job")
+        with pytest.raises(LabkitError, match="depend on what trainees own.*claimlab_watch"):
+            classroom.drop(db.dsn)
+        with psycopg.connect(db.dsn) as conn:              # the view, the roles: all still there
+            assert conn.execute(f"SELECT count(*) FROM {view}").fetchone() == (1,)
+        assert len(_classroom_roles(db.dsn)) == 2
+    finally:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP VIEW IF EXISTS {view}")
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_schema_made_in_a_trainees_name_by_another_is_named_not_misreported(db, room):
+    (a, b), _ = room
+    lab_a = Lab.open(Database(a.dsn, "dsn", a.name, db.version_num, db.version), "classroom_squat",
+                     user=a.name, reset=False)
+    squatted = lab_a.schema
+    with psycopg.connect(b.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{squatted}"')              # B makes A's lab schema first
+    try:
+        with pytest.raises(LabkitError, match=f"made by the role '{b.role}', not by you"):
+            lab_a.reset()
+    finally:
+        lab_a.close()
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{squatted}" CASCADE')
 
 
 def test_status_names_the_lab_even_when_a_long_user_name_cut_the_schema_name(db, room):

@@ -11,6 +11,7 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -259,6 +260,7 @@ def test_the_spawner_hands_each_trainee_their_own_dsn_only(room_users, tmp_path)
     assert env["LABKIT_DSN"] == "postgresql://claimlab_trainee02:pwtrainee02@db/training"
     assert env["HOME"] == str(hub.HOMES / "claimlab-trainee02") and env["USER"] == "claimlab-trainee02"
     assert env["LABKIT_MYSQL_DSN"] == "off"
+    assert env["LABKIT_CLASSROOM"] == "1"        # what labkit keeps for trusted users refuses a trainee
     embedded = hub.make_spawner_class(hub.Room("embedded", 2, 8123, "/opt/claimlab/bin"), folder)
     assert "LABKIT_DSN" not in embedded(user=SimpleNamespace(name="trainee01", url="/user/trainee01/",
                                                              escaped_name="trainee01")).user_env({})
@@ -286,3 +288,29 @@ def test_the_isolation_probe_fails_when_a_home_is_open(room_users, tmp_path):
     assert reach(entries[0], entries[1]) == ""
     os.chmod(entries[1].pw_dir, 0o755)
     assert "reached home of another trainee" in reach(entries[0], entries[1])
+
+
+def test_a_shared_room_on_a_server_that_trusts_this_host_is_refused(db, tmp_path, monkeypatch):
+    """`make hub MODE=shared` on a server that lets roles in without their password: refused,
+    naming the fix, before a role or a user is made (CI's servers trust this host)."""
+    from labkit.tools import classroom
+    import psycopg
+
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        trusted = classroom.who_gets_in_without_a_password(conn, db.dsn)
+    monkeypatch.setattr(hub, "preflight", lambda: Path(sys.executable).parent)
+    monkeypatch.setattr(hub, "proxy_command", lambda folder: ["true"])
+    made_users = []
+    monkeypatch.setattr(hub, "ensure_user", lambda name, bin_dir=None: made_users.append(name))
+    if not trusted:                      # a server of your own that asks for passwords: the room is made
+        try:
+            hub.prepare(trainees=2, mode="shared", port=8124, dsn=db.dsn, folder=tmp_path / "room", quiet=True)
+            assert made_users == ["trainee01", "trainee02"]
+        finally:
+            classroom.drop(db.dsn)
+        return
+    with pytest.raises(LabkitError, match="--unsafe-trusting-server"):
+        hub.prepare(trainees=2, mode="shared", port=8124, dsn=db.dsn, folder=tmp_path / "room", quiet=True)
+    assert made_users == []
+    with psycopg.connect(db.dsn) as conn:
+        assert classroom.roles(conn) == []

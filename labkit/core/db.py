@@ -35,6 +35,25 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.I)
 _URI_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.I)
 
 
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """What the server stores for a SCRAM-SHA-256 password (RFC 5803's form).  Sent in
+    ``CREATE ROLE ... PASSWORD`` instead of the password, it keeps the password itself out of
+    the server's statement log and pg_stat_statements."""
+    import base64
+    import hmac
+
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
 def redact(dsn: str) -> str:
     """A DSN safe to print: whatever could be a password is replaced by ***.
 

@@ -167,11 +167,32 @@ class Lab:
                 "run `labkit doctor` to find it, end it, and run the cell again.",
             ) from None
         except psycopg.errors.InsufficientPrivilege:
+            owner = self._foreign_owner()
+            if owner is not None:
+                raise LabkitError(
+                    f"The schema {self.schema} carries your name but was made by the role "
+                    f"{owner!r}, not by you ({self.admin.info.user!r}): on a shared server, "
+                    "someone made it before you did.",
+                    f"ask the presenter to drop it (`DROP SCHEMA {self.schema} CASCADE`, as the "
+                    "server's administrator); meanwhile set LABKIT_USER to another name to work "
+                    "in a schema of another name.",
+                ) from None
             raise LabkitError(
                 f"The database user may not create the schema {self.schema}.",
                 "ask the server's owner for `GRANT CREATE ON DATABASE <db> TO <you>`.",
             ) from None
         return self
+
+    def _foreign_owner(self) -> str | None:
+        """The role that owns this lab's schema when it is not ours (nor one we belong to)."""
+        try:
+            row = self.admin.execute(
+                "SELECT pg_catalog.pg_get_userbyid(n.nspowner), "
+                "       pg_catalog.pg_has_role(n.nspowner, 'USAGE') "
+                "  FROM pg_catalog.pg_namespace n WHERE n.nspname = %s", (self.schema,)).fetchone()
+        except psycopg.Error:
+            return None
+        return row[0] if row and not row[1] else None
 
     def drop(self) -> None:
         self.close_connections()

@@ -12,10 +12,22 @@ SELECT r.rolname
 
 -- name: create_role
 -- A trainee: may log in, and nothing else of its own (no superuser, no new databases or
--- roles, no replication, no row-level-security bypass).
-CREATE ROLE {role} LOGIN PASSWORD {password}
+-- roles, no replication, no row-level-security bypass), with a share of the server's
+-- connections. The password is given as its SCRAM verifier, so the statement's text (in a
+-- server log, or pg_stat_statements) does not hold the password.
+CREATE ROLE {role} LOGIN PASSWORD {verifier}
   NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS
-  CONNECTION LIMIT 40;
+  CONNECTION LIMIT {connections};
+
+-- name: connection_budget
+-- The connections left for trainees: the server's max_connections less those reserved for
+-- superusers (and, from PostgreSQL 16, for pg_use_reserved_connections) and ten for the
+-- administrator and other users; and whether this role is a superuser.
+SELECT greatest(0, current_setting('max_connections')::int
+                   - current_setting('superuser_reserved_connections')::int
+                   - coalesce(current_setting('reserved_connections', true)::int, 0)
+                   - 10),
+       (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user);
 
 -- name: grant
 -- What the labs need: connect, and create schemas of their own (lab_<notebook>_<user>),
@@ -62,3 +74,27 @@ SELECT a.pid, a.usename, a.state, pg_catalog.pg_terminate_backend(a.pid)
 SELECT a.usename, a.pid
   FROM pg_catalog.pg_stat_activity a
  WHERE a.usename = ANY(%(roles)s);
+
+-- name: other_databases
+-- The server's other databases a role may connect to (through PUBLIC's CONNECT, unless the
+-- database's owner revoked it).
+SELECT d.datname
+  FROM pg_catalog.pg_database d
+ WHERE d.datallowconn AND d.datname <> %(here)s
+   AND pg_catalog.has_database_privilege(%(role)s, d.oid, 'CONNECT')
+ ORDER BY d.datname;
+
+-- name: dependants_outside
+-- Objects owned by someone outside the classroom that depend on an object a trainee owns
+-- (an administrator's view over a trainee's table): DROP OWNED ... CASCADE would drop them.
+SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0),
+       pg_catalog.pg_get_userbyid(c.relowner),
+       pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0)
+  FROM pg_catalog.pg_depend d
+  JOIN pg_catalog.pg_rewrite w ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND w.oid = d.objid
+  JOIN pg_catalog.pg_class c ON c.oid = w.ev_class
+  JOIN pg_catalog.pg_class t ON d.refclassid = 'pg_catalog.pg_class'::regclass AND t.oid = d.refobjid
+ WHERE t.relowner IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = ANY(%(roles)s))
+   AND c.relowner NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = ANY(%(roles)s))
+   AND c.oid <> t.oid
+ ORDER BY 1;

@@ -7,6 +7,14 @@ drop it, and a role that is not a superuser may end only its own sessions.  Each
 DSN is printed and written to a file only its owner can read (0600); the presenter hands
 them out (``LABKIT_DSN=...`` per trainee).
 
+Before it makes a role, ``create`` checks that the server asks for a password from here: on a
+server that trusts this host (``trust`` in pg_hba.conf), any trainee could log in as any role,
+the administrator's included, so ``create`` refuses unless told the server is out of the
+trainees' reach (``--unsafe-trusting-server``).  Each role is limited: a connection limit
+that leaves room for the whole class, statement and idle-in-transaction timeouts, a default
+``work_mem``, and (where the administrator may set it) ``temp_file_limit``.  The passwords
+reach the server only as SCRAM verifiers, never in the text of a statement.
+
 ``status`` shows each trainee's progress (lab schemas, the one rebuilt last, sessions open,
 sessions idle inside a transaction); ``clean`` ends trainees' sessions idle in a transaction
 for a minute or more (``--idle-seconds``; ``--all``: every trainee session); ``drop`` ends
@@ -21,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +38,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ..core.db import hide, redact, scrub
+from ..core.db import hide, redact, scram_verifier, scrub
 from ..core.errors import LabkitError
 from ..core.lab import schema_name
 from ..core.limits import number
@@ -78,9 +87,14 @@ def roles(conn: psycopg.Connection) -> list[str]:
     return [r[0] for r in conn.execute(query(SQL, "roles").sql, {"like": like, "mark": MARK}).fetchall()]
 
 
-def create(admin_dsn: str, trainees: int, *, out: Path | None = None) -> list[Trainee]:
-    """One login role per trainee; their DSNs, also written to ``out`` (mode 0600)."""
+def create(admin_dsn: str, trainees: int, *, out: Path | None = None,
+           trust_ok: bool = False) -> list[Trainee]:
+    """One login role per trainee; their DSNs, also written to ``out`` (mode 0600, a new file
+    in a folder the caller owns).  Refused on a server that lets a role in without its
+    password, unless ``trust_ok``."""
     number("trainees", trainees, low=1, high=MAX_TRAINEES, whole=True, example=8)
+    if out is not None:
+        check_private_target(out)
     with _admin(admin_dsn) as conn:
         existing = roles(conn)
         if existing:
@@ -88,6 +102,19 @@ def create(admin_dsn: str, trainees: int, *, out: Path | None = None) -> list[Tr
                               f"{existing[0]} ...).",
                               "run `labkit classroom drop --dsn ADMIN_DSN` first, or keep using it "
                               "(`labkit classroom status`).")
+        trusted = who_gets_in_without_a_password(conn, admin_dsn)
+        if trusted and not trust_ok:
+            raise LabkitError(
+                f"This server lets {', '.join(trusted)} log in from here with a wrong password: "
+                "its pg_hba.conf trusts these connections, so any trainee could log in as any "
+                "role, the administrator's included, read every trainee's labs and, as a "
+                "superuser, run programs on the server.",
+                "in pg_hba.conf change the method of the lines that match the trainees' "
+                "connections from trust to scram-sha-256 (as a superuser, `SELECT line_number, "
+                "type, database, user_name, address, auth_method FROM pg_hba_file_rules` lists "
+                "them), run `SELECT pg_reload_conf()`, and run this again. Only for a server no "
+                "trainee can reach: pass --unsafe-trusting-server.")
+        limits = role_limits(conn, trainees)
         database = conn.info.dbname
         made: list[Trainee] = []
         with conn.transaction():          # all the roles, or none
@@ -96,27 +123,155 @@ def create(admin_dsn: str, trainees: int, *, out: Path | None = None) -> list[Tr
                 role = PREFIX + name
                 password = secrets.token_urlsafe(12)
                 conn.execute(sql.SQL(query(SQL, "create_role").sql).format(
-                    role=sql.Identifier(role), password=sql.Literal(password)))
+                    role=sql.Identifier(role), verifier=sql.Literal(scram_verifier(password)),
+                    connections=sql.Literal(limits.connections)))
                 conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(role), sql.Literal(MARK)))
                 conn.execute(sql.SQL(query(SQL, "grant").sql).format(
                     database=sql.Identifier(database), role=sql.Identifier(role)))
+                for setting, value in limits.settings.items():
+                    conn.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                        sql.Identifier(role), sql.Identifier(setting), sql.Literal(value)))
                 made.append(Trainee(name, role, make_conninfo(admin_dsn, user=role, password=password)))
-    if out is not None:
-        write_dsns(out, made)
+        if out is not None:
+            try:
+                write_dsns(out, made)
+            except (OSError, LabkitError) as exc:
+                _drop_roles(conn, [t.role for t in made])
+                raise LabkitError(f"Could not write the trainees' DSNs to {out} ({exc}); the roles "
+                                  "just made were dropped again.",
+                                  "pass --out with a new file in a folder you own.") from None
     return made
 
 
+@dataclass
+class Limits:
+    connections: int                 # each trainee's CONNECTION LIMIT
+    settings: dict[str, str]         # ALTER ROLE ... SET: defaults, and temp_file_limit where it may be set
+    needed: int                      # connections the busiest notebook opens
+    skipped: list[str]               # settings this administrator may not set
+
+
+# The busiest notebook (02, the convoy) runs 32 workers beside its own sessions.
+CONNECTIONS_NEEDED = 36
+TRAINEE_SETTINGS = {
+    "statement_timeout": "5min",                      # no statement runs on for ever
+    "idle_in_transaction_session_timeout": "5min",    # a forgotten open transaction ends
+    "work_mem": "16MB",                               # the default; a trainee may still SET it
+    "temp_file_limit": "1GB",                         # superuser-only: a trainee cannot raise it
+}
+
+
+def role_limits(conn: psycopg.Connection, trainees: int) -> Limits:
+    """A connection limit per trainee that leaves room for the whole class (and for the
+    administrator), and the role settings this administrator may give."""
+    row = conn.execute(query(SQL, "connection_budget").sql).fetchone()
+    free = row[0]
+    per = max(1, min(CONNECTIONS_NEEDED + 4, free // trainees))
+    settings = dict(TRAINEE_SETTINGS)
+    skipped = []
+    may_set = row[1] or (conn.info.server_version >= 150000 and conn.execute(
+        "SELECT pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')").fetchone()[0])
+    if not may_set:                   # temp_file_limit is set by a superuser (or one granted SET on it)
+        settings.pop("temp_file_limit")
+        skipped.append("temp_file_limit")
+    return Limits(per, settings, CONNECTIONS_NEEDED, skipped)
+
+
+def who_gets_in_without_a_password(conn: psycopg.Connection, admin_dsn: str) -> list[str]:
+    """The roles that log in from here with a wrong password: a throw-away role made for the
+    probe (as a trainee's would be), the administrator, and ``postgres``.  Empty on a server
+    that asks for passwords."""
+    probe = f"{PREFIX}probe_{secrets.token_hex(4)}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOINHERIT PASSWORD {}").format(
+        sql.Identifier(probe), sql.Literal(scram_verifier(secrets.token_urlsafe(16)))))
+    try:
+        conn.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(sql.Identifier(probe), sql.Literal(MARK)))
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            sql.Identifier(conn.info.dbname), sql.Identifier(probe)))
+        who = []
+        for user in dict.fromkeys([probe, conn.info.user, "postgres"]):
+            if _logs_in_with_a_wrong_password(admin_dsn, user):
+                who.append("a trainee's role" if user == probe else repr(user))
+        return who
+    finally:
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(
+            sql.Identifier(conn.info.dbname), sql.Identifier(probe)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(probe)))
+
+
+def _logs_in_with_a_wrong_password(dsn: str, user: str) -> bool:
+    wrong = make_conninfo(dsn, user=user, password=secrets.token_urlsafe(12))
+    try:
+        psycopg.connect(wrong, connect_timeout=10).close()
+    except psycopg.OperationalError:
+        return False                  # refused: a wrong password, or no such role, or not from here
+    return True
+
+
+def other_databases(conn: psycopg.Connection, role: str) -> list[str]:
+    """The other databases of the server that ``role`` may connect to (PUBLIC keeps CONNECT
+    on a database unless its owner revokes it)."""
+    return [r[0] for r in conn.execute(query(SQL, "other_databases").sql,
+                                       {"role": role, "here": conn.info.dbname}).fetchall()]
+
+
 def write_dsns(path: Path, trainees: list[Trainee]) -> None:
-    """The trainees' DSNs as JSON, in a file only its owner may read or write."""
-    write_private(path, json.dumps(as_json(trainees), indent=1))
+    """The trainees' DSNs as JSON, in a new file only its owner may read or write."""
+    write_private(path, json.dumps(as_json(trainees), indent=1), new=True)
 
 
-def write_private(path: Path, text: str) -> None:
-    """``text`` in a file only its owner may read or write (passwords, DSNs)."""
-    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)              # an existing file keeps its mode on open: set it
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+def check_private_target(path: Path, *, new: bool = True) -> None:
+    """Refuse a place for a file of passwords that another user could read or swap: a folder
+    not ours or open for others to write, the workbook's own folder (a clone is shared and
+    copied), or (``new``) a file already there."""
+    from .nbtools import NOTEBOOKS
+
+    path = Path(path).absolute()
+    folder = path.parent
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        raise LabkitError(f"The folder {folder} does not exist.",
+                          "create it (mode 0700), or pass --out with a file in a folder you own.") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LabkitError(f"{folder} is not a folder of yours that only you may write: a file of "
+                          "passwords there could be read or replaced by another user.",
+                          "pass --out with a file in a folder you own and no one else may write "
+                          "(mode 0700, e.g. a new folder in your home).")
+    workbook = NOTEBOOKS.parent.resolve()
+    if path.resolve() == workbook or workbook in path.resolve().parents:
+        raise LabkitError(f"{path} is inside the workbook's folder ({workbook}), which is cloned, "
+                          "copied to every trainee and shown by git status.",
+                          "pass --out with a file in a folder of yours outside the workbook.")
+    if new and os.path.lexists(path):
+        raise LabkitError(f"{path} already exists; labkit never writes passwords over a file.",
+                          "remove it (or move it away), or pass --out with a new file name.")
+
+
+def write_private(path: Path, text: str, *, new: bool = False) -> None:
+    """``text`` in a file only its owner may read or write (passwords, DSNs), never written
+    through a link or into a file another user made: it goes to a new file beside ``path``
+    (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0600) that then takes ``path``'s name.  With ``new``,
+    ``path`` must not exist yet."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    if new:
+        fd = os.open(path, flags, 0o600)
+        target = None
+    else:
+        target = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        fd = os.open(target, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(target or path)
+        raise
+    if target is not None:
+        os.replace(target, path)      # replaces a link planted at path, never writes through it
 
 
 def as_json(trainees: list[Trainee]) -> dict:
@@ -173,23 +328,36 @@ def clean(admin_dsn: str, *, every_one: bool = False, idle_s: float = IDLE_S) ->
 
 
 def drop(admin_dsn: str) -> list[str]:
-    """End every trainee session, drop what the trainees own in this database, and the roles."""
+    """End every trainee session, drop what the trainees own in this database, and the roles.
+    Refused, naming them, when objects of someone else's depend on what a trainee owns (an
+    administrator's view over a trainee's table): those are never dropped with the room."""
     with _admin(admin_dsn) as conn:
         names = roles(conn)
         if not names:
             return []
         conn.execute(query(SQL, "end_sessions").sql, {"roles": names, "every_one": True, "idle_s": 0.0}).fetchall()
-        for role in names:
-            try:
-                with conn.transaction():
-                    conn.execute(sql.SQL("DROP OWNED BY {} CASCADE").format(sql.Identifier(role)))
-                    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-            except psycopg.errors.DependentObjectsStillReferenced as exc:
-                raise LabkitError(f"The role {role} still owns objects in another database "
-                                  f"({exc.diag.message_detail or exc}).",
-                                  "run `labkit classroom drop` with a DSN for that database too, then "
-                                  "again for this one.") from None
+        outside = conn.execute(query(SQL, "dependants_outside").sql, {"roles": names}).fetchall()
+        if outside:
+            listed = "; ".join(f"{what} (owned by {owner}) depends on {on}" for what, owner, on in outside[:5])
+            raise LabkitError(f"Objects outside the classroom depend on what trainees own: {listed}"
+                              f"{' ...' if len(outside) > 5 else ''}. Dropping the room would drop them too.",
+                              "drop or change those objects first (they are not the room's), then run "
+                              "`labkit classroom drop` again.")
+        _drop_roles(conn, names)
     return names
+
+
+def _drop_roles(conn: psycopg.Connection, names: list[str]) -> None:
+    idents = sql.SQL(", ").join(sql.Identifier(r) for r in names)
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(idents))      # RESTRICT: nothing beyond the room
+            conn.execute(sql.SQL("DROP ROLE {}").format(idents))
+    except psycopg.errors.DependentObjectsStillReferenced as exc:
+        raise LabkitError(f"A trainee's role still owns objects, or objects depend on them "
+                          f"({exc.diag.message_detail or exc}).",
+                          "if they are in another database, run `labkit classroom drop` with a DSN for "
+                          "that database too, then again for this one.") from None
 
 
 def asks_for_passwords(trainee: Trainee) -> bool | None:
@@ -206,24 +374,66 @@ def asks_for_passwords(trainee: Trainee) -> bool | None:
     return False
 
 
+def default_out(database: str) -> Path:
+    """Where ``create`` writes the DSNs when not told: a new file in labkit's per-user state
+    folder (made 0700), never the current folder."""
+    import time
+
+    from ..core.files import state_dir
+
+    folder = state_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return folder / f"classroom-{re.sub(r'[^A-Za-z0-9_.-]', '_', database)}-{stamp}.json"
+
+
+def describe_room(admin_dsn: str, made: list[Trainee]) -> list[str]:
+    """What each trainee's role may use, read back from the server: its connection limit and
+    settings, the other databases it may connect to, and whether passwords are asked."""
+    lines = []
+    with _admin(admin_dsn) as conn:
+        limit, config = conn.execute("SELECT rolconnlimit, rolconfig FROM pg_catalog.pg_roles "
+                                     "WHERE rolname = %s", (made[0].role,)).fetchone()
+        budget = conn.execute(query(SQL, "connection_budget").sql).fetchone()[0]
+        lines.append(f"each trainee: at most {limit} connections (the room's share of the "
+                     f"{budget} left for it); {', '.join(config or [])}")
+        if limit < CONNECTIONS_NEEDED:
+            lines.append(f"WARNING: notebook 02's sweep opens {CONNECTIONS_NEEDED} connections: with "
+                         f"{limit} a trainee's larger runs there are refused. For all of it, raise "
+                         f"max_connections to about {CONNECTIONS_NEEDED * len(made) + 20} (and restart).")
+        if "temp_file_limit" not in " ".join(config or []):
+            lines.append("temp_file_limit not set: only a superuser (or a role granted SET on it) may "
+                         "set it for the trainees.")
+        others = other_databases(conn, made[0].role)
+        if others:
+            lines.append(f"trainees may also connect to: {', '.join(others)} (PUBLIC has CONNECT there). "
+                         "To close them: " + " ".join(f"REVOKE CONNECT, TEMPORARY ON DATABASE "
+                                                      f"{sql.Identifier(d).as_string(conn)} FROM PUBLIC;"
+                                                      for d in others))
+    if asks_for_passwords(made[0]) is False:
+        lines.append(TRUST_WARNING)
+    return lines
+
+
 TRUST_WARNING = ("WARNING: this server let a trainee's role in with a wrong password: its "
                  "pg_hba.conf trusts connections from here, so any trainee can log in as any "
-                 "other. Use scram-sha-256 for the trainees' roles (pg_hba.conf) before the "
-                 "room logs in.")
+                 "role. Use it only where no trainee can reach it; otherwise use scram-sha-256 "
+                 "for the trainees' connections (pg_hba.conf) before the room logs in.")
 
 
 # -- the command ------------------------------------------------------------------------------
 
 def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None,
                       out: Path | None = None, as_json_output: bool = False, every_one: bool = False,
-                      idle_s: float = IDLE_S) -> int:
+                      idle_s: float = IDLE_S, unsafe_trusting_server: bool = False) -> int:
     dsn = dsn or os.environ.get("LABKIT_DSN", "")
     if what == "create":
         if trainees is None:
             raise LabkitError("labkit classroom create needs the number of trainees.",
                               "pass --trainees 8, for instance.")
-        out = out or Path(f"classroom-{conninfo_to_dict(dsn).get('dbname') or 'db'}.json")
-        made = create(dsn, trainees, out=out)
+        if out is None:
+            out = default_out(conninfo_to_dict(dsn).get("dbname") or "db")
+        made = create(dsn, trainees, out=out, trust_ok=unsafe_trusting_server)
         if as_json_output:
             print(json.dumps(as_json(made), indent=1))
         else:
@@ -232,8 +442,8 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
                 print(f"{t.name:<{width}}  LABKIT_DSN='{t.dsn}'")
         print(f"{len(made)} trainee role(s); their DSNs (passwords included: hand each one to its "
               f"trainee only) are in {out} (mode 0600)", file=sys.stderr)
-        if asks_for_passwords(made[0]) is False:
-            print(TRUST_WARNING, file=sys.stderr)
+        for line in describe_room(dsn, made):
+            print(line, file=sys.stderr)
         return 0
     if what == "status":
         rows = status(dsn)

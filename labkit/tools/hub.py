@@ -345,6 +345,7 @@ def make_spawner_class(room: Room, folder: Path):
             entry = self._entry()
             env.update(user_env(entry, room.bin))
             env["LABKIT_MYSQL_DSN"] = "off"       # the appendix's server is not the room's
+            env["LABKIT_CLASSROOM"] = "1"         # a trainee's session: labkit refuses what is for trusted users
             if room.mode == "shared":
                 dsns = {t["name"]: t["dsn"] for t in
                         json.loads((folder / room.dsn_file).read_text())["trainees"]}
@@ -417,7 +418,8 @@ def configure(c, folder: Path | None = None) -> None:
 # -- setting up, starting and cleaning the room ---------------------------------------------
 
 def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = None,
-            folder: Path | None = None, quiet: bool = False) -> tuple[Room, Path]:
+            folder: Path | None = None, quiet: bool = False,
+            trust_ok: bool = False) -> tuple[Room, Path]:
     number("trainees", trainees, low=1, high=MAX_TRAINEES, whole=True, example=12)
     number("port", port, low=1024, high=65535, whole=True, example=8000)
     if mode not in MODES:
@@ -434,7 +436,10 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     classroom.write_private(folder / room.handout_file, handout(room, passwords))
     if mode == "shared":
         dsn = dsn or os.environ.get("LABKIT_DSN", "")
-        made = classroom.create(dsn, trainees, out=folder / room.dsn_file)
+        dsn_file = folder / room.dsn_file
+        if dsn_file.exists() or dsn_file.is_symlink():
+            dsn_file.unlink()                  # a room made before and not cleaned: its roles are refused below
+        made = classroom.create(dsn, trainees, out=dsn_file, trust_ok=trust_ok)
         classroom.write_private(folder / room.admin_dsn_file, dsn + "\n")
         room.extra["passwords_checked"] = classroom.asks_for_passwords(made[0])
         if not quiet:
@@ -447,7 +452,7 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     return room, folder
 
 
-def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
+def start(*, trainees: int, mode: str, port: int, dsn: str | None, trust_ok: bool = False) -> int:
     """``labkit hub start``: set the room up and run JupyterHub in the foreground."""
     folder = hub_dir()
     if (folder / "room.json").exists():
@@ -464,7 +469,7 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None) -> int:
         for name in room.names:
             ensure_user(name, room.bin)
     else:
-        room, folder = prepare(trainees=trainees, mode=mode, port=port, dsn=dsn)
+        room, folder = prepare(trainees=trainees, mode=mode, port=port, dsn=dsn, trust_ok=trust_ok)
     print(f"Claim Lab hub: http://{_address()}:{room.port}/  ({room.trainees} trainees, "
           f"{'each with an embedded PostgreSQL' if room.mode == 'embedded' else 'one shared PostgreSQL'})")
     print(f"  each trainee's name and password, and the presenter's, are on the handout: "
