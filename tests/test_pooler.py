@@ -78,6 +78,9 @@ def test_transaction_pooling_breaks_session_state_but_not_claim_mark_commit(lab,
     assert s["b_sees"] == "4321ms" != s["server_default"]
     assert s["set_local_inside"] == "4321ms" and s["set_local_leaked"] is False
     assert s["b_sees_after_set_local"] == s["server_default"]
+    tz = s["tracked"]                       # a parameter PgBouncer tracks follows its client
+    assert tz["leaked"] is False and tz["b_sees"] == tz["server_default"] != tz["a_set"]
+    assert tz["kept_for_a"] is True and tz["a_sees_after_b"] == tz["a_set"]
 
     a = r["advisory_lock"]
     assert a["a_backend_pid"] == a["b_backend_pid"] == pid

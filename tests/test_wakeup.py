@@ -56,6 +56,15 @@ def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
     assert backends_gone(db, f"labkit:{lab.schema}:wake-%") == []
 
 
+def test_the_shape_the_notebook_asserts_fails_when_the_wake_up_saves_nothing():
+    ok = dict(notify_latency_ms_p50=1.5, poll_latency_ms_p50=180.0, poll_latency_ms_p99=420.0,
+              poll_ms=400)
+    holds, seen = wk.saves(ok)
+    assert holds is True and "1.5 ms notified against 180 ms polling" in seen
+    assert wk.saves({**ok, "notify_latency_ms_p50": 40.0})[0] is False     # not 5x shorter
+    assert wk.saves({**ok, "poll_latency_ms_p99": 700.0})[0] is False      # a poll waited too long
+
+
 def test_the_worker_claims_every_job_from_the_table_in_both_modes(lab):
     for mode in wk.MODES:
         r = wk.latency(lab, jobs=5, poll_ms=50, safety_poll_ms=2000, mode=mode)

@@ -11,7 +11,12 @@ time, in a scripted order (with a bigger pool the same things happen, just not e
 * claim-mark-commit works: two clients claim with ``FOR UPDATE SKIP LOCKED`` and mark done
   in one transaction; every job is done exactly once.  While A's transaction is open, B's
   waits *in PgBouncer* (``cl_waiting`` in ``SHOW POOLS``), not in the server;
-* a plain ``SET`` leaks to the next client (``SET LOCAL`` does not);
+* a plain ``SET`` leaks to the next client (``SET LOCAL`` does not), unless PgBouncer
+  tracks the parameter: it keeps ``client_encoding``, ``DateStyle``, ``TimeZone``,
+  ``standard_conforming_strings`` and ``application_name`` per client (and, with
+  ``track_extra_parameters``, others the server reports to the client) and sets the
+  client's own value on the server connection whenever the client becomes active.
+  ``statement_timeout`` is not one of them: A's leaks to B, A's ``TimeZone`` does not;
 * a session-level advisory lock stays on the server connection: another client takes it
   again and can release it (``pg_advisory_xact_lock`` does not misbehave);
 * ``LISTEN`` lands on a server connection that goes back to the pool: the notification
@@ -73,6 +78,7 @@ DB_ENTRY = "labkit"          # the [databases] entry clients name as their dbnam
 # write: no other pooler or server can hold that name there, so any port number is free.
 PORT = 6432
 SETTING = "4321ms"           # what client A sets; what client B must not see
+TRACKED_SETTING = "Pacific/Chatham"   # A's TimeZone: a parameter PgBouncer tracks per client
 LEASE_S = 30
 MAX_JOBS = 1000
 MAX_WAIT_S = 10.0
@@ -604,9 +610,14 @@ def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Conn
 
 def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> dict:
     default = _one(b, "show")
+    tracked_default = _one(b, "show_tracked")
     a.execute(_q("session_set"))                    # autocommit: outside any transaction
+    a.execute(_q("session_set_tracked"))            # the server reports it; PgBouncer notes it as A's
     a_pid, b_pid = _pid(a), _pid(b)
     b_sees = _one(b, "show")
+    b_sees_tracked = _one(b, "show_tracked")        # PgBouncer set B's own value back first
+    a_sees_tracked = _one(a, "show_tracked")        # and A's again when A came back
+    a.execute(_q("reset_tracked"))
     b.execute(_q("reset"))                          # B "repairs" it -- for everyone
     with a.transaction():
         a.execute(_q("set_local"))
@@ -616,7 +627,12 @@ def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> dict:
     return {"leaked": b_sees == SETTING, "server_default": default, "a_set": SETTING,
             "b_sees": b_sees, "a_backend_pid": a_pid, "b_backend_pid": b_pid,
             "set_local_inside": inside, "b_sees_after_set_local": b_after_local,
-            "set_local_leaked": b_after_local == SETTING, "set_local_backend_pid": local_pid}
+            "set_local_leaked": b_after_local == SETTING, "set_local_backend_pid": local_pid,
+            "tracked": {"parameter": "TimeZone", "server_default": tracked_default,
+                        "a_set": TRACKED_SETTING, "b_sees": b_sees_tracked,
+                        "a_sees_after_b": a_sees_tracked,
+                        "leaked": b_sees_tracked == TRACKED_SETTING,
+                        "kept_for_a": a_sees_tracked == TRACKED_SETTING}}
 
 
 def _advisory(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
@@ -768,6 +784,9 @@ def report(r: dict) -> str:
         f"  plain SET leaked:            {yes[r['session_set_leaked']]:3}  A: SET statement_timeout = "
         f"'{s['a_set']}'; B: SHOW statement_timeout -> {s['b_sees']} (SET LOCAL leaked: "
         f"{yes[s['set_local_leaked']]}, B saw {s['b_sees_after_set_local']})",
+        f"  tracked SET leaked:          {yes[s['tracked']['leaked']]:3}  A: SET TimeZone = "
+        f"'{s['tracked']['a_set']}'; B: SHOW TimeZone -> {s['tracked']['b_sees']}; "
+        f"A again -> {s['tracked']['a_sees_after_b']}",
         f"  session advisory lock broke: {yes[r['advisory_lock_misbehaved']]:3}  A locked {a['key']} "
         f"(held by pid {a['held_by_after_a']}); B: pg_try_advisory_lock -> {a['b_try_lock']}, "
         f"two unlocks -> {a['b_unlocks']}, now held by {a['held_by_after_b_unlocks'] or 'nobody'} "

@@ -60,6 +60,20 @@ SHOW statement_timeout;
 -- Back to the server's default.
 RESET statement_timeout;
 
+-- name: session_set_tracked
+-- A plain SET of a parameter PgBouncer tracks per client (one the server reports back to
+-- the client: client_encoding, DateStyle, TimeZone, standard_conforming_strings,
+-- application_name).
+SET TimeZone = 'Pacific/Chatham';
+
+-- name: show_tracked
+-- The tracked parameter as this client's session sees it.
+SHOW TimeZone;
+
+-- name: reset_tracked
+-- The tracked parameter back to the server's default.
+RESET TimeZone;
+
 -- name: set_local
 -- SET LOCAL: it lasts until the end of the transaction.
 SET LOCAL statement_timeout = '4321ms';
