@@ -216,6 +216,17 @@ def test_the_convoy_reports_the_same_keys_and_counts_deadlock_victims(mylab):
 
 
 @pytest.mark.needs_mysql
+def test_one_point_again_runs_under_the_level_asked_and_puts_the_labs_level_back(mylab):
+    mylab.isolation = "READ COMMITTED"
+    row = engines.convoy_point(mylab, "wait", 4, isolation="REPEATABLE READ", job_ms=20, seconds=0.5)
+    assert (row["policy"], row["workers"]) == ("wait", 4) and row["jobs"] > 0
+    assert row["deadlocks"] > 0                      # a claim queued behind a finishing job, under RR
+    assert mylab.isolation == "READ COMMITTED"
+    with pytest.raises(Exception, match="not one of the levels"):
+        engines.convoy_point(mylab, "wait", 4, isolation="SERIALIZABLE")
+
+
+@pytest.mark.needs_mysql
 def test_convoy_command_on_the_engine_gives_json_with_the_postgresql_keys(server):
     done = run_labkit("convoy", "--engine", server.engine, "--workers", "1,2", "--policies", "skip",
                       "--seconds", "0.3", "--format", "json", "--no-progress")

@@ -7,13 +7,15 @@ The scenes script :class:`~labkit.core.mysessions.MySessions` on a lab database
   the claim's index, under REPEATABLE READ or READ COMMITTED;
 * :func:`finish_scene` -- two workers holding different jobs, one finishing first;
 * :func:`convoy_side_by_side` -- the convoy sweep on PostgreSQL and on the MySQL-compatible
-  server under both isolation levels, in one run, as one table.
+  server under both isolation levels, in one run, as one table; :func:`convoy_point` -- one
+  of its points measured again (a timed shape's second look).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core.errors import LabkitError
 from ..core.mysessions import MySessions
 from ..core.mysql import MyLab
 from ..core.queries import queries
@@ -97,3 +99,22 @@ def convoy_side_by_side(pg: Lab, my: MyLab, workers=(1, 4, 16), policies=("wait"
     finally:
         my.isolation = saved
     return pd.concat(parts, ignore_index=True)
+
+
+def convoy_point(lab: Lab | MyLab, policy: str, workers: int, *, isolation: str | None = None,
+                 job_ms: float = 20, seconds: float = 1.0) -> dict[str, Any]:
+    """One point of :func:`convoy_side_by_side` run again: ``policy`` at ``workers`` on
+    PostgreSQL (``lab`` a :class:`~labkit.core.lab.Lab`) or on the MySQL-compatible server
+    under ``isolation`` (one of ``LEVELS``).  Returns the sweep's row as a dict (``jobs_per_s``,
+    ``efficiency``, ``deadlocks``...)."""
+    if not isinstance(lab, MyLab):
+        return convoy.sweep(lab, (workers,), (policy,), job_ms=job_ms, seconds=seconds).iloc[0].to_dict()
+    if isolation not in LEVELS:
+        raise LabkitError(f"isolation={isolation!r} is not one of the levels the sweep runs.",
+                          f"pass one of {', '.join(LEVELS)}.")
+    saved = lab.isolation
+    try:
+        lab.isolation = isolation
+        return convoy.sweep(lab, (workers,), (policy,), job_ms=job_ms, seconds=seconds).iloc[0].to_dict()
+    finally:
+        lab.isolation = saved
