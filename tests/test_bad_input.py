@@ -190,6 +190,9 @@ BAD_NUMBERS = {
     "drill mock --minutes 0": (["drill", "mock", "--minutes", "0"], "--minutes"),
     "drill mock --minutes nan": (["drill", "mock", "--minutes", "nan"], "--minutes"),
     "drill mock --minutes inf": (["drill", "mock", "--minutes", "inf"], "--minutes"),
+    "doctor --idle-seconds nan": (["doctor", "--idle-seconds", "nan"], "--idle-seconds"),
+    "clean --idle-seconds inf": (["clean", "--idle-seconds", "inf"], "--idle-seconds"),
+    "clean --idle-seconds -1": (["clean", "--idle-seconds", "-1"], "--idle-seconds"),
     "classroom create --trainees 0": (["classroom", "create", "--trainees", "0"], "trainees"),
     "classroom create --trainees 10**6": (["classroom", "create", "--trainees", str(10**6)], "trainees"),
 }

@@ -118,6 +118,61 @@ def test_root_follows_no_link_planted_by_the_server_user(scratch_server, scratch
     assert not scratch_server.pgdata.exists()
 
 
+def test_a_link_planted_as_the_lock_file_is_refused_never_followed(scratch_server, scratch_root):
+    """The lock file sits beside the data folder: a link planted there would make labkit
+    (root, say) create or truncate the file it points to."""
+    victim = scratch_root / "victim.txt"
+    victim.write_text("someone's file\n")
+    lock = Path(str(scratch_server.data_dir) + ".lock")
+    lock.symlink_to(victim)
+    with pytest.raises(ServerError, match="is a link: labkit does not follow it"):
+        scratch_server.start()
+    assert victim.read_text() == "someone's file\n" and lock.is_symlink()
+    lock.unlink()
+    assert scratch_server.start().running                   # a real lock file: fine
+
+
+def test_a_fifo_planted_as_postmaster_pid_does_not_hang_status(scratch_server):
+    scratch_server.start()
+    scratch_server.stop()
+    pidfile = scratch_server.pgdata / "postmaster.pid"
+    if pidfile.exists():
+        pidfile.unlink()
+    os.mkfifo(pidfile)
+    try:
+        started = time.monotonic()
+        out = _cli("server", "status")
+        assert time.monotonic() - started < 20
+        assert out.returncode == 3 and "stopped" in out.stdout.lower(), out.stdout + out.stderr
+    finally:
+        pidfile.unlink()
+
+
+def test_a_server_that_will_not_stop_fast_is_stopped_immediately(scratch_server, monkeypatch):
+    """A backend frozen by SIGSTOP never answers a fast shutdown: stop gives up on it after
+    FAST_STOP_S and stops the server immediately, instead of waiting a minute for a traceback."""
+    import signal
+
+    scratch_server.start()
+    conn = psycopg.connect(scratch_server.url(), autocommit=True)
+    backend = conn.info.backend_pid
+    os.kill(backend, signal.SIGSTOP)
+    monkeypatch.setattr(type(scratch_server), "FAST_STOP_S", 2)
+    try:
+        started = time.monotonic()
+        status = scratch_server.stop()
+        took = time.monotonic() - started
+        assert not status.running and scratch_server._pid() is None
+        assert took < 40, took
+        assert not psutil.pid_exists(backend) or psutil.Process(backend).status() == psutil.STATUS_ZOMBIE
+    finally:
+        try:
+            os.kill(backend, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        conn.close()
+
+
 def test_the_state_file_is_replaced_never_written_through(scratch_server, scratch_root):
     victim = scratch_root / "victim.txt"
     victim.write_text("keep me")
@@ -295,6 +350,64 @@ def test_two_database_roles_of_one_login_get_schemas_of_their_own(monkeypatch):
         monkeypatch.setenv("LABKIT_DSN", f"postgresql://{role}@127.0.0.1:5432/test")
         schemas.add(labkit.schema_name("01_one_lock"))
     assert len(schemas) == 2
+
+
+def test_clean_never_ends_another_roles_sessions_even_as_a_superuser(db):
+    """`labkit clean` run by a superuser ends its own leftovers only: another role's session
+    idle in a transaction (its name says labkit) is that role's business."""
+    other = f"labkit_bystander_{os.getpid()}"
+    with db.connect() as conn:
+        conn.execute(f"CREATE ROLE {other} LOGIN")
+    mine = bystander = None
+    try:
+        bystander = psycopg.connect(psycopg.conninfo.make_conninfo(db.dsn, user=other),
+                                    application_name="labkit:lab_x_bystander:worker")
+        bystander.execute("SELECT 1")                         # idle in a transaction from now
+        mine = psycopg.connect(db.dsn, application_name="labkit:lab_x_mine:worker")
+        mine.execute("SELECT 1")
+        time.sleep(1.2)
+        out = _cli("clean", "--idle-seconds", "1")
+        assert out.returncode == 0 and "ended 1 labkit session(s)" in out.stdout, out.stdout + out.stderr
+        assert bystander.execute("SELECT 2").fetchone() == (2,)      # untouched
+        with pytest.raises(psycopg.OperationalError):
+            mine.execute("SELECT 2")
+    finally:
+        for conn in (mine, bystander):
+            if conn is not None:
+                conn.close()
+        with db.connect() as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {other}")
+
+
+def test_clean_schemas_keeps_a_schema_a_run_is_using_and_doctor_names_a_killed_runs(db, monkeypatch):
+    """`labkit clean --schemas` in one terminal does not drop the schema of a run going on in
+    another; `labkit doctor` names the schema a killed run left (its process is gone)."""
+    monkeypatch.setenv("LABKIT_USER", f"runner{os.getpid()}")
+    busy = Lab.open(db, "trace_busy_1")
+    dead_pid = subprocess.Popen(["true"])
+    dead_pid.wait()
+    killed = Lab.open(db, f"trace_killed_{dead_pid.pid}")
+    killed.create_jobs(1)
+    killed.close()
+    worker = busy.connect(role="worker")
+    try:
+        busy.create_jobs(2)
+        worker.execute("BEGIN")
+        worker.execute("SELECT id FROM job FOR UPDATE")                    # a run mid-claim
+        doctor = _cli("doctor")
+        assert killed.schema in doctor.stdout and "left by runs that were killed" in doctor.stdout
+        assert busy.schema not in doctor.stdout.split("left by runs that were killed")[1].split("\n")[0]
+        out = _cli("clean", "--schemas")
+        assert out.returncode == 0, out.stderr
+        assert f"kept 1 lab schema(s) a running notebook or command is using ({busy.schema})" in out.stdout
+        with db.connect() as conn:
+            left = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
+                                               ([busy.schema, killed.schema],)).fetchall()}
+        assert left == {busy.schema}
+        worker.rollback()
+    finally:
+        worker.close()
+        busy.drop()
 
 
 def test_one_users_reset_never_ends_anothers_sessions(db):

@@ -43,12 +43,12 @@ import shutil
 import socket
 import stat
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-from filelock import FileLock, Timeout
 
 from .errors import ServerError
 
@@ -118,8 +118,104 @@ def home_short(path: Path | str) -> str:
 
 # -- files root writes or reads, never through a link -------------------------------------------
 
+class Timeout(Exception):
+    """The lock on a data directory was not free within the time given."""
+
+
+class DataDirLock:
+    """One start, stop or reset at a time across processes, on ``<data dir>.lock``.
+
+    The lock file sits beside the data directory, in a folder another user may be able to
+    write: it is opened without following a link (a link planted there would otherwise make
+    root create or truncate the file it points to) and must be a regular file of ours.
+    Re-entrant within a process, as the server's own methods nest."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = None
+        self._depth = 0
+        self._mutex = threading.RLock()
+
+    def acquire(self, timeout: float = 60) -> "contextlib.AbstractContextManager[None]":
+        """Take the lock; the returned object releases it at the end of a ``with`` block."""
+        import fcntl
+
+        deadline = time.monotonic() + timeout
+        if not self._mutex.acquire(timeout=max(timeout, 0)):
+            raise Timeout(self.path)
+        try:
+            if self._depth == 0:
+                fd = self._open()
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            os.close(fd)
+                            raise Timeout(self.path) from None
+                        time.sleep(0.05)
+                self._fd = fd
+            self._depth += 1
+        except BaseException:
+            self._mutex.release()
+            raise
+        return _Releasing(self)
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ServerError(f"{self.path} is a link: labkit does not follow it.",
+                                  "remove the link (someone else may have planted it), or set "
+                                  "LABKIT_DATA_DIR to a folder in a place only you may write.") from None
+            raise ServerError(f"Cannot write labkit's lock file {self.path} ({exc.strerror}).",
+                              "set LABKIT_DATA_DIR to a folder you may write to (labkit creates it), "
+                              "or make its parent folder writable for you.") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise ServerError(f"{self.path} is not a regular file of yours, so labkit will not use "
+                              "it as its lock.",
+                              "remove it, or set LABKIT_DATA_DIR to a folder in a place only you may write.")
+        return fd
+
+    def release(self) -> None:
+        import fcntl
+
+        with self._mutex:
+            self._depth -= 1
+            if self._depth == 0 and self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                os.close(self._fd)
+                self._fd = None
+        self._mutex.release()
+
+    def __enter__(self) -> "DataDirLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class _Releasing(contextlib.AbstractContextManager):
+    def __init__(self, lock: DataDirLock):
+        self.lock = lock
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
 def _read_nofollow(path: Path, limit: int = 1 << 20) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    """A small file's text, never through a link and never blocking: a FIFO or a device
+    planted in its place is refused as an OSError, as a missing file would be."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(limit).decode("utf-8", "replace")
@@ -174,7 +270,7 @@ class EmbeddedServer:
         self.hba_file = self.data_dir / "pg_hba.conf"
         self.state_file = self.data_dir / "labkit-server.json"
         self.log_file = self.run_dir / "server.log"
-        self._lock = FileLock(str(self.data_dir) + ".lock")
+        self._lock = DataDirLock(str(self.data_dir) + ".lock")
 
     def __repr__(self) -> str:
         return f"EmbeddedServer({home_short(self.data_dir)!r})"
@@ -594,14 +690,32 @@ class EmbeddedServer:
             time.sleep(0.02)
         return self.status()
 
+    FAST_STOP_S = 20      # a fast shutdown that takes longer than this is given up for an immediate one
+
     def stop(self, timeout: float = 60) -> Status:
+        """Stop the server: a fast shutdown (sessions ended, a checkpoint written); when that
+        has not finished within FAST_STOP_S, an immediate one (the server's processes quit
+        at once, and the next start recovers from the WAL, as after a crash)."""
         with self._lock.acquire(timeout=timeout):
             if self._pid() is not None:
-                proc = self._run([str(self._server_bin() / "pg_ctl"), "-D", str(self.pgdata),
-                                  "-m", "fast", "-w", "stop"], timeout=timeout)
-                if proc.returncode != 0 and self._pid() is not None:
-                    raise ServerError(f"pg_ctl stop failed: {proc.stderr.strip()}",
-                                      f"stop the process {self._pid()} by hand.")
+                pg_ctl = [str(self._server_bin() / "pg_ctl"), "-D", str(self.pgdata)]
+                wait = min(self.FAST_STOP_S, timeout)
+                try:
+                    proc = self._run([*pg_ctl, "-m", "fast", "-w", "-t", f"{wait:.0f}", "stop"],
+                                     timeout=wait + 10)
+                except subprocess.TimeoutExpired:
+                    proc = None
+                if (proc is None or proc.returncode != 0) and self._pid() is not None:
+                    try:
+                        proc = self._run([*pg_ctl, "-m", "immediate", "-w", "-t", "20", "stop"], timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc = None
+                if self._pid() is not None:
+                    raise ServerError(
+                        "The embedded server did not stop, neither by a fast nor by an immediate "
+                        f"shutdown{': ' + proc.stderr.strip() if proc is not None and proc.stderr.strip() else ''}.",
+                        f"stop its process {self._pid()} by hand (`kill -QUIT {self._pid()}`), then "
+                        "run `labkit server status`.")
             elif self.pgdata.is_dir():
                 # A postmaster.pid naming a process that is not this server (a reused pid,
                 # a zombie) is stale: nothing to stop, and nothing of anyone else's killed.

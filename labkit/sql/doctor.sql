@@ -16,6 +16,32 @@ SELECT pid, application_name, state,
    AND state_change < clock_timestamp() - make_interval(secs => %(idle)s)
  ORDER BY pid;
 
+-- name: my_leftovers
+-- The same, of this database user only: `labkit clean` ends its own leftovers, and a
+-- superuser's never ends another role's sessions.
+SELECT pid
+  FROM pg_stat_activity a
+ WHERE application_name LIKE 'labkit:%%'
+   AND pid <> pg_backend_pid()
+   AND usename = current_user
+   AND state IN ('idle in transaction', 'idle in transaction (aborted)')
+   AND state_change < clock_timestamp() - make_interval(secs => %(idle)s)
+ ORDER BY pid;
+
+-- name: schemas_in_use
+-- Which of these lab schemas a session is working in right now (its application_name is
+-- labkit:<schema>:<role>, or it has locks on the schema's tables): a run in another terminal.
+SELECT DISTINCT n.nspname
+  FROM pg_namespace n
+ WHERE n.nspname = ANY(%(schemas)s)
+   AND (EXISTS (SELECT 1 FROM pg_stat_activity a
+                 WHERE a.pid <> pg_backend_pid()
+                   AND (a.application_name = left('labkit:' || n.nspname, 63)
+                        OR left(a.application_name, least(63, 8 + length(n.nspname)))
+                           = left('labkit:' || n.nspname || ':', 63)))
+        OR EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                    WHERE c.relnamespace = n.oid AND l.pid <> pg_backend_pid()));
+
 -- name: my_sessions
 -- Every labkit session of this database user but this one (`labkit clean --all`).
 SELECT pid
