@@ -7,7 +7,8 @@
   trace delivers in commit order without reading or updating the outbox, the slot's WAL
   grows while the consumer is down and falls once it has read, two consumers on one slot
   split the stream, and the slot is gone afterwards -- also after Ctrl-C, including
-  Ctrl-C in the middle of a read that holds the slot.
+  Ctrl-C in the middle of a read that holds the slot.  A reader that asks for streaming
+  of in-progress transactions gets a large open transaction's changes before its end.
 """
 
 import json
@@ -213,6 +214,26 @@ def test_the_outbox_read_from_the_wal_in_commit_order_and_what_the_slot_costs(lo
     assert s["a_missed"] == 4 and s["b_missed"] == 4
     # and the slot is gone
     assert r["slot_left"] is False and _slots(db, "lab_cdc_full") == []
+
+
+def test_a_reader_that_asks_for_streaming_gets_an_open_transaction_that_then_aborts(logical_server):
+    lab = Lab.open(logical_server, "cdc_stream")
+    try:
+        r = cdc.streaming_trace(lab, events=500)
+        assert _slots(logical_server, lab.schema) == []
+    finally:
+        lab.drop()
+    # the plain read: nothing of a transaction that has not committed, nor of one that aborted
+    assert r["whole_while_open"] == 0 and r["whole_after_rollback"] == 0
+    # the streaming read: its changes, in blocks, before its end -- and it then aborted
+    s = r["streamed_while_open"]
+    assert s["opening"] >= 1 and s["opening"] == s["closing"] and s["other"] == 0
+    assert 0 < s["change"] <= r["events"]
+    assert all(f"TXN {r['xid']}" in line for line in r["streamed_sample"])
+    assert r["status"] == "aborted" and r["work_mem"] == "64kB"
+    # what a new subscription asks pgoutput for: streaming by default from PostgreSQL 18
+    v = logical_server.version_num
+    assert r["subscription_streaming_default"] == ("p" if v >= 180000 else "f" if v >= 160000 else "false")
 
 
 class _CtrlC(cdc.ListBroker):

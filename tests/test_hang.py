@@ -79,6 +79,9 @@ def test_a_hung_broker_holds_only_the_unbounded_relays_transaction(lab, db, kind
     else:
         assert b["in_force"]["transaction_timeout"] is None
     assert b["in_force"]["idle_in_transaction_session_timeout"] == "2s"
+    # SET LOCAL: after the relay's COMMIT the server is back on the session's own bounds
+    assert b["after_commit"] == b["session"] != b["in_force"]
+    assert b["session"]["idle_in_transaction_session_timeout"] != "2s"
     assert [x["t_s"] for x in r["timeline"]] == sorted(x["t_s"] for x in r["timeline"])
     json.dumps(r)
     _nothing_left(db, lab, before, kind)

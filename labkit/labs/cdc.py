@@ -23,6 +23,10 @@ What it shows (:func:`cdc_trace`, every figure read back from the server or the 
   ``max_slot_wal_keep_size`` (PostgreSQL 13+) or ``idle_replication_slot_timeout`` (18+)
   gives up the slot first.
 
+:func:`streaming_trace` shows the exception to "whole transactions, at their commit": a
+reader that asks for streaming of in-progress transactions (PostgreSQL 14 and later) gets a
+large open transaction's changes before its end -- here one that then rolls back.
+
 The slot is named after the lab's schema and dropped at the end of every run, also on an
 error or an interrupt: a forgotten slot keeps WAL for ever.
 """
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import psycopg
+import psycopg.sql
 
 from ..core.db import Guards
 from ..core.errors import LabkitError
@@ -642,6 +647,77 @@ def _relay_comparison(lab: Lab) -> dict:
     ids = dict(_outbox_read(lab, "SELECT event_id, id FROM outbox"))
     return {"published": len(lb.messages), "outbox_scans": scans, "rows_updated": updated,
             "publish_order_ids": [ids[ev] for ev, _ in lb.messages]}
+
+
+STREAM_WORK_MEM = "64kB"         # the smallest logical_decoding_work_mem the server takes
+STREAM_EVENTS = 500              # one transaction's events: well over 64 kB once decoded
+FLUSH_WAIT_S = 5                 # a commit flushes the WAL at once; this is only a bound
+
+
+def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
+    """Logical decoding with streaming of in-progress transactions asked for (PostgreSQL 14
+    and later).  A producer writes ``events`` outbox rows in one transaction and leaves it
+    open; the consumer, its ``logical_decoding_work_mem`` at 64 kB, peeks at the lab's slot
+    twice: as every other read of this lab does (cdc.sql ``peek_xid``), and asking
+    test_decoding to stream (``peek_streaming``).  Then the producer rolls back and the
+    consumer peeks once more, without streaming.
+
+    Returns ``events``, ``xid`` (the producer's), ``whole_while_open`` (lines of its
+    transaction the plain read returned while it was open), ``streamed_while_open`` (lines
+    the streaming read returned, counted by kind: ``opening``, ``change``, ``closing``,
+    ``other``), ``whole_after_rollback``, ``status`` (pg_xact_status at the end) and
+    ``subscription_streaming_default`` (:func:`subscription_streaming_default`)."""
+    number("events", events, low=1, high=10_000, whole=True, example=STREAM_EVENTS)
+    relay.create_outbox(lab)
+    with lab_slot(lab) as slot:
+        with lab.connect(role="cdc-producer") as producer, \
+                lab.connect(role="cdc-consumer", guards=READ_GUARDS) as consumer:
+            consumer.execute(_q("decoding_work_mem"), {"mem": STREAM_WORK_MEM})
+            producer.execute("BEGIN")
+            producer.execute(_q("bulk_events"), {"n": events})
+            xid, lsn = producer.execute(_q("producer_xid")).fetchone()
+            consumer.execute(_q("flush_wal"))
+            deadline = time.monotonic() + FLUSH_WAIT_S
+            while not consumer.execute(_q("flushed"), {"lsn": lsn}).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise LabkitError(f"The server did not flush the producer's WAL to disk within "
+                                      f"{FLUSH_WAIT_S} s of a commit, so the slot could not decode it.",
+                                      "run the cell again; if it keeps failing, check the server's "
+                                      "synchronous_commit (`SHOW synchronous_commit`: on, by default).")
+                time.sleep(0.02)
+            at = {"slot": slot, "xid": xid}
+            whole_open = [r[0] for r in consumer.execute(_q("peek_xid"), at).fetchall()]
+            streamed = [r[0] for r in consumer.execute(_q("peek_streaming"), at).fetchall()]
+            producer.execute("ROLLBACK")
+            whole_after = [r[0] for r in consumer.execute(_q("peek_xid"), at).fetchall()]
+            status = consumer.execute(_q("xact_status"), {"xid": xid}).fetchone()[0]
+    kinds = {"opening": 0, "change": 0, "closing": 0, "other": 0}
+    for line in streamed:
+        kind = ("opening" if line.startswith("opening a streamed block") else
+                "change" if line.startswith("streaming change") else
+                "closing" if line.startswith("closing a streamed block") else "other")
+        kinds[kind] += 1
+    return {"events": events, "xid": xid, "work_mem": STREAM_WORK_MEM,
+            "whole_while_open": len(whole_open), "streamed_while_open": kinds,
+            "streamed_sample": streamed[:2] + streamed[-1:],
+            "whole_after_rollback": len(whole_after), "status": status,
+            "subscription_streaming_default": subscription_streaming_default(lab)}
+
+
+def subscription_streaming_default(lab: Lab) -> str | None:
+    """What a new subscription on this server asks pgoutput for by default: ``"f"`` (no
+    streaming), ``"t"`` or ``"p"`` (streaming; p: applied in parallel), as pg_subscription
+    shows it (``"false"``/``"true"`` before PostgreSQL 16).  Read from a subscription created
+    without connecting, in a transaction rolled back; None if this user may not create one."""
+    name = slot_name(lab) + "_sub"
+    with lab.connect(role="cdc-probe", autocommit=False) as conn:
+        try:
+            conn.execute(psycopg.sql.SQL(_q("subscription_probe")).format(name=psycopg.sql.Identifier(name)))
+            return conn.execute(_q("subscription_streaming"), {"name": name}).fetchone()[0]
+        except psycopg.errors.InsufficientPrivilege:
+            return None
+        finally:
+            conn.rollback()
 
 
 # -- command line: labkit trace cdc ------------------------------------------------------------------

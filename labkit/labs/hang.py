@@ -242,6 +242,8 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
     ctx.pause("ready")
     backstop_ms = f"{round(2 * deadline_s * 1000)}ms"
     whole = conn.info.server_version >= 170000
+    if bounded:     # the session's own bounds, before any transaction sets the backstop
+        ctx.emit("session_settings", settings=list(conn.execute(_sql("backstop_in_force")).fetchone()))
     healthy, first_claim, committed = True, True, 0
     try:
         while not committed:
@@ -288,6 +290,8 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
                 conn.execute(relay.MARK, {"ids": [r[0] for r in rows]})
                 conn.execute("COMMIT")
                 committed = len(rows)
+                if bounded:     # after a COMMIT (a ROLLBACK would undo even a plain SET)
+                    ctx.emit("after_commit", settings=list(conn.execute(_sql("backstop_in_force")).fetchone()))
             except (PublishTimedOut, DeadlinePassed, BrokerDown) as exc:
                 conn.execute("ROLLBACK")
                 outcome, why, healthy = "rolled back", str(exc), False
@@ -525,7 +529,9 @@ def broker_hang_trace(lab: Lab, *, hang_s: float = 3.0, publish_timeout_s: float
     ``duplicates_after_recovery_*`` and ``duplicated_events`` (from the messages the consumer
     received), ``lost`` (events marked published that the consumer never got: 0),
     ``consumer_applied``, ``orders_applied_twice``, ``broker``, ``hang`` (how the hang was
-    made), ``server_backstop`` and ``timeline`` (what happened, seconds from the hang's start)."""
+    made), ``server_backstop`` (its settings as the bounded relay's session read them before
+    its first transaction, ``session``; inside it, ``in_force``; and right after its COMMIT,
+    ``after_commit``) and ``timeline`` (what happened, seconds from the hang's start)."""
     check_params(hang_s=hang_s, publish_timeout_s=publish_timeout_s, deadline_s=deadline_s,
                  orders=orders, broker=broker)
     with brokers.used_by(lab, broker) as bk:
@@ -615,6 +621,9 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
     timeouts = [e for e in ev["bounded"] if e["kind"] == "publish_timeout"]
     probes = [e for e in ev["bounded"] if e["kind"] == "probe"]
     settings = next((e["settings"] for e in ev["bounded"] if e["kind"] == "backstop"), [None] * 3)
+    session, after = (next((e["settings"] for e in ev["bounded"] if e["kind"] == kind), [None] * 3)
+                      for kind in ("session_settings", "after_commit"))
+    names = ["statement_timeout", "idle_in_transaction_session_timeout", "transaction_timeout"]
     for kind in KINDS:
         for e in ev[kind]:
             what = {"transaction": lambda e: f"{e['outcome'].upper()} after {e['seconds']:.2f} s",
@@ -655,8 +664,9 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
                         ["statement_timeout", "idle_in_transaction_session_timeout"],
             "seconds": 2 * deadline_s,
             "bounds": "the whole transaction" if whole else "each statement and each idle gap, not their sum",
-            "in_force": dict(zip(["statement_timeout", "idle_in_transaction_session_timeout",
-                                  "transaction_timeout"], settings)),
+            "in_force": dict(zip(names, settings)),
+            "session": dict(zip(names, session)),
+            "after_commit": dict(zip(names, after)),
         },
         "timeline": timeline,
     }

@@ -10,7 +10,8 @@ relay's claim and mark are :mod:`labkit.labs.relay`'s.
   of new events (the visibility map lets it skip the history's pages, and with few pages
   to clean it may skip the index pass).  What **does** grow: the table and its other
   indexes on disk; VACUUM's index pass, which reads every page of every index whenever it
-  runs; and autovacuum's trigger (``threshold + scale_factor x rows``), so dead row
+  runs (a plain VACUUM bypasses it while fewer than 2 % of the pages hold dead items); and
+  autovacuum's trigger (``threshold + scale_factor x rows``), so dead row
   versions -- and dead entries in the partial index -- pile up longer between runs.
 * :func:`delete_way` (way out A): delete old published rows in batches with ``FOR UPDATE
   SKIP LOCKED``; it writes WAL for every row and leaves every row behind as a dead row
@@ -136,6 +137,7 @@ _REMOVED = re.compile(r"tuples: (\d+) removed")
 _DEAD_ITEMS = re.compile(r"(\d+) dead item identifiers")
 _BUFFERS = re.compile(r"buffer usage: (\d+) hits, (\d+) (?:misses|reads), (\d+) dirtied")
 _WAL = re.compile(r"WAL usage: (\d+) records, (\d+) full page images, (\d+) bytes")
+_INDEX_SCAN = re.compile(r"index scan (needed|bypassed|not needed): (\d+) pages from table")
 
 
 def vacuum(lab: Lab, options: str = "VERBOSE") -> dict[str, int | float]:
@@ -144,9 +146,13 @@ def vacuum(lab: Lab, options: str = "VERBOSE") -> dict[str, int | float]:
     15 and later), summed over partitions: ``pages_total``, ``pages_scanned`` (pages it read;
     the visibility map lets it skip the rest), ``index_scans`` (index passes: each reads
     every page of every index), ``removed`` (dead row versions it removed), ``dead_items``
-    (dead item identifiers it found: one per deleted or replaced row version), ``buffers``
-    (hits + reads), ``wal_bytes`` (its own WAL) and ``ms`` (its wall time).  Waits first
-    until no other transaction can still see what it is to remove."""
+    (dead item identifiers it found: one per deleted or replaced row version),
+    ``dead_item_pages`` (heap pages holding them), ``bypassed`` (tables whose index pass it
+    skipped: with INDEX_CLEANUP AUTO, the default and autovacuum's, it skips the pass when
+    fewer than 2 % of the table's pages hold dead items -- they stay, for a later VACUUM --
+    and reports "index scan bypassed"), ``buffers`` (hits + reads), ``wal_bytes`` (its own
+    WAL) and ``ms`` (its wall time).  Waits first until no other transaction can still see
+    what it is to remove."""
     options = ", ".join(["VERBOSE", "PARALLEL 0"] + [o.strip() for o in options.split(",")
                                                       if o.strip() and o.strip().upper() != "VERBOSE"])
     wait_for_horizon(lab)
@@ -174,6 +180,8 @@ def vacuum(lab: Lab, options: str = "VERBOSE") -> dict[str, int | float]:
         "index_scans": sum(int(n) for n in _INDEX_SCANS.findall(text)),
         "removed": sum(int(n) for n in _REMOVED.findall(text)),
         "dead_items": sum(int(n) for n in _DEAD_ITEMS.findall(text)),
+        "dead_item_pages": sum(int(n) for _, n in _INDEX_SCAN.findall(text)),
+        "bypassed": sum(1 for verdict, _ in _INDEX_SCAN.findall(text) if verdict == "bypassed"),
         "buffers": sum(int(h) + int(r) for h, r, _ in _BUFFERS.findall(text)),
         "wal_bytes": sum(int(b) for _, _, b in _WAL.findall(text)),
         "ms": round(ms, 2),
@@ -253,9 +261,12 @@ def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> lis
     ``sizes`` published rows (written already published: the lab's shortcut for a history
     the relay worked through), always with a few unpublished ones.  At each size, after a
     VACUUM (ANALYZE) that brings it to a steady state: the relay publishes ``tick`` events
-    and a plain VACUUM runs (``vacuum_*``); it publishes ``tick`` more and a VACUUM with
-    INDEX_CLEANUP ON runs (``index_pass_*``: the pass autovacuum makes once enough pages
-    hold dead rows); then the claim is measured (``claim_buffers``, ``claim_ms``).  Also
+    and a plain VACUUM runs (``vacuum_*``; ``vacuum_index_scans`` is 0 when it bypassed
+    the index pass, which it does while fewer than 2 % of the pages hold dead items);
+    it publishes ``tick`` more and a VACUUM with INDEX_CLEANUP ON runs (``index_pass_*``:
+    the pass forced, as a plain VACUUM or autovacuum makes it once enough pages hold dead
+    rows; ``index_pass_dead_items`` counts the dead items it removed, a bypassed VACUUM's
+    included); then the claim is measured (``claim_buffers``, ``claim_ms``).  Also
     ``table_bytes``, ``index_bytes``, ``partial_index_bytes``, ``total_bytes`` and
     ``autovacuum_after`` (dead row versions autovacuum would wait for)."""
     check_params(sizes=sizes)
@@ -281,9 +292,10 @@ def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> lis
                "claim_buffers": claim["buffers"], "claim_ms": claim["ms"], "claim_rows": claim["rows"],
                "vacuum_pages_scanned": plain["pages_scanned"], "vacuum_pages_total": plain["pages_total"],
                "vacuum_index_scans": plain["index_scans"], "vacuum_buffers": plain["buffers"],
+               "vacuum_dead_item_pages": plain["dead_item_pages"], "vacuum_bypassed": plain["bypassed"],
                "vacuum_ms": plain["ms"],
                "index_pass_buffers": full["buffers"], "index_pass_ms": full["ms"],
-               "index_pass_scans": full["index_scans"],
+               "index_pass_scans": full["index_scans"], "index_pass_dead_items": full["dead_items"],
                "autovacuum_after": int(lab.execute(_q("autovacuum_after"))[0][0])}
         out.append(row)
     return out

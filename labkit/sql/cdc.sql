@@ -9,7 +9,8 @@
 --   table lab_x.outbox: INSERT: id[bigint]:3 event_id[text]:'evt-0003' ... published_at[...]:null
 --   COMMIT 1234
 -- A transaction's lines come out when it commits, one transaction after another, in the
--- order the transactions committed.
+-- order the transactions committed -- unless the reader asks for streaming of in-progress
+-- transactions (PostgreSQL 14 and later; peek_streaming below).
 
 -- name: prerequisites
 -- What a logical slot needs, checked before anything is created: wal_level (and, from
@@ -173,3 +174,64 @@ SELECT current_setting('max_slot_wal_keep_size'),
        current_setting('idle_replication_slot_timeout', true),    -- NULL before 18
        current_setting('max_wal_size'),
        current_setting('max_replication_slots')::int;
+
+-- name: bulk_events
+-- One producer transaction that writes %(n)s events at once (a bulk import, a backfill):
+-- their decoded changes outgrow a small logical_decoding_work_mem.
+INSERT INTO outbox (event_id, aggregate, payload)
+SELECT format('bulk-%%s', g), 'order-bulk', jsonb_build_object('line', g, 'note', repeat('x', 100))
+  FROM generate_series(1, %(n)s) AS g;
+
+-- name: producer_xid
+-- The producer's transaction id, as the slot's xid column shows it, and where its last
+-- change went into the WAL.
+SELECT pg_current_xact_id()::xid::text, pg_current_wal_insert_lsn()::text;
+
+-- name: flush_wal
+-- A slot is decoded only up to the WAL flushed to disk, and an open transaction's changes
+-- may wait in memory for a while. Another transaction's commit flushes the WAL up to its
+-- commit record, theirs included: this one writes one record, a logical message (the slot
+-- shows it under its own xid), and commits.
+SELECT pg_logical_emit_message(true, 'labkit', 'flush')::text;
+
+-- name: flushed
+-- Whether the WAL is flushed up to %(lsn)s.
+SELECT pg_current_wal_flush_lsn() >= %(lsn)s::pg_lsn;
+
+-- name: decoding_work_mem
+-- For this session's decoding only: the memory the changes of in-progress transactions may
+-- take before the decoder spills them to disk -- or, if the reader asked for it, streams them.
+SELECT set_config('logical_decoding_work_mem', %(mem)s, false);
+
+-- name: peek_xid
+-- The slot's lines for one transaction, read as every other read here: committed
+-- transactions only, each when its COMMIT is decoded.
+SELECT data
+  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '1')
+ WHERE xid = %(xid)s::xid;
+
+-- name: peek_streaming
+-- The same, asking test_decoding to stream in-progress transactions ('stream-changes'):
+-- once one transaction's decoded changes outgrow logical_decoding_work_mem, they are handed
+-- out before its COMMIT, in blocks ("opening a streamed block ...", "streaming change ...",
+-- "closing a streamed block ..."). pgoutput's option is 'streaming'.
+SELECT data
+  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '1',
+                                    'stream-changes', '1')
+ WHERE xid = %(xid)s::xid;
+
+-- name: xact_status
+-- What became of the producer's transaction: committed, aborted or in progress.
+SELECT pg_xact_status(%(xid)s::xid8);
+
+-- name: subscription_probe
+-- A subscription made only to read its defaults: WITH (connect = false) it connects to
+-- nothing and creates no slot, and the caller rolls it back.
+CREATE SUBSCRIPTION {name} CONNECTION 'dbname=labkit_none' PUBLICATION labkit_none
+  WITH (connect = false);
+
+-- name: subscription_streaming
+-- Whether that subscription asks pgoutput to stream in-progress transactions
+-- (pg_subscription.substream: f off, t on, p parallel; a boolean before PostgreSQL 16).
+SELECT substream::text FROM pg_subscription WHERE subname = %(name)s;
+
