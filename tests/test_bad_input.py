@@ -251,6 +251,15 @@ BAD_AMQP_URLS = [
 ]
 
 
+def test_the_rabbitmq_queue_name_owes_nothing_to_the_servers_password():
+    from labkit.labs.broker import queue_name
+
+    one = queue_name("lab_06_outbox_ann", f"postgresql://ann:{AMQP_SECRET}@db.example/training")
+    two = queue_name("lab_06_outbox_ann", "postgresql://ann:another@db.example/training")
+    elsewhere = queue_name("lab_06_outbox_ann", f"postgresql://ann:{AMQP_SECRET}@db2.example/training")
+    assert one == two != elsewhere and one.startswith("labkit.lab_06_outbox_ann.")
+
+
 @pytest.mark.parametrize("url", BAD_AMQP_URLS)
 def test_a_broken_amqp_url_never_shows_its_password(url):
     redacted = brokers._redact_amqp(url)

@@ -11,6 +11,7 @@ import os
 import pwd
 import stat
 import subprocess
+import time
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -314,3 +315,75 @@ def test_a_shared_room_on_a_server_that_trusts_this_host_is_refused(db, tmp_path
     assert made_users == []
     with psycopg.connect(db.dsn) as conn:
         assert classroom.roles(conn) == []
+
+
+@needs_root
+def test_an_empty_hub_folder_given_is_closed_then_given_back_and_a_full_one_is_refused(tmp_path):
+    given = tmp_path / "given"
+    given.mkdir(mode=0o755)
+    os.chown(given, 65534, 65534)
+    hub.room_folder(given)
+    st = os.stat(given)
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    hub.give_back(given)
+    st = os.stat(given)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o755, 65534)
+    assert not (given / hub.HUB_MARK).exists()
+    full = tmp_path / "full"
+    full.mkdir(mode=0o755)
+    (full / "notes.txt").write_text("someone's")
+    with pytest.raises(LabkitError, match="holds files the hub did not put there"):
+        hub.room_folder(full)
+    assert stat.S_IMODE(os.stat(full).st_mode) == 0o755          # never closed up
+    made = hub.room_folder(tmp_path / "new")
+    hub.give_back(made)                                          # made by the hub: stays private
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
+@needs_root
+def test_a_removed_trainees_files_in_shared_folders_go_and_no_one_elses(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir(mode=0o1777)
+    theirs, folder, link = shared / "kernel.tmp", shared / "lk-pgb-x", shared / "planted"
+    mine = shared / "roots.txt"
+    mine.write_text("root's")
+    theirs.write_text("a trainee's")
+    folder.mkdir()
+    (folder / "pgbouncer.log").write_text("log")
+    link.symlink_to(mine)
+    for path in (theirs, folder, folder / "pgbouncer.log", link):
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    removed = hub.remove_files_of(65534, folders=(shared,))
+    assert sorted(removed) == sorted([theirs, folder, link])
+    assert mine.read_text() == "root's" and sorted(os.listdir(shared)) == ["roots.txt"]
+
+
+@needs_root
+def test_a_trainees_server_starts_inside_its_limits(tmp_path):
+    from labkit.tools import oslimits
+
+    name = f"lktest{os.getpid()}"
+    where = oslimits.prepare(name)
+    try:
+        child = subprocess.Popen(["sleep", "30"], preexec_fn=lambda: oslimits.join(where))
+        try:
+            limits = Path(f"/proc/{child.pid}/limits").read_text()
+            assert any(line.startswith("Max processes") and f" {oslimits.PIDS} " in f" {line} "
+                       for line in limits.splitlines())
+            if where.limited:                    # this machine's control groups can be written
+                assert child.pid in oslimits.members(where)
+                groups = Path(f"/proc/{child.pid}/cgroup").read_text()
+                assert f"/{oslimits.GROUP}/{name}" in groups
+                memory = where.folders.get("memory", where.folders.get("all"))
+                limit_file = "memory.limit_in_bytes" if where.layout == "v1" else "memory.max"
+                assert int((memory / limit_file).read_text()) == oslimits.MEMORY_BYTES
+                assert "MB of memory" in oslimits.describe(where)
+            else:
+                assert "memory and CPU are not limited here" in oslimits.describe(where)
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        time.sleep(0.2)
+        oslimits.remove(name)
+    assert all(not folder.exists() for folder in where.folders.values())

@@ -137,12 +137,12 @@ def test_its_files_are_private_and_it_listens_on_no_tcp_port(db):
         folder = pgb.dir
         st = os.stat(folder)
         assert stat.S_IMODE(st.st_mode) == 0o700
-        for path in (pgb.config_path, pgb.log_path):
-            fst = os.lstat(path)
-            assert stat.S_ISREG(fst.st_mode) and stat.S_IMODE(fst.st_mode) == 0o600
-            assert fst.st_uid == st.st_uid
+        fst = os.lstat(pgb.log_path)
+        assert stat.S_ISREG(fst.st_mode) and stat.S_IMODE(fst.st_mode) == 0o600
+        assert fst.st_uid == st.st_uid
+        assert not pgb.config_path.exists()      # read at start, then removed: no password on disk
         assert (folder / f".s.PGSQL.{pgb.port}").is_socket()
-        conf = pgb.config_path.read_text()
+        conf = pgb.config_text
         assert "auth_type = any" in conf
         assert not any(line.startswith("listen_addr") for line in conf.splitlines())
         runs_as = pwd.getpwuid(st.st_uid).pw_name
@@ -236,6 +236,9 @@ def test_a_parent_killed_outright_takes_its_pgbouncer_along(db):
             time.sleep(0.05)
         assert running(config) == []
         assert backends_gone(db, f"labkit:{name}") == []
+        assert config.parent.exists() and not config.exists()     # its folder is left, its password is not
+        assert config.parent in pooler.sweep_stale_folders()      # and the next start removes the folder
+        assert not config.parent.exists()
     finally:
         child.kill()
         if config is not None and config.name == "pgbouncer.ini":

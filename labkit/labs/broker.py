@@ -28,7 +28,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..core.db import WORKER_GUARDS, open_connection
+from ..core.db import WORKER_GUARDS, open_connection, redact
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.queries import query
@@ -138,6 +138,13 @@ class RecordingBroker(Broker):
 # -- RabbitMQ ---------------------------------------------------------------------------
 
 
+def queue_name(schema: str, dsn: str) -> str:
+    """The lab's RabbitMQ queue: its schema, and which server it is on (so that two servers'
+    labs of one name never share a queue), hashed from the DSN without its password, which
+    must not leak even as a hash."""
+    return f"labkit.{schema}.{hashlib.sha1(redact(dsn).encode()).hexdigest()[:8]}"
+
+
 class RabbitBroker(Broker):
     """A RabbitMQ queue behind a direct exchange; publisher confirms on.
 
@@ -180,8 +187,7 @@ class RabbitBroker(Broker):
 
     @classmethod
     def for_lab(cls, lab: Lab, url: str) -> "RabbitBroker":
-        where = hashlib.sha1(lab.db.dsn.encode()).hexdigest()[:8]
-        return cls(url, f"labkit.{lab.schema}.{where}")
+        return cls(url, queue_name(lab.schema, lab.db.dsn))
 
     def _channel(self) -> Any:
         if self._ch is None or not self._ch.is_open:

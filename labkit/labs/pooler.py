@@ -47,6 +47,7 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -324,6 +325,7 @@ class PgBouncer:
         number("pool_size", pool_size, low=1, high=100, whole=True, example=1)
         entry = self._server_entry(db)
         self.pool_mode, self.pool_size = pool_mode, pool_size
+        sweep_stale_folders()
         try:
             self._write_files(entry, host=entry["host"])
             self._launch()
@@ -331,6 +333,9 @@ class PgBouncer:
         except BaseException:
             self.stop()
             raise
+        # PgBouncer has read its configuration, the server's password with it, and keeps it in
+        # memory: the file goes, so that a kernel killed outright leaves no password on disk.
+        self.config_path.unlink(missing_ok=True)
         return self
 
     def _server_entry(self, db: Database) -> dict[str, str]:
@@ -404,7 +409,8 @@ class PgBouncer:
         if len(str(self.dir / f".s.PGSQL.{self.port}")) > 100:
             raise LabkitError(f"The temporary folder {self.dir.parent} has too long a path for a "
                               "Unix socket.", "set TMPDIR to a short path such as /tmp.")
-        files = {self.config_path: self._config(entry), self.log_path: ""}
+        self.config_text = self._config(entry)      # the file goes once PgBouncer has read it
+        files = {self.config_path: self.config_text, self.log_path: ""}
         for path, text in files.items():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
@@ -489,6 +495,47 @@ class PgBouncer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def sweep_stale_folders() -> list[Path]:
+    """Remove the folders of PgBouncers that are gone (a kernel killed outright leaves its
+    folder behind): ``lk-pgb-*`` in the temporary folders, owned by this user or by the user
+    PgBouncer runs as for it, whose socket no longer answers."""
+    uids = {os.geteuid()}
+    for name in (PG_SYSTEM_USER, "nobody"):         # whom _runner hands PgBouncer to, as root
+        try:
+            uids.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    live = {b.dir for b in _live if b.dir is not None}
+    removed = []
+    for parent in {Path(tempfile.gettempdir()), Path("/tmp")}:
+        for folder in parent.glob("lk-pgb-*"):
+            try:
+                st = os.lstat(folder)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in uids or folder in live:
+                continue
+            if any(_answers(sock) for sock in folder.glob(".s.PGSQL.*")):
+                continue                      # another kernel's PgBouncer, running
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _answers(sock: Path) -> bool:
+    import socket as _socket
+
+    s = _socket.socket(_socket.AF_UNIX)
+    s.settimeout(1)
+    try:
+        s.connect(str(sock))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def stop_all() -> None:

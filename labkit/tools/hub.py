@@ -34,6 +34,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ from typing import ClassVar
 
 from ..core.errors import LabkitError
 from ..core.limits import number
-from . import classroom
+from . import classroom, oslimits
 
 ROOT = Path(__file__).resolve().parents[2]          # the workbook: notebooks/, student/, hub/
 CONFIG = ROOT / "hub" / "jupyterhub_config.py"
@@ -77,6 +78,54 @@ fi
 
 def hub_dir() -> Path:
     return Path(os.environ.get("LABKIT_HUB_DIR") or ROOT / ".hub").resolve()
+
+
+HUB_MARK = ".labkit-hub"          # in the room's folder: whether the hub made it, and its mode before
+OURS = ("room.json", "node_modules", "package.json", "loadtest", HUB_MARK)
+
+
+def room_folder(folder: Path) -> Path:
+    """The room's folder, private (0700, root's): made here, or an empty folder given by
+    LABKIT_HUB_DIR, whose mode ``clean`` gives back.  A folder that holds anything the hub
+    did not put there is refused, never closed up."""
+    try:
+        folder.mkdir(mode=0o700)
+        made = True
+    except FileExistsError:
+        made = False
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise LabkitError(f"{folder} is not a folder (a link or a file is in its place).",
+                          "give LABKIT_HUB_DIR a new or empty folder, or remove what is there.")
+    mark = folder / HUB_MARK
+    if made:
+        classroom.write_private(mark, json.dumps({"made": True}))
+    elif not os.path.lexists(mark):
+        names = {p.name for p in folder.iterdir()}
+        if names and not names & set(OURS):
+            raise LabkitError(f"{folder} already holds files the hub did not put there "
+                              f"({', '.join(sorted(names)[:3])}{' ...' if len(names) > 3 else ''}).",
+                              "give LABKIT_HUB_DIR a new or empty folder: the hub makes it private "
+                              "(0700) and keeps the room's passwords there.")
+        before = {"made": bool(names & set(OURS)), "mode": stat.S_IMODE(st.st_mode),
+                  "uid": st.st_uid, "gid": st.st_gid}
+        classroom.write_private(mark, json.dumps(before))
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def give_back(folder: Path) -> None:
+    """An empty folder the presenter gave the hub gets its mode and owner back."""
+    mark = folder / HUB_MARK
+    try:
+        before = json.loads(mark.read_text())
+    except (OSError, ValueError):
+        return
+    if before.get("made", True):
+        return
+    mark.unlink()
+    os.chown(folder, before["uid"], before["gid"])
+    os.chmod(folder, before["mode"])
 
 
 def trainee_names(n: int) -> list[str]:
@@ -288,6 +337,39 @@ def stop_trainee_server(entry: pwd.struct_passwd, bin_dir: str) -> None:
         pass        # labkit not runnable as the trainee: clean() ends their processes instead
 
 
+SHARED_FOLDERS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+
+
+def remove_files_of(uid: int, folders=SHARED_FOLDERS) -> list[Path]:
+    """Remove what a trainee's user left in the folders every user may write (their
+    PgBouncer's folder, a kernel's temporary files): once the user is gone its uid is handed
+    out again, and the next user of that uid would own them.  Links are removed, never
+    followed; nothing of another user is touched."""
+    removed: list[Path] = []
+    for top in folders:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_uid != uid:
+                continue
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    path.unlink()
+                except OSError:
+                    continue
+            removed.append(path)
+    return removed
+
+
 def _kill_user_processes(entry: pwd.struct_passwd) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in _pids_of(entry.pw_uid):
@@ -339,7 +421,13 @@ def make_spawner_class(room: Room, folder: Path):
             return await super().start()
 
         def make_preexec_fn(self, name):
-            return super().make_preexec_fn(self._entry().pw_name)
+            become = super().make_preexec_fn(self._entry().pw_name)
+            where = oslimits.prepare(self.user.name)
+
+            def preexec():
+                oslimits.join(where)       # as root: into the trainee's group, then become them
+                become()
+            return preexec
 
         def user_env(self, env):
             entry = self._entry()
@@ -425,9 +513,7 @@ def prepare(*, trainees: int, mode: str, port: int = 8000, dsn: str | None = Non
     if mode not in MODES:
         raise LabkitError(f"--mode {mode!r} is not a mode of the room.", "use --mode embedded or --mode shared.")
     bin_dir = preflight()
-    folder = folder or hub_dir()
-    folder.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(folder, 0o700)                # passwords and DSNs: root only
+    folder = room_folder(folder or hub_dir())     # passwords and DSNs: root only
     proxy_command(folder)
     room = Room(mode=mode, trainees=trainees, port=port, bin=str(bin_dir))
     passwords = {PRESENTER: secrets.token_urlsafe(18)}
@@ -474,6 +560,8 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None, trust_ok: boo
           f"{'each with an embedded PostgreSQL' if room.mode == 'embedded' else 'one shared PostgreSQL'})")
     print(f"  each trainee's name and password, and the presenter's, are on the handout: "
           f"{folder / room.handout_file} (root only; print it and cut it into slips)")
+    places = [oslimits.prepare(name) for name in room.names]
+    print(f"  {oslimits.describe(places[0])}")
     print("  Ctrl-C stops the hub and every trainee's server; `sudo make hub-clean` removes the room.",
           flush=True)
     # its own session: Ctrl-C reaches labkit only, which asks the hub once to stop
@@ -582,6 +670,11 @@ def clean(folder: Path | None = None, *, out=print) -> int:
     for entry in room_users():
         stop_trainee_server(entry, bin_dir)
         _kill_user_processes(entry)
+        oslimits.remove(entry.pw_name.removeprefix(SYSTEM_PREFIX))
+        left = remove_files_of(entry.pw_uid)
+        if left:
+            out(f"removed {len(left)} file(s) and folder(s) of {entry.pw_name} outside its home "
+                f"({', '.join(str(p) for p in left[:3])}{' ...' if len(left) > 3 else ''})")
         done = subprocess.run(["userdel", "--remove", entry.pw_name], capture_output=True, text=True)
         if done.returncode != 0 and "mail spool" not in done.stderr:
             raise LabkitError(f"userdel could not remove {entry.pw_name}: {done.stderr.strip()}",
@@ -595,4 +688,6 @@ def clean(folder: Path | None = None, *, out=print) -> int:
                      room.dsn_file, room.password_file, room.handout_file):
             (folder / name).unlink(missing_ok=True)
         out(f"removed the room's state and passwords in {folder} (the proxy is kept)")
+    if folder.exists():
+        give_back(folder)
     return 0

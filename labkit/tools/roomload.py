@@ -295,8 +295,7 @@ def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = Non
     if left:
         raise LabkitError(f"Trainee users of a room are on this machine already ({left[0].pw_name} ...).",
                           "stop that room and run `sudo make hub-clean` first.")
-    folder = hub.hub_dir() / "loadtest"
-    folder.parent.mkdir(mode=0o700, exist_ok=True)
+    folder = hub.room_folder(hub.hub_dir()) / "loadtest"
     if folder.exists():
         hub.clean(folder, out=lambda line: None)
     hub.proxy_command(folder.parent)        # installed once, beside the rooms

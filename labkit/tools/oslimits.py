@@ -1,0 +1,146 @@
+"""What one trainee may take of the hub machine: memory, processes, a share of the CPUs.
+
+JupyterHub's LocalProcessSpawner starts a trainee's server with no limit of its own: one
+trainee's runaway cell (a fork loop, a DataFrame of everything, thirty-two convoy workers
+left spinning) would slow or starve the whole room.  Each trainee's server therefore starts
+inside a control group of its own, made by the hub as root before the server drops to the
+trainee's user, so that everything the trainee starts (kernels, worker processes, their
+embedded PostgreSQL) counts against it:
+
+- memory: ``MEMORY_BYTES`` (the room measured about 350 MB at the peak of notebooks 00, 01
+  and 03, and a kernel plus the convoy's workers reach about a gigabyte); past it the kernel
+  reclaims, then ends a process of that trainee's only;
+- processes: ``PIDS``;
+- CPU: an equal share (``cpu.weight`` on cgroup v2, ``cpu.shares`` on v1): a trainee may use
+  every idle CPU, and when all are busy each trainee gets the same slice.
+
+Both cgroup layouts are handled (v2, unified; v1, one hierarchy per controller).  Where
+neither can be written (a container without cgroup delegation, macOS), the limit on the
+number of processes of the trainee's user (RLIMIT_NPROC) is still set, and :func:`describe`
+says what was not.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+GROUP = "claimlab"                         # the hub's parent group: claimlab/<trainee>
+MEMORY_BYTES = 1536 * 1024 * 1024          # as the Kubernetes limit in the README
+PIDS = 512
+CPU_WEIGHT = 100                           # v2's default weight: every trainee alike
+CPU_SHARES = 1024                          # v1's default shares: every trainee alike
+
+
+@dataclass
+class Place:
+    """Where one trainee's group lives: a folder per controller (one folder on v2)."""
+    layout: str                                # "v2", "v1" or "none"
+    folders: dict[str, Path]                   # controller -> its folder for this trainee
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.folders)
+
+
+def _layout(root: Path) -> str:
+    if (root / "cgroup.controllers").is_file():
+        return "v2"
+    if (root / "memory" / "cgroup.procs").is_file():
+        return "v1"
+    return "none"
+
+
+def place(trainee: str, root: Path = CGROUP_ROOT) -> Place:
+    layout = _layout(root)
+    if layout == "v2":
+        return Place("v2", {"all": root / GROUP / trainee})
+    if layout == "v1":
+        return Place("v1", {c: root / c / GROUP / trainee for c in ("memory", "pids", "cpu")
+                            if (root / c / "cgroup.procs").is_file()})
+    return Place("none", {})
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def prepare(trainee: str, root: Path = CGROUP_ROOT) -> Place:
+    """Make the trainee's group and set its limits (as root).  A layout that cannot be
+    written here gives ``Place("none", {})``: the process limit alone is then in force."""
+    where = place(trainee, root)
+    try:
+        if where.layout == "v2":
+            parent = root / GROUP
+            parent.mkdir(mode=0o755, exist_ok=True)
+            wanted = {"memory", "pids", "cpu"} & set((root / "cgroup.controllers").read_text().split())
+            for level in (root, parent):
+                _write(level / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+            folder = where.folders["all"]
+            folder.mkdir(mode=0o755, exist_ok=True)
+            limits = {"memory.max": str(MEMORY_BYTES), "pids.max": str(PIDS), "cpu.weight": str(CPU_WEIGHT)}
+            for name, value in limits.items():
+                if (folder / name).exists():
+                    _write(folder / name, value)
+        elif where.layout == "v1":
+            files = {"memory": ("memory.limit_in_bytes", str(MEMORY_BYTES)),
+                     "pids": ("pids.max", str(PIDS)), "cpu": ("cpu.shares", str(CPU_SHARES))}
+            for controller, folder in where.folders.items():
+                folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+                name, value = files[controller]
+                _write(folder / name, value)
+    except OSError:
+        remove(trainee, root)
+        return Place("none", {})
+    return where
+
+
+def join(where: Place) -> None:
+    """Put the calling process in the trainee's group and cap the trainee user's processes.
+    Called in the child, as root, just before it becomes the trainee (a preexec function):
+    everything it starts afterwards stays in the group."""
+    pid = str(os.getpid())
+    for folder in where.folders.values():
+        try:
+            _write(folder / "cgroup.procs", pid)
+        except OSError:
+            pass
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (PIDS, PIDS))
+    except (ValueError, OSError):
+        pass
+
+
+def remove(trainee: str, root: Path = CGROUP_ROOT) -> None:
+    """Remove the trainee's group (its processes must have ended first)."""
+    for folder in place(trainee, root).folders.values():
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
+def members(where: Place) -> set[int]:
+    """The processes in the trainee's group now."""
+    found: set[int] = set()
+    for folder in where.folders.values():
+        try:
+            found |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+        except OSError:
+            pass
+    return found
+
+
+def describe(where: Place) -> str:
+    """One line for the presenter: what a trainee may take here."""
+    if where.limited:
+        return (f"each trainee: at most {MEMORY_BYTES // (1024 * 1024)} MB of memory, {PIDS} processes, "
+                f"an equal share of the CPUs (cgroup {where.layout})")
+    return (f"each trainee: at most {PIDS} processes (RLIMIT_NPROC); memory and CPU are not limited "
+            "here, as this machine's control groups cannot be written (a container without "
+            "cgroup delegation?): one trainee's runaway cell can slow the room")
+
