@@ -99,6 +99,10 @@ def doctor(idle_s: float = 60, out=print) -> int:
             f"{retained // (1024 * 1024)} MB of WAL; a killed run of the change-data-capture lab "
             "left it: `labkit clean` drops it once its schema is gone, `labkit clean --schemas` "
             "drops your own")
+    if orphans:
+        out(f"note: {len(orphans)} lab schema(s) of yours left by runs that were killed "
+            f"({', '.join(orphans[:4])}{' …' if len(orphans) > 4 else ''}): no process of that run "
+            "is alive and no session uses them; `labkit clean --schemas` drops them")
     stray = [s for s in schemas if s.startswith("lab_t_")]
     if stray:
         out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
