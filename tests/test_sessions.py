@@ -60,6 +60,25 @@ def test_nowait_and_lock_timeout_share_55P03_but_are_told_apart(jobs):
     assert not nowait.waited
 
 
+def test_statement_ms_is_the_servers_time_for_the_last_statement(jobs):
+    with labkit.Sessions(jobs, "A", "B", "C") as s:
+        slept = s.A("SELECT pg_sleep(0.3)")
+        assert 300 <= s.statement_ms("A") <= slept.elapsed_ms   # the server's time is within the client's
+        s.A("BEGIN")
+        s.A(CLAIM)
+        s.B("BEGIN")
+        nowait = s.B(CLAIM + " NOWAIT")
+        assert nowait.error.kind == "nowait"
+        assert 0 <= s.statement_ms("B") <= nowait.elapsed_ms
+        s.C("SET lock_timeout = '200ms'")
+        timed = s.C(CLAIM)
+        assert s.statement_ms("C") is None                       # still waiting: no time yet
+        s.wait("C")
+        assert timed.error.kind == "lock_timeout" and 200 <= s.statement_ms("C") <= timed.elapsed_ms
+        with pytest.raises(LabkitError):
+            s.statement_ms("Z")
+
+
 def test_skip_locked_gives_three_sessions_three_disjoint_rows(jobs):
     with labkit.Sessions(jobs, "A", "B", "C", watch={"job": "id"}) as s:
         got = {}

@@ -242,6 +242,17 @@ class Sessions(ScriptRun):
             return None
         return Blockers(names, f"{etype}:{event}" if etype else None)
 
+    def statement_ms(self, session: str) -> float | None:
+        """How long ``session``'s last statement ran by the server's clock, in ms (None while
+        it still runs): ``pg_stat_activity``'s ``state_change - query_start``, read from the
+        monitor connection.  Unlike the step's ``elapsed_ms``, it leaves out the time the
+        client took to send the statement and to read the answer, which on a busy machine
+        includes waiting for a CPU.  Ask before the session runs another statement."""
+        self._check_name(session)
+        row = self.monitor.execute(query("engine.sql", "statement_ms").sql,
+                                   {"pid": self.sessions[session].pid}).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def _give_up(self, s: Session) -> None:
         step = s.pending
         s.conn.cancel()

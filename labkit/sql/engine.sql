@@ -18,6 +18,14 @@ SELECT pid, backend_xid::text
   FROM pg_stat_activity
  WHERE pid = ANY(%(pids)s) AND backend_xid IS NOT NULL;
 
+-- name: statement_ms
+-- How long a session's last statement ran by the server's clock, in ms: from when it
+-- started (query_start) to when the session stopped running it (state_change). NULL while
+-- it still runs. Read from another connection, so no client's clock is in it.
+SELECT extract(epoch FROM state_change - query_start) * 1000
+  FROM pg_stat_activity
+ WHERE pid = %(pid)s AND state <> 'active';
+
 -- name: column_exists
 -- Whether a table of the lab has this column (for the rows a run watches).
 SELECT 1
