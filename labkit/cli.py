@@ -540,7 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
                  lambda a: bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks,
                                                clients=a.clients, seconds=a.seconds, check=a.check),
                  description="How fast can a table queue go: every figure measured side by side in "
-                             "one run (progress on stderr, the table or JSON on stdout).",
+                             "one run (progress on stderr, the table or JSON on stdout). With "
+                             "LABKIT_AMQP_URL set and RabbitMQ answering, the broker is measured "
+                             "in the same run beside the durable claim; otherwise the run says it "
+                             "was not measured.",
                  prefix="labkit bench")
     p.add_argument("--quick", action="store_true",
                    help="short runs, 50k history rows, one notebook timed (every figure still produced)")

@@ -103,14 +103,49 @@ def test_peer_and_convoy_and_history_figures(quick):
     assert all(p["jobs_per_s"] > 0 for p in points)
 
 
+def test_the_broker_is_measured_in_the_same_run_as_the_durable_claim(quick):
+    """With RabbitMQ at LABKIT_AMQP_URL (CI's second leg), the JSON carries the broker's durable
+    figure per batch beside the table's durable claim from the same run, and what each side
+    was measured under; without one it says the broker was not measured."""
+    result, stderr, _ = quick
+    a, d = result["amqp"], result["durability"]
+    if os.environ.get("LABKIT_AMQP_URL", "").strip():
+        assert a["measured"] is True and "skipped" not in a
+        m = a["durable"]
+        assert set(m["messages_per_s"]) == set(d["claim_jobs_per_s_durable"]) == {"1", "10"}
+        assert all(v > 0 for v in m["messages_per_s"].values()) and m["publish_msgs_per_s"] > 0
+        assert m["table_claim_jobs_per_s_durable"] == d["claim_jobs_per_s_durable"]   # this run's
+        assert m["consumers"] == result["settings"]["clients"] and m["messages"] % 10 == 0
+        for b, v in m["messages_per_s"].items():
+            assert m["ratio_to_table"][b] == pytest.approx(v / d["claim_jobs_per_s_durable"][b])
+        assert m["under"]["fsync"] == d["fsync"] and m["under"]["synchronous_commit"] == d["synchronous_commit"]
+        assert "persistent" in m["under"]["broker"] and "confirm" in m["under"]["broker"]
+        assert a["transient"]["publish_msgs_per_s"] > 0 and a["transient"]["consume_msgs_per_s"] > 0
+        assert "broker, durable, batch 10" in stderr
+        assert "durable claim vs durable consume+ack, batch 1" in bench.table(result)
+    else:
+        assert a["measured"] is False and "durable" not in a
+        assert "not measured" in a["skipped"] and "LABKIT_AMQP_URL" in a["skipped"]
+        assert "not measured here" in bench.table(result)
+
+
+def test_a_broker_that_does_not_answer_is_said_not_measured(monkeypatch):
+    monkeypatch.setenv("LABKIT_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+    said: list[str] = []
+    out = bench.amqp(bench.Settings.quick_settings(), said.append)["amqp"]
+    assert out["measured"] is False and "durable" not in out
+    assert "not measured here" in out["skipped"] and "did not answer" in out["skipped"]
+    assert any("not measured here" in line for line in said)
+    assert "RabbitMQ durable publish msgs/s" not in bench.headline({"amqp": out})
+
+
+def test_durable_cost_measures_both_commit_modes_again():
+    got = bench.durable_cost(1, bench.Settings.quick_settings(seconds=0.3))
+    assert got["on"] > 0 and got["off"] > 0 and got["fsync"] in ("on", "off")
+
+
 def test_broker_server_and_notebook_figures(quick):
     result, _, before = quick
-    if os.environ.get("LABKIT_AMQP_URL"):
-        for mode in ("transient", "durable"):
-            assert result["amqp"][mode]["publish_msgs_per_s"] > 0
-            assert result["amqp"][mode]["consume_msgs_per_s"] > 0
-    else:
-        assert "LABKIT_AMQP_URL" in result["amqp"]["skipped"]
     st = result["server_start"]
     assert st["first_start_s"] > 0 and st["cold_start_s"] > 0 and st["warm_connect_ms"] > 0
     assert set(result["notebook_seconds"]) == {"00_start_here"}
@@ -207,6 +242,14 @@ def test_reference_file_has_every_key():
         assert ref.get(key) is not None, key
     assert ref["quick"] is False and ref["workbook_complete"]
     assert ref["history"]["done_rows"] == 1_000_000
+
+
+def test_reference_run_is_labelled_not_durable():
+    """The reference was recorded with fsync = off: the file says its commits were not durable
+    and carries no durable claim figure, so nothing reads one from it as if it were."""
+    d = bench.load_reference()["durability"]
+    assert d["fsync"] == "off" and d["commits_durable"] is False
+    assert d["claim_jobs_per_s_durable"] is None and "fsync = off" in d["note"]
 
 
 def test_pgbench_never_gets_the_password_on_its_command_line(lab, tmp_path):

@@ -9,8 +9,11 @@ What is measured, side by side on the same server:
   counted in the table afterwards;
 * a **peer library** (PgQueuer, the ``bench`` extra) draining the same backlog of no-op jobs
   with the same number of workers and the same batch size as labkit's claim + finish loop;
-* a **broker**: RabbitMQ publish and consume rates, when ``LABKIT_AMQP_URL`` is set (the
-  ``rabbitmq`` extra);
+* a **broker**: RabbitMQ at ``LABKIT_AMQP_URL`` (the ``rabbitmq`` extra), when one answers: a
+  durable queue of persistent messages published with confirms, consumed with acks by as
+  many consumers and in the same batches as the durable claim, set beside the table's
+  durable claim figure of the same run; where none answers, the result says it was not
+  measured;
 * the **convoy**: SKIP LOCKED efficiency (jobs/s over N/d) at N = 16, d = 20 ms;
 * **history**: the claim ceiling with 0 and many finished rows, with and without the partial
   index on the pending predicate;
@@ -815,81 +818,217 @@ def peer(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
             "ratio_vs_peer": labkit_side["jobs_per_s"] / side["jobs_per_s"]}
 
 
-# -- figure 3: a broker ------------------------------------------------------------------------------
+# -- figure 3: a broker, against the table's durable claim ------------------------------------------
 
-def amqp(s: Settings, progress: Progress | None = None) -> dict:
-    """Publish, then consume with acks, ``amqp_messages`` messages through RabbitMQ: a
-    transient queue without publisher confirms, and a durable queue with persistent
-    messages and publisher confirms (what the broker promises against a durable commit; compare
-    it with the claim's durable figure, not with one measured under fsync = off)."""
+AMQP_BATCHES = ("1", "10")              # the durable claim's batch sizes
+AMQP_IDLE_S = 0.5                       # a consumer that gets nothing for this long has drained
+
+
+def amqp_consumer_main(ctx: Context, url: str, queue: str, batch: int) -> dict:
+    """One RabbitMQ consumer (its own process and connection): prefetch ``batch``, one ack
+    (``multiple``) per ``batch`` messages, until the queue gives it nothing for
+    ``AMQP_IDLE_S``.  Reports how many it took and when its first and last ack went."""
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=batch)
+        order = ctx.pause("ready")
+        _wait_until(order["start_at"])
+        t0 = time.monotonic()
+        got = unacked = 0
+        last = t0
+        tag = None
+        for method, _props, _body in ch.consume(queue, inactivity_timeout=AMQP_IDLE_S):
+            if method is None:
+                break
+            got += 1
+            unacked += 1
+            tag = method.delivery_tag
+            if unacked == batch:
+                ch.basic_ack(tag, multiple=True)
+                unacked = 0
+                last = time.monotonic()
+        if unacked:
+            ch.basic_ack(tag, multiple=True)
+            last = time.monotonic()
+        ch.cancel()
+        return {"got": got, "started": t0, "ended": last}
+    finally:
+        conn.close()
+
+
+def _amqp_not_measured(why: str, progress: Progress) -> dict:
+    progress(f"broker: not measured here ({why})")
+    return {"amqp": {"measured": False, "skipped": f"not measured here: {why}",
+                     "note": f"the broker was not measured here ({why}); no broker figure of this run "
+                             "stands beside the table's"}}
+
+
+def _durable_consume(url: str, ch: Any, name: str, n: int, batch: int, clients: int) -> float:
+    """Consume ``n`` persistent messages already in the durable queue ``name`` with ``clients``
+    consumer processes, prefetch and one ack per ``batch``; messages per second, first
+    consumer's start to last ack."""
+    workers = [Worker("labkit.tools.bench:amqp_consumer_main", name=f"amqp consumer {i}", url=url,
+                      queue=name, batch=batch) for i in range(clients)]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.wait_for("paused", timeout=60)
+        start_at = time.monotonic() + 0.05
+        for w in workers:
+            w.resume({"start_at": start_at})
+        results = [w.join(timeout=600)["result"] for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    got = sum(r["got"] for r in results)
+    left = ch.queue_declare(name, durable=True, passive=True).method.message_count
+    if got != n or left:
+        raise LabkitError(f"RabbitMQ delivered {got} of {n} messages ({left} left in the queue).",
+                          "check the broker's health and run the benchmark again.")
+    wall = max(r["ended"] for r in results) - min(r["started"] for r in results)
+    return n / wall
+
+
+def amqp(s: Settings, progress: Progress | None = None, durability: dict | None = None) -> dict:
+    """RabbitMQ at ``LABKIT_AMQP_URL``, measured in this run, when one answers.
+
+    *durable*, the broker's side of the table's durable claim: a durable queue, persistent
+    messages published with publisher confirms (one publisher, each publish waits for its
+    confirm), then consumed with acks by ``clients`` consumer processes, once per batch size
+    of the durable claim (prefetch = batch, one ack per batch) — the table's claimers'
+    number and batch.  ``messages_per_s`` (per batch) is the consume + ack rate, set beside
+    ``durability``'s durable claim figure from the same run, with what each side was
+    measured under.  *transient*: a non-durable queue without confirms, one publisher
+    then one consumer.  Where no broker answers, the result says it was not measured."""
     progress = progress or (lambda msg: None)
     url = os.environ.get("LABKIT_AMQP_URL", "").strip()
     if not url:
-        progress("broker: skipped (LABKIT_AMQP_URL is not set)")
-        return {"amqp": {"skipped": "LABKIT_AMQP_URL is not set"}}
+        return _amqp_not_measured("LABKIT_AMQP_URL is not set", progress)
     try:
         import pika
     except ImportError:
-        why = "the RabbitMQ client pika is not installed (pip install 'labkit[rabbitmq]')"
-        progress(f"broker: skipped ({why})")
-        return {"amqp": {"skipped": why}}
-    out = {}
+        return _amqp_not_measured("the RabbitMQ client pika is not installed (pip install 'labkit[rabbitmq]')",
+                                  progress)
     try:
         conn = pika.BlockingConnection(pika.URLParameters(url))
     except Exception as exc:
-        raise LabkitError(f"RabbitMQ at LABKIT_AMQP_URL did not answer ({type(exc).__name__}).",
-                          "start RabbitMQ, fix LABKIT_AMQP_URL, or unset it to skip the broker figure.") from None
+        return _amqp_not_measured(f"RabbitMQ at LABKIT_AMQP_URL did not answer ({type(exc).__name__})",
+                                  progress)
+    out: dict = {"measured": True}
+    body = b'{"job": 0, "payload": "bench"}'
     try:
-        for mode in ("transient", "durable"):
-            n = s.amqp_messages if mode == "transient" else max(1, s.amqp_messages // 3)
-            ch = conn.channel()
-            name = f"labkit-bench-{os.getpid()}-{mode}"
-            durable = mode == "durable"
-            try:
-                ch.queue_declare(name, durable=durable, exclusive=not durable, auto_delete=False)
-                props = pika.BasicProperties(delivery_mode=2 if durable else 1)
-                body = b'{"job": 0, "payload": "bench"}'
-                if durable:
-                    ch.confirm_delivery()
+        # transient: no durability asked for, one publisher then one consumer
+        n = s.amqp_messages
+        ch = conn.channel()
+        name = f"labkit-bench-{os.getpid()}-transient"
+        try:
+            ch.queue_declare(name, durable=False, exclusive=True, auto_delete=False)
+            props = pika.BasicProperties(delivery_mode=1)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                ch.basic_publish("", name, body, props)
+            while ch.queue_declare(name, passive=True).method.message_count < n:
+                time.sleep(0.001)
+            t1 = time.perf_counter()
+            ch.basic_qos(prefetch_count=200)
+            got = 0
+            for method, _props, _body in ch.consume(name, inactivity_timeout=10):
+                if method is None:
+                    break
+                ch.basic_ack(method.delivery_tag)
+                got += 1
+                if got >= n:
+                    break
+            ch.cancel()
+            t2 = time.perf_counter()
+            if got != n:
+                raise LabkitError(f"RabbitMQ delivered {got} of {n} messages.",
+                                  "check the broker's health and run the benchmark again.")
+            out["transient"] = {"messages": n, "publish_msgs_per_s": n / (t1 - t0),
+                                "consume_msgs_per_s": n / (t2 - t1)}
+            progress(f"broker, transient: publish {n / (t1 - t0):>9,.0f} msgs/s, "
+                     f"consume + ack {n / (t2 - t1):>9,.0f} msgs/s")
+        finally:
+            with contextlib.suppress(Exception):
+                ch.queue_delete(name)
+                ch.close()
+        # durable: durable queue, persistent messages, publisher confirms; consumed with acks
+        # a whole number of the biggest batch, so no consumer is left waiting for a short one
+        step = max(int(b) for b in AMQP_BATCHES)
+        n = max(step, s.amqp_messages // 3 // step * step)
+        ch = conn.channel()
+        ch.confirm_delivery()                       # each basic_publish waits for its confirm
+        name = f"labkit-bench-{os.getpid()}-durable"
+        props = pika.BasicProperties(delivery_mode=2)              # persistent
+        publish: list[float] = []
+        rates: dict[str, float] = {}
+        try:
+            ch.queue_declare(name, durable=True, exclusive=False, auto_delete=False)
+            for b in AMQP_BATCHES:
                 t0 = time.perf_counter()
                 for _ in range(n):
-                    ch.basic_publish("", name, body, props)
-                while ch.queue_declare(name, passive=True).method.message_count < n:
-                    time.sleep(0.001)
-                t1 = time.perf_counter()
-                ch.basic_qos(prefetch_count=200)
-                got = 0
-                for method, _props, _body in ch.consume(name, inactivity_timeout=10):
-                    if method is None:
-                        break
-                    ch.basic_ack(method.delivery_tag)
-                    got += 1
-                    if got >= n:
-                        break
-                ch.cancel()
-                t2 = time.perf_counter()
-                if got != n:
-                    raise LabkitError(f"RabbitMQ delivered {got} of {n} messages.",
-                                      "check the broker's health and run the benchmark again.")
-                out[mode] = {"messages": n, "publish_msgs_per_s": n / (t1 - t0),
-                             "consume_msgs_per_s": n / (t2 - t1)}
-                progress(f"broker, {mode:<9}: publish {n / (t1 - t0):>9,.0f} msgs/s, "
-                         f"consume + ack {n / (t2 - t1):>9,.0f} msgs/s")
-            finally:
-                try:
-                    ch.queue_delete(name)
-                    ch.close()
-                except Exception:
-                    pass
+                    ch.basic_publish("", name, body, props, mandatory=True)
+                publish.append(n / (time.perf_counter() - t0))
+                rates[b] = _durable_consume(url, ch, name, n, int(b), s.clients)
+                progress(f"broker, durable, batch {b:>2}: publish + confirm {publish[-1]:>7,.0f} msgs/s, "
+                         f"consume + ack {rates[b]:>9,.0f} msgs/s ({s.clients} consumers)")
+        finally:
+            with contextlib.suppress(Exception):
+                ch.queue_delete(name)
+                ch.close()
     finally:
-        try:
+        with contextlib.suppress(Exception):
             conn.close()
-        except Exception:
-            pass
-    out["what"] = ("pika BlockingConnection, one publisher then one consumer (prefetch 200, "
-                   "an ack per message); transient: non-durable queue, no confirms; durable: durable "
-                   "queue, persistent messages, publisher confirms")
+    d = durability or {}
+    table_side = d.get("claim_jobs_per_s_durable")
+    out["durable"] = {
+        "messages": n, "consumers": s.clients, "batches": [int(b) for b in AMQP_BATCHES],
+        "publish_msgs_per_s": statistics.median(publish),
+        "messages_per_s": rates,
+        "table_claim_jobs_per_s_durable": table_side,
+        "ratio_to_table": ({b: rates[b] / table_side[b] for b in rates if table_side.get(b)}
+                           if table_side else None),
+        "under": {
+            "fsync": d.get("fsync"), "synchronous_commit": d.get("synchronous_commit"),
+            "table_commits_durable": d.get("commits_durable"),
+            "table": (f"claim + mark from a backlog, {s.clients} clients, one transaction per claim of a "
+                      "batch, synchronous_commit = on (COMMIT returns once the WAL is flushed)"),
+            "broker": (f"durable queue, persistent messages, each publish confirmed before the next; "
+                       f"{s.clients} consumer processes, prefetch = batch, one ack per batch"),
+        },
+        "note": ("broker and table measured in this run, on this machine" if table_side else
+                 "the table's durable claim has no figure in this run (" +
+                 (d.get("note") or "the durability figure was not measured") + "): nothing to set "
+                 "the broker beside"),
+    }
+    out["what"] = ("pika BlockingConnection; transient: non-durable queue, no confirms, one publisher then "
+                   "one consumer (prefetch 200, an ack per message); durable: durable queue, persistent "
+                   "messages, publisher confirms (one publisher), then consumer processes with prefetch "
+                   "and one ack per batch")
     return {"amqp": out}
+
+
+def durable_cost(batch: int = 1, settings: Settings | None = None) -> dict:
+    """The durability figure measured once more at one batch size, in a schema of its own
+    (dropped after): ``{"on": jobs/s, "off": jobs/s, "fsync": ...}``, durable commits
+    (synchronous_commit = on) and synchronous_commit = off back to back."""
+    s = (settings or Settings.quick_settings()).check()
+    lab = Lab.open(dbmod.connect(quiet=True), f"bench_{os.getpid()}_d")
+    try:
+        ensure_job_table(lab, index=True)
+        got = {}
+        with ClaimerPool(lab, s.clients) as pool:
+            for sc in ("on", "off"):
+                size = int(CEILING_GUESS.get(batch, 150_000) * s.clients / 4 * s.seconds * 2) + s.clients * batch * 4
+                fill(lab, size, history=0)
+                got[sc] = run_labkit_ceiling(lab, pool, batch, s.seconds, synchronous_commit=sc).jobs_per_s
+        return got | {"fsync": lab.execute("SHOW fsync")[0][0]}
+    finally:
+        lab.discard()
 
 
 # -- figure 4: the convoy ------------------------------------------------------------------------------
@@ -1131,7 +1270,7 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
         if "peer" in figures:
             result |= peer(lab, s, progress)
         if "amqp" in figures:
-            result |= amqp(s, progress)
+            result |= amqp(s, progress, result.get("durability"))
         if "convoy" in figures:
             lab.execute("DROP TABLE IF EXISTS job")
             result |= convoy_efficiency(lab, s, progress)
@@ -1198,13 +1337,18 @@ def table(result: dict) -> str:
                 f"peer skipped: {p['skipped']}", "—")
     a = result.get("amqp")
     if a:
-        if "skipped" in a:
-            add("RabbitMQ publish / consume (msgs/s)", "—", f"skipped: {a['skipped']}", "—")
+        if not a.get("measured"):
+            add("RabbitMQ (msgs/s)", "—", a["skipped"], "—")
         else:
-            for mode in ("transient", "durable"):
-                m = a[mode]
-                add(f"RabbitMQ {mode}: publish / consume+ack (msgs/s)", "—",
-                    f"{_fmt(m['publish_msgs_per_s'])} / {_fmt(m['consume_msgs_per_s'])}", "—")
+            m = a["transient"]
+            add("RabbitMQ transient: publish / consume+ack (msgs/s)", "—",
+                f"{_fmt(m['publish_msgs_per_s'])} / {_fmt(m['consume_msgs_per_s'])}", "—")
+            m = a["durable"]
+            add("RabbitMQ durable: publish + confirm (msgs/s)", "—", _fmt(m["publish_msgs_per_s"]), "—")
+            for b, v in m["messages_per_s"].items():
+                table_side = (m["table_claim_jobs_per_s_durable"] or {}).get(b)
+                add(f"  durable claim vs durable consume+ack, batch {b} (per s)", _fmt(table_side),
+                    f"RabbitMQ {_fmt(v)}", _fmt(table_side / v) if table_side else "—")
     if "convoy_efficiency_16" in result:
         c = result["convoy"]
         add("convoy: SKIP LOCKED N = 16, d = 20 ms (jobs/s)", _fmt(c["jobs_per_s"]),
@@ -1277,10 +1421,13 @@ def headline(result: dict) -> dict:
     out["drain jobs/s, PgQueuer"] = (p.get("pgqueuer") or {}).get("jobs_per_s")
     out["labkit / PgQueuer"] = result.get("ratio_vs_peer")
     a = result.get("amqp") or {}
-    for mode in ("transient", "durable"):
-        if mode in a:
-            out[f"RabbitMQ {mode} publish msgs/s"] = a[mode]["publish_msgs_per_s"]
-            out[f"RabbitMQ {mode} consume msgs/s"] = a[mode]["consume_msgs_per_s"]
+    if "transient" in a:
+        out["RabbitMQ transient publish msgs/s"] = a["transient"]["publish_msgs_per_s"]
+        out["RabbitMQ transient consume msgs/s"] = a["transient"]["consume_msgs_per_s"]
+    if "durable" in a:
+        out["RabbitMQ durable publish msgs/s"] = a["durable"]["publish_msgs_per_s"]
+        for b, v in (a["durable"].get("messages_per_s") or {}).items():
+            out[f"RabbitMQ durable consume + ack msgs/s, batch {b}"] = v
     out["convoy efficiency, N = 16"] = result.get("convoy_efficiency_16")
     h = result.get("history")
     if h:
