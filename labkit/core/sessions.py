@@ -45,6 +45,7 @@ from .steps import (
 DEFAULT_LOCK_TIMEOUT = "5s"
 DEFAULT_STATEMENT_TIMEOUT = "15s"
 POLL_S = 0.002
+WAIT_EVENT_TRIES = 100         # x 5 ms: how long a blocked step may take to report its wait event
 
 class Session:
     """One named connection taking part in a run."""
@@ -233,14 +234,21 @@ class Sessions(ScriptRun):
         for a safe snapshot (``pg_safe_snapshot_blocking_pids``)."""
         self._check_name(session)
         pid = self.sessions[session].pid
-        row = self.monitor.execute(query("engine.sql", "blockers").sql, {"pid": pid}).fetchone()
-        if row is None:
-            return None
-        pids, etype, event = row
-        names = [self._pids[p] for p in (pids or []) if p in self._pids]
-        if not names:
-            return None
-        return Blockers(names, f"{etype}:{event}" if etype else None)
+        # A waiter joins the lock's queue (which pg_blocking_pids reads) a moment before it
+        # reports its wait event (which pg_stat_activity shows): ask again, briefly, so that
+        # a step seen blocked is never reported without what it waits on.
+        for _ in range(WAIT_EVENT_TRIES):
+            row = self.monitor.execute(query("engine.sql", "blockers").sql, {"pid": pid}).fetchone()
+            if row is None:
+                return None
+            pids, etype, event = row
+            names = [self._pids[p] for p in (pids or []) if p in self._pids]
+            if not names:
+                return None
+            if etype:
+                return Blockers(names, f"{etype}:{event}")
+            time.sleep(0.005)
+        return Blockers(names, None)
 
     def statement_ms(self, session: str) -> float | None:
         """How long ``session``'s last statement ran by the server's clock, in ms (None while
