@@ -408,3 +408,12 @@ def test_traces_leave_no_session_or_worker_behind(lab, db):
             break
         time.sleep(0.05)
     assert left == []
+
+
+def test_a_frozen_drain_in_a_transaction_is_ended_by_its_idle_timeout_measured_on_the_server(lab):
+    held = dr.frozen_held_drain(lab, batch=6, freeze_after=2, idle_timeout_s=1.0)
+    assert held["session_while_frozen"] == "idle in transaction"
+    assert held["locks_held_while_frozen"] == 6 and held["claimed_by_others_before_release"] == 0
+    assert held["released_by"] == "idle_in_transaction_session_timeout"
+    # the server's clock: never before the timeout, never after the lab's poll found the locks gone
+    assert 1.0 <= held["released_after_server_s"] <= held["released_after_s"] + 1.0

@@ -143,3 +143,35 @@ def test_the_fence_checker_runs_the_last_attempt_where_a_status_guard_ends_a_del
     assert finals[fencing.AFTER, 2] == "pending" and finals[fencing.AFTER, last] == "failed"
     report = guard.report()
     assert "WRONG" in report and "ok: the zombie's late 'retry' matches 0 rows" in report
+
+
+def test_raising_concurrency_counts_duplicates_and_stale_writes_from_the_server(lab):
+    for fence in (False, True):
+        r = fencing.raise_concurrency(lab, drains=2, batch=4, fence=fence, rows=20, send_ms=1)
+        assert r["zombie_state"] == "stopped" and r["rows_locked_mid_batch"] == 0
+        assert r["duplicate_pushes"] == 2 + 4                  # half the crashed batch, all the zombie's
+        assert r["pushes"] == 20 + r["duplicate_pushes"] and r["sent"] == 20
+        assert r["reclaimed_after_lease"] == 8 and r["backlog_rows"] == 12
+        assert r["shown_twice_with_delivery_id_key"] == 0
+        assert r["stale_writes_landed"] == (0 if fence else 4)
+        assert r["zombie_writes_refused"] == (4 if fence else 0)
+        assert r["jobs_per_s"] > 0 and r["longest_lock_ms"] >= 0
+
+
+def test_raising_concurrency_refuses_a_backlog_the_scripted_drains_would_empty(lab):
+    with pytest.raises(LabkitError):
+        fencing.raise_concurrency(lab, drains=2, batch=10, fence=True, rows=20)
+    with pytest.raises(LabkitError):
+        fencing.raise_concurrency(lab, drains=0, batch=2, fence=True)
+
+
+def test_a_batch_longer_than_its_lease_is_taken_while_it_is_still_sending(lab):
+    fits = fencing.batch_outlives_lease(lab, batch=4, lease_s=10, latency_s=2)
+    assert (fits["taken_by_drain_2"], fits["duplicate_pushes"], fits["drain_1_writes_landed"]) == (0, 0, 4)
+    equal = fencing.batch_outlives_lease(lab, batch=5, lease_s=10, latency_s=2)
+    assert equal["taken_by_drain_2"] == 5 and equal["taken_after_push"] == 5    # due at the lease's end
+    over = fencing.batch_outlives_lease(lab, batch=8, lease_s=10, latency_s=2, fence=True)
+    assert over["taken_by_drain_2"] == 8 and over["taken_after_push"] == 5
+    assert over["duplicate_pushes"] == 8 and over["drain_1_writes_landed"] == 0
+    bare = fencing.batch_outlives_lease(lab, batch=8, lease_s=10, latency_s=2, fence=False)
+    assert bare["drain_1_writes_landed"] == 8

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -936,11 +937,24 @@ def held_worker(ctx: Context, dsn: str, schema: str, batch: int, freeze_after: i
     return {"committed": len(rows)}
 
 
+def _lock_granted_at(lab: Lab, row_id: int, wait_s: float, out: list) -> None:
+    """Thread: wait (at most ``wait_s``) for the row lock on delivery ``row_id``; append the
+    server's clock at the moment it was granted to ``out`` (nothing if the wait failed)."""
+    try:
+        with lab.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
+            out.append(conn.execute(_lab_sql("lock_granted_at"), {"id": row_id}).fetchone()[0])
+    except psycopg.Error:
+        pass
+
+
 def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
                       idle_timeout_s: float = 2.0, wait_s: float = 30) -> dict:
     """The same freeze, for a drain that holds its claim in an open transaction (the
     anti-pattern of section 3): its session is *idle in transaction* and keeps its row
-    locks while it is frozen.  Measured: how long until they go, and what ends them --
+    locks while it is frozen.  Measured: how long until they go (``released_after_s`` by the
+    lab's clock, from the freeze to the poll that found them gone; ``released_after_server_s``
+    by the server's, from the session going idle in its transaction to the moment a session
+    waiting for one of its row locks got it), and what ends them --
     here ``idle_in_transaction_session_timeout`` (``idle_timeout_s``, set on the frozen
     drain's session; 0, the default, would never end it)."""
 
@@ -966,12 +980,21 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
         t0 = time.monotonic()
         _wait_stopped(w.pid)
         state = _sessions_state(lab, [pid])
+        idle_since = lab.execute(_lab_sql("state_since"), {"pid": pid})
         locked = locked_among(lab, got)
         others_early = len(second.claim())
+        granted: list = []
+        waiter = threading.Thread(target=_lock_granted_at, args=(lab, got[0], wait_s + 30, granted),
+                                  daemon=True)
+        waiter.start()
         while locked_among(lab, got) and time.monotonic() - t0 < wait_s:
             time.sleep(0.02)
         released_after = time.monotonic() - t0
         still = locked_among(lab, got)
+        if not still:
+            waiter.join(wait_s + 30)
+        on_server = (round((granted[0] - idle_since[0][0]).total_seconds(), 3)
+                     if granted and idle_since and idle_since[0][0] is not None else None)
         gone = not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
         taken = [c.id for c in second.tick().claimed] if not still else []
         os.kill(w.pid, signal.SIGCONT)
@@ -984,6 +1007,7 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
     return {"claimed": len(got), "session_while_frozen": state, "locks_held_while_frozen": locked,
             "claimed_by_others_before_release": others_early,
             "released_after_s": round(released_after, 2) if not still else None,
+            "released_after_server_s": on_server,
             "released_by": ("idle_in_transaction_session_timeout" if gone and not still
                             else "nothing yet"),
             "claimed_by_others_while_frozen": len(set(taken) & set(got)),

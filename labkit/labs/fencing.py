@@ -24,10 +24,18 @@ cannot help with: the device then has the push twice, and only a receiver that c
 (the delivery id) shows it once. :func:`check_fenced_write` runs a reader's completion write as
 the zombie and as the live worker, in both orders, on the row's second attempt and on its last,
 and says whether the stale write got through.
+
+:func:`raise_concurrency` runs the drain as real processes at a given concurrency (drains, rows
+a claim) with one drain killed and one frozen mid-batch, and counts what that cost: duplicate
+pushes, stale writes that landed, row locks held; :func:`batch_outlives_lease` shows a batch
+whose sends take longer than its lease being re-claimed while it is still going out.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -459,3 +467,175 @@ def trace_command(*, open_lab: Callable[[], Lab], fence: bool, lease: float, zom
         tr = zombie_trace(lab, fence=fence, lease_s=lease, zombie_push=zombie_push)
     print(tr.report(json))
     return 0
+
+
+# -- raising the drain's concurrency: a crash and a zombie among more drains (notebook 08) ------
+
+
+def pool_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, fence: bool,
+                send_s: float) -> dict:
+    """Child process: one drain of a pool.  Each time the parent resumes it, it ticks until
+    its claim comes back empty, and reports what it sent, when it started and ended, and the
+    longest time it held row locks: its claim statement (which commits at once) and its
+    outcome transaction, each timed by its own clock."""
+    conn, sender = dr._process_connections(ctx, dsn, schema, latency_s=dr.LATENCY_S,
+                                           speed=send_s / dr.LATENCY_S)
+    drain = dr.Drain(conn, sender, name=ctx.name, batch=batch, lease_s=lease_s, fence=fence)
+    runs = 0
+    while ctx.pause("ready") is not None:
+        runs += 1
+        start, sent, ticks, longest = time.monotonic(), 0, 0, 0.0
+        while True:
+            t = time.monotonic()
+            rows = drain.claim()
+            longest = max(longest, time.monotonic() - t)
+            if not rows:
+                break
+            ticks += 1
+            done = [(row, sender.send(row, by=ctx.name)) for row in dr.send_order(rows)]
+            sent += len(done)
+            t = time.monotonic()
+            drain.complete_all(done)
+            longest = max(longest, time.monotonic() - t)
+        ctx.emit("finished", run=runs, start=start, end=time.monotonic(), sent=sent, ticks=ticks,
+                 longest_lock_s=longest)
+    return {"runs": runs}
+
+
+def _scripted_drain(lab: Lab, name: str, *, batch: int, fence: bool, pause_after: int):
+    """A drain process that claims ``batch`` rows, sends ``pause_after`` and waits there."""
+    w = dr.Worker(dr.drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
+                  lease_s=dr.LEASE_S, fence=fence, pause_after_claim=False,
+                  pause_after_sends=pause_after)
+    w.start()
+    ev = w.wait_for("connected", timeout=60)
+    ids = w.wait_for("claimed", timeout=60)["ids"]
+    w.wait_for("paused", tag=f"sent-{pause_after}", timeout=60)
+    return w, [ev["pid"], ev["sender_pid"]], ids
+
+
+def _run_pool(pool: list, run: int) -> dict:
+    """Resume every drain of the pool once; wait until each found nothing to claim."""
+    for w in pool:
+        w.wait_for("paused", tag="ready", count=run, timeout=90)
+    for w in pool:
+        w.resume("run")
+    reports = [w.wait_for("finished", run=run, timeout=120) for w in pool]
+    wall = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    sent = sum(r["sent"] for r in reports)
+    return {"sent": sent, "wall_s": wall, "longest_lock_s": max(r["longest_lock_s"] for r in reports)}
+
+
+def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: int = 160,
+                      send_ms: float = 20) -> dict:
+    """One drain run at a given concurrency (``drains`` processes, ``batch`` rows a claim) over
+    a backlog of ``rows`` deliveries, with one crash and one zombie, scripted:
+
+    1. drain "crash" claims ``batch`` rows, sends half of them, and is SIGKILLed;
+    2. drain "zombie" claims the next ``batch``, sends half, and is frozen with SIGSTOP;
+    3. the pool of ``drains`` drain processes drains the rest (each send really sleeps
+       ``send_ms``): the throughput is measured here;
+    4. the lab's clock passes the lease: the pool re-claims and sends both batches;
+    5. the zombie is resumed (SIGCONT): it sends the rest of its batch and writes its outcomes,
+       by id (``fence=False``) or fenced by claim version.
+
+    Counted from the server: the pushes on record (``device_push``), duplicates among them,
+    the row locks either scripted drain held while paused mid-batch (``locked_among``), and
+    the stale writes that landed: outcome writes beyond one per delivery (``outcomes`` in the
+    ledger; every delivery ends ``sent`` by its latest claim, so any more came from a claim that
+    was no longer the row's).  Timed by the drains' clocks: jobs a second while the pool drains
+    the backlog, and the longest a drain held row locks (a claim or an outcome transaction)."""
+    if drains < 1:
+        raise LabkitError(f"{drains} drains cannot drain anything.", "pass drains >= 1.")
+    dr.check_params(batch=batch, rows=rows, send_ms=send_ms, drains=drains)
+    if batch < 2 or rows < 2 * batch + drains:
+        raise LabkitError(f"A batch of {batch} in a backlog of {rows} leaves the pool nothing to do.",
+                          "pass batch >= 2 and rows >= 2 * batch + drains.")
+    clock = dr.create_ledger(lab, rows)
+    half = batch // 2
+    pool = [dr.Worker(pool_worker, name=f"drain {i + 1}", dsn=lab.db.dsn, schema=lab.schema,
+                      batch=batch, lease_s=dr.LEASE_S, fence=fence, send_s=send_ms / 1000)
+            for i in range(drains)]
+    crash = zombie = None
+    try:
+        for w in pool:
+            w.start()
+        crash, crash_pids, crash_ids = _scripted_drain(lab, "crash", batch=batch, fence=fence,
+                                                       pause_after=half)
+        locked_mid_batch = dr.locked_among(lab, crash_ids)
+        crash.kill()
+        dr._wait_backend_gone(lab, crash_pids[0])
+        zombie, zombie_pids, zombie_ids = _scripted_drain(lab, "zombie", batch=batch, fence=fence,
+                                                          pause_after=half)
+        os.kill(zombie.pid, signal.SIGSTOP)
+        zombie.resume()                     # queued: it goes on only once it is woken up
+        state = dr._wait_stopped(zombie.pid)
+        locked_frozen = dr.locked_among(lab, zombie_ids)
+        backlog = _run_pool(pool, 1)
+        clock.advance(dr.LEASE_S + 1)
+        again = _run_pool(pool, 2)
+        os.kill(zombie.pid, signal.SIGCONT)
+        done = zombie.join(60) or {}
+        lost = done.get("result", {}).get("lost", [])
+        for w in pool:
+            w.wait_for("paused", tag="ready", count=3, timeout=90)
+            w.resume(None)
+        for w in pool:
+            w.join(30)
+    finally:
+        for w in pool + [crash, zombie]:
+            if w is not None:
+                w.kill()
+    statuses = dr._statuses(lab)
+    extra_writes = lab.execute("SELECT coalesce(sum(outcomes), 0) - count(*) FROM delivery")[0][0]
+    pushes = dr.read_pushes(lab)
+    shown = dr.Device.count(pushes, dedup_on="delivery_id")
+    return {
+        "drains": drains, "batch": batch, "fence": fence, "rows": rows,
+        "zombie_state": state,
+        "rows_locked_mid_batch": locked_mid_batch + locked_frozen,
+        "pushes": len(pushes), "duplicate_pushes": shown["duplicate_pushes"],
+        "shown_twice_with_delivery_id_key": shown["visible_duplicates"] + shown["hidden_by_collapse_id"],
+        "reclaimed_after_lease": again["sent"],
+        "zombie_writes": len(zombie_ids), "zombie_writes_refused": len(lost),
+        "stale_writes_landed": int(extra_writes),
+        "sent": statuses["sent"], "pending": statuses["pending"], "failed": statuses["failed"],
+        "backlog_rows": backlog["sent"], "backlog_s": round(backlog["wall_s"], 3),
+        "jobs_per_s": round(backlog["sent"] / backlog["wall_s"], 1) if backlog["wall_s"] else None,
+        "longest_lock_ms": round(1000 * max(backlog["longest_lock_s"], again["longest_lock_s"]), 1),
+        "send_ms": send_ms,
+    }
+
+
+def batch_outlives_lease(lab: Lab, *, batch: int, lease_s: float = dr.LEASE_S,
+                         latency_s: float = dr.LATENCY_S, fence: bool = True) -> dict:
+    """No crash and no pause: drain 1 claims ``batch`` rows and sends them one by one, each
+    push moving the lab's clock on ``latency_s`` (what an APNs call takes); after each push,
+    drain 2 claims once, until it gets rows.  When the batch takes longer than the lease,
+    drain 2 takes drain 1's rows while drain 1 is still sending them -- every row of the batch,
+    since drain 1 writes no outcome before the end -- and both send them."""
+    dr.check_params(batch=batch, lease_s=lease_s, latency_s=latency_s)
+    clock = dr.create_ledger(lab, batch, no_collapse_every=1)
+    one = dr.make_drain(lab, "drain 1", batch=batch, lease_s=lease_s, fence=fence)
+    two = dr.make_drain(lab, "drain 2", batch=batch, lease_s=lease_s, fence=fence)
+    taken: list[int] = []
+    at: list[int] = []
+
+    def after_push(i: int, row: dr.Claimed, out: dr.Outcome) -> None:
+        clock.advance(latency_s)                     # the push took latency_s of APNs time
+        if not taken:
+            got = two.tick()
+            if got.claimed:
+                taken.extend(c.id for c in got.claimed)
+                at.append(i)
+
+    try:
+        res = one.tick(after_push)
+    finally:
+        dr.close_drain(one)
+        dr.close_drain(two)
+    pushes, dups = lab.execute(dr._lab_sql("push_counts"))[0]
+    return {"batch": batch, "batch_s": batch * latency_s, "lease_s": lease_s,
+            "taken_by_drain_2": len(taken), "taken_after_push": at[0] if at else None,
+            "pushes": int(pushes), "duplicate_pushes": int(dups),
+            "drain_1_writes_landed": len(res.claimed) - len(res.lost)}

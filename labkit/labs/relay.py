@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Callable
 
 import psycopg
 
-from ..core.db import WORKER_GUARDS, open_connection
+from ..core.db import WORKER_GUARDS, Guards, open_connection
 from ..core.errors import LabkitError
 from ..core.lab import Lab, read_sql
 from ..core.limits import number
@@ -669,7 +670,9 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
     batch up instead of publishing the rest of it.
 
     The trace's text and summary reproduce exactly; the measured time from the backend
-    going idle to its end is ``trace.measured["released_after_s"]``."""
+    going idle to its end is ``trace.measured["released_after_s"]`` (the lab's clock, late by at most
+    one poll) and ``trace.measured["released_after_server_s"]`` (the server's clock: from the
+    backend's ``state_change`` to the moment a session waiting for one of its row locks got it)."""
     if publish_timeout_s == AUTO:
         publish_timeout_s = None if idle_timeout_s is None else idle_timeout_s / 2
     _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s)
@@ -678,6 +681,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
     title = f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})"
     with _traced(lab, broker, batch, title) as (tr, broker, obs):
         tr.measured = {}
+        waiter = None
         tag = f"published:{freeze_after}" if freeze_after else "claimed"
         r1 = _relay(lab, broker, "relay-1", batch=batch, pause_at=[f"{tag}#1"],
                     idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s)
@@ -704,13 +708,26 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
                    "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
                    "nothing publishes them", obs.snapshot())
-            # Who ends the frozen backend, and when.
+            # Who ends the frozen backend, and when -- by the server's clock: when the backend
+            # went idle in its transaction, and when a session waiting for one of its row locks
+            # got it (the moment the batch was let go).
+            idle_since_server = obs.conn.execute(_lab_sql("state_since"), {"pid": pid}).fetchone()
+            first_id = r1.wait_for("claimed", timeout=60)["ids"][0]
+            granted: list = []
+            waiter = threading.Thread(target=_lock_granted_at, daemon=True, args=(
+                lab, first_id, watch_s + 30, granted))
+            waiter.start()
             deadline = time.monotonic() + watch_s
             while obs.backend_state(pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.05)
             gone_at = time.monotonic()
             last = obs.backend_state(pid)
             killed = last is not None
+            if not killed:
+                waiter.join(watch_s + 30)
+                if granted and idle_since_server and idle_since_server[0] is not None:
+                    tr.measured["released_after_server_s"] = round(
+                        (granted[0] - idle_since_server[0]).total_seconds(), 3)
             if killed:
                 tr.measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
                 r1.kill()                             # SIGKILL ends a stopped process too
@@ -755,6 +772,8 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             if r1.alive:
                 os.kill(r1.pid, signal.SIGCONT)
                 r1.kill()
+            if waiter is not None:
+                waiter.join(watch_s + 30)
         stale_writes = 0
         if xid:
             stale_writes = obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
@@ -774,6 +793,16 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             "stale_writes_after_wake": stale_writes})
         out.summary["duplicates_after_wake"] = out.summary["duplicates"]
         return out
+
+
+def _lock_granted_at(lab: Lab, row_id: int, wait_s: float, out: list) -> None:
+    """Thread: wait (at most ``wait_s``) for the row lock on outbox row ``row_id``; append the
+    server's clock at the moment it was granted to ``out`` (nothing if the wait failed)."""
+    try:
+        with lab.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
+            out.append(conn.execute(_lab_sql("lock_granted_at"), {"id": row_id}).fetchone()[0])
+    except psycopg.Error:
+        pass
 
 
 def freeze_summary(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,

@@ -73,3 +73,14 @@ SELECT id
   FROM delivery
  WHERE status = 'pending' AND attempts >= 2 AND last_error IS NULL
  ORDER BY id;
+
+-- name: state_since
+-- When backend pid entered its present state, by the server's clock (a frozen drain in a transaction: when it went idle in it).
+SELECT state_change
+  FROM pg_stat_activity
+ WHERE pid = %(pid)s;
+
+-- name: lock_granted_at
+-- Wait for the row lock on one delivery, then read the server's clock: the moment the lock's holder let it go.
+SELECT clock_timestamp()
+  FROM (SELECT id FROM delivery WHERE id = %(id)s FOR UPDATE) AS locked;

@@ -77,3 +77,14 @@ SELECT pid, application_name
  WHERE datname = current_database() AND pid <> pg_backend_pid()
    AND ((backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%(x)s::xid))
      OR (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(x)s::xid)));
+
+-- name: state_since
+-- When backend pid entered its present state, by the server's clock (for a frozen relay: when it went idle in its transaction).
+SELECT state_change
+  FROM pg_stat_activity
+ WHERE pid = %(pid)s;
+
+-- name: lock_granted_at
+-- Wait for the row lock on one outbox row, then read the server's clock: the moment the lock's holder let it go.
+SELECT clock_timestamp()
+  FROM (SELECT id FROM outbox WHERE id = %(id)s FOR UPDATE) AS locked;
