@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Run PostgreSQL isolation-tester specs and print the tester's output.")
     p = _command(specs, "run", "run specs and print (or compare) their output",
                  lambda a: spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout,
-                                             engine=a.engine, check=a.check),
+                                             engine=a.engine, check=a.check, trusted=a.trusted),
                  prefix="labkit spec")
     p.add_argument("specs", nargs="*", metavar="FILE.spec",
                    help="spec files (default: the workbook's own wait, NOWAIT and SKIP LOCKED specs "
@@ -394,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "exit 1 and show a unified diff on a mismatch")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="cancel a step that has not finished after this long (default 60)")
+    p.add_argument("--trusted", action="store_true",
+                   help="runs the spec's SQL with your own role's rights: only for specs you "
+                        "trust (by default it runs as a throw-away role that may use the run's "
+                        "own database and nothing else); refused on a classroom server")
     p = _command(specs, "permutations", "parse specs and list the permutations they run",
                  lambda a: spec.spec_command(what="permutations", specs=a.specs), prefix="labkit spec")
     p.add_argument("specs", nargs="+", metavar="FILE.spec")

@@ -502,6 +502,20 @@ def test_a_user_with_createdb_and_createrole_gets_a_database_and_a_sandbox(train
                              (f"%labkit\\_spec\\_%\\_{os.getpid()}",)).fetchone()
 
 
+@pytest.mark.parametrize("trainee", ["CREATEDB CREATEROLE"], indirect=True)
+def test_a_setting_the_throw_away_role_may_not_set_points_to_trusted(trainee, db):
+    # A role that may create roles but is no superuser cannot grant SET on deadlock_timeout,
+    # so the throw-away role it makes may not set it: the error says what to do.
+    text = ("session s1\nsetup { BEGIN; SET deadlock_timeout = '10ms'; }\n"
+            "step a { SELECT 1 AS one; }\n")
+    with pytest.raises(SpecError) as caught:
+        specmod.run(specmod.parse(text, "timeout.spec"), Lab(trainee, f"t_spec_set_{os.getpid()}"))
+    assert caught.value.what == ('timeout.spec: setup of session s1 failed: ERROR:  permission '
+                                 'denied to set parameter "deadlock_timeout"')
+    assert "run a spec you trust with --trusted" in caught.value.fix
+    assert not databases(db, f"labkit\\_spec\\_%\\_{os.getpid()}")
+
+
 def test_a_failing_setup_is_an_error_that_names_it(spec_lab):
     with pytest.raises(SpecError, match="setup failed: .*no_such_table"):
         specmod.run(specmod.parse("setup { SELECT * FROM no_such_table; }\n"

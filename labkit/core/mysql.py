@@ -22,11 +22,13 @@ engine-neutral code calls (``execute``, ``commit``, ``rollback``, ``cancel_safe`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import secrets
 import socket
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -398,10 +400,18 @@ def kill(server: MyServer, thread_id: int, *, query_only: bool) -> None:
 # A lab: a database of its own
 # ----------------------------------------------------------------------------------------
 
+MAX_NAME = 64        # MySQL's and MariaDB's limit on a database name
+
+
 def database_name(name: str, user: str | None = None) -> str:
-    """``labkit_<name>_<user>``, at most 64 characters (MySQL's limit)."""
-    base = f"{DB_PREFIX}{_slug(name)}_{user or current_user_tag()}"
-    return base[:64]
+    """``labkit_<name>_<user>``, at most 64 characters (MySQL's limit).  A longer one keeps
+    its start and ends in a short hash of the whole, so that two long user names never
+    share (and so never drop) each other's lab."""
+    full = f"{DB_PREFIX}{_slug(name)}_{user or current_user_tag()}"
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.sha1(full.encode()).hexdigest()[:8]
+    return f"{full[:MAX_NAME - 9].rstrip('_')}_{digest}"
 
 
 class MyLab:
@@ -529,3 +539,174 @@ class MyLab:
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
+
+
+# ----------------------------------------------------------------------------------------
+# A throw-away user for SQL from a file (an isolation spec)
+# ----------------------------------------------------------------------------------------
+
+SANDBOX_PREFIX = "labkit_sbx_"
+
+
+def _literal(text: str) -> str:
+    """``text`` as a quoted SQL string (for account names, which take no parameters)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _grant_pattern(database: str) -> str:
+    """``database`` as the name a GRANT gives rights on: in a grant's database name ``_`` and
+    ``%`` are wildcards, so that a plain ``labkit_spec_1`` would also cover ``labkitXspecY1``."""
+    return _quote(database.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%"))
+
+
+def _native_hash(password: str) -> str:
+    """What MariaDB stores for a mysql_native_password: sending it instead of the password
+    keeps the password itself out of the server's logs."""
+    return "*" + hashlib.sha1(hashlib.sha1(password.encode()).digest()).hexdigest().upper()
+
+
+def sweep_users(admin: MyConn) -> list[str]:
+    """Drop the throw-away users that killed runs left: named ``labkit_sbx_*``, with no
+    session, whose one database is gone.  Returns the accounts dropped (none where labkit's
+    user may not read ``mysql.user`` or drop users)."""
+    import pymysql
+
+    try:
+        rows = admin.execute(query(SQL, "sandbox_leftovers").sql,
+                             {"like": SANDBOX_PREFIX.replace("_", "\\_") + "%"}).fetchall()
+    except pymysql.err.MySQLError:
+        return []
+    dropped = []
+    for user, host in rows:
+        try:
+            admin.execute(f"DROP USER IF EXISTS {_literal(user)}@{_literal(host)}")
+            dropped.append(f"{user}@{host}")
+        except pymysql.err.MySQLError:
+            pass
+    return dropped
+
+
+class _UserLab(MyLab):
+    """A lab seen through the throw-away user: its connections log in as that user.  The
+    lab's server (and so the lock monitor and KILL QUERY) stays labkit's own user."""
+
+    def __init__(self, base: MyLab, as_user: MyServer) -> None:
+        self.__dict__.update(base.__dict__)
+        self._conns = weakref.WeakSet()
+        self._admin = None
+        self._as_user = as_user
+
+    def connect(self, *, autocommit: bool = True, role: str = "", guards: Any = None,
+                lock_wait_timeout_s: int | None = 5, statement_timeout_s: float | None = 30) -> MyConn:
+        conn = self._as_user.connect(database=self.database, autocommit=autocommit, role=role,
+                                     lock_wait_timeout_s=lock_wait_timeout_s,
+                                     statement_timeout_s=statement_timeout_s)
+        if self.isolation:
+            conn.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {self.isolation}")
+        self._conns.add(conn)
+        return conn
+
+
+class SandboxUser:
+    """A user of its own for SQL from a file, for the life of one ``with`` block::
+
+        with SandboxUser(lab) as box:
+            box.lab.connect()        # as labkit_sbx_...@<this host>, in lab.database only
+
+    The user has a random password (sent to MariaDB as its hash), may log in only from the
+    host labkit connects from, at most ``connections`` times at once, and has every right
+    on the lab's database and none anywhere else: no FILE (so no LOAD_FILE, LOAD DATA
+    INFILE or SELECT ... INTO OUTFILE), no SUPER, no PROCESS, no other database, not the
+    ``mysql`` schema.  At the end (on an error or an interrupt too) its sessions are
+    KILLed and it is dropped; one that a killed run left is dropped by the next run once
+    its database is gone (:func:`sweep_users`).
+
+    Where labkit's user may not create users, the SQL runs as that user and :attr:`note`
+    says so."""
+
+    def __init__(self, lab: MyLab, *, connections: int = 16) -> None:
+        self.base = lab
+        self.connections = connections
+        self.user: str | None = None
+        self.host: str | None = None
+        self.password: str | None = None
+        self.note = ""
+        self._lab: MyLab | None = None
+
+    @property
+    def account(self) -> str:
+        return f"{_literal(self.user or '')}@{_literal(self.host or '')}"
+
+    def __enter__(self) -> "SandboxUser":
+        try:
+            self.open()
+        except BaseException:
+            try:
+                self.close()
+            except Exception:
+                pass
+            raise
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:        # the error that ended the block is the one to report
+            self.close()
+        except Exception:
+            pass
+
+    def open(self) -> None:
+        import pymysql
+
+        admin = self.base.admin
+        sweep_users(admin)
+        me = str(admin.execute("SELECT USER()").fetchone()[0])
+        self.host = me.rsplit("@", 1)[1] if "@" in me else "localhost"
+        self.user = SANDBOX_PREFIX + secrets.token_hex(6)
+        self.password = secrets.token_urlsafe(24)
+        server = self.base.server
+        secret = (f"BY PASSWORD {_literal(_native_hash(self.password))}" if server.flavour == "MariaDB"
+                  else f"BY {_literal(self.password)}")
+        try:
+            admin.execute(f"CREATE USER {self.account} IDENTIFIED {secret} "
+                          f"WITH MAX_USER_CONNECTIONS {int(self.connections)}")
+        except pymysql.err.MySQLError as exc:
+            self.user = self.password = None
+            self.note = (f"ran as your own user {me} (it may not create users: {exc.args[-1]}): the "
+                         "SQL had your rights on this server, as anything you run here does")
+            return
+        admin.execute(f"GRANT ALL PRIVILEGES ON {_grant_pattern(self.base.database)}.* TO {self.account}")
+        try:
+            self.lab.connect(role="sandbox", lock_wait_timeout_s=None).close()
+        except ServerError as exc:
+            raise LabkitError(f"The throw-away user {self.user} that runs the file's SQL could not "
+                              f"log in: {exc.what}",
+                              f"let users log in from {self.host} with a password, then run it "
+                              "again.") from None
+        self.note = (f"ran as the throw-away user {self.user}, which may use the database "
+                     f"{self.base.database} and nothing else")
+
+    @property
+    def lab(self) -> MyLab:
+        """The lab, seen through the throw-away user (the lab itself, where there is none)."""
+        if self.user is None:
+            return self.base
+        if self._lab is None:
+            as_user = replace(self.base.server, params={
+                **self.base.server.params, "user": self.user, "password": self.password})
+            self._lab = _UserLab(self.base, as_user)
+        return self._lab
+
+    def close(self) -> None:
+        """End the user's sessions and drop it."""
+        if self._lab is not None:
+            self._lab.close_connections()
+        if self.user is None:
+            return
+        admin = self.base.admin
+        for (thread,) in admin.execute(query(SQL, "user_sessions").sql, {"user": self.user}).fetchall():
+            kill(self.base.server, thread, query_only=False)
+        admin.execute(f"DROP USER IF EXISTS {self.account}")
+        self.user = self.password = None

@@ -30,3 +30,24 @@ SELECT b.trx_mysql_thread_id AS blocking_thread,
 SELECT id
   FROM information_schema.PROCESSLIST
  WHERE db = %(db)s AND user = SUBSTRING_INDEX(CURRENT_USER(), '@', 1) AND id <> CONNECTION_ID();
+
+-- name: user_sessions
+-- The sessions of one user (a throw-away user that ran a spec), to be KILLed before it is
+-- dropped.
+SELECT id
+  FROM information_schema.PROCESSLIST
+ WHERE user = %(user)s;
+
+-- name: sandbox_leftovers
+-- Throw-away users that killed runs left behind: no session, and rights on one database
+-- only, which is gone. (In a grant's database name _ is written \_; '\\_' reads it back.)
+SELECT u.User, u.Host
+  FROM mysql.user AS u
+ WHERE u.User LIKE %(like)s
+   AND NOT EXISTS (SELECT 1 FROM information_schema.PROCESSLIST AS p WHERE p.USER = u.User)
+   AND EXISTS (SELECT 1 FROM mysql.db AS d WHERE d.User = u.User AND d.Host = u.Host)
+   AND NOT EXISTS (SELECT 1
+                     FROM mysql.db AS d
+                     JOIN information_schema.SCHEMATA AS s
+                       ON s.SCHEMA_NAME = REPLACE(d.Db, '\\_', '_')
+                    WHERE d.User = u.User AND d.Host = u.Host);

@@ -35,13 +35,20 @@ Databases that killed runs left behind: :func:`drop_spec_databases`.
 
 Every SQL text of the spec (setup, teardown, session setup and teardown, steps) runs as
 a throw-away role that may use that database's ``public`` schema (or that lab schema) and
-nothing else (:mod:`labkit.core.sandbox`).  A spec file may hold at most 1 MB, one
+nothing else (:mod:`labkit.core.sandbox`); where the server has parameter privileges
+(PostgreSQL 15 and later) and labkit's user may grant them, that role may also set
+``deadlock_timeout`` (:func:`grant_parameters`).  ``trusted=True`` (``--trusted``) runs the
+SQL as labkit's own role instead, for a spec that needs more (one that updates
+``pg_class``, say), and is refused on a classroom server
+(:func:`refuse_trusted_on_a_classroom`).  On MySQL and MariaDB the SQL runs as a
+throw-away user with rights on the run's database alone
+(:class:`labkit.core.mysql.SandboxUser`).  A spec file may hold at most 1 MB, one
 without permutation lines may interleave its steps in at most 10,000 ways, and a spec
 may have at most ``MAX_SESSIONS`` (16) sessions.
 
 Command line (wired in ``labkit/cli.py``)::
 
-    labkit spec run FILE.spec [FILE2.spec ...] [--diff EXPECTED.out ...]
+    labkit spec run FILE.spec [FILE2.spec ...] [--diff EXPECTED.out ...] [--trusted]
     labkit spec permutations FILE.spec
 """
 
@@ -72,7 +79,7 @@ from ..core.lab import Lab
 from ..core.mysql import ENGINES
 from ..core.mysessions import MySessions
 from ..core.queries import query, statements
-from ..core.sandbox import Sandbox, check_number, read_input
+from ..core.sandbox import Deadline, Sandbox, check_number, read_input
 from ..core.sessions import MAX_SESSIONS, Sessions
 from ..core.sessions import Step as EngineStep
 
@@ -81,8 +88,9 @@ MAX_PERMUTATIONS = 10_000
 MAX_TIMEOUT_S = 86_400
 
 __all__ = ["Blocker", "Permutation", "PermutationStep", "Session", "Spec", "Step",
-           "drop_spec_databases", "format_result", "parse", "parse_file", "run",
-           "run_file", "spec_command", "spec_database_name", "spec_databases"]
+           "TrustRefused", "drop_spec_databases", "format_result", "grant_parameters", "parse",
+           "parse_file", "refuse_trusted_on_a_classroom", "run", "run_file", "run_mysql",
+           "spec_command", "spec_database_name", "spec_databases"]
 
 # ======================================================================================
 # The spec, as data
@@ -724,8 +732,12 @@ class _Runner:
             if what == "teardown":
                 self.warn(f"teardown of session {name} failed: {msg}")
                 return
-            raise SpecError(f"{self.spec.filename}: setup of session {name} failed: {msg}",
-                            f"fix the SQL of session {name}'s setup block.")
+            fix = f"fix the SQL of session {name}'s setup block."
+            if "permission denied to set parameter" in msg and self.box is not None \
+                    and self.box.role is not None:
+                fix = ("the spec's SQL runs as a throw-away role, which may set no such "
+                       "parameter; run a spec you trust with --trusted.")
+            raise SpecError(f"{self.spec.filename}: setup of session {name} failed: {msg}", fix)
 
     # -- one permutation -------------------------------------------------------------------
     def run_permutation(self, perm: Permutation) -> None:
@@ -920,7 +932,8 @@ class _Runner:
 
 
 def run(spec_or_path: Spec | str | os.PathLike, lab: Lab | None = None, *,
-        timeout: float = 60.0, reset: bool = True, stderr: TextIO | None = None) -> str:
+        timeout: float = 60.0, reset: bool = True, stderr: TextIO | None = None,
+        trusted: bool = False) -> str:
     """Run every permutation of a spec; return what isolationtester would print.
 
     ``spec_or_path`` is a :class:`Spec` or the path of a ``.spec`` file.  The spec runs
@@ -932,6 +945,12 @@ def run(spec_or_path: Spec | str | os.PathLike, lab: Lab | None = None, *,
     (seconds) bounds one step: after it the step is cancelled, as the tester does after
     PGISOLATIONTIMEOUT.  Messages the tester writes to stderr (unused steps, failed
     teardown) go to ``stderr`` (default ``sys.stderr``).
+
+    The spec's SQL runs as a throw-away role (:class:`labkit.core.sandbox.Sandbox`), which
+    may also set ``deadlock_timeout`` where the server lets labkit grant that (see
+    :func:`grant_parameters`).  With ``trusted=True`` it runs as labkit's own role instead,
+    with all of that role's rights (refused on a classroom server:
+    :func:`refuse_trusted_on_a_classroom`).
     """
     spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
     check_number("timeout", timeout, low=0.1, high=MAX_TIMEOUT_S,
@@ -950,13 +969,110 @@ def run(spec_or_path: Spec | str | os.PathLike, lab: Lab | None = None, *,
     else:
         server = lab.db
     out: list[str] = []
+    if trusted:
+        with server.connect(role="spec") as conn:
+            refuse_trusted_on_a_classroom(conn)
     with _spec_place(server, lab, reset=reset, stderr=stderr) as place:
+        if trusted:
+            print(f"labkit spec: {TRUSTED_NOTE} ({place.admin.info.user}).", file=stderr)
+            with _OwnRole(place) as own:
+                _Runner(spec, place, timeout, out, stderr, box=own).run()
+            return "".join(out)
         with Sandbox(place, connections=len(spec.sessions) + 4, statement_timeout_s=2 * timeout,
                      own_database=isinstance(place, _OwnDatabase)) as box:
             if box.role is None:
                 print(f"labkit spec: the spec's SQL {box.note}.", file=stderr)
+            else:
+                grant_parameters(place.admin, box.role)
             _Runner(spec, box.lab, timeout, out, stderr, box=box).run()
     return "".join(out)
+
+
+# ======================================================================================
+# What the throw-away role may set, and the trusted mode
+# ======================================================================================
+
+# Settings a spec's session may need that PostgreSQL lets only a superuser set (or a role
+# granted SET on them): the deadlock detector's wait, which PostgreSQL's own deadlock specs
+# set per session.  (lock_timeout and statement_timeout any role may set.)
+SANDBOX_PARAMETERS = ("deadlock_timeout",)
+
+CLASSROOM_ENV = "LABKIT_CLASSROOM"
+TRUSTED_NOTE = ("--trusted: ran the spec's SQL with your own role's rights, not as a "
+                "throw-away role")
+
+
+class TrustRefused(LabkitError):
+    """``--trusted`` asked for where it is not allowed (a classroom server)."""
+
+
+def grant_parameters(admin: psycopg.Connection, role: str) -> list[str]:
+    """``GRANT SET ON PARAMETER`` each of :data:`SANDBOX_PARAMETERS` to the throw-away
+    ``role``, where the server has parameter privileges (PostgreSQL 15 and later) and
+    labkit's user may grant them (a superuser may); returns the names granted.  Dropping the
+    role (``DROP OWNED BY`` first) revokes them."""
+    if admin.info.server_version < 150000:
+        return []
+    granted = []
+    for name in SANDBOX_PARAMETERS:
+        try:
+            with admin.transaction():
+                admin.execute(psql.SQL("GRANT SET ON PARAMETER {} TO {}").format(
+                    psql.Identifier(name), psql.Identifier(role)))
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedObject):
+            continue
+        granted.append(name)
+    return granted
+
+
+def refuse_trusted_on_a_classroom(conn: psycopg.Connection | None = None) -> None:
+    """Raise :class:`TrustRefused` on a classroom server: where ``LABKIT_CLASSROOM`` is set
+    (to anything but empty; the classroom's hub sets ``LABKIT_CLASSROOM=1``), or where
+    ``conn`` logged in as a classroom trainee role (``claimlab_*``, marked
+    ``labkit classroom``).  There a spec is somebody else's homework on a shared server, and
+    it runs as a throw-away role only."""
+    from .classroom import MARK, PREFIX
+
+    why = None
+    if os.environ.get(CLASSROOM_ENV, "").strip():
+        why = f"{CLASSROOM_ENV} is set: this is a classroom's machine"
+    elif conn is not None:
+        row = conn.execute(query("spec.sql", "classroom_login").sql,
+                           {"like": PREFIX.replace("_", r"\_") + "%", "mark": MARK}).fetchone()
+        if row is not None:
+            why = f"the role {row[0]} is a classroom trainee's"
+    if why is not None:
+        raise TrustRefused(f"--trusted is refused here: {why}, and --trusted would run the "
+                           "spec's SQL with your own role's rights.",
+                           "run the spec without --trusted: it then runs as a throw-away role "
+                           "that may use its own database and nothing else.")
+
+
+class _OwnRole:
+    """What :class:`_Runner` needs of a sandbox, for a trusted run: the run's deadline
+    cancels what the place's own connections run."""
+
+    role = None
+
+    def __init__(self, place: Lab) -> None:
+        self.place = place
+
+    def __enter__(self) -> "_OwnRole":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.place.close()
+
+    def cancel_all(self) -> None:
+        for conn in list(self.place._conns):
+            try:
+                if not conn.closed:
+                    conn.cancel()
+            except Exception:
+                pass
+
+    def deadline(self, seconds: float) -> Deadline:
+        return Deadline(self, seconds)
 
 
 def run_file(path: str | os.PathLike, lab: Lab | None = None, **kw) -> str:
@@ -972,8 +1088,8 @@ class _MyRunner(_Runner):
     """Plays a spec on a MySQL-compatible lab through :class:`MySessions`: the tester's
     order, its ``<waiting ...>`` (the server's lock-wait tables say a step waits) and its
     output.  An error prints as ``ERROR:  (1205) message``: MySQL's number, then its words.
-    MySQL has no notices and no NOTIFY, and there is no sandbox role: the spec's SQL runs
-    as the configured user, in a database made for the run and dropped at the end."""
+    MySQL has no notices and no NOTIFY.  The spec's SQL runs in a database made for the run
+    and dropped at the end, as a throw-away user that may use that database alone."""
 
     def _run_block(self, conn, text: str, what: str, fatal: str | None) -> None:
         import pymysql
@@ -1031,9 +1147,11 @@ def own_specs(engine: str = "postgresql") -> list[Path]:
 
 
 def run_mysql(spec_or_path: Spec | str | os.PathLike, *, engine: str = "mariadb",
-              timeout: float = 60.0, stderr: TextIO | None = None) -> str:
+              timeout: float = 60.0, stderr: TextIO | None = None, trusted: bool = False) -> str:
     """:func:`run`, on the MySQL-compatible server :func:`labkit.core.mysql.find` finds (it
-    must be ``engine``): in a database made for the run, dropped at the end."""
+    must be ``engine``): in a database made for the run, dropped at the end, and as a
+    throw-away user with rights on that database only (:class:`labkit.core.mysql.SandboxUser`),
+    or with ``trusted=True`` as the configured user itself."""
     from ..core import mysql
 
     spec = spec_or_path if isinstance(spec_or_path, Spec) else parse_file(spec_or_path)
@@ -1043,9 +1161,19 @@ def run_mysql(spec_or_path: Spec | str | os.PathLike, *, engine: str = "mariadb"
     stderr = sys.stderr if stderr is None else stderr
     for w in spec.warnings:
         print(w, file=stderr)
+    server = mysql.find_engine(engine)
+    if trusted:
+        refuse_trusted_on_a_classroom()
     out: list[str] = []
-    with mysql.MyLab.open(mysql.find_engine(engine), f"spec_{os.getpid()}") as lab:
-        _MyRunner(spec, lab, timeout, out, stderr).run()
+    with mysql.MyLab.open(server, f"spec_{os.getpid()}") as lab:
+        if trusted:
+            print(f"labkit spec: {TRUSTED_NOTE} ({server.params['user']}).", file=stderr)
+            _MyRunner(spec, lab, timeout, out, stderr).run()
+        else:
+            with mysql.SandboxUser(lab, connections=len(spec.sessions) + 4) as box:
+                if box.user is None:
+                    print(f"labkit spec: the spec's SQL {box.note}.", file=stderr)
+                _MyRunner(spec, box.lab, timeout, out, stderr).run()
     return "".join(out)
 
 
@@ -1229,13 +1357,17 @@ def _spec_place(server: Database, lab: Lab | None, *, reset: bool,
 # ======================================================================================
 
 def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
-                 timeout: float = 60.0, engine: str = "postgresql", check: bool = False) -> int:
-    """``labkit spec run FILE.spec ... [--diff EXPECTED.out ...] [--timeout S]`` (exit 1 on a
-    mismatch, 3 when a step had to be cancelled) · ``labkit spec permutations FILE.spec ...``
+                 timeout: float = 60.0, engine: str = "postgresql", check: bool = False,
+                 trusted: bool = False) -> int:
+    """``labkit spec run FILE.spec ... [--diff EXPECTED.out ...] [--timeout S] [--trusted]``
+    (exit 1 on a mismatch, 3 when a step had to be cancelled, 2 when ``--trusted`` is
+    refused) · ``labkit spec permutations FILE.spec ...``
 
     ``--engine mariadb`` (or ``mysql``) plays the specs on the MySQL-compatible server of
     the cross-engine appendix.  Without FILE.spec, ``run`` plays the workbook's own specs for
-    the engine; with ``--check``, each compared with the output shipped beside it."""
+    the engine; with ``--check``, each compared with the output shipped beside it.
+    ``--trusted`` runs the spec's SQL with labkit's own role (or user) instead of a
+    throw-away one: only for specs you trust, and never on a classroom server."""
     if engine not in ENGINES:
         print(f"labkit spec: --engine {engine!r} is not one of {', '.join(ENGINES)}.", file=sys.stderr)
         return 2
@@ -1248,8 +1380,8 @@ def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
         print("labkit spec: --check compares the workbook's own specs with their outputs; give no "
               "FILE.spec with it (or use --diff EXPECTED.out).", file=sys.stderr)
         return 2
-    play = (lambda path: run_file(path, timeout=timeout)) if engine == "postgresql" else \
-        (lambda path: run_mysql(path, engine=engine, timeout=timeout))
+    play = (lambda path: run_file(path, timeout=timeout, trusted=trusted)) if engine == "postgresql" \
+        else (lambda path: run_mysql(path, engine=engine, timeout=timeout, trusted=trusted))
     try:
         if what == "permutations":
             for path in specs:
@@ -1287,6 +1419,9 @@ def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
                     expected.splitlines(keepends=True), output.splitlines(keepends=True),
                     fromfile=str(expected_path), tofile=f"{path} (this run)"))
         return status
+    except TrustRefused as exc:
+        print(f"labkit spec: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"labkit spec: {exc}", file=sys.stderr)
         return 2
