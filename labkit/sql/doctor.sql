@@ -29,13 +29,16 @@ SELECT pid
  ORDER BY pid;
 
 -- name: schemas_in_use
--- Which of these lab schemas a session is working in right now (its application_name is
--- labkit:<schema>:<role>, or it has locks on the schema's tables): a run in another terminal.
+-- Which of these lab schemas a session is working in right now: one of the lab's sessions
+-- (application_name labkit:<schema>:<role>) running a statement or inside a transaction, or
+-- any session holding locks on the schema's tables. A run in another terminal is; a
+-- notebook left open between cells (its connections idle) is not.
 SELECT DISTINCT n.nspname
   FROM pg_namespace n
  WHERE n.nspname = ANY(%(schemas)s)
    AND (EXISTS (SELECT 1 FROM pg_stat_activity a
                  WHERE a.pid <> pg_backend_pid()
+                   AND a.state IS DISTINCT FROM 'idle'
                    AND (a.application_name = left('labkit:' || n.nspname, 63)
                         OR left(a.application_name, least(63, 8 + length(n.nspname)))
                            = left('labkit:' || n.nspname || ':', 63)))
