@@ -712,11 +712,15 @@ def build_parser() -> argparse.ArgumentParser:
     # -- the queue in production (notebooks 13 and 14)
     p = _command(traces, "horizon", "claims while a long transaction holds the xmin horizon, against none",
                  lambda a: horizon.horizon_command(open_lab=_run_lab("trace_horizon"), seconds=a.seconds,
-                                                   workers=a.workers, json=a.json),
+                                                   workers=a.workers, other_database=a.other_database,
+                                                   json=a.json),
                  prefix="labkit trace horizon")
     p.add_argument("--seconds", type=float, default=10.0,
                    help="seconds the workers churn in each of the two runs (default 10)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--other-database", action="store_true",
+                   help="hold the horizon with a writer idle in a transaction in another database of "
+                        "the server (a throw-away one, dropped at the end) instead of a report in the lab's")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     p = _command(traces, "retries", "a failing handler's jobs through their attempts, backoff and dead letter",

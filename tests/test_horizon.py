@@ -153,3 +153,140 @@ def test_ctrl_c_mid_run_leaves_no_worker_report_or_session(lab, db):
     assert sent and time.monotonic() - sent[0] < 20
     assert child_pids() - before == set()
     _lab_sessions_gone(db, lab)
+
+
+# -- a writer in another database of the same server --------------------------------------------
+
+
+def _databases(db) -> set[str]:
+    with db.connect() as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+
+
+def test_the_who_holds_query_names_the_reports_snapshot_and_its_database(lab):
+    hz.create_queue(lab, 100)
+    report = hz.open_report(lab, lasts_s=30)
+    try:
+        xmin = hz.snapshot_xmin(report)                     # the report's own snapshot
+        lab.execute("SELECT pg_current_xact_id()")
+        mine = [h for h in hz.who_holds_the_horizon(lab, limit=100) if h["pid"] == report.info.backend_pid]
+        here = lab.execute("SELECT current_database()")[0][0]
+        assert len(mine) == 1 and mine[0]["backend_xmin"] == xmin and mine[0]["backend_xid"] is None
+        assert (mine[0]["datname"], mine[0]["holds_back"]) == (here, "this database")
+    finally:
+        report.close()
+
+
+def test_trace_horizon_other_database_json(db, capsys):
+    """``labkit trace horizon --other-database --json``: a writer idle in a transaction in a
+    throw-away database slows every claim of the lab's database as much as a report in it
+    would, VACUUM VERBOSE reports nothing unremovable, and the who-holds query names the
+    writer and its database; the database, the lab and every session are gone after."""
+    from labkit import Lab
+
+    before = child_pids()
+    opened = []
+
+    def open_lab():
+        opened.append(Lab.open(db, f"t_horizon_other_{id(opened)}"))
+        return opened[-1]
+
+    assert hz.horizon_command(open_lab=open_lab, seconds=2, workers=2, other_database=True, json=True) == 0
+    r = json.loads(capsys.readouterr().out)
+    schema = opened[0].schema
+    with db.connect() as conn:
+        here = conn.execute("SELECT current_database()").fetchone()[0]
+    assert r["holder_database"] == f"{schema[:57]}_other" != here and r["other_database_created"] is True
+    assert r["claims_without"] > 100 and r["claims_with"] > 100
+    # the claim walks every job done since the writer's transaction began ...
+    assert r["buffers_per_claim_with"] > 10 * r["buffers_per_claim_without"]
+    assert r["horizon_age_with"] >= r["claims_with"]
+    # ... yet VACUUM in the lab's database ignores the writer and removes every dead version
+    assert r["vacuum_unremovable_with"] == 0
+    assert f"{r['dead_tuples_with']} removed" in r["vacuum_line_with"]
+    assert r["dead_tuples_with"] == 2 * r["claims_with"]
+    # the who-holds query names the writer, its database, and that it holds every database
+    [h] = r["holders"]
+    assert (h["datname"], h["application_name"], h["state"], h["holds_back"]) == (
+        r["holder_database"], f"labkit:{schema}:writer", "idle in transaction", "every database")
+    assert h["backend_xid"] is not None and h["last_query"].startswith("INSERT INTO ledger")
+    assert r["horizon_held_by"] == (f"labkit:{schema}:writer (idle in transaction) "
+                                    f"in database {r['holder_database']}")
+    # nothing left behind
+    assert r["holder_database"] not in _databases(db)
+    assert backends_gone(db, f"labkit:{schema}:%") == []
+    with db.connect() as conn:
+        assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None
+    assert child_pids() - before == set()
+
+
+def test_an_existing_database_is_used_when_none_is_created_and_left_as_it_was(lab, db):
+    existing = lab.execute(query("horizon.sql", "other_databases").sql)
+    r = hz.horizon_trace(lab, seconds=1, workers=1, other_database=True, create_database=False)
+    here = lab.execute("SELECT current_database()")[0][0]
+    if not existing:        # the embedded server has no database but the lab's (and templates)
+        assert r["holder_database"] is None and r["note"].startswith("no other database")
+        assert r["buffers_per_claim_with"] is None and r["claims_without"] > 0
+        return
+    assert r["holder_database"] == existing[0][0]
+    assert r["other_database_created"] is False and r["holder_database"] not in (None, here)
+    assert r["holder_database"] in _databases(db)             # an existing one: not dropped
+    assert r["writer_statement"] == "SELECT pg_current_xact_id()"
+    assert r["buffers_per_claim_with"] > 10 * r["buffers_per_claim_without"]
+    assert r["vacuum_unremovable_with"] == 0
+    [h] = r["holders"]
+    assert (h["datname"], h["holds_back"]) == (r["holder_database"], "every database")
+    _lab_sessions_gone(db, lab)
+    assert backends_gone(db, f"labkit:{lab.schema}:{hz.WRITER_ROLE}") == []
+
+
+def test_with_no_other_database_the_result_says_so(lab, monkeypatch):
+    real = hz.query
+
+    class NoDatabase:
+        sql = "SELECT datname FROM pg_database WHERE false"
+
+    monkeypatch.setattr(hz, "query", lambda f, n: NoDatabase() if n == "other_databases" else real(f, n))
+    r = hz.horizon_trace(lab, seconds=1, workers=1, other_database=True, create_database=False)
+    assert r["holder_database"] is None and r["note"].startswith("no other database")
+    assert r["buffers_per_claim_with"] is None and r["vacuum_unremovable_with"] is None
+    assert r["claims_without"] > 0                             # the run without still ran
+
+
+def test_a_snapshot_in_another_database_holds_only_its_own(lab, db):
+    """A reader's snapshot alone (no transaction id) in another database does not stop the
+    claim's scan from marking entries dead; a transaction id there does."""
+    claim = query("production.sql", "claim").sql
+    complete = query("production.sql", "complete").sql
+    readings = {}
+    with hz.another_database(lab) as other:
+        for kind in ("reader", "writer"):
+            hz.create_queue(lab, 2000)
+            lab.execute("VACUUM job")
+            with db.connect(dbname=other.name) as conn:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                conn.execute("SELECT count(*) FROM pg_class" if kind == "reader" else "SELECT pg_current_xact_id()")
+                with lab.connect(role="churn") as w:
+                    for _ in range(1000):
+                        row = w.execute(claim, {"worker": "t", "lease_s": 60}).fetchone()
+                        w.execute(complete, {"id": row[0], "claim_version": row[5]})
+                readings[kind] = hz.claim_buffers(lab)
+        name = other.name
+    assert readings["writer"] > 10 * readings["reader"]
+    assert name not in _databases(db)
+
+
+def test_ctrl_c_with_the_writer_open_drops_the_other_database(lab, db):
+    before = child_pids()
+    sent: list[float] = []
+    watcher = interrupt_when(db.connect, returns_a_row(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle in transaction'",
+        (f"labkit:{lab.schema}:{hz.WRITER_ROLE}",)), sent, poll_s=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        hz.horizon_trace(lab, seconds=60, workers=1, other_database=True)
+    watcher.join(5)
+    assert sent and time.monotonic() - sent[0] < 20
+    assert hz.throwaway_name(lab) not in _databases(db)
+    assert backends_gone(db, f"labkit:{lab.schema}:{hz.WRITER_ROLE}") == []
+    assert child_pids() - before == set()
+    _lab_sessions_gone(db, lab)

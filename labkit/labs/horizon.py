@@ -22,19 +22,21 @@ shows VACUUM removing nothing while the report is open and everything once
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
 import math
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from ..core.db import WORKER_GUARDS, Guards, open_connection
+from ..core.db import WORKER_GUARDS, Guards, open_connection, session_name
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import bulk, number
@@ -48,6 +50,7 @@ SAMPLE_S = 0.5               # how often the parent samples what one claim reads
 MAX_SECONDS = 600            # churn time of one run (of each phase in horizon_trace)
 MAX_WORKERS = 16
 REPORT_ROLE = "report"       # the long report's session: labkit:<schema>:report
+WRITER_ROLE = "writer"       # the writer in another database: labkit:<schema>:writer
 WORKER_ROLE = "churn-w"      # the workers' sessions: labkit:<schema>:churn-w1, ...
 REPORT_MARGIN_S = 60         # the report ends itself this long after the run should have
 
@@ -177,13 +180,21 @@ def open_report(lab: Lab, *, lasts_s: float) -> psycopg.Connection:
 
 
 def holder_info(lab: Lab, pid: int) -> dict | None:
-    """A session as pg_stat_activity shows it: pid, application_name, state, and xmin_age
-    (how many transactions old its snapshot is)."""
+    """A session as pg_stat_activity shows it: pid, database, application_name, state,
+    xmin_age and xid_age (how many transactions old its snapshot and its transaction id are;
+    None when it has none)."""
     rows = lab.execute(query("horizon.sql", "holder").sql, {"pid": pid})
     if not rows:
         return None
-    pid, app, state, age = rows[0]
-    return {"pid": pid, "application_name": app, "state": state, "xmin_age": age}
+    pid, database, app, state, xmin_age, xid_age = rows[0]
+    return {"pid": pid, "database": database, "application_name": app, "state": state,
+            "xmin_age": xmin_age, "xid_age": xid_age}
+
+
+def snapshot_xmin(conn: psycopg.Connection) -> str:
+    """The xmin of the snapshot of ``conn``'s open transaction (horizon.sql "snapshot_xmin"),
+    as text: what pg_stat_activity shows as that session's ``backend_xmin``."""
+    return conn.execute(query("horizon.sql", "snapshot_xmin").sql).fetchone()[0]
 
 
 def _plain(v: Any) -> Any:
@@ -191,9 +202,11 @@ def _plain(v: Any) -> Any:
 
 
 def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[dict]:
-    """The sessions of this database (and walsenders) that hold the xmin horizon back,
-    oldest first (horizon.sql "who_holds_the_horizon"): pid, application_name, backend_type,
-    state, xmin_age and xid_age (in transactions), xact_age_s, in_state_s, last_query."""
+    """The sessions of every database of the server (walsenders included) that hold an xmin
+    horizon back, oldest first (horizon.sql "who_holds_the_horizon"): pid, datname,
+    application_name, backend_type, state, holds_back ("this database", "its own database"
+    or "every database"), backend_xmin and backend_xid (as text), xmin_age and xid_age (in
+    transactions), xact_age_s, in_state_s, last_query."""
     number("limit", limit, low=1, high=100, whole=True, example=5)
     cur = lab.admin.execute(query("horizon.sql", "who_holds_the_horizon").sql, {"limit": limit})
     cols = [c.name for c in cur.description]
@@ -202,12 +215,120 @@ def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[dict]:
 
 def other_horizon_holders(lab: Lab) -> list[dict]:
     """What else holds the horizon with no session to show for it (horizon.sql
-    "other_horizon_holders"): prepared transactions of this database and replication slots
+    "other_horizon_holders"): prepared transactions of every database and replication slots
     with an xmin (a standby's hot_standby_feedback kept in its slot, a logical consumer's
-    catalog_xmin); each with kind, name, xmin_age and age_s (prepared transactions)."""
+    catalog_xmin); each with kind, name, database (None for a physical slot), xmin_age and
+    age_s (prepared transactions)."""
     cur = lab.admin.execute(query("horizon.sql", "other_horizon_holders").sql)
     cols = [c.name for c in cur.description]
     return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
+
+
+# -- a writer in another database ----------------------------------------------------------------
+
+
+class OtherDatabase:
+    """Where the lab's writer runs: ``name`` (None: no other database could be used),
+    ``created`` (a throw-away database of the lab's, dropped at the end), ``note`` (why
+    there is none, or which existing one is used) and, once :meth:`begin` has run, ``conn``
+    and ``statement`` (what the writer ran)."""
+
+    def __init__(self, name: str | None, created: bool, note: str):
+        self.name, self.created, self.note = name, created, note
+        self.conn: psycopg.Connection | None = None
+        self.statement = ""
+
+    def begin(self, lab: Lab, *, lasts_s: float) -> psycopg.Connection:
+        """Open the writer's session in this database (labkit:<schema>:writer) and leave it
+        idle in a transaction that has written (horizon.sql "writer"; "writer_no_table" in a
+        database that is not the lab's): it holds a transaction id until it ends.  Its
+        ``idle_in_transaction_session_timeout`` ends it ``lasts_s`` seconds after its last
+        statement, so nothing can hold the horizon for ever."""
+        if self.name is None:
+            raise LabkitError("There is no other database to open the writer in.",
+                              "run it on a server where the role may create a database or "
+                              "connect to one other than the lab's.")
+        guards = Guards(lock_timeout="10s", statement_timeout="60s",
+                        idle_in_transaction=f"{math.ceil(lasts_s)}s")
+        self.conn = lab.db.connect(role=WRITER_ROLE, guards=guards, dbname=self.name,
+                                   application_name=session_name(lab.schema, WRITER_ROLE))
+        named = "writer" if self.created else "writer_no_table"
+        try:
+            if self.created:
+                self.conn.execute(query("horizon.sql", "writer_table").sql)
+            for s in query("horizon.sql", named).statements:
+                self.conn.execute(s)
+        except BaseException:
+            self.close()
+            raise
+        self.statement = query("horizon.sql", named).statements[-1].strip()
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None and not self.conn.closed:
+            self.conn.close()
+
+
+def throwaway_name(lab: Lab) -> str:
+    """The name of the lab's throw-away database: its schema's, and ``_other``."""
+    return f"{lab.schema[:57]}_other"
+
+
+def _drop_database(lab: Lab, name: str) -> None:
+    """Drop the lab's throw-away database, ending any session still in it first."""
+    lab.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+    force = sql.SQL(" WITH (FORCE)") if lab.db.version_num >= 130000 else sql.SQL("")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            lab.execute(sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(name), force))
+            return
+        except psycopg.errors.ObjectInUse:      # a session still leaving (before 13)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def another_database(lab: Lab, *, create: bool = True) -> Iterator[OtherDatabase]:
+    """A database of the same server other than the lab's, for the writer: a throw-away one
+    the lab creates (``create``; left over from an interrupted run, it is dropped first),
+    or, where the role may not create a database, an existing one it may connect to
+    (horizon.sql "other_databases", ``postgres`` first); when there is none, ``name`` is None
+    and ``note`` says so.  At the end, even on error or Ctrl-C, the writer's session is
+    closed (and waited for) and a throw-away database dropped."""
+    other: OtherDatabase | None = None
+    mine = throwaway_name(lab) if create else None
+    try:
+        if mine is not None:
+            _drop_database(lab, mine)
+            try:
+                lab.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(mine)))
+                other = OtherDatabase(mine, True, f"a throw-away database, {mine}, created for the lab")
+            except psycopg.errors.InsufficientPrivilege:
+                mine = None
+        if other is None:
+            rows = lab.execute(query("horizon.sql", "other_databases").sql)
+            if rows:
+                other = OtherDatabase(rows[0][0], False,
+                                      f"the existing database {rows[0][0]} (this role may not create one)")
+            else:
+                other = OtherDatabase(None, False, "no other database: this role may not create one, "
+                                      "and may connect to no database of this server but the lab's")
+        yield other
+    finally:
+        pid = other.conn.info.backend_pid if other is not None and other.conn is not None \
+            and not other.conn.closed else None
+        if other is not None:
+            other.close()
+        if pid is not None:
+            try:
+                _wait_gone(lab, [pid])
+            except LabkitError:
+                lab.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        if mine is not None:
+            _drop_database(lab, mine)
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -243,8 +364,9 @@ def dead_tuples(lab: Lab) -> int:
 
 
 def horizon_age(lab: Lab) -> int | None:
-    """How many transactions old the oldest snapshot (or transaction id) of another client
-    session of this database is; None when no other session has one."""
+    """How many transactions old the claim's horizon is as other client sessions hold it:
+    the oldest snapshot of a session of this database, or the oldest transaction id of a
+    session of any database; None when no other session has one."""
     return lab.execute(query("horizon.sql", "horizon_age").sql)[0][0]
 
 
@@ -295,8 +417,11 @@ def _failure(w: Worker) -> str:
     return failed[-1]["error"] if failed else f"exit code {w.exitcode}"
 
 
-def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horizon: bool) -> dict:
-    """One timed run of workers waiting at their ``ready`` pause, on a filled table."""
+def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horizon: bool,
+         other: OtherDatabase | None = None) -> dict:
+    """One timed run of workers waiting at their ``ready`` pause, on a filled table; with
+    ``hold_horizon``, the report holds the horizon (or, given ``other``, a writer idle in a
+    transaction in that database)."""
     run = {id(w): _runs_done(w) + 1 for w in procs}
     for w in procs:
         w.wait_for("paused", count=run[id(w)], tag="ready", timeout=60)
@@ -304,7 +429,9 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
     last_run_at = lab.execute("SELECT max(run_at) FROM job")[0][0]
     report = None
     try:
-        if hold_horizon:
+        if hold_horizon and other is not None:
+            report = other.begin(lab, lasts_s=seconds + REPORT_MARGIN_S)
+        elif hold_horizon:
             report = open_report(lab, lasts_s=seconds + REPORT_MARGIN_S)
         t0 = time.monotonic()
         end = t0 + seconds
@@ -344,13 +471,18 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
                   if e["kind"] == "run_done" and e["run"] == run[id(w)])
         _wait_gone(lab, pids)                   # every count is in the statistics now
         held_by = holder_info(lab, report.info.backend_pid) if report is not None else None
+        named = None
+        if report is not None and other is not None:    # the query a reader runs names it
+            named = [h for h in who_holds_the_horizon(lab, limit=100)
+                     if h["pid"] == report.info.backend_pid]
+            wait_for_horizon(lab)   # no session of this database is older: VACUUM's own cutoff
         dead = dead_tuples(lab)
         vac = vacuum(lab)                       # with the report still open
     finally:
         if report is not None:
             report.close()
     return {"t0": t0, "samples": samples, "series": series, "held_by": held_by, "dry": dry,
-            "dead": dead, "vacuum": vac, "jobs": jobs}
+            "dead": dead, "vacuum": vac, "jobs": jobs, "named": named}
 
 
 def _summary(raw: dict, *, seconds: float) -> dict:
@@ -379,6 +511,7 @@ def _summary(raw: dict, *, seconds: float) -> dict:
         "jobs": raw["jobs"],
         "series": out_series,
         "horizon_held_by": raw["held_by"],
+        "named_by_query": raw["named"],
     }
 
 
@@ -425,52 +558,78 @@ def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
 # -- both runs, and the figure --------------------------------------------------------------------
 
 
-def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2) -> dict:
+def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_database: bool = False,
+                  create_database: bool = True) -> dict:
     """:func:`churn` twice with the same workers (started once) on a fresh table of the
-    same size: first with no report open, then with one holding the horizon.
+    same size: first with no report open, then with one holding the horizon -- or, with
+    ``other_database``, with a writer idle in a transaction in another database of the same
+    server (:func:`another_database`: a throw-away one, or with ``create_database=False`` or
+    where the role may not create one, an existing one; dropped or left as it was at the end).
 
     Returns ``claim_ms_p50_without`` / ``_with``, ``claim_ms_p99_without`` / ``_with``,
     ``buffers_per_claim_without`` / ``_with``, ``select_ms_without`` / ``_with``,
     ``claims_without`` / ``_with``, ``dead_tuples_without`` / ``_with`` and
     ``unremovable_without`` / ``_with`` (see :func:`churn`); ``horizon_age_without`` /
-    ``_with`` (the largest age of the oldest snapshot of another session seen during the
+    ``_with`` (the largest age of the claim's horizon as other sessions held it during the
     run, in transactions: small without the report, unless someone else's transaction held
     the horizon then); ``horizon_held_by`` ("labkit:<schema>:report (idle in
-    transaction)"); ``holder`` (its pid, application_name, state and xmin_age at the end of
-    the run); ``durability`` (fsync and synchronous_commit, as SHOW gives them); ``server``,
-    ``seconds``, ``workers``, ``jobs``; and ``without`` / ``with``, each run's whole result
-    (its ``series`` included)."""
+    transaction)"); ``holder`` (its pid, database, application_name, state, xmin_age and
+    xid_age at the end of the run); ``durability`` (fsync and synchronous_commit, as SHOW
+    gives them); ``server``, ``seconds``, ``workers``, ``jobs``; and ``without`` / ``with``,
+    each run's whole result (its ``series`` included).
+
+    With ``other_database``, also: ``holder_database`` (the writer's database; None when
+    there was no other database to use, and then no run with it: ``note`` says why),
+    ``other_database_created`` (a throw-away database, or an existing one), ``note``,
+    ``writer_statement``, ``holders`` (the rows of :func:`who_holds_the_horizon` that name
+    the writer, read while it was open) and ``vacuum_unremovable_with`` /
+    ``vacuum_line_with`` (what VACUUM VERBOSE on the job table said then, once no session of
+    the lab's database held its own cutoff back)."""
     check_params(seconds=seconds, workers=workers)
     jobs = backlog(seconds, workers)
     procs: list[Worker] = []
     out: dict[str, dict] = {}
-    try:
-        _start_workers(lab, workers, procs)
-        for name, hold in (("without", False), ("with", True)):
-            create_queue(lab, jobs)
-            raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold)
-            out[name] = {**_summary(raw, seconds=seconds), "workers": workers, "seconds": seconds}
-        _stop_workers(procs)
-    finally:
-        for w in procs:
-            w.kill()
-    held = out["with"]["horizon_held_by"] or {}
+    with contextlib.ExitStack() as stack:
+        other = stack.enter_context(another_database(lab, create=create_database)) if other_database else None
+        try:
+            _start_workers(lab, workers, procs)
+            for name, hold in (("without", False), ("with", True)):
+                if hold and other is not None and other.name is None:
+                    break                   # nowhere to open the writer: said in ``note``
+                create_queue(lab, jobs)
+                raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold, other=other)
+                out[name] = {**_summary(raw, seconds=seconds), "workers": workers, "seconds": seconds}
+            _stop_workers(procs)
+        finally:
+            for w in procs:
+                w.kill()
+        extra = {} if other is None else {
+            "holder_database": other.name, "other_database_created": other.created, "note": other.note,
+            "writer_statement": other.statement or None}
+    ran = out.get("with")
+    held = (ran or {}).get("horizon_held_by") or {}
     result: dict[str, Any] = {}
     for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
                 "dead_tuples", "unremovable"):
         result[f"{key}_without"] = out["without"][key]
-        result[f"{key}_with"] = out["with"][key]
+        result[f"{key}_with"] = ran[key] if ran else None
     for name in ("without", "with"):        # was the run without a held horizon clean?
-        ages = [p["horizon_age"] for p in out[name]["series"] if p["horizon_age"] is not None]
+        ages = [p["horizon_age"] for p in out.get(name, {}).get("series", []) if p["horizon_age"] is not None]
         result[f"horizon_age_{name}"] = max(ages, default=None)
+    where = f" in database {held.get('database')}" if other_database and held else ""
     result.update({
-        "horizon_held_by": f"{held.get('application_name')} ({held.get('state')})" if held else None,
+        "horizon_held_by": f"{held.get('application_name')} ({held.get('state')}){where}" if held else None,
         "holder": held or None,
         "durability": durability(lab),
         "server": lab.db.version,
         "seconds": seconds, "workers": workers, "jobs": jobs,
-        "without": out["without"], "with": out["with"],
+        "without": out["without"], "with": ran,
     })
+    if other_database:
+        result.update(extra)
+        result.update({"holders": ran["named_by_query"] if ran else None,
+                       "vacuum_unremovable_with": ran["unremovable"] if ran else None,
+                       "vacuum_line_with": ran["vacuum_line"] if ran else None})
     return result
 
 
@@ -568,19 +727,23 @@ def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> dic
 
 
 def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers: int = 2,
-                    json: bool) -> int:
-    """``labkit trace horizon [--seconds 10] [--workers 2] [--json]``: :func:`horizon_trace`
-    (``seconds`` of churn per phase, 1 to 600; ``workers`` 1 to 16), printed as a short
-    summary or as JSON.  ``open_lab()`` gives the run its own lab, dropped at the end."""
+                    other_database: bool = False, json: bool) -> int:
+    """``labkit trace horizon [--seconds 10] [--workers 2] [--other-database] [--json]``:
+    :func:`horizon_trace` (``seconds`` of churn per phase, 1 to 600; ``workers`` 1 to 16;
+    ``other_database``: the horizon held by a writer idle in a transaction in another
+    database of the server instead of a report in the lab's), printed as a short summary or
+    as JSON.  ``open_lab()`` gives the run its own lab, dropped at the end."""
     check_params(seconds=seconds, workers=workers)          # before anything is created
     with open_lab() as lab:
-        r = horizon_trace(lab, seconds=seconds, workers=workers)
+        r = horizon_trace(lab, seconds=seconds, workers=workers, other_database=other_database)
     if json:
         print(_json.dumps(r, indent=2, default=str))
         return 0
     d = r["durability"]
     print(f"{workers} workers claim + complete for {seconds:g} s per run on {r['jobs']:,} pending jobs "
           f"(PostgreSQL {r['server']}, fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']})")
+    if other_database:
+        print(f"the writer's database: {r['note']}")
     print(f"{'':24}{'without':>12}{'with':>12}")
     for key, label in (("claims", "claims"), ("claim_ms_p50", "claim p50 ms"),
                        ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers per claim"),
@@ -589,8 +752,14 @@ def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers
                        ("unremovable", "VACUUM could not remove")):
         print(f"{label:24}{_fmt(r[key + '_without']):>12}{_fmt(r[key + '_with']):>12}")
     h = r["holder"] or {}
-    print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its snapshot "
-          f"{h.get('xmin_age')} transactions old at the end")
+    if not h:
+        print("no run with the horizon held: " + r.get("note", "no holder"))
+    elif other_database:
+        print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its transaction id "
+              f"{h.get('xid_age')} transactions old at the end; VACUUM VERBOSE said: {r['vacuum_line_with']}")
+    else:
+        print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its snapshot "
+              f"{h.get('xmin_age')} transactions old at the end")
     return 0
 
 

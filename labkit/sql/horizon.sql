@@ -1,6 +1,8 @@
--- The xmin horizon and the queue (notebook 13): one long transaction anywhere in the
--- database keeps every row version that died after it started, so the claim's index scan
--- walks the entries of every job done since, and VACUUM can remove none of them.
+-- The xmin horizon and the queue (notebook 13): a long transaction keeps every row version
+-- that died after it started, so the claim's index scan walks the entries of every job done
+-- since. A snapshot holds back its own database; a transaction that has written (it has a
+-- transaction id) holds back the claim's scan in every database of the server, although
+-- VACUUM in the other databases still removes the versions.
 
 -- name: fill
 -- %(n)s pending jobs, all due, enqueued one millisecond apart over the time before now. A
@@ -36,48 +38,87 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT count(*) FROM job;
 
 -- name: who_holds_the_horizon
--- Who holds the xmin horizon back in this database, oldest first: every session with a
--- snapshot (backend_xmin) or a transaction id (backend_xid, a writer idle between
--- statements), and walsenders, whose xmin is a standby's (hot_standby_feedback). VACUUM
--- can remove no row version that died after the oldest of these began.
-SELECT pid, application_name, backend_type, state,
+-- Who holds the xmin horizon back, oldest first, in every database of the server: every
+-- session with a snapshot (backend_xmin) or a transaction id (backend_xid, a writer idle
+-- between statements), and walsenders, whose xmin is a standby's (hot_standby_feedback).
+-- holds_back says where it counts: a snapshot, in its own database only; a transaction id,
+-- or a standby's xmin, in every database (there VACUUM ignores it, but each index scan's
+-- marking of dead entries and page pruning do not).
+SELECT pid, datname, application_name, backend_type, state,
+       CASE WHEN backend_xid IS NOT NULL OR backend_type = 'walsender' THEN 'every database'
+            WHEN datname = current_database() THEN 'this database'
+            ELSE 'its own database' END        AS holds_back,
+       backend_xmin::text                      AS backend_xmin,
+       backend_xid::text                       AS backend_xid,
        age(backend_xmin)                       AS xmin_age,
        age(backend_xid)                        AS xid_age,
        round(extract(epoch FROM now() - xact_start)::numeric, 1) AS xact_age_s,
        round(extract(epoch FROM now() - state_change)::numeric, 1) AS in_state_s,
        left(query, 60)                         AS last_query
   FROM pg_stat_activity
- WHERE (datname = current_database() OR backend_type = 'walsender')
-   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+ WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
    AND pid <> pg_backend_pid()
  ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC
  LIMIT %(limit)s;
 
 -- name: other_horizon_holders
--- What else holds the horizon, with no session to show for it: prepared transactions
--- (PREPARE TRANSACTION, waiting for their COMMIT PREPARED) and replication slots, even
--- while their consumer is disconnected. A slot's xmin (a standby's feedback through a
--- physical slot) holds every table back; a logical slot's catalog_xmin holds back only
--- the system catalogs' cleanup (and its restart_lsn holds WAL).
-SELECT 'prepared transaction' AS kind, gid AS name, age(transaction) AS xmin_age,
+-- What else holds the horizon, with no session to show for it: prepared transactions of
+-- every database (PREPARE TRANSACTION, waiting for their COMMIT PREPARED; each keeps its
+-- transaction id, so it holds back every database as an idle writer does) and replication
+-- slots, even while their consumer is disconnected. A slot's xmin (a standby's feedback
+-- through a physical slot) holds every table of every database back; a logical slot's
+-- catalog_xmin holds back only the system catalogs' cleanup (and its restart_lsn holds WAL).
+SELECT 'prepared transaction' AS kind, gid AS name, database, age(transaction) AS xmin_age,
        round(extract(epoch FROM now() - prepared)::numeric, 1) AS age_s
   FROM pg_prepared_xacts
- WHERE database = current_database()
 UNION ALL
-SELECT 'replication slot: xmin (every table)', slot_name, age(xmin), NULL
+SELECT 'replication slot: xmin (every table)', slot_name, database, age(xmin), NULL
   FROM pg_replication_slots
  WHERE xmin IS NOT NULL
 UNION ALL
-SELECT 'replication slot: catalog_xmin (system catalogs only)', slot_name, age(catalog_xmin), NULL
+SELECT 'replication slot: catalog_xmin (system catalogs only)', slot_name, database,
+       age(catalog_xmin), NULL
   FROM pg_replication_slots
  WHERE catalog_xmin IS NOT NULL
  ORDER BY xmin_age DESC;
 
+-- name: snapshot_xmin
+-- The xmin of this transaction's snapshot: the oldest transaction it still sees as running.
+-- pg_stat_activity shows the same xid as this session's backend_xmin.
+SELECT xid(pg_snapshot_xmin(pg_current_snapshot()))::text;
+
 -- name: holder
--- The holder as the server sees it: its state and how many transactions old its snapshot is.
-SELECT pid, application_name, state, age(backend_xmin) AS xmin_age
+-- The holder as the server sees it: its database, its state and how many transactions old its
+-- snapshot and its transaction id are.
+SELECT pid, datname, application_name, state, age(backend_xmin) AS xmin_age, age(backend_xid) AS xid_age
   FROM pg_stat_activity
  WHERE pid = %(pid)s;
+
+-- name: other_databases
+-- Databases of this server, other than this one, that this role may connect to: where the
+-- lab opens its writer when it may not create a database of its own.
+SELECT datname
+  FROM pg_database
+ WHERE datallowconn AND NOT datistemplate
+   AND datname <> current_database()
+   AND has_database_privilege(datname, 'CONNECT')
+ ORDER BY datname <> 'postgres', datname;
+
+-- name: writer_table
+-- In the lab's throw-away database: a table for the writer to write to.
+CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text);
+
+-- name: writer
+-- The writer: a transaction that inserts one row and then sits idle, never committing. Its
+-- first write gave it a transaction id (backend_xid), and it keeps it until it ends.
+BEGIN;
+INSERT INTO ledger (note) VALUES ('a migration, left open');
+
+-- name: writer_no_table
+-- The writer, in a database that is not the lab's own: a transaction that takes a
+-- transaction id as its first write would (pg_current_xact_id assigns one) and sits idle.
+BEGIN;
+SELECT pg_current_xact_id();
 
 -- name: work_off
 -- Work the whole queue off at once: every job claimed, then completed. Each job leaves the
@@ -107,12 +148,13 @@ SELECT n_live_tup, n_dead_tup
  WHERE relid = 'job'::regclass;
 
 -- name: horizon_age
--- How many transactions old the oldest snapshot or transaction id of another client session
--- of this database is (NULL when none is open): the distance to the horizon.
-SELECT max(greatest(age(backend_xmin), age(backend_xid)))
+-- How many transactions old the claim's horizon is, as other client sessions hold it (NULL
+-- when none does): the oldest snapshot of a session of this database, or the oldest
+-- transaction id of a session of any database.
+SELECT max(greatest(CASE WHEN datname = current_database() THEN age(backend_xmin) END,
+                    age(backend_xid)))
   FROM pg_stat_activity
- WHERE datname = current_database()
-   AND backend_type = 'client backend'
+ WHERE backend_type = 'client backend'
    AND pid <> pg_backend_pid();
 
 -- name: durability
