@@ -495,8 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong",
                  lambda a: grade.grade_command(file=a.file, json=a.json, workers=a.workers, jobs=a.jobs,
                                                job_ms=a.job_ms),
-                 description="Grade a claim written in SQL: N workers, one killed mid-way; exit 1 "
-                             "when it fails.", prefix="labkit grade")
+                 description="Grade a claim written in SQL: N workers run it, one is killed "
+                             "mid-way, and what they did is measured; exit 1 when it fails.",
+                 prefix="labkit grade")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--workers", type=_number, default=4, help=f"2 to {grade.MAX_WORKERS} (default 4)")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,9 @@ EXPECTED = {
     "wrong_held_open.sql": ("work_inside_claim", {"convoy", "no_limit"}),
     "wrong_syntax.sql": ("syntax_error", {"not_a_claim"}),
     "wrong_not_a_claim.sql": ("not_a_claim", {"syntax_error"}),
+    "wrong_skip_locked_for_the_probe.sql": ("convoy", {"nowait_error_storm", "no_order_by"}),
+    "wrong_skip_locked_in_a_transaction.sql": ("convoy", {"nowait_error_storm", "no_order_by"}),
+    "wrong_order_by_elsewhere.sql": ("no_order_by", {"convoy", "no_limit", "scans_history"}),
 }
 
 
@@ -51,7 +55,8 @@ def test_a_correct_claim_passes_and_its_crash_leaves_a_recoverable_claim(graded,
     assert r.verdict == "pass" and r.problems == [], r.to_text()
     assert r.double_claims == 0 and r.duplicate_runs == 0 and r.lost_jobs == 0
     assert r.uses_index and r.work_inside_claim is False
-    assert r.killed.startswith("g")
+    assert re.match(r"w[0-9a-f]{8} \(SIGKILL", r.killed), r.killed
+    assert r.claim_waits == 0 and r.out_of_order == 0
     # The killed worker's claim stays IN_PROGRESS with owner and time: a reaper's work.
     assert r.stuck_jobs >= 1 and r.stuck_recoverable == r.stuck_jobs
     assert r.unclaimed_jobs == 0
@@ -80,6 +85,7 @@ def test_measured_harm_matches_the_diagnosis(graded):
     assert hoard.stuck_jobs > 1
     nowait = graded("wrong_nowait.sql")
     assert nowait.probe.startswith("B failed at once: ERROR 55P03")
+    assert nowait.lock_errors > 0               # and the run's own claims failed the same way
     noidx = graded("wrong_no_index.sql")
     assert noidx.uses_index is False and "Seq Scan" in noidx.plan
     assert noidx.plan_buffers > grade.HISTORY_PAGES
@@ -201,9 +207,10 @@ def test_a_claim_whose_explain_hangs_is_cancelled(db, monkeypatch):
     import time
 
     monkeypatch.setattr(grade, "STEP_TIMEOUT_S", 2.0)
+    # Only the EXPLAIN runs over a long history of finished jobs.
     hang = CORRECT.replace("WHERE status = 'PENDING'",
-                           "WHERE status = 'PENDING' AND (current_setting('application_name') "
-                           "NOT LIKE '%%:explain' OR (SELECT true FROM pg_sleep(3600)))")
+                           "WHERE status = 'PENDING' AND ((SELECT count(*) FROM job) < 1000 "
+                           "OR (SELECT true FROM pg_sleep(3600)))")
     t0 = time.monotonic()
     r = grade.grade_claim(hang, db=db)
     assert time.monotonic() - t0 < 30
@@ -215,9 +222,10 @@ def test_a_claim_that_hangs_only_in_the_workers_is_stopped(db, monkeypatch):
     import time
 
     monkeypatch.setattr(grade, "RUN_TIMEOUT_S", 4.0)
+    # Only the run has as few jobs as this.
     hang = "SET statement_timeout = 0; " + CORRECT.replace(
         "WHERE status = 'PENDING'",
-        "WHERE status = 'PENDING' AND (current_setting('application_name') NOT LIKE '%%:g2' "
+        "WHERE status = 'PENDING' AND ((SELECT count(*) FROM job) > 20 "
         "OR (SELECT true FROM pg_sleep(3600)))")
     t0 = time.monotonic()
     r = grade.grade_claim(hang, db=db, workers=2, jobs=8)
@@ -235,3 +243,183 @@ def test_a_run_in_which_nobody_was_killed_is_not_a_pass(db, monkeypatch):
     r = grade.grade_claim(shy, db=db, workers=2, jobs=8)
     assert r.verdict == "fail" and "crash_not_tested" in r.codes, r.to_text()
     assert r.killed.startswith("nobody")
+
+
+# -- what the SQL cannot tell apart, and what the run measures ---------------------------------------
+
+SELF = """
+SELECT current_setting('application_name'),
+       (SELECT string_agg(name || '=' || setting || '/' || source || '/' || coalesce(reset_val, ''),
+                          ',' ORDER BY name)
+          FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout', 'work_mem',
+                                          'hash_mem_multiplier', 'client_connection_check_interval'))
+"""
+
+
+def test_every_session_that_runs_the_claim_looks_the_same_to_it(db, monkeypatch):
+    # What a session can see of itself: its worker id, its application_name, its settings
+    # and where they came from.  The run's workers write it down from inside the claim; the
+    # probe's two sessions are asked on their own connections.  One shape for all.
+    from labkit.labs import claims
+
+    fresh = claims.fresh_jobs
+
+    def fresh_jobs(lab, n):
+        fresh(lab, n)
+        lab.execute("CREATE TABLE IF NOT EXISTS seen (worker_id text, app text, settings text)")
+
+    monkeypatch.setattr(claims, "fresh_jobs", fresh_jobs)
+    probe = []
+
+    class Watched(grade.Sessions):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            for name, s in self.sessions.items():
+                probe.append((name, *s.conn.execute(SELF).fetchone()))
+
+    monkeypatch.setattr(grade, "Sessions", Watched)
+    run = []
+    tally = grade._tally
+
+    def spy(report, lab, *args):
+        run.extend(lab.execute("SELECT * FROM seen"))
+        return tally(report, lab, *args)
+
+    monkeypatch.setattr(grade, "_tally", spy)
+    claim = f"INSERT INTO seen SELECT %(worker_id)s, s.* FROM ({SELF}) s;\n" + CORRECT
+    r = grade.grade_claim(claim, db=db, workers=2, jobs=8)
+    assert r.verdict == "pass", r.to_text()
+    assert len(probe) == 2 and len({w for w, _, _ in run}) == 2, (probe, run)
+    rows = probe + run
+    assert all(re.fullmatch(r"w[0-9a-f]{8}", w) and app.endswith(":" + w) for w, app, _ in rows), rows
+    assert len({app.rsplit(":", 1)[0] for _, app, _ in rows}) == 1, rows
+    assert len({s for _, _, s in rows}) == 1, rows
+    assert "work_mem=4096/user/4096" in rows[0][2], rows[0][2]      # the role's bound, as its default
+    assert not {w for w, _, _ in probe} & {w for w, _, _ in run}
+
+
+def test_worker_ids_are_drawn_at_random_in_one_shape():
+    a, b = grade.worker_ids(50), grade.worker_ids(50)
+    assert all(re.fullmatch(r"w[0-9a-f]{8}", i) for i in a + b)
+    assert len(set(a)) == 50 and set(a) != set(b)
+
+
+def test_a_claim_that_waits_only_outside_the_probe_is_caught_by_the_run(graded):
+    # Inside the probe's explicit transactions this claim skips locked rows, so the probe
+    # sees B take another job; the run's workers commit each claim on its own, wait for
+    # locks, and the run measures it.
+    r = graded("wrong_skip_locked_in_a_transaction.sql")
+    assert r.probe.startswith("B claimed"), r.to_text()
+    assert r.claim_waits > 0 and r.blocked_ms > 0, r.to_text()
+    convoy = next(p for p in r.problems if p.code == "convoy")
+    assert "of the run waited for a row lock" in convoy.evidence, r.to_text()
+
+
+def test_a_correct_claim_never_waits_in_the_run(graded):
+    for name in ("correct.sql", "correct_script.sql"):
+        r = graded(name)
+        assert r.claim_waits == 0 and r.blocked_ms == 0.0, r.to_text()
+
+
+@pytest.mark.parametrize("name", ["wrong_no_order_by.sql", "wrong_order_by_elsewhere.sql"])
+def test_a_claim_without_order_takes_jobs_out_of_creation_order_in_the_run(graded, name):
+    r = graded(name)
+    assert r.out_of_order > 0, r.to_text()
+    assert "ORDER BY of its own" in next(p for p in r.problems if p.code == "no_order_by").evidence
+
+
+def test_out_of_order_counts_jobs_claimed_before_an_older_one():
+    created = {1: 1, 2: 2, 3: 3}
+    assert grade.out_of_order({1: (0, 1), 2: (1, 2), 3: (2, 3)}, created) == 0
+    assert grade.out_of_order({1: (0, 2), 2: (1, 3), 3: (0, 1)}, created) == 0    # overlapping
+    assert grade.out_of_order({1: (5, 6), 2: (0, 1), 3: (2, 3)}, created) == 2    # 1 came last
+
+
+@pytest.mark.parametrize("text, lacking", [
+    (CORRECT, None),
+    ((ANSWERS / "correct_script.sql").read_text(), None),
+    # the ORDER BY of another statement, of a subquery, of a CTE the lock is not in
+    ("SELECT 1 FROM job ORDER BY created_at; " + CORRECT.replace("ORDER BY created_at", ""), "no ORDER BY"),
+    ("SELECT id FROM job WHERE id IN (SELECT id FROM job ORDER BY created_at LIMIT 5) "
+     "FOR UPDATE SKIP LOCKED", "no ORDER BY"),
+    ("WITH o AS (SELECT id FROM job ORDER BY created_at), p AS (SELECT id FROM job "
+     "WHERE status = 'PENDING' LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT id FROM p", "no ORDER BY"),
+    # ORDER BY in a string or a comment orders nothing
+    ("SELECT id FROM job WHERE status <> 'ORDER BY' LIMIT 1 FOR UPDATE SKIP LOCKED -- ORDER BY x",
+     "no ORDER BY"),
+    # no lock clause: the last statement that reads the job table is the claim
+    ("SELECT 1 ORDER BY 1; UPDATE job SET status = 'IN_PROGRESS' WHERE id = (SELECT min(id) FROM job) "
+     "RETURNING id", "no ORDER BY"),
+    ("UPDATE job SET status = 'IN_PROGRESS' WHERE id = (SELECT id FROM job ORDER BY created_at LIMIT 1) "
+     "RETURNING id", None),
+])
+def test_the_order_check_reads_the_statement_that_takes_the_lock(text, lacking):
+    found = grade.unordered_claim(grade.split_statements(text))
+    assert (found is None) if lacking is None else (found is not None and lacking in found), found
+
+
+def test_a_claim_that_ends_every_other_session_of_its_role_still_gets_a_grade(db, monkeypatch):
+    # The claim may end sessions of its own role (the probe's other session, the workers):
+    # the grader's watching sessions log in as labkit's own role, so they survive, and a
+    # grade is produced that says what happened.
+    killer = ("SELECT count(pg_terminate_backend(pid)) AS ended FROM pg_stat_activity "
+              "WHERE usename = current_user AND pid <> pg_backend_pid();\n" + CORRECT)
+    monitors = []
+    orig = grade._AsWorkers.connect
+
+    def connect(self, **kw):
+        conn = orig(self, **kw)
+        if kw.get("role") == "monitor":
+            monitors.append(conn.info.user)
+        return conn
+
+    monkeypatch.setattr(grade._AsWorkers, "connect", connect)
+    r = grade.grade_claim(killer, db=db, workers=2, jobs=8)
+    assert r.verdict == "fail" and "sql_error" in r.codes, r.to_text()
+    assert "ended" in r.problems[r.codes.index("sql_error")].evidence, r.to_text()
+    with db.connect() as own:
+        me = own.info.user
+    assert monitors and all(user == me for user in monitors), monitors
+
+
+def test_the_run_is_watched_from_labkits_own_role(db, monkeypatch):
+    # The sampler that sees the workers wait logs in as labkit's own role; a claim that ends
+    # every other session of its role, in the run only, does not end it.
+    users = []
+    orig = grade._LockSampler.__init__
+
+    def init(self, lab, *a, **kw):
+        orig(self, lab, *a, **kw)
+        users.append(self.conn.info.user)
+
+    monkeypatch.setattr(grade._LockSampler, "__init__", init)
+    killer = ("SELECT count(pg_terminate_backend(pid)) AS ended FROM pg_stat_activity "
+              "WHERE usename = current_user AND pid <> pg_backend_pid() "
+              "AND (SELECT count(*) FROM job) < 20;\n" + CORRECT)
+    r = grade.grade_claim(killer, db=db, workers=2, jobs=8)
+    assert r.verdict == "fail", r.to_text()
+    with db.connect() as own:
+        assert users == [own.info.user]
+    assert r.blocked_ms is not None and r.double_claims is not None, r.to_text()
+
+
+@pytest.mark.parametrize("text", [
+    "SET work_mem = '2GB'; " + CORRECT,
+    "SET LOCAL hash_mem_multiplier = 1000; " + CORRECT,
+    "SELECT set_config('work' || '_mem', '2GB', false); " + CORRECT,
+    "DO $$ BEGIN EXECUTE 'SET maintenance_work_mem = ''2GB'''; END $$; " + CORRECT,
+    "ALTER ROLE CURRENT_USER RESET ALL; " + CORRECT,
+    "WITH s AS (UPDATE pg_settings SET setting = '2GB' WHERE name = 'work' || '_mem' RETURNING 1) "
+    "SELECT 1; " + CORRECT,
+])
+def test_sql_that_changes_a_memory_setting_is_refused_before_it_runs(db, text):
+    r = grade.grade_claim(text, db=db, workers=2, jobs=8)
+    assert r.codes == ["memory_setting"], r.to_text()
+    assert r.sandbox == ""                  # refused before any session was opened
+
+
+def test_a_memory_setting_within_its_bound_may_be_set_and_read(db):
+    r = grade.grade_claim("SET work_mem = '1MB'; SET hash_mem_multiplier = 1;\n" + CORRECT.replace(
+        "WHERE status = 'PENDING'", "WHERE status = 'PENDING' AND current_setting('work_mem') = '1MB'"),
+        db=db, workers=2, jobs=8)
+    assert r.verdict == "pass", r.to_text()

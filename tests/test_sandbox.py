@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 from labkit import Lab
 from labkit.core.errors import LabkitError, SpecError
 from labkit.core.files import data_file
+from labkit.core.sandbox import MEMORY, Sandbox, memory_refusal
 from labkit.tools import grade
 from labkit.tools import spec as specmod
 
@@ -105,10 +106,12 @@ def test_the_claim_runs_as_the_sandbox_role_in_every_stage(db):
     picky = CORRECT.replace("WHERE status = 'PENDING'",
                             "WHERE status = 'PENDING' AND current_user LIKE 'labkit\\_sbx\\_%%' "
                             "AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
-                            "AND current_setting('temp_file_limit') = '1GB'")
+                            "AND current_setting('temp_file_limit') = '1GB' "
+                            "AND current_setting('work_mem') = '4MB' "
+                            "AND current_setting('hash_mem_multiplier') = '1'")
     report = grade.grade_claim(picky, db=db, workers=2, jobs=8)
     assert report.verdict == "pass", report.to_text()
-    assert report.killed.startswith("g")
+    assert re.match(r"w[0-9a-f]{8} ", report.killed), report.killed
     assert_role_gone(db, role_of(report.sandbox))
 
 
@@ -133,9 +136,9 @@ def test_leftover_sandbox_roles_of_interrupted_runs_are_swept(db):
 def test_an_interrupted_grade_leaves_no_role_and_no_session(db, monkeypatch):
     seen = {}
 
-    def interrupt(report, lab, *args):
-        seen["role"] = lab.db._box.role
-        with lab.connect(role="held") as conn:
+    def interrupt(report, lab, box, *args):
+        seen["role"] = box.role
+        with box.lab.connect(role="held") as conn:
             conn.execute("BEGIN")
             conn.execute("SELECT 1")
             seen["conn"] = conn
@@ -146,6 +149,68 @@ def test_an_interrupted_grade_leaves_no_role_and_no_session(db, monkeypatch):
         grade.grade_claim(CORRECT, db=db)
     assert seen["role"].startswith("labkit_sbx_")
     assert_role_gone(db, seen["role"])
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+def _plan_nodes(conn, query: str) -> list[dict]:
+    doc = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}").fetchone()[0]
+    nodes, todo = [], [doc[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo += node.get("Plans", [])
+    return nodes
+
+
+SORT = "SELECT g FROM generate_series(1, 300000) g ORDER BY g DESC"
+HASH = ("SELECT count(*) FROM generate_series(1, 300000) a "
+        "JOIN generate_series(1, 300000) b ON a = b")
+
+
+def test_the_sandbox_role_sorts_and_hashes_within_its_memory_bound(lab):
+    bound_kb = {"work_mem": 4096, "hash_mem_multiplier": 1}
+    with Sandbox(lab) as box:
+        with box.lab.connect(role="memory") as conn:
+            got = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                                    (list(MEMORY),)).fetchall())
+            assert float(got["work_mem"]) == bound_kb["work_mem"]
+            assert float(got["hash_mem_multiplier"]) == bound_kb["hash_mem_multiplier"]
+            sort = next(n for n in _plan_nodes(conn, SORT) if n["Node Type"] == "Sort")
+            conn.execute("SET enable_mergejoin = off")      # a hash join, whatever it costs
+            hash_ = next(n for n in _plan_nodes(conn, HASH) if n["Node Type"] == "Hash")
+            # ... and the bound is only the session's default: the role may raise it itself,
+            # which is why the SQL is read, and refused, before it runs.
+            context = conn.execute("SELECT context FROM pg_settings WHERE name = 'work_mem'").fetchone()[0]
+            conn.execute("SET work_mem = '256MB'")
+            raised = conn.execute("SELECT current_setting('work_mem')").fetchone()[0]
+    # The same statements, given memory, would use more than the bound.
+    with lab.db.connect() as free:
+        free.execute("SET work_mem = '256MB'")
+        free.execute("SET hash_mem_multiplier = 2")
+        free.execute("SET enable_mergejoin = off")
+        sort_free = next(n for n in _plan_nodes(free, SORT) if n["Node Type"] == "Sort")
+        hash_free = next(n for n in _plan_nodes(free, HASH) if n["Node Type"] == "Hash")
+    assert sort_free["Sort Space Type"] == "Memory" and sort_free["Sort Space Used"] > bound_kb["work_mem"]
+    assert hash_free["Hash Batches"] == 1 and hash_free["Peak Memory Usage"] > bound_kb["work_mem"]
+    # In the sandbox they spill to disk instead.
+    assert sort["Sort Space Type"] == "Disk" and sort["Sort Method"] == "external merge", sort
+    assert hash_["Hash Batches"] > 1 and hash_["Peak Memory Usage"] <= bound_kb["work_mem"], hash_
+    assert context == "user" and raised == "256MB"
+
+
+def test_the_memory_check_refuses_raising_a_bound_and_allows_reading_one():
+    assert memory_refusal(["SET work_mem = '4MB'", "SET LOCAL hash_mem_multiplier TO 1",
+                           "SELECT current_setting('work_mem')", "RESET ALL"]) is None
+    for text in ["SET work_mem = '5MB'", "SET work_mem = 4097", "SET hash_mem_multiplier = 1.5",
+                 "SET temp_buffers = 1025", "SET maintenance_work_mem = '1GB'",
+                 "ALTER ROLE CURRENT_USER SET work_mem = '1GB'",
+                 "CREATE FUNCTION f() RETURNS int LANGUAGE sql SET work_mem = '1GB' AS 'SELECT 1'",
+                 "SELECT set_config('work' || '_mem', '1GB', false)",
+                 "UPDATE pg_settings SET setting = '1GB' WHERE name = 'work_mem'",
+                 "DO $$ BEGIN EXECUTE 'SET work' || '_mem = 1000000'; END $$",
+                 "PREPARE p AS SELECT 1; EXECUTE p"]:
+        assert memory_refusal(grade.split_statements(text)), text
 
 
 # -- a role that is no superuser ---------------------------------------------------------------------

@@ -549,6 +549,27 @@ def test_clean_drops_throw_away_roles_whose_run_is_over(db):
             conn.execute(f"DROP ROLE IF EXISTS {live}")
 
 
+def test_a_graded_claim_cannot_end_the_graders_own_sessions_nor_raise_its_memory(db):
+    from labkit.core.files import data_file
+    from labkit.tools import grade
+
+    correct = (data_file("grader") / "correct.sql").read_text()
+    mine = db.connect(application_name="labkit-test-own-session")
+    try:
+        # It ends every session it can see (its own role's: the probe's, the workers'); the
+        # sessions of labkit's own login, this one and the grader's watchers, live on.
+        killer = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                  "WHERE pid <> pg_backend_pid();\n" + correct)
+        report = grade.grade_claim(killer, db=db, workers=2, jobs=8)
+        assert report.verdict == "fail" and "sql_error" in report.codes, report.to_text()
+        assert mine.execute("SELECT 1").fetchone() == (1,)
+        # A claim that would raise its memory for itself is refused before it runs.
+        big = grade.grade_claim("SET work_mem = '2GB';\n" + correct, db=db, workers=2, jobs=8)
+        assert big.codes == ["memory_setting"], big.to_text()
+    finally:
+        mine.close()
+
+
 def test_a_cluster_made_with_fsync_off_runs_durable(scratch_server):
     scratch_server.start()
     scratch_server.stop()

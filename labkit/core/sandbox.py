@@ -22,6 +22,14 @@ of its own that may log in and do nothing else::
   a ``statement_timeout``;
 * ``box.deadline(seconds)`` cancels whatever the role's connections in this process are
   running once the time is up (the learner's SQL may ``SET statement_timeout = 0``);
+* memory: the role's sessions start with ``work_mem``, ``hash_mem_multiplier``,
+  ``maintenance_work_mem`` and ``temp_buffers`` at the bounds in :data:`MEMORY` (``ALTER
+  ROLE ... SET``), so a sort or hash that needs more spills to disk, where a superuser's
+  ``temp_file_limit`` caps it.  These settings are the user's to change (``SET``,
+  ``set_config()``, even ``ALTER ROLE`` on itself): a role default is only a default.  So
+  :func:`memory_refusal` reads the SQL before it runs and refuses any that raises them
+  or that could change a setting out of its sight (``set_config()``, SQL built at run
+  time);
 * at the end (also on an error or Ctrl-C) the role's sessions are ended, everything it
   owns is dropped, and the role is dropped.  A run that was killed before that leaves a
   role behind: the next run drops it once its schema is gone and it has no session.
@@ -40,6 +48,7 @@ import hashlib
 import hmac
 import math
 import os
+import re
 import secrets
 import stat
 import threading
@@ -57,6 +66,10 @@ from .errors import LabkitError
 from .lab import Lab
 
 ROLE_PREFIX = "labkit_sbx_"
+# What one of the role's sessions may use in memory, per sort or hash (work_mem, times
+# hash_mem_multiplier for a hash), per maintenance command, and for temporary tables.
+MEMORY = {"work_mem": "4MB", "hash_mem_multiplier": "1", "maintenance_work_mem": "64MB",
+          "temp_buffers": "8MB"}
 _COMMENT = "labkit sandbox for schema "
 _DB_COMMENT = "labkit sandbox for database "     # a run with a database of its own (a spec)
 
@@ -126,6 +139,63 @@ def check_number(name: str, value: Any, *, low: float, high: float, fix: str,
     if not ok or not low <= value <= high:
         raise LabkitError(f"{name} must be a{'' if integer else ' finite'} number from "
                           f"{low:g} to {high:,g}, not {value!r}.", fix)
+
+
+# -- what the SQL may not change --------------------------------------------------------------------
+
+_BOUNDED = re.compile(r"\b(" + "|".join(MEMORY) + r")\b", re.I)
+_SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?(\w+)\s*(?:=|\bTO\b)\s*'?([\w.]+)'?\s*$", re.I)
+_CHANGES = re.compile(r"^\s*(SET|RESET|ALTER|CREATE|COMMENT)\b", re.I)
+_RUNTIME_SQL = re.compile(r"\bset_config\s*\(|\bEXECUTE\b|\bALTER\s+(ROLE|USER|DATABASE|SYSTEM)\b"
+                          r"|\bCREATE\s+(OR\s+REPLACE\s+)?(FUNCTION|PROCEDURE|RULE)\b|^\s*DO\b"
+                          r"|\bpg_settings\b(?=.*\bUPDATE\b)|\bUPDATE\b(?=.*\bpg_settings\b)", re.I | re.S)
+_UNITS = {"": 1, "kb": 1, "mb": 1024, "gb": 1024 ** 2, "tb": 1024 ** 3}
+
+
+def _amount(name: str, value: str) -> float | None:
+    """A setting's value in the unit the bound is compared in (kB; a plain number for
+    hash_mem_multiplier), or None when it cannot be read."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]b)?", value.strip().lower())
+    if not m:
+        return None
+    number = float(m.group(1))
+    if name == "hash_mem_multiplier":
+        return None if m.group(2) else number
+    if name == "temp_buffers" and not m.group(2):
+        return number * 8                           # a plain number counts 8 kB blocks
+    return number * _UNITS[m.group(2) or ""]
+
+
+def memory_refusal(statements: list[str]) -> str | None:
+    """Why the statements may not run in the sandbox, or None.
+
+    Refused: ``SET`` of a memory setting of :data:`MEMORY` above its bound; any other
+    statement that changes one by name (``RESET``, ``ALTER ROLE ... SET``, a function's
+    ``SET`` clause); and any that can change a setting whose name it builds at run time
+    or run SQL built at run time: ``set_config()``, an ``UPDATE`` of ``pg_settings``,
+    ``EXECUTE``, ``DO``, ``CREATE FUNCTION``, ``CREATE RULE``, ``ALTER ROLE``.  Reading a
+    setting (``current_setting('work_mem')``) is allowed."""
+    for stmt in statements:
+        if re.match(r"^\s*RESET\b", stmt, re.I):
+            continue            # back to the session's default: the role's bound
+        named = _BOUNDED.search(stmt)
+        if named and _CHANGES.match(stmt):
+            name = named.group(1).lower()
+            m = _SET.match(stmt)
+            if m and m.group(1).lower() == name:
+                value, bound = _amount(name, m.group(2)), _amount(name, MEMORY[name])
+                if value is not None and value <= bound:
+                    continue
+            return (f"it changes {name}, a memory setting held at {MEMORY[name]} (or less) for "
+                    "SQL from a file")
+        found = _RUNTIME_SQL.search(stmt)
+        if found:
+            what = " ".join(found.group(0).split()).rstrip("(").strip()
+            if what.lower() in ("update", "pg_settings"):
+                what = "an UPDATE of pg_settings"
+            return (f"it uses {what}, which could change a memory setting out of sight "
+                    "of this check")
+    return None
 
 
 # -- the role -----------------------------------------------------------------------------------
@@ -288,6 +358,9 @@ class Sandbox:
                     # A role that may create roles but is no superuser joins the sandbox role,
                     # so that it can end its sessions and drop what it made.
                     admin.execute(sql.SQL("GRANT {} TO current_user").format(ident))
+                for name, value in MEMORY.items():
+                    admin.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                        ident, sql.Identifier(name), sql.Literal(value)))
                 admin.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(schema, ident))
                 if not admin.execute("SELECT has_database_privilege(%s, current_database(), 'CONNECT')",
                                      (role,)).fetchone()[0]:

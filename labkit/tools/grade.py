@@ -7,7 +7,9 @@ and returns the claimed job ids in its first column — and puts it through four
 stages, each in a throw-away lab schema of its own:
 
 1. **read**: the text is split into statements (comments, quotes and dollar quotes
-   respected); ORDER BY and LIMIT are looked for; unknown parameters are refused.
+   respected); the statement that locks the rows (FOR UPDATE ...) is found, and its own
+   SELECT is read for ORDER BY; unknown parameters are refused, and so is SQL that
+   changes a memory setting (:func:`labkit.core.sandbox.memory_refusal`).
 2. **probe**: two sessions claim at the same moment (A's transaction still open
    when B claims), as in notebook 01.  The server says whether B waits for A (a
    convoy), fails at once (NOWAIT) or gets another job; A's rows show whether the
@@ -17,10 +19,21 @@ stages, each in a throw-away lab schema of its own:
    the history?
 4. **run**: N worker processes claim over M jobs, each job takes a few ms outside
    the claim and is then marked DONE; one worker is SIGKILLed after its third job
-   has run (before that job is marked).  Counted: jobs handed out twice, jobs run
-   twice, jobs lost, jobs stuck IN_PROGRESS, time workers spent blocked on locks
-   (sampled from pg_stat_activity), lock errors, and whether the work ran inside
-   the claim's transaction.
+   has run (before that job is marked).  The jobs' creation times are shuffled, so
+   that the table's physical order is not their creation order, and while the workers
+   start one more session of the run holds the oldest job locked, as a worker in the
+   middle of its claim would.  Counted: jobs handed out twice, jobs run twice, jobs
+   lost, jobs stuck IN_PROGRESS, time the workers' claims spent waiting for a row lock
+   (sampled from pg_stat_activity by the grader's own session), lock errors, jobs
+   claimed before an older one, and whether the work ran inside the claim's
+   transaction.
+
+Every session that runs the claim (the probe's two, the EXPLAIN's, the workers', the
+one that holds a job) looks the same to the SQL: a worker id of one shape drawn at
+random for each run, an application_name of one shape, the same settings.  The
+verdict on waiting, NOWAIT errors, double claims and order rests on what the run
+measured, whatever the probe saw.  The sessions that watch (the probe's monitor, the
+sampler) log in as labkit's own role, so the claim's SQL cannot end them.
 
 The claim's SQL runs as a throw-away role that may use its own schema and nothing
 else (:mod:`labkit.core.sandbox`), and every stage is time-boxed: a statement that runs too
@@ -37,12 +50,15 @@ import itertools
 import json
 import os
 import re
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from ..core.db import Database, Guards, connect, open_connection
 from ..core.errors import LabkitError, ServerError
@@ -50,7 +66,7 @@ from ..core.files import data_file
 from ..core.lab import Lab
 from ..core.procs import Context, Worker
 from ..core.queries import statements
-from ..core.sandbox import Sandbox, check_number, read_input
+from ..core.sandbox import Sandbox, check_number, memory_refusal, read_input
 from ..core.sessions import Sessions, classify
 from ..labs import claims
 
@@ -65,6 +81,8 @@ MAX_JOBS = 100_000
 MAX_JOB_MS = 1_000
 MAX_SQL_BYTES = 1_000_000
 STEP_TIMEOUT_S = 10.0   # one statement of the claim (and the grader's own set-up work)
+LOCK_TIMEOUT = "5s"     # every session that runs the claim
+HOLD_S = 1.0            # how long, at most, one session holds the oldest job as the run starts
 RUN_TIMEOUT_S = 90.0    # the whole run of the worker processes
 _counter = itertools.count(1)
 SAMPLES = data_file("grader")
@@ -84,6 +102,11 @@ EXPLAIN = {
              "script) that returns the claimed job ids.",
     "bad_parameter": "The claim uses a parameter other than %(worker_id)s, or a bare % sign. "
                      "Use only %(worker_id)s, and write a literal % as %%.",
+    "memory_setting": "The SQL raises a memory setting (work_mem, hash_mem_multiplier, "
+                      "maintenance_work_mem, temp_buffers) above its bound, or changes settings "
+                      "in a way that cannot be read before it runs (set_config, an UPDATE of "
+                      "pg_settings, EXECUTE, DO, a function): SQL from a file runs within fixed "
+                      "memory bounds, and a claim needs none of these. Remove it.",
     "syntax_error": "The SQL does not parse, so nothing ran. Fix the statement the server "
                     "names (try it in psql first).",
     "sql_error": "The SQL parses but fails when it runs. Fix the error the server names "
@@ -169,6 +192,8 @@ class Report:
     stuck_recoverable: int | None = None
     unclaimed_jobs: int | None = None
     blocked_ms: float | None = None
+    claim_waits: int | None = None  # worker sessions seen waiting for a row lock in the claim
+    out_of_order: int | None = None  # jobs claimed before an older job (creation order)
     lock_errors: int | None = None
     work_inside_claim: bool | None = None
     run_seconds: float | None = None
@@ -210,6 +235,8 @@ class Report:
                  ("lost jobs", self.lost_jobs), ("stuck IN_PROGRESS", self.stuck_jobs),
                  ("  of which a reaper can recover", self.stuck_recoverable),
                  ("left PENDING", self.unclaimed_jobs), ("blocked ms", self.blocked_ms),
+                 ("workers that waited for a row lock", self.claim_waits),
+                 ("jobs claimed before an older one", self.out_of_order),
                  ("lock errors", self.lock_errors), ("work inside claim tx", self.work_inside_claim)]
         for name, value in facts:
             if value not in (None, ""):
@@ -244,39 +271,138 @@ def bind(script: str, worker_id: str) -> str:
     return PARAM_RE.sub(lambda m: _literal(worker_id), script).replace("%%", "%")
 
 
+def worker_ids(n: int) -> list[str]:
+    """``n`` worker ids of one shape, drawn at random: the SQL cannot tell from its id (nor
+    from the application_name that carries it) which stage of the grading runs it."""
+    ids: set[str] = set()
+    while len(ids) < n:
+        ids.add("w" + secrets.token_hex(4))
+    return sorted(ids, key=lambda _: secrets.randbits(32))
+
+
+LOCKING = re.compile(r"\bFOR\s+(?:NO\s+KEY\s+UPDATE|UPDATE|KEY\s+SHARE|SHARE)\b", re.I)
+ORDER_BY = re.compile(r"\bORDER\s+BY\b", re.I)
+
+
+def _own_level(code: str, at: int) -> str:
+    """The text of the query level that holds position ``at``: from the parenthesis that
+    opens it to the one that closes it, with every nested parenthesis blanked out."""
+    depth, start = 0, 0
+    for i in range(at - 1, -1, -1):
+        if code[i] == ")":
+            depth += 1
+        elif code[i] == "(":
+            if depth == 0:
+                start = i + 1
+                break
+            depth -= 1
+    depth, end = 0, len(code)
+    for i in range(at, len(code)):
+        if code[i] == "(":
+            depth += 1
+        elif code[i] == ")":
+            if depth == 0:
+                end = i
+                break
+            depth -= 1
+    out, depth = [], 0
+    for ch in code[start:end]:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def unordered_claim(stmts: list[str]) -> str | None:
+    """What in the claim statement has no ORDER BY of its own, or None.  The claim
+    statement is the one that locks rows (FOR UPDATE, FOR SHARE ...), and each locking
+    SELECT in it must order its own rows: an ORDER BY in another statement, or nested in
+    a subquery of that SELECT, orders nothing it locks.  A claim that locks no row with
+    such a clause is the last statement that reads the job table (its rows are the
+    claimed ids), and it must hold an ORDER BY somewhere."""
+    body = [_code_only(s) for s in stmts if not TX_CONTROL.match(s) and not SETTING.match(s)]
+    locking = [(s, m) for s in body for m in LOCKING.finditer(s)]
+    for code, m in locking:
+        if not ORDER_BY.search(_own_level(code, m.start())):
+            return (f"the SELECT that locks the rows ({' '.join(m.group(0).split()).upper()}) "
+                    "has no ORDER BY of its own")
+    if locking:
+        return None
+    readers = [c for c in body if re.search(r"\bjob\b", c, re.I)]
+    if readers and not ORDER_BY.search(readers[-1]):
+        return "the statement that claims the rows has no ORDER BY"
+    return None
+
+
 # -- the stages -----------------------------------------------------------------------------------
 
-def _read(report: Report, text: str) -> tuple[list[str] | None, bool]:
-    """The statements, and whether the claim lacks ORDER BY."""
+def _read(report: Report, text: str) -> tuple[list[str] | None, str | None]:
+    """The statements, and what in the claim statement lacks an ORDER BY (or None)."""
     stmts = split_statements(text)
     report.statements = len(stmts)
     if not stmts:
         report.add("empty")
-        return None, False
+        return None, None
     code = " ".join(_code_only(s) for s in stmts)
     names = set(PARAM_RE.findall(code))
     stray = re.sub(r"%\(\w+\)s|%%", "", code)
     if names - {"worker_id"} or "%" in stray:
         report.add("bad_parameter", f"parameters found: {sorted(names) or 'none'}")
-        return None, False
-    claim_part = " ".join(s for s in stmts if not TX_CONTROL.match(s) and not SETTING.match(s))
-    return stmts, not re.search(r"\border\s+by\b", claim_part, re.I)
+        return None, None
+    refused = memory_refusal(stmts)
+    if refused:
+        report.add("memory_setting", refused)
+        return None, None
+    return stmts, unordered_claim(stmts)
 
 
 def _claim_statements(stmts: list[str]) -> list[str]:
     return [s for s in stmts if not TX_CONTROL.match(s)]
 
 
-def _probe(report: Report, lab: Lab, stmts: list[str], no_order: bool) -> bool:
+class _AsWorkers:
+    """The lab seen through the sandbox, every session named with one of ``names`` (the
+    role asked for, if it is one of them, else the first) and set up like a graded
+    worker's; a ``monitor`` logs in as labkit's own role instead, so that the claim's SQL
+    cannot end it."""
+
+    def __init__(self, box_lab, base: Lab, names: list[str]):
+        self._box_lab = box_lab
+        self._base = base
+        self._names = list(names)
+
+    def __getattr__(self, name):
+        return getattr(self._box_lab, name)
+
+    def connect(self, *, autocommit: bool = True, role: str = "", guards: Guards | None = None):
+        if role == "monitor":
+            return self._base.connect(autocommit=autocommit, role=role)
+        name = role if role in self._names else self._names[0]
+        conn = self._box_lab.connect(autocommit=autocommit, role=name, guards=guards)
+        _session_settings(conn)
+        return conn
+
+
+def _session_settings(conn: psycopg.Connection) -> None:
+    """What every session that runs the claim sets, in the order the probe's sessions set it."""
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+    conn.execute(sql.SQL("SET statement_timeout = {}").format(
+        sql.Literal(f"{int(STEP_TIMEOUT_S * 1000)}ms")))
+
+
+def _probe(report: Report, lab: Lab, box: Sandbox, stmts: list[str], no_order: str | None) -> bool:
     """Two claims in flight at once.  Returns False when the claim cannot be run further."""
 
-    claims.fresh_jobs(lab, PROBE_JOBS)
+    claims.fresh_jobs(box.lab, PROBE_JOBS)
     body = _claim_statements(stmts)
     if not body:
         report.add("not_a_claim", "the script only begins and ends a transaction")
         return False
     try:
-        return _probe_sessions(report, lab, body, no_order)
+        return _probe_sessions(report, lab, box, body, no_order)
     except ServerError:
         raise
     except LabkitError as exc:
@@ -284,14 +410,33 @@ def _probe(report: Report, lab: Lab, stmts: list[str], no_order: bool) -> bool:
         # the claim, reported as one.
         report.add("sql_error", exc.what)
         return False
+    except psycopg.OperationalError as exc:
+        _still_up(lab)
+        report.add("sql_error", f"a session of the probe was ended while the claim ran: {_first_line(exc)}")
+        return False
 
 
-def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -> bool:
+def _still_up(lab: Lab) -> None:
+    """Raise if the server itself is gone (labkit's own session cannot ask it anything)."""
+    with lab.connect(role="monitor") as conn:
+        conn.execute("SELECT 1")
 
-    with Sessions(lab, "A", "B", watch={"job": "id"}, lock_timeout="2s",
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _probe_sessions(report: Report, lab: Lab, box: Sandbox, body: list[str], no_order: str | None) -> bool:
+
+    a_id, b_id = worker_ids(2)
+    view = _AsWorkers(box.lab, lab, [a_id, b_id])
+    with Sessions(view, a_id, b_id, watch={"job": "id"}, lock_timeout=LOCK_TIMEOUT,
                   statement_timeout=f"{int(STEP_TIMEOUT_S * 1000)}ms") as run:
-        run.A("BEGIN")
-        a = run.A("; ".join(bind(s, "probe-A") for s in body), label="claim")
+        A = lambda text, **kw: run.step(a_id, text, **kw)  # noqa: E731
+        B = lambda text, **kw: run.step(b_id, text, **kw)  # noqa: E731
+        A("BEGIN")
+        a = A("; ".join(bind(s, a_id) for s in body), label="claim")
         if a.error is not None:
             code = "syntax_error" if a.error.sqlstate == "42601" else "sql_error"
             report.add(code, a.error.short())
@@ -304,10 +449,10 @@ def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -
         if not ids:
             report.add("claims_nothing", "A's claim returned no rows")
             return False
-        held = run.locked_rows()["A"]
-        rows = run.A("SELECT id, status, worker_id, claimed_at IS NOT NULL FROM job "
-                     "WHERE id = ANY('{%s}'::bigint[]) ORDER BY id" % ",".join(map(str, ids)),
-                     label="look").rows
+        held = run.locked_rows()[a_id]
+        rows = A("SELECT id, status, worker_id, claimed_at IS NOT NULL FROM job "
+                 "WHERE id = ANY('{%s}'::bigint[]) ORDER BY id" % ",".join(map(str, ids)),
+                 label="look").rows
         statuses = {r[1] for r in rows}
         unknown = set(ids) - {r[0] for r in rows}
         if unknown or not set(ids) <= set(held):
@@ -321,17 +466,17 @@ def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -
             report.add("done_at_claim", f"A's claimed rows read {sorted(statuses)}")
         elif any(r[2] is None or not r[3] for r in rows):
             report.add("no_owner", "worker_id or claimed_at is NULL on A's claimed rows")
-        elif any(r[2] != "probe-A" for r in rows):
+        elif any(r[2] != a_id for r in rows):
             report.add("no_owner", "worker_id is not the worker's %(worker_id)s")
         if len(ids) == PROBE_JOBS:
             report.add("no_limit", f"A claimed all {PROBE_JOBS} pending jobs in one go")
-        run.B("BEGIN")
-        b = run.B("; ".join(bind(s, "probe-B") for s in body), label="claim")
+        B("BEGIN")
+        b = B("; ".join(bind(s, b_id) for s in body), label="claim")
         if b.waited:
             report.probe = f"B waited for A ({b.wait_event})"
             report.add("convoy", report.probe)
-            run.A("ROLLBACK")
-            run.wait("B")
+            A("ROLLBACK")
+            run.wait(b_id)
         elif b.error is not None:
             report.probe = f"B failed at once: {b.error.brief()}"
             if b.error.kind == "nowait":
@@ -343,10 +488,10 @@ def _probe_sessions(report: Report, lab: Lab, body: list[str], no_order: bool) -
             report.probe = f"B claimed {got} while A held {ids}"
             if set(got) & set(ids):
                 report.add("double_claims", report.probe)
-        run.A("ROLLBACK")
-        run.B("ROLLBACK")
+        A("ROLLBACK")
+        B("ROLLBACK")
     if no_order:
-        report.add("no_order_by", "the claim has no ORDER BY")
+        report.add("no_order_by", no_order)
     return True
 
 
@@ -358,17 +503,22 @@ def _ids(rows) -> list[int] | None:
     return [r[0] for r in rows]
 
 
-def _plan(report: Report, lab: Lab, stmts: list[str]) -> None:
+def _plan(report: Report, lab: Lab, box: Sandbox, stmts: list[str]) -> None:
 
-    claims.make_queue(lab, pending=50, done=HISTORY_ROWS)
+    claims.make_queue(box.lab, pending=50, done=HISTORY_ROWS)
     nodes, buffers, seq = [], 0, False
     for s in _claim_statements(stmts):
         if SETTING.match(s) or not re.search(r"\bjob\b", _code_only(s), re.I):
             continue
+        wid = worker_ids(1)[0]
         try:
-            p = claims.plan_of(lab, bind(s, "plan"), analyze=True)
+            p = claims.plan_of(_AsWorkers(box.lab, lab, [wid]), bind(s, wid), analyze=True)
         except psycopg.errors.QueryCanceled:
             report.add("too_slow", f"EXPLAIN ANALYZE of the claim was cancelled after {STEP_TIMEOUT_S:g} s")
+            return
+        except psycopg.OperationalError as exc:
+            _still_up(lab)
+            report.add("sql_error", f"the session that ran EXPLAIN was ended: {_first_line(exc)}")
             return
         except psycopg.Error as exc:
             report.add("sql_error", f"EXPLAIN failed: {exc.diag.message_primary}")
@@ -387,6 +537,11 @@ def _plan(report: Report, lab: Lab, stmts: list[str]) -> None:
 # -- the run: worker processes --------------------------------------------------------------------
 
 LOCK_KINDS = ("nowait", "lock_timeout", "deadlock", "serialization")
+MARK_DONE = "UPDATE job SET status = 'DONE' WHERE id = ANY(%s)"
+COUNT_PENDING = "SELECT count(*) FROM job WHERE status = 'PENDING'"
+# Statements of the grader's own that a worker session runs between claims (as the server
+# shows them): a wait in one of these is not a wait of the claim.
+OWN_STATEMENTS = [MARK_DONE.replace("%s", "$1"), COUNT_PENDING, "COMMIT", "ROLLBACK"]
 
 
 def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: str, job_ms: float = 2.0,
@@ -398,12 +553,13 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
     ``login`` (user, password) is the sandbox role the script runs as."""
 
     # Killed (as one worker will be), its query does not run on without it: the server
-    # checks the client's socket every check_client_ms (PostgreSQL 14 and later).
+    # checks the client's socket every check_client_ms (PostgreSQL 14 and later).  The
+    # session is set up as the probe's sessions are (see _session_settings).
     conn = open_connection(dsn, schema=schema, role=worker_id, check_client_ms=check_client_ms,
-                           guards=Guards(lock_timeout="5s",
-                                         statement_timeout=f"{int(statement_timeout_s * 1000)}ms"),
+                           guards=Guards(statement_timeout=f"{int(statement_timeout_s * 1000)}ms"),
                            **login)
     try:
+        _session_settings(conn)
         ran = errors = empties = 0
         ctx.emit("connected", pids=[conn.info.backend_pid])
         ctx.pause("ready")                      # all workers start claiming together
@@ -422,23 +578,27 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
             except psycopg.Error as exc:
                 state = exc.sqlstate or ""
                 kind = "serialization" if state == "40001" else classify(state, str(exc))
+                if conn.broken or conn.closed:
+                    ctx.emit("sql_error", sqlstate=state, message="the worker's session was ended: "
+                             + _first_line(exc))
+                    break
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.execute("ROLLBACK")
                 errors += 1
                 if kind in LOCK_KINDS:
                     if errors <= 3:
-                        ctx.emit("lock_error", sqlstate=state, kind=kind)
+                        ctx.emit("lock_error", sqlstate=state, lock=kind)
                     time.sleep(0.001)
                     continue
                 ctx.emit("sql_error", sqlstate=state, message=exc.diag.message_primary or str(exc))
                 break
             in_tx = conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
             ids = [r[0] for r in rows or [] if isinstance(r[0], int)]
-            ctx.emit("claimed", ids=ids, in_tx=in_tx, ms=(time.monotonic() - t0) * 1000)
+            ctx.emit("claimed", ids=ids, in_tx=in_tx, ms=(time.monotonic() - t0) * 1000, t0=t0)
             if not ids:
                 if in_tx:
                     conn.execute("ROLLBACK")
-                pending = conn.execute("SELECT count(*) FROM job WHERE status = 'PENDING'").fetchone()[0]
+                pending = conn.execute(COUNT_PENDING).fetchone()[0]
                 if pending == 0:
                     break
                 empties += 1
@@ -450,38 +610,58 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
                 ctx.emit("ran", id=job_id)
                 if pause_after is not None and ran == pause_after:
                     ctx.pause("crash point")
-            conn.execute("UPDATE job SET status = 'DONE' WHERE id = ANY(%s)", (ids,))
+            conn.execute(MARK_DONE, (ids,))
             if in_tx:
                 conn.execute("COMMIT")
         ctx.emit("end", errors=errors, empties=empties)
         return {"ran": ran, "errors": errors}
+    except psycopg.OperationalError as exc:
+        if not (conn.broken or conn.closed):
+            raise
+        ctx.emit("sql_error", sqlstate=exc.sqlstate or "", message="the worker's session was ended: "
+                 + _first_line(exc))
+        return {"ran": 0, "errors": 1}
     finally:
         conn.close()
 
 
-class _BlockedSampler(threading.Thread):
-    """Samples pg_stat_activity: how many of the run's workers wait on a lock."""
+class _LockSampler(threading.Thread):
+    """Labkit's own session (not the sandbox role's, which the claim could end) samples
+    pg_stat_activity: which of the run's worker sessions wait for a row lock while they run
+    the claim, and who holds it."""
 
-    def __init__(self, lab: Lab, pattern: str, interval: float = 0.005):
+    def __init__(self, lab: Lab, pids: list[int], holder_pid: int | None, interval: float = 0.005):
         super().__init__(daemon=True)
         self.conn = lab.connect(role="sampler")
-        self.pattern = pattern
+        self.pids = pids
+        self.holder_pid = holder_pid
         self.interval = interval
         self.blocked_s = 0.0
+        self.samples = 0            # samples in which at least one claim waited
+        self.waiters: set[int] = set()
+        self.waited_on_holder = threading.Event()
         self.stop = threading.Event()
+        self.error = ""
 
     def run(self) -> None:
         last = time.monotonic()
         while not self.stop.is_set():
             try:
-                n = self.conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s "
-                    "AND wait_event_type = 'Lock'", (self.pattern,)).fetchone()[0]
-            except psycopg.Error:
+                rows = self.conn.execute(
+                    "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity WHERE pid = ANY(%s) "
+                    "AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple') "
+                    "AND query <> ALL(%s)", (self.pids, OWN_STATEMENTS)).fetchall()
+            except psycopg.Error as exc:
+                self.error = _first_line(exc)
                 return
             now = time.monotonic()
-            self.blocked_s += n * (now - last)
+            self.blocked_s += len(rows) * (now - last)
             last = now
+            if rows:
+                self.samples += 1
+                self.waiters.update(pid for pid, _ in rows)
+                if self.holder_pid is not None and any(self.holder_pid in (by or []) for _, by in rows):
+                    self.waited_on_holder.set()
             self.stop.wait(self.interval)
 
     def finish(self) -> float:
@@ -491,22 +671,71 @@ class _BlockedSampler(threading.Thread):
         return self.blocked_s * 1000
 
 
+class _Holder:
+    """One more session of the run, set up as a worker's, that holds the oldest pending
+    job locked for a moment as the workers start, as a worker in the middle of its claim
+    would: a claim that waits for it, or fails on it, shows that in the run itself."""
+
+    def __init__(self, box: Sandbox):
+        self.conn = box.lab.connect(role=worker_ids(1)[0])
+        _session_settings(self.conn)
+        self.pid = self.conn.info.backend_pid
+        self.job: int | None = None
+        self.since = 0.0
+
+    def hold(self) -> None:
+        self.conn.execute("BEGIN")
+        row = self.conn.execute("SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at "
+                                "LIMIT 1 FOR UPDATE SKIP LOCKED").fetchone()
+        self.job = row[0] if row else None
+        self.since = time.monotonic()
+
+    def release(self) -> None:
+        try:
+            if not self.conn.closed and not self.conn.broken:
+                self.conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass       # ended by the claim's SQL: its lock went with it
+        self.since = 0.0
+
+    def close(self) -> None:
+        self.release()
+        self.conn.close()
+
+
+SHUFFLE = """
+UPDATE job SET created_at = s.created_at
+  FROM (SELECT a.id, b.created_at
+          FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM job) a
+          JOIN (SELECT created_at, row_number() OVER (ORDER BY random()) AS n FROM job) b USING (n)) s
+ WHERE job.id = s.id
+"""
+
+
+def _fresh_shuffled(box_lab, jobs: int) -> None:
+    """The run's jobs, their creation times shuffled among them: a claim that takes rows in
+    the table's order takes them out of creation order, and the run sees it."""
+    claims.fresh_jobs(box_lab, jobs)
+    box_lab.execute(SHUFFLE)
+    box_lab.execute("ANALYZE job")
+
+
 def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int, jobs: int, job_ms: float,
          crash_after: int = 3) -> None:
     """``lab`` is labkit's own view of the lab (it watches pg_stat_activity); the jobs are
     made, claimed and counted through the sandbox ``box``."""
 
-    if not _stage(report, box, 2 * STEP_TIMEOUT_S, claims.fresh_jobs, box.lab, jobs):
+    if not _stage(report, box, 2 * STEP_TIMEOUT_S, _fresh_shuffled, box.lab, jobs):
         return
     script = "; ".join(stmts)
     check_client_ms = lab.db.check_client_ms
-    sampler = _BlockedSampler(lab, f"{lab.app_name}:g%")
     ws: list[Worker] = []
+    sampler = holder = None
     t0 = time.monotonic()
     timed_out = False
+    victim = None
     try:
-        for i in range(workers):
-            wid = f"g{i + 1}"
+        for wid in worker_ids(workers):
             ws.append(Worker("labkit.tools.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
                              worker_id=wid, script=bind(script, wid), job_ms=job_ms,
                              pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
@@ -514,17 +743,28 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
                              **box.worker_kwargs()).start())
         for w in ws:
             w.wait_for("paused", tag="ready", timeout=60)
+        pids = [p for w in ws for e in w.events if e["kind"] == "connected" for p in e["pids"]]
+        holder = _Holder(box)
+        holder.hold()
+        sampler = _LockSampler(lab, pids, holder.pid)
         sampler.start()
         for w in ws:
             w.resume()
         # Every worker stops after its third job; the first to get there is killed, the
         # others go on.
-        victim, stopped = None, set()
+        stopped = set()
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        next_look = 0.0
         while any(w.alive for w in ws):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 timed_out = True
                 break
+            if holder.since and (sampler.waited_on_holder.is_set() or now - holder.since > HOLD_S
+                                 or (now > next_look and _only_held_left(lab, holder))):
+                holder.release()
+            if now > next_look:
+                next_look = now + 0.02
             for w in ws:
                 w.poll(0.002)
                 if w.name in stopped or not any(e["kind"] == "paused" and e.get("tag") == "crash point"
@@ -542,19 +782,51 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
     finally:
         for w in ws:
             w.kill()
-        report.blocked_ms = round(sampler.finish(), 1) if sampler.is_alive() or sampler.blocked_s else 0.0
+        if holder is not None:
+            holder.close()
+        if sampler is not None:
+            report.blocked_ms = round(sampler.finish(), 1)
     report.run_seconds = round(time.monotonic() - t0, 2)
+    report.claim_waits = len(sampler.waiters) if sampler else None
+    if sampler and sampler.waiters:
+        report.add("convoy", f"{len(sampler.waiters)} worker(s) of the run waited for a row lock in the "
+                             f"claim ({report.blocked_ms} ms in all)"
+                             + (", one of them behind a claim held open by another session"
+                                if sampler.waited_on_holder.is_set() else ""))
     if timed_out:
         report.add("too_slow", f"the workers were still running after {RUN_TIMEOUT_S:g} s and were stopped")
     if victim is None:
         report.add("crash_not_tested", report.killed)
-    _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, box.lab, ws)
+    # Counted through labkit's own session: the claim's SQL may have ended the role's.
+    _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, lab, ws,
+           holder.job if holder is not None else None)
 
 
-def _tally(report: Report, lab: Lab, ws) -> None:
+def _only_held_left(lab: Lab, holder: _Holder) -> bool:
+    """Whether the job the holder holds is the last one pending (the workers have nothing
+    else to claim, so holding it longer measures nothing more)."""
+    return lab.execute(COUNT_PENDING)[0][0] <= (1 if holder.job is not None else 0)
+
+
+def out_of_order(claims_seen: dict[int, tuple[float, float]], created: dict[int, Any]) -> int:
+    """Jobs claimed before an older job whose claim only began after theirs had ended:
+    ``claims_seen`` maps each job to (start, end) of the first claim that returned it."""
+    order = sorted(claims_seen, key=lambda i: created[i])
+    latest_start = float("-inf")
+    count = 0
+    for job in order:                    # oldest first, with the latest start of an older job's claim
+        start, end = claims_seen[job]
+        if latest_start > end:
+            count += 1
+        latest_start = max(latest_start, start)
+    return count
+
+
+def _tally(report: Report, lab: Lab, ws, held: int | None = None) -> None:
     claimed_by: dict[int, set] = {}
+    first: dict[int, tuple[float, float]] = {}
     runs: dict[int, int] = {}
-    lock_errors = 0
+    lock_errors = nowaits = 0
     in_tx = False
     for w in ws:
         for e in w.events:
@@ -562,24 +834,35 @@ def _tally(report: Report, lab: Lab, ws) -> None:
                 in_tx = in_tx or e["in_tx"]
                 for i in e["ids"]:
                     claimed_by.setdefault(i, set()).add((w.name, e["t"]))
+                    span = (e.get("t0", e["t"] - e["ms"] / 1000), e["t"])
+                    if i not in first or span[1] < first[i][1]:
+                        first[i] = span
             elif e["kind"] == "ran":
                 runs[e["id"]] = runs.get(e["id"], 0) + 1
             elif e["kind"] == "end":
                 lock_errors += e["errors"]
+            elif e["kind"] == "lock_error":
+                nowaits += e.get("sqlstate") == "55P03"
             elif e["kind"] == "sql_error":
-                report.add("sql_error", f"{e['sqlstate']} {e['message']}")
+                report.add("sql_error", f"{e['sqlstate']} {e['message']}".strip())
         if not any(e["kind"] == "end" for e in w.events):
             lock_errors += sum(1 for e in w.events if e["kind"] == "lock_error")
     report.work_inside_claim = in_tx
     report.lock_errors = lock_errors
     report.double_claims = sum(1 for v in claimed_by.values() if len(v) > 1)
     report.duplicate_runs = sum(1 for n in runs.values() if n > 1)
-    rows = lab.execute("SELECT id, status, worker_id IS NOT NULL AND claimed_at IS NOT NULL FROM job")
-    report.stuck_jobs = sum(1 for _, s, _ in rows if s == "IN_PROGRESS")
-    report.stuck_recoverable = sum(1 for _, s, owned in rows if s == "IN_PROGRESS" and owned)
-    report.unclaimed_jobs = sum(1 for _, s, _ in rows if s == "PENDING")
-    report.lost_jobs = sum(1 for i, s, owned in rows
+    rows = lab.execute("SELECT id, status, worker_id IS NOT NULL AND claimed_at IS NOT NULL, created_at FROM job")
+    created = {i: c for i, _, _, c in rows}
+    report.stuck_jobs = sum(1 for _, s, _, _ in rows if s == "IN_PROGRESS")
+    report.stuck_recoverable = sum(1 for _, s, owned, _ in rows if s == "IN_PROGRESS" and owned)
+    report.unclaimed_jobs = sum(1 for _, s, _, _ in rows if s == "PENDING")
+    report.lost_jobs = sum(1 for i, s, owned, _ in rows
                            if (s == "DONE" and i not in runs) or (s == "IN_PROGRESS" and not owned))
+    seen = {i: span for i, span in first.items() if i in created and i != held}
+    report.out_of_order = out_of_order(seen, created)
+    if nowaits:
+        report.add("nowait_error_storm", f"claims of the run failed with ERROR 55P03 "
+                                         f"({report.lock_errors} lock error(s) in all)")
     if in_tx:
         report.add("work_inside_claim", f"{report.duplicate_runs} job(s) ran twice after the crash")
     # Measured harm that no diagnosis above explains still fails the claim.
@@ -590,6 +873,9 @@ def _tally(report: Report, lab: Lab, ws) -> None:
         report.add("lost_jobs", f"{report.lost_jobs} job(s)")
     if report.unclaimed_jobs and not explained & set(report.codes) and report.stuck_jobs == report.stuck_recoverable:
         report.add("stalled", f"{report.unclaimed_jobs} job(s) still PENDING at the end")
+    if report.out_of_order and not explained & set(report.codes):
+        report.add("no_order_by", f"in the run, {report.out_of_order} job(s) were claimed before an older "
+                                  "job whose claim began only after theirs had ended")
 
 
 # -- the entry points ---------------------------------------------------------------------------
@@ -606,6 +892,16 @@ def _stage(report: Report, box: Sandbox, seconds: float, fn, *args):
             clock.fired, result = True, False
         except psycopg.OperationalError:
             raise
+        except ServerError as exc:
+            # A session the grader opened as the sandbox role was ended: by the claim's SQL
+            # (it may end sessions of its own role) if labkit's own session still gets in.
+            try:
+                _still_up(box.base)
+            except Exception:
+                raise exc from None
+            report.add("sql_error", "a session the grader ran as the claim's role was ended "
+                                    "(pg_terminate_backend in the claim?)")
+            result = False
         except psycopg.Error as exc:
             report.add("sql_error", f"after the claim ran, the grader's own SQL failed: "
                                     f"{exc.diag.message_primary or exc}")
@@ -647,12 +943,12 @@ def grade_claim(sql_or_path: str | Path, *, workers: int = 4, jobs: int = 120, j
     lab = Lab.open(db, f"grade_{os.getpid()}_{next(_counter)}")
     try:
         # The claim's SQL runs as a role of its own (probe sessions, EXPLAIN, workers);
-        # ``lab`` itself only watches and cleans up.
+        # ``lab`` itself only watches (the probe's monitor, the sampler) and cleans up.
         with Sandbox(lab, connections=workers + 8, statement_timeout_s=STEP_TIMEOUT_S) as box:
             report.sandbox = box.note
-            if (_stage(report, box, STEP_TIMEOUT_S + 3, _probe, report, box.lab, stmts, no_order)
+            if (_stage(report, box, STEP_TIMEOUT_S + 3, _probe, report, lab, box, stmts, no_order)
                     and not {"syntax_error", "sql_error"} & set(report.codes)):
-                _stage(report, box, 2 * STEP_TIMEOUT_S + 5, _plan, report, box.lab, stmts)
+                _stage(report, box, 2 * STEP_TIMEOUT_S + 5, _plan, report, lab, box, stmts)
                 if run and not {"sql_error", "too_slow"} & set(report.codes):
                     _run(report, lab, box, stmts, workers, jobs, job_ms)
     finally:
