@@ -43,9 +43,6 @@ SQL runs as that user, with that user's own rights, and :attr:`Sandbox.note` say
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import math
 import os
 import re
@@ -61,7 +58,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .db import Guards, open_connection, unreachable
+from .db import Guards, open_connection, scram_verifier, unreachable
 from .errors import LabkitError
 from .lab import Lab
 
@@ -200,18 +197,6 @@ def memory_refusal(statements: list[str]) -> str | None:
 
 # -- the role -----------------------------------------------------------------------------------
 
-def _scram_verifier(password: str, iterations: int = 4096) -> str:
-    """What the server stores for a SCRAM-SHA-256 password.  Sending it instead of the
-    password keeps the password itself out of the server's logs."""
-    salt = os.urandom(16)
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-
-
 def sweep(conn: psycopg.Connection) -> list[str]:
     """Drop the sandbox roles that interrupted runs left: those whose schema (or, for a run
     with a database of its own, whose database) is gone and that have no session.  Returns
@@ -346,7 +331,7 @@ class Sandbox:
                 admin.execute(sql.SQL(
                     "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION "
                     "NOBYPASSRLS CONNECTION LIMIT {} PASSWORD {}").format(
-                        ident, sql.Literal(self.connections), sql.Literal(_scram_verifier(password))))
+                        ident, sql.Literal(self.connections), sql.Literal(scram_verifier(password))))
                 mark = (_DB_COMMENT + admin.info.dbname if self.own_database
                         else _COMMENT + self.base.schema)
                 admin.execute(sql.SQL("COMMENT ON ROLE {} IS {}").format(ident, sql.Literal(mark)))
