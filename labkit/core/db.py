@@ -35,6 +35,38 @@ _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.I)
 _URI_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.I)
 
 
+class Scoped:
+    """A resource used as ``with X(...) as x:``: ``open()`` on entry (and ``close()`` again
+    when opening fails half-way), ``close()`` on exit.  When the block, or the opening, ends
+    in an error, that error is the one reported, not one from the clean-up."""
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self.open()
+        except BaseException:
+            try:
+                self.close()
+            except Exception:
+                pass
+            raise
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 def scram_verifier(password: str, iterations: int = 4096) -> str:
     """What the server stores for a SCRAM-SHA-256 password (RFC 5803's form).  Sent in
     ``CREATE ROLE ... PASSWORD`` instead of the password, it keeps the password itself out of

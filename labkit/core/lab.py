@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -207,6 +208,25 @@ class Lab:
             self.drop()
         except Exception:
             pass
+
+    def when_lock_granted(self, statement: str, params: dict, wait_s: float) -> tuple[Any, list]:
+        """Start a thread that runs ``statement`` (a query that waits for a row lock, then
+        reads ``clock_timestamp()``) in a session of the lab, waiting at most ``wait_s``.
+        Returns the thread and a list that receives the server's clock at the moment the
+        lock was granted (it stays empty when the wait failed)."""
+        import threading
+
+        granted: list = []
+
+        def wait() -> None:
+            try:
+                with self.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
+                    granted.append(conn.execute(statement, params).fetchone()[0])
+            except psycopg.Error:
+                pass
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        return thread, granted
 
     def close_connections(self) -> None:
         for conn in list(self._conns):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .db import _slug, current_user_tag, redact
+from .db import Scoped, _slug, current_user_tag, redact
 from .errors import LabkitError, ServerError
 from .queries import query
 
@@ -463,13 +463,18 @@ class MyLab:
     def describe(self) -> str:
         return f"{self.server.describe()} · {self.isolation_level()}"
 
+    def _logs_in_as(self) -> MyServer:
+        """Whom the lab's connections log in as: labkit's own user (a spec's sandbox: its
+        throw-away user)."""
+        return self.server
+
     def connect(self, *, autocommit: bool = True, role: str = "", guards: Any = None,
                 lock_wait_timeout_s: int | None = 5, statement_timeout_s: float | None = 30) -> MyConn:
         """A connection into the lab's database.  (``guards`` is accepted so that code written
         for a PostgreSQL lab runs unchanged; the timeouts here are InnoDB's and the server's.)"""
-        conn = self.server.connect(database=self.database, autocommit=autocommit, role=role,
-                                   lock_wait_timeout_s=lock_wait_timeout_s,
-                                   statement_timeout_s=statement_timeout_s)
+        conn = self._logs_in_as().connect(database=self.database, autocommit=autocommit, role=role,
+                                          lock_wait_timeout_s=lock_wait_timeout_s,
+                                          statement_timeout_s=statement_timeout_s)
         if self.isolation:
             conn.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {self.isolation}")
         self._conns.add(conn)
@@ -596,18 +601,11 @@ class _UserLab(MyLab):
         self._admin = None
         self._as_user = as_user
 
-    def connect(self, *, autocommit: bool = True, role: str = "", guards: Any = None,
-                lock_wait_timeout_s: int | None = 5, statement_timeout_s: float | None = 30) -> MyConn:
-        conn = self._as_user.connect(database=self.database, autocommit=autocommit, role=role,
-                                     lock_wait_timeout_s=lock_wait_timeout_s,
-                                     statement_timeout_s=statement_timeout_s)
-        if self.isolation:
-            conn.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {self.isolation}")
-        self._conns.add(conn)
-        return conn
+    def _logs_in_as(self) -> MyServer:
+        return self._as_user
 
 
-class SandboxUser:
+class SandboxUser(Scoped):
     """A user of its own for SQL from a file, for the life of one ``with`` block::
 
         with SandboxUser(lab) as box:
@@ -636,26 +634,6 @@ class SandboxUser:
     @property
     def account(self) -> str:
         return f"{_literal(self.user or '')}@{_literal(self.host or '')}"
-
-    def __enter__(self) -> "SandboxUser":
-        try:
-            self.open()
-        except BaseException:
-            try:
-                self.close()
-            except Exception:
-                pass
-            raise
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:        # the error that ended the block is the one to report
-            self.close()
-        except Exception:
-            pass
 
     def open(self) -> None:
         import pymysql

@@ -58,7 +58,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .db import Guards, open_connection, scram_verifier, unreachable
+from .db import Guards, Scoped, open_connection, scram_verifier, unreachable
 from .errors import LabkitError
 from .lab import Lab
 
@@ -272,7 +272,7 @@ class Deadline:
         self._thread.join(5)
 
 
-class Sandbox:
+class Sandbox(Scoped):
     """A role of its own for SQL from a file, for the life of one ``with`` block.
 
     ``connections`` caps the role's sessions; ``statement_timeout_s`` is the
@@ -452,15 +452,20 @@ class Sandbox:
         return self._lab
 
     def cancel_all(self) -> None:
-        for conn in list(self._conns):
-            try:
-                if not conn.closed:
-                    conn.cancel()
-            except Exception:
-                pass
+        cancel_every(self._conns)
 
     def deadline(self, seconds: float) -> Deadline:
         return Deadline(self, seconds)
+
+
+def cancel_every(conns) -> None:
+    """Cancel what each open connection of ``conns`` is running (a run's deadline)."""
+    for conn in list(conns):
+        try:
+            if not conn.closed:
+                conn.cancel()
+        except Exception:
+            pass
 
 
 def _first_line(exc: Exception) -> str:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -937,16 +936,6 @@ def held_worker(ctx: Context, dsn: str, schema: str, batch: int, freeze_after: i
     return {"committed": len(rows)}
 
 
-def _lock_granted_at(lab: Lab, row_id: int, wait_s: float, out: list) -> None:
-    """Thread: wait (at most ``wait_s``) for the row lock on delivery ``row_id``; append the
-    server's clock at the moment it was granted to ``out`` (nothing if the wait failed)."""
-    try:
-        with lab.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
-            out.append(conn.execute(_lab_sql("lock_granted_at"), {"id": row_id}).fetchone()[0])
-    except psycopg.Error:
-        pass
-
-
 def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
                       idle_timeout_s: float = 2.0, wait_s: float = 30) -> dict:
     """The same freeze, for a drain that holds its claim in an open transaction (the
@@ -983,10 +972,7 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
         idle_since = lab.execute(_lab_sql("state_since"), {"pid": pid})
         locked = locked_among(lab, got)
         others_early = len(second.claim())
-        granted: list = []
-        waiter = threading.Thread(target=_lock_granted_at, args=(lab, got[0], wait_s + 30, granted),
-                                  daemon=True)
-        waiter.start()
+        waiter, granted = lab.when_lock_granted(_lab_sql("lock_granted_at"), {"id": got[0]}, wait_s + 30)
         while locked_among(lab, got) and time.monotonic() - t0 < wait_s:
             time.sleep(0.02)
         released_after = time.monotonic() - t0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 import psycopg
 
-from ..core.db import WORKER_GUARDS, Guards, open_connection
+from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
 from ..core.lab import Lab, read_sql
 from ..core.limits import number
@@ -713,10 +712,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             # got it (the moment the batch was let go).
             idle_since_server = obs.conn.execute(_lab_sql("state_since"), {"pid": pid}).fetchone()
             first_id = r1.wait_for("claimed", timeout=60)["ids"][0]
-            granted: list = []
-            waiter = threading.Thread(target=_lock_granted_at, daemon=True, args=(
-                lab, first_id, watch_s + 30, granted))
-            waiter.start()
+            waiter, granted = lab.when_lock_granted(_lab_sql("lock_granted_at"), {"id": first_id}, watch_s + 30)
             deadline = time.monotonic() + watch_s
             while obs.backend_state(pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -793,16 +789,6 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             "stale_writes_after_wake": stale_writes})
         out.summary["duplicates_after_wake"] = out.summary["duplicates"]
         return out
-
-
-def _lock_granted_at(lab: Lab, row_id: int, wait_s: float, out: list) -> None:
-    """Thread: wait (at most ``wait_s``) for the row lock on outbox row ``row_id``; append the
-    server's clock at the moment it was granted to ``out`` (nothing if the wait failed)."""
-    try:
-        with lab.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
-            out.append(conn.execute(_lab_sql("lock_granted_at"), {"id": row_id}).fetchone()[0])
-    except psycopg.Error:
-        pass
 
 
 def freeze_summary(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,

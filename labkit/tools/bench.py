@@ -151,18 +151,6 @@ class Settings:
 
 # -- the SQL -------------------------------------------------------------------------------------
 
-def numbered(text: str) -> tuple[str, list[str]]:
-    """``%(name)s`` placeholders as ``$1, $2 ...`` (first appearance order), comments dropped:
-    the form libpq prepares.  Returns the text and the parameter names in order."""
-    names: list[str] = []
-
-    def sub(m: re.Match) -> str:
-        if m.group(1) not in names:
-            names.append(m.group(1))
-        return f"${names.index(m.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", sub, strip_comments(text)), names
-
 
 def claim_statement() -> str:
     """The claim + mark statement the benchmark runs (labkit/sql/claim_skip_locked.sql)."""
@@ -742,6 +730,36 @@ def pgqueuer_worker_main(ctx: Context, dsn: str, schema: str, prefix: str, drive
     return asyncio.run(go())
 
 
+def run_together(workers: list) -> list:
+    """Start worker processes, let them all get ready (each pauses once it is), release them
+    at one instant, and return what each returned; every one is killed at the end, also on
+    an error."""
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.wait_for("paused", timeout=60)
+        start_at = time.monotonic() + 0.05
+        for w in workers:
+            w.resume({"start_at": start_at})
+        return [w.join(timeout=600)["result"] for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+
+def numbered(text: str) -> tuple[str, list[str]]:
+    """``%(name)s`` placeholders as ``$1, $2 ...`` (first appearance order), comments dropped:
+    the form libpq prepares.  Returns the text and the parameter names in order."""
+    names: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", sub, strip_comments(text)), names
+
+
 def _drain_with_pgqueuer(lab: Lab, s: Settings, driver: str) -> dict:
 
     prefix = f"lkb{os.getpid()}_"
@@ -752,18 +770,7 @@ def _drain_with_pgqueuer(lab: Lab, s: Settings, driver: str) -> dict:
     workers = [Worker("labkit.tools.bench:pgqueuer_worker_main", name=f"pgqueuer {i}", dsn=lab.db.dsn,
                       schema=lab.schema, prefix=prefix, driver=driver, batch=s.peer_batch)
                for i in range(s.clients)]
-    try:
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.wait_for("paused", timeout=60)
-        start_at = time.monotonic() + 0.05
-        for w in workers:
-            w.resume({"start_at": start_at})
-        results = [w.join(timeout=600)["result"] for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
+    results = run_together(workers)
     from psycopg import sql
 
     left = lab.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(names["queue_table"])))[0][0]
@@ -872,18 +879,7 @@ def _durable_consume(url: str, ch: Any, name: str, n: int, batch: int, clients: 
     consumer's start to last ack."""
     workers = [Worker("labkit.tools.bench:amqp_consumer_main", name=f"amqp consumer {i}", url=url,
                       queue=name, batch=batch) for i in range(clients)]
-    try:
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.wait_for("paused", timeout=60)
-        start_at = time.monotonic() + 0.05
-        for w in workers:
-            w.resume({"start_at": start_at})
-        results = [w.join(timeout=600)["result"] for w in workers]
-    finally:
-        for w in workers:
-            w.kill()
+    results = run_together(workers)
     got = sum(r["got"] for r in results)
     left = ch.queue_declare(name, durable=True, passive=True).method.message_count
     if got != n or left:

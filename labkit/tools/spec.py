@@ -79,7 +79,7 @@ from ..core.lab import Lab
 from ..core.mysql import ENGINES
 from ..core.mysessions import MySessions
 from ..core.queries import query, statements
-from ..core.sandbox import Deadline, Sandbox, check_number, read_input
+from ..core.sandbox import Deadline, Sandbox, cancel_every, check_number, read_input
 from ..core.sessions import MAX_SESSIONS, Sessions
 from ..core.sessions import Step as EngineStep
 
@@ -1064,12 +1064,7 @@ class _OwnRole:
         self.place.close()
 
     def cancel_all(self) -> None:
-        for conn in list(self.place._conns):
-            try:
-                if not conn.closed:
-                    conn.cancel()
-            except Exception:
-                pass
+        cancel_every(self.place._conns)
 
     def deadline(self, seconds: float) -> Deadline:
         return Deadline(self, seconds)
