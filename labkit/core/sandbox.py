@@ -295,23 +295,6 @@ class Sandbox(Scoped):
         self._lab = None
 
     # -- life cycle -----------------------------------------------------------------------
-    def __enter__(self) -> "Sandbox":
-        try:
-            self.open()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:        # the error that ended the block is the one to report
-            self.close()
-        except Exception:
-            pass
-
     def open(self) -> None:
         admin = self.base.admin
         sweep(admin)
