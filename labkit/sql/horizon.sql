@@ -42,10 +42,15 @@ SELECT count(*) FROM job;
 -- session with a snapshot (backend_xmin) or a transaction id (backend_xid, a writer idle
 -- between statements), and walsenders, whose xmin is a standby's (hot_standby_feedback).
 -- holds_back says where it counts: a snapshot, in its own database only; a transaction id,
--- or a standby's xmin, in every database (there VACUUM ignores it, but each index scan's
--- marking of dead entries and page pruning do not).
+-- or a physical standby's xmin, in every database (there VACUUM ignores it, but each index
+-- scan's marking of dead entries and page pruning do not); a logical walsender (it has a
+-- database) holds back only the catalogs, through its slot's catalog_xmin. A session busy
+-- in this database while a writer elsewhere is open shows that writer's xid as its own
+-- backend_xmin: the holder is the session whose backend_xid the others' xmin equals.
 SELECT pid, datname, application_name, backend_type, state,
-       CASE WHEN backend_xid IS NOT NULL OR backend_type = 'walsender' THEN 'every database'
+       CASE WHEN backend_xid IS NOT NULL THEN 'every database'
+            WHEN backend_type = 'walsender' AND datname IS NULL THEN 'every database'
+            WHEN backend_type = 'walsender' THEN 'the catalogs (a logical slot)'
             WHEN datname = current_database() THEN 'this database'
             ELSE 'its own database' END        AS holds_back,
        backend_xmin::text                      AS backend_xmin,
