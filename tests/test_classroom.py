@@ -356,3 +356,67 @@ def test_status_names_the_lab_even_when_a_long_user_name_cut_the_schema_name(db,
         assert rows["trainee01"]["last_notebook"] == "13_production"
     finally:
         lab.drop()
+
+
+def test_a_schema_a_trainee_names_after_another_role_is_never_searched_by_it(db, room):
+    """With the default search_path, "$user", public, a schema named after a role comes first
+    in that role's sessions: a trainee could plant tables and functions there for the
+    administrator or another trainee to run. The room sets the database's search_path to
+    public, and drop gives the default back."""
+    (a, b), _ = room
+    with psycopg.connect(a.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{b.role}"')
+        conn.execute(f'GRANT USAGE, CREATE ON SCHEMA "{b.role}" TO "{b.role}"')
+        conn.execute(f'CREATE TABLE "{b.role}".notes (x text)')
+        conn.execute(f'GRANT ALL ON "{b.role}".notes TO "{b.role}"')
+    try:
+        with psycopg.connect(b.dsn, autocommit=True) as conn:
+            assert conn.execute("SHOW search_path").fetchone() == ("public",)
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                conn.execute("INSERT INTO notes VALUES ('a private note')")
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            assert conn.execute("SHOW search_path").fetchone() == ("public",)
+    finally:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{b.role}" CASCADE')
+
+
+def test_drop_gives_the_database_its_search_path_back(db, tmp_path):
+    classroom.create(db.dsn, 1, trust_ok=True)
+    with psycopg.connect(db.dsn) as conn:
+        assert conn.execute(classroom.query(classroom.SQL, "database_search_path").sql).fetchone() \
+            == ("search_path=public",)
+    classroom.drop(db.dsn)
+    with psycopg.connect(db.dsn) as conn:
+        assert conn.execute(classroom.query(classroom.SQL, "database_search_path").sql).fetchone() is None
+
+
+def test_drop_names_any_outside_dependant_and_ends_no_session_first(db, room):
+    """A foreign key from an administrator's table to a trainee's is refused by name, with no
+    traceback, before any trainee session is ended."""
+    (a, _), _ = room
+    lab_a = as_trainee(a, db, "classroom_fk")
+    lab_a.create_jobs(1)
+    table = f"public.claimlab_fk_{os.urandom(3).hex()}"
+    try:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {table} (job_id bigint REFERENCES {lab_a.schema}.job (id))")
+        session = lab_a.connect(role="still-here")
+        with pytest.raises(LabkitError, match="depend on theirs.*Fix: drop or change the objects named"):
+            classroom.drop(db.dsn)
+        assert session.execute("SELECT 1").fetchone() == (1,)        # not ended
+        assert len(_classroom_roles(db.dsn)) == 2
+        session.close()
+    finally:
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        lab_a.drop()
+
+
+def test_a_trainees_dsn_keeps_where_the_server_is_and_none_of_the_admins_options():
+    dsn = classroom.trainee_dsn("postgresql://admin:secret@db.example:6543/training?sslmode=require"
+                                "&options=-c%20log_statement%3Dall&application_name=presenter",
+                                "claimlab_trainee01", "pw")
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    assert parts == {"host": "db.example", "port": "6543", "dbname": "training", "sslmode": "require",
+                     "user": "claimlab_trainee01", "password": "pw"}

@@ -30,6 +30,7 @@ EXPECTED = {
     "wrong_skip_locked_for_the_probe.sql": ("convoy", {"nowait_error_storm", "no_order_by"}),
     "wrong_skip_locked_in_a_transaction.sql": ("convoy", {"nowait_error_storm", "no_order_by"}),
     "wrong_order_by_elsewhere.sql": ("no_order_by", {"convoy", "no_limit", "scans_history"}),
+    "wrong_limit_only_for_the_probe.sql": ("no_limit", {"convoy", "no_order_by"}),
 }
 
 

@@ -199,6 +199,14 @@ def test_the_sandbox_role_sorts_and_hashes_within_its_memory_bound(lab):
     assert context == "user" and raised == "256MB"
 
 
+@pytest.mark.parametrize("spelt", ['SELECT "set_config"(\'work_mem\', \'4GB\', false)',
+                                   'SET U&"work\\005fmem" = \'4GB\'',
+                                   'SET U&"work!005fmem" UESCAPE \'!\' = \'4GB\'',
+                                   'SET "work_mem" = \'4GB\''])
+def test_a_memory_setting_spelt_as_a_quoted_identifier_is_still_refused(spelt):
+    assert memory_refusal([spelt]), spelt
+
+
 def test_the_memory_check_refuses_raising_a_bound_and_allows_reading_one():
     assert memory_refusal(["SET work_mem = '4MB'", "SET LOCAL hash_mem_multiplier TO 1",
                            "SELECT current_setting('work_mem')", "RESET ALL"]) is None

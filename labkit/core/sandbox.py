@@ -163,6 +163,24 @@ def _amount(name: str, value: str) -> float | None:
     return number * _UNITS[m.group(2) or ""]
 
 
+_UNICODE_IDENT = re.compile(r'U&"((?:[^"]|"")*)"(?:\s*UESCAPE\s*\'(.)\')?', re.I)
+_QUOTED_IDENT = re.compile(r'"((?:[^"]|"")*)"')
+
+
+def _unquoted(stmt: str) -> str:
+    """The statement with its quoted identifiers written plainly: ``"set_config"`` and
+    ``U&"work\\005fmem"`` read as ``set_config`` and ``work_mem``, so that a check by name
+    cannot be passed by spelling the name another way."""
+    def unicode(m: re.Match) -> str:
+        esc = re.escape(m.group(2) or "\\")
+        body = m.group(1).replace('""', '"')
+        body = re.sub(esc + r"\+([0-9A-Fa-f]{6})", lambda x: chr(int(x.group(1), 16)), body)
+        body = re.sub(esc + r"([0-9A-Fa-f]{4})", lambda x: chr(int(x.group(1), 16)), body)
+        return body.replace((m.group(2) or "\\") * 2, m.group(2) or "\\")
+    stmt = _UNICODE_IDENT.sub(unicode, stmt)
+    return _QUOTED_IDENT.sub(lambda m: m.group(1).replace('""', '"'), stmt)
+
+
 def memory_refusal(statements: list[str]) -> str | None:
     """Why the statements may not run in the sandbox, or None.
 
@@ -171,8 +189,9 @@ def memory_refusal(statements: list[str]) -> str | None:
     ``SET`` clause); and any that can change a setting whose name it builds at run time
     or run SQL built at run time: ``set_config()``, an ``UPDATE`` of ``pg_settings``,
     ``EXECUTE``, ``DO``, ``CREATE FUNCTION``, ``CREATE RULE``, ``ALTER ROLE``.  Reading a
-    setting (``current_setting('work_mem')``) is allowed."""
-    for stmt in statements:
+    setting (``current_setting('work_mem')``) is allowed.  Quoted identifiers are read as
+    the names they spell first."""
+    for stmt in map(_unquoted, statements):
         if re.match(r"^\s*RESET\b", stmt, re.I):
             continue            # back to the session's default: the role's bound
         named = _BOUNDED.search(stmt)

@@ -98,3 +98,11 @@ SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0),
    AND c.relowner NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = ANY(%(roles)s))
    AND c.oid <> t.oid
  ORDER BY 1;
+
+-- name: database_search_path
+-- The search_path this database sets for every role (ALTER DATABASE ... SET), if any.
+SELECT c
+  FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c
+ WHERE s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+   AND s.setrole = 0
+   AND c LIKE 'search\_path=%%';

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import stat
 import sys
 from dataclasses import dataclass
@@ -131,7 +132,8 @@ def create(admin_dsn: str, trainees: int, *, out: Path | None = None,
                 for setting, value in limits.settings.items():
                     conn.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(
                         sql.Identifier(role), sql.Identifier(setting), sql.Literal(value)))
-                made.append(Trainee(name, role, make_conninfo(admin_dsn, user=role, password=password)))
+                made.append(Trainee(name, role, trainee_dsn(admin_dsn, role, password)))
+        guard_search_path(conn)
         if out is not None:
             try:
                 write_dsns(out, made)
@@ -141,6 +143,39 @@ def create(admin_dsn: str, trainees: int, *, out: Path | None = None,
                                   "just made were dropped again.",
                                   "pass --out with a new file in a folder you own.") from None
     return made
+
+
+# What a trainee's DSN keeps of the administrator's: where the server is and how to reach it
+# safely, never the administrator's own options (a startup `options`, a service file, a
+# password file).
+DSN_KEYS = ("host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert", "sslcrl",
+            "sslnegotiation", "gssencmode", "channel_binding", "target_session_attrs", "connect_timeout")
+
+
+def trainee_dsn(admin_dsn: str, role: str, password: str) -> str:
+    kept = {k: v for k, v in conninfo_to_dict(admin_dsn).items() if k in DSN_KEYS and v}
+    return make_conninfo(**kept, user=role, password=password)
+
+
+SEARCH_PATH = "public"
+
+
+def guard_search_path(conn: psycopg.Connection) -> bool:
+    """Make ``public`` the database's search_path for sessions that set none, unless one is
+    set already.  With the default, ``"$user", public``, a trainee who may create schemas
+    could create one named after another role (the administrator's, another trainee's) and
+    put functions and tables in it that that role's sessions then find first: their code,
+    run with the other role's rights.  Returns whether it was set (the classroom's drop
+    resets it)."""
+    row = conn.execute(query(SQL, "database_search_path").sql).fetchone()
+    if row is not None:
+        return False
+    try:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET search_path = {}").format(
+            sql.Identifier(conn.info.dbname), sql.Literal(SEARCH_PATH)))
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
 
 
 @dataclass
@@ -335,7 +370,6 @@ def drop(admin_dsn: str) -> list[str]:
         names = roles(conn)
         if not names:
             return []
-        conn.execute(query(SQL, "end_sessions").sql, {"roles": names, "every_one": True, "idle_s": 0.0}).fetchall()
         outside = conn.execute(query(SQL, "dependants_outside").sql, {"roles": names}).fetchall()
         if outside:
             listed = "; ".join(f"{what} (owned by {owner}) depends on {on}" for what, owner, on in outside[:5])
@@ -343,21 +377,48 @@ def drop(admin_dsn: str) -> list[str]:
                               f"{' ...' if len(outside) > 5 else ''}. Dropping the room would drop them too.",
                               "drop or change those objects first (they are not the room's), then run "
                               "`labkit classroom drop` again.")
+        _drop_roles(conn, names, rehearse=True)       # refused with the dependants named, no session ended
+        conn.execute(query(SQL, "end_sessions").sql, {"roles": names, "every_one": True, "idle_s": 0.0}).fetchall()
         _drop_roles(conn, names)
+        row = conn.execute(query(SQL, "database_search_path").sql).fetchone()
+        if row is not None and row[0] == f"search_path={SEARCH_PATH}":
+            try:
+                conn.execute(sql.SQL("ALTER DATABASE {} RESET search_path").format(
+                    sql.Identifier(conn.info.dbname)))
+            except psycopg.errors.InsufficientPrivilege:
+                pass
     return names
 
 
-def _drop_roles(conn: psycopg.Connection, names: list[str]) -> None:
+class _Rehearsed(Exception):
+    pass
+
+
+def _drop_roles(conn: psycopg.Connection, names: list[str], *, rehearse: bool = False) -> None:
+    """DROP OWNED (RESTRICT: nothing beyond the room) and DROP ROLE, or with ``rehearse`` the
+    same rolled back, to learn whether anything outside the room depends on the trainees'
+    objects while their sessions still run (a lock they hold skips the rehearsal)."""
     idents = sql.SQL(", ").join(sql.Identifier(r) for r in names)
     try:
         with conn.transaction():
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(idents))      # RESTRICT: nothing beyond the room
+            if rehearse:
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(idents))
             conn.execute(sql.SQL("DROP ROLE {}").format(idents))
-    except psycopg.errors.DependentObjectsStillReferenced as exc:
-        raise LabkitError(f"A trainee's role still owns objects, or objects depend on them "
-                          f"({exc.diag.message_detail or exc}).",
-                          "if they are in another database, run `labkit classroom drop` with a DSN for "
-                          "that database too, then again for this one.") from None
+            if rehearse:
+                raise _Rehearsed
+    except _Rehearsed:
+        return
+    except psycopg.errors.LockNotAvailable:
+        if rehearse:
+            return
+        raise
+    except psycopg.errors.DependentObjectsStillExist as exc:
+        raise LabkitError(f"A trainee's role still owns objects, or objects of someone else depend on "
+                          f"theirs ({(exc.diag.message_detail or str(exc)).strip()}).",
+                          "drop or change the objects named (those outside the room are not its to "
+                          "drop); if they are in another database, run `labkit classroom drop` with a "
+                          "DSN for that database too; then run it again for this one.") from None
 
 
 def asks_for_passwords(trainee: Trainee) -> bool | None:
@@ -395,8 +456,28 @@ def describe_room(admin_dsn: str, made: list[Trainee]) -> list[str]:
         limit, config = conn.execute("SELECT rolconnlimit, rolconfig FROM pg_catalog.pg_roles "
                                      "WHERE rolname = %s", (made[0].role,)).fetchone()
         budget = conn.execute(query(SQL, "connection_budget").sql).fetchone()[0]
-        lines.append(f"each trainee: at most {limit} connections (the room's share of the "
-                     f"{budget} left for it); {', '.join(config or [])}")
+        fixed = [c for c in config or [] if c.startswith("temp_file_limit=")]
+        defaults = [c for c in config or [] if c not in fixed]
+        lines.append(f"each trainee: at most {limit} connections (the room's share of the {budget} "
+                     f"left for it){'; ' + ', '.join(fixed) + ', which a trainee cannot change' if fixed else ''}; "
+                     f"defaults for their sessions, which a trainee may change for their own: "
+                     f"{', '.join(defaults)}")
+        path = conn.execute(query(SQL, "database_search_path").sql).fetchone()
+        if path is not None and path[0] == f"search_path={SEARCH_PATH}":
+            lines.append(f"this database's search_path is {SEARCH_PATH} for sessions that set none, so a "
+                         "schema a trainee names after another role is never searched by that role's "
+                         "sessions (`labkit classroom drop` resets it)")
+        else:
+            now = path[0] if path else 'the default, "$user", public'
+            lines.append("WARNING: this database's search_path could not be set to public (it is "
+                         f"{now}): a trainee may create a "
+                         "schema named after another role whose sessions then run the trainee's "
+                         "functions. As the database's owner: ALTER DATABASE ... SET search_path = public.")
+        if conn.execute("SELECT pg_catalog.has_schema_privilege(%s, 'public', 'CREATE')",
+                        (made[0].role,)).fetchone()[0]:
+            lines.append("WARNING: trainees may create objects in the schema public, which every role "
+                         "searches (PostgreSQL 14 and older grant it to PUBLIC): "
+                         "REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
         if limit < CONNECTIONS_NEEDED:
             lines.append(f"WARNING: notebook 02's sweep opens {CONNECTIONS_NEEDED} connections: with "
                          f"{limit} a trainee's larger runs there are refused. For all of it, raise "
@@ -439,7 +520,7 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
         else:
             width = max(len(t.name) for t in made)
             for t in made:
-                print(f"{t.name:<{width}}  LABKIT_DSN='{t.dsn}'")
+                print(f"{t.name:<{width}}  LABKIT_DSN={shlex.quote(t.dsn)}")
         print(f"{len(made)} trainee role(s); their DSNs (passwords included: hand each one to its "
               f"trainee only) are in {out} (mode 0600)", file=sys.stderr)
         for line in describe_room(dsn, made):

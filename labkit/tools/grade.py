@@ -828,10 +828,12 @@ def _tally(report: Report, lab: Lab, ws, held: int | None = None) -> None:
     runs: dict[int, int] = {}
     lock_errors = nowaits = 0
     in_tx = False
+    biggest = 0                          # the most jobs one claim of the run returned
     for w in ws:
         for e in w.events:
             if e["kind"] == "claimed":
                 in_tx = in_tx or e["in_tx"]
+                biggest = max(biggest, len(e["ids"]))
                 for i in e["ids"]:
                     claimed_by.setdefault(i, set()).add((w.name, e["t"]))
                     span = (e.get("t0", e["t"] - e["ms"] / 1000), e["t"])
@@ -860,6 +862,14 @@ def _tally(report: Report, lab: Lab, ws, held: int | None = None) -> None:
                            if (s == "DONE" and i not in runs) or (s == "IN_PROGRESS" and not owned))
     seen = {i: span for i, span in first.items() if i in created and i != held}
     report.out_of_order = out_of_order(seen, created)
+    # A claim of the graded run that took more jobs at once than the probe's claim did, and
+    # more than one worker's share of the run, behaved otherwise when it was not probed (the
+    # SQL may tell the two apart): it hoards the queue, whatever the probe saw.
+    probed = len(report.probe_claimed or [])
+    share = max(1, report.jobs // max(1, report.workers))
+    if probed and biggest > max(probed, share) and "no_limit" not in report.codes:
+        report.add("no_limit", f"in the run, one claim took {biggest} of the {report.jobs} jobs at once, "
+                               f"where the probe's claim took {probed}")
     if nowaits:
         report.add("nowait_error_storm", f"claims of the run failed with ERROR 55P03 "
                                          f"({report.lock_errors} lock error(s) in all)")
