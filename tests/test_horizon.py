@@ -282,7 +282,7 @@ def test_ctrl_c_with_the_writer_open_drops_the_other_database(lab, db):
         "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle in transaction'",
         (f"labkit:{lab.schema}:{hz.WRITER_ROLE}",)), sent, poll_s=0.05)
     with pytest.raises(KeyboardInterrupt):
-        hz.horizon_trace(lab, seconds=60, workers=1, other_database=True)
+        hz.horizon_trace(lab, seconds=3, workers=1, other_database=True)
     watcher.join(5)
     assert sent and time.monotonic() - sent[0] < 20
     assert hz.throwaway_name(lab) not in _databases(db)
