@@ -22,6 +22,14 @@ def test_notebook_is_committed_executed_and_clean(path):
     assert nb.metadata.get("claimlab", {}).get("minutes"), "map metadata (title, minutes) missing"
 
 
+def test_a_kernelspec_jupyterlab_would_rewrite_is_a_problem():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    assert any("kernelspec display name 'Python 3'" in p for p in problems(nb))
+    nb.metadata["kernelspec"]["display_name"] = "Python 3 (ipykernel)"
+    assert not any("kernelspec" in p for p in problems(nb))
+
+
 def test_problems_are_found_in_a_stale_notebook():
     nb = nbformat.v4.new_notebook()
     nb.metadata["widgets"] = {"state": {}}

@@ -129,11 +129,18 @@ HOME_PATH = re.compile(r"(?<![\w.~])(/root/|/home/[^/\s\\\"]+/|/Users/[^/\s\\\"]
 WIDGET_REPR = re.compile(r"\b[HV]Box\(children=")
 
 
+KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"     # what JupyterLab writes for ipykernel's kernel
+
+
 def problems(nb: NotebookNode) -> list[str]:
     """What would make a committed notebook untrustworthy."""
     found = []
     if "widgets" in nb.metadata:
         found.append("carries widget state metadata")
+    shown = nb.metadata.get("kernelspec", {}).get("display_name")
+    if shown not in (None, KERNEL_DISPLAY_NAME):
+        found.append(f"kernelspec display name {shown!r} is not {KERNEL_DISPLAY_NAME!r}, which JupyterLab "
+                     "writes: opening the notebook would change the file")
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
