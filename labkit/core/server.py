@@ -209,6 +209,17 @@ class _Releasing(contextlib.AbstractContextManager):
         self.lock.release()
 
 
+def socket_answers(path: Path, timeout: float = 1.0) -> bool:
+    """Whether a server accepts a connection on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
 def _read_nofollow(path: Path, limit: int = 1 << 20) -> str:
     """A small file's text, never through a link and never blocking: a FIFO or a device
     planted in its place is refused as an OSError, as a missing file would be."""
@@ -533,14 +544,7 @@ class EmbeddedServer:
         port = self._read_state().get("port")
         if port is None:
             return False
-        path = self.run_dir / f".s.PGSQL.{port}"
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(0.5)
-            try:
-                s.connect(str(path))
-                return True
-            except OSError:
-                return False
+        return socket_answers(self.run_dir / f".s.PGSQL.{port}", timeout=0.5)
 
     def _log_tail(self, lines: int = 8) -> str:
         try:

@@ -68,7 +68,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import signals_deferred
 from ..core.queries import query
-from ..core.server import PG_SYSTEM_USER
+from ..core.server import PG_SYSTEM_USER, socket_answers
 from .production import fresh_table
 
 SEARCH_DIRS = ("/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin", "/usr/bin")
@@ -517,25 +517,11 @@ def sweep_stale_folders() -> list[Path]:
                 continue
             if not stat.S_ISDIR(st.st_mode) or st.st_uid not in uids or folder in live:
                 continue
-            if any(_answers(sock) for sock in folder.glob(".s.PGSQL.*")):
+            if any(socket_answers(sock) for sock in folder.glob(".s.PGSQL.*")):
                 continue                      # another kernel's PgBouncer, running
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
-
-
-def _answers(sock: Path) -> bool:
-    import socket as _socket
-
-    s = _socket.socket(_socket.AF_UNIX)
-    s.settimeout(1)
-    try:
-        s.connect(str(sock))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def stop_all() -> None:
