@@ -225,7 +225,7 @@ def who_gets_in_without_a_password(conn: psycopg.Connection, admin_dsn: str) -> 
             sql.Identifier(conn.info.dbname), sql.Identifier(probe)))
         who = []
         for user in dict.fromkeys([probe, conn.info.user, "postgres"]):
-            if _logs_in_with_a_wrong_password(admin_dsn, user):
+            if _logs_in_with_a_wrong_password(admin_dsn, user) is True:
                 who.append("a trainee's role" if user == probe else repr(user))
         return who
     finally:
@@ -234,12 +234,15 @@ def who_gets_in_without_a_password(conn: psycopg.Connection, admin_dsn: str) -> 
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(probe)))
 
 
-def _logs_in_with_a_wrong_password(dsn: str, user: str) -> bool:
+def _logs_in_with_a_wrong_password(dsn: str, user: str) -> bool | None:
+    """True when ``user`` logs in with a wrong password, False when the server refuses the
+    password, None when it refused for another reason (no such role, not from here)."""
     wrong = make_conninfo(dsn, user=user, password=secrets.token_urlsafe(12))
     try:
         psycopg.connect(wrong, connect_timeout=10).close()
-    except psycopg.OperationalError:
-        return False                  # refused: a wrong password, or no such role, or not from here
+    except psycopg.OperationalError as exc:
+        refused = getattr(exc, "sqlstate", None) == "28P01" or "password authentication failed" in str(exc)
+        return False if refused else None
     return True
 
 
@@ -427,13 +430,8 @@ def asks_for_passwords(trainee: Trainee) -> bool | None:
     not be told).  A server whose pg_hba.conf says ``trust`` for where the trainees connect
     from lets anyone log in as any role: the roles then keep trainees apart only from each
     other's mistakes, not from each other."""
-    wrong = make_conninfo(trainee.dsn, password=secrets.token_urlsafe(12))
-    try:
-        psycopg.connect(wrong, connect_timeout=10).close()
-    except psycopg.OperationalError as exc:
-        refused = getattr(exc, "sqlstate", None) == "28P01" or "password authentication failed" in str(exc)
-        return True if refused else None
-    return False
+    got_in = _logs_in_with_a_wrong_password(trainee.dsn, trainee.role)
+    return None if got_in is None else not got_in
 
 
 def default_out(database: str) -> Path:
