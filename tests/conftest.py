@@ -76,6 +76,28 @@ def backends_gone(db, pattern: str, timeout: float = 10.0) -> list[tuple]:
         time.sleep(0.05)
 
 
+def login_role(db, name: str, rights: str = "NOCREATEDB NOCREATEROLE", comment: str | None = None):
+    """A generator for a fixture: a throw-away login ``name`` with ``rights`` and CREATE on the
+    database (marked with ``comment`` if given); yields ``db`` logged in as it, then drops its
+    schemas, what it owns and the role."""
+    import dataclasses
+
+    from psycopg.conninfo import make_conninfo
+
+    with db.connect() as c:
+        c.execute(f"CREATE ROLE {name} LOGIN {rights}")
+        if comment is not None:
+            c.execute(f"COMMENT ON ROLE {name} IS '{comment}'")
+        c.execute(f'GRANT CREATE ON DATABASE "{c.info.dbname}" TO {name}')
+    yield dataclasses.replace(db, dsn=make_conninfo(db.dsn, user=name))
+    with db.connect() as c:
+        for (schema,) in c.execute("SELECT nspname FROM pg_namespace n JOIN pg_roles r "
+                                   "ON r.oid = nspowner WHERE rolname = %s", (name,)).fetchall():
+            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        c.execute(f"DROP OWNED BY {name}")
+        c.execute(f"DROP ROLE {name}")
+
+
 def child_processes(proc=None, *, zombies: bool = True) -> list:
     """The descendants of ``proc`` (this test process by default), but multiprocessing's
     resource tracker (started once, on first use of spawn, and kept for the life of the

@@ -1,6 +1,5 @@
 """The isolation-spec runner: PostgreSQL's own expected output, reproduced on a real server."""
 
-import dataclasses
 import io
 import os
 import re
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import backends_of
+from conftest import backends_of, login_role
 from psycopg.conninfo import make_conninfo
 
 from labkit import Lab, cli
@@ -453,17 +452,7 @@ def trainee(db, request):
     """A login that is no superuser: by default one that may not create databases (nor
     roles), as on a shared server; the rights to give it otherwise as the param."""
     rights = getattr(request, "param", "NOCREATEDB NOCREATEROLE")
-    name = f"labkit_t_nocreatedb_{os.getpid()}"
-    with db.connect() as c:
-        c.execute(f"CREATE ROLE {name} LOGIN {rights}")
-        c.execute(f'GRANT CREATE ON DATABASE "{c.info.dbname}" TO {name}')
-    yield dataclasses.replace(db, dsn=make_conninfo(db.dsn, user=name))
-    with db.connect() as c:
-        for (schema,) in c.execute("SELECT nspname FROM pg_namespace n JOIN pg_roles r "
-                                   "ON r.oid = nspowner WHERE rolname = %s", (name,)).fetchall():
-            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
-        c.execute(f"DROP OWNED BY {name}")
-        c.execute(f"DROP ROLE {name}")
+    yield from login_role(db, f"labkit_t_nocreatedb_{os.getpid()}", rights)
 
 
 def test_without_createdb_the_spec_runs_in_a_lab_schema_and_a_note_says_why(trainee, db):

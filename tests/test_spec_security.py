@@ -3,14 +3,13 @@ run's own database, the settings that role may still set, and the trusted mode."
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import subprocess
 import sys
 
 import pytest
-from psycopg.conninfo import make_conninfo
+from conftest import login_role
 
 from labkit import Lab
 from labkit.core import mysql
@@ -168,19 +167,7 @@ def test_trusted_runs_in_a_database_of_its_own_that_is_dropped(db, monkeypatch):
 def classroom_role(db, request):
     """A login named like a classroom trainee, marked as one (param True) or not."""
     marked = getattr(request, "param", True)
-    name = f"{PREFIX}t_spec_{os.getpid()}"
-    with db.connect() as c:
-        c.execute(f"CREATE ROLE {name} LOGIN NOCREATEDB NOCREATEROLE")
-        if marked:
-            c.execute(f"COMMENT ON ROLE {name} IS '{MARK}'")
-        c.execute(f'GRANT CREATE ON DATABASE "{c.info.dbname}" TO {name}')
-    yield dataclasses.replace(db, dsn=make_conninfo(db.dsn, user=name))
-    with db.connect() as c:
-        for (schema,) in c.execute("SELECT nspname FROM pg_namespace n JOIN pg_roles r "
-                                   "ON r.oid = nspowner WHERE rolname = %s", (name,)).fetchall():
-            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
-        c.execute(f"DROP OWNED BY {name}")
-        c.execute(f"DROP ROLE {name}")
+    yield from login_role(db, f"{PREFIX}t_spec_{os.getpid()}", comment=MARK if marked else None)
 
 
 def test_trusted_is_refused_to_a_classroom_trainee_role(classroom_role, monkeypatch, capsys):
