@@ -278,12 +278,18 @@ def test_the_file_of_passwords_is_new_private_and_never_written_through_a_link(t
     from labkit.tools.nbtools import NOTEBOOKS
     with pytest.raises(LabkitError, match="inside the workbook's folder"):
         classroom.check_private_target(NOTEBOOKS.parent / "classroom-test.json")
-    private = NOTEBOOKS.parent / f".hub-test-{os.getpid()}"          # as the hub's own .hub/ is
-    private.mkdir(mode=0o700)
+    with pytest.raises(LabkitError, match="inside the workbook's folder"):
+        classroom.check_private_target(NOTEBOOKS / "classroom-test.json")
+    hubs = NOTEBOOKS.parent / ".hub"                                  # the hub's own, git-ignored
+    made_hubs = not hubs.exists()
+    private = hubs / f"test-{os.getpid()}"
+    private.mkdir(mode=0o700, parents=True)
     try:
-        classroom.check_private_target(private / "trainees.json")    # closed to others: fine
+        classroom.check_private_target(private / "trainees.json")    # the hub's own place: fine
     finally:
         private.rmdir()
+        if made_hubs:
+            hubs.rmdir()
     monkeypatch.setenv("LABKIT_STATE_DIR", str(tmp_path / "state"))
     default = classroom.default_out("training")
     assert default.parent == tmp_path / "state" and stat.S_IMODE(default.parent.stat().st_mode) == 0o700

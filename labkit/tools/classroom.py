@@ -278,7 +278,8 @@ def check_private_target(path: Path, *, new: bool = True) -> None:
                           "(mode 0700, e.g. a new folder in your home).")
     workbook = NOTEBOOKS.parent.resolve()
     inside = path.resolve() == workbook or workbook in path.resolve().parents
-    if inside and stat.S_IMODE(st.st_mode) & 0o077:      # the hub's own .hub/ (0700) is fine
+    hubs = workbook / ".hub"                             # the hub's own folder: git-ignored, root's
+    if inside and hubs not in path.resolve().parents:
         raise LabkitError(f"{path} is inside the workbook's folder ({workbook}), which is cloned, "
                           "copied to every trainee and shown by git status.",
                           "pass --out with a file in a folder of yours outside the workbook.")
