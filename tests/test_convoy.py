@@ -16,6 +16,7 @@ from conftest import backends_gone
 from labkit import cli
 from labkit.core.errors import LabkitError
 from labkit.core.lab import schema_name
+from labkit.core.text import TEXT_WIDTH
 from labkit.labs import convoy
 
 D_MS = 20
@@ -131,7 +132,11 @@ def test_sweep_is_tidy(lab):
     assert list(zip(df.policy, df.workers)) == [("wait", 1), ("wait", 2), ("skip", 1), ("skip", 2)]
     assert (df.model_jobs_per_s.tolist() == [50, 50, 50, 100])
     assert (df.jobs > 0).all() and df.efficiency.between(0.3, 1.2).all()
-    assert "policy" in convoy.table(df) and len(convoy.table(df).splitlines()) == 5
+    lines = convoy.table(df).splitlines()
+    rule = next(i for i, line in enumerate(lines) if set(line) <= set("- "))
+    assert lines[0].split()[:2] == ["policy", "workers"] and max(map(len, lines)) <= TEXT_WIDTH
+    assert [line.split()[:2] for line in lines[rule + 1:]] == [["wait", "1"], ["wait", "2"],
+                                                               ["skip", "1"], ["skip", "2"]]
 
 
 def test_command_line_json_csv_and_plot(tmp_path, capsys, db):

@@ -4,6 +4,7 @@ import pytest
 
 import labkit as lk
 from labkit.core.errors import LabkitError
+from labkit.core.text import TEXT_WIDTH
 from labkit.labs import drain as dr
 from labkit.labs import fencing
 
@@ -101,14 +102,18 @@ def test_story_shows_scripted_events_in_their_column_the_answers_columns_and_not
     text = fencing.story(run, scripted={1: ("W1", "calls APNs (scripted)")},
                          notes={"2, 6": "a note", 7: "another\nand its second line"})
     lines = text.splitlines()
+    assert max(map(len, lines)) <= TEXT_WIDTH
     header = lines[0]
     event = next(line for line in lines if line.startswith("·"))
-    assert lines.index(event) == 3                          # right after step 1's row
+    step1 = next(i for i, line in enumerate(lines) if line.startswith("1 "))
+    # right after step 1's row (and the lines it wraps onto)
+    assert next(line for line in lines[step1 + 1:] if line[:1] != " ") == event
     assert event.index("calls APNs (scripted)") == header.index("W1")
+    flat = " ".join(text.split())                            # wrapped lines read as one text
     assert "answers" in text and "claim → (id, notification_id, device_token, coalesce_key, " \
-        "attempts, claim_version, suspect)" in text
-    assert "→ (status, claim_version, last_error)" in text     # the read's columns, as named
-    assert text.count("attempts, claim_version, suspect)") == 1   # one line for the three claims
+        "attempts, claim_version, suspect)" in flat
+    assert "→ (status, claim_version, last_error)" in flat     # the read's columns, as named
+    assert flat.count("attempts, claim_version, suspect)") == 1   # one line for the three claims
     assert any(line.startswith("step 2, 6") and line.endswith("a note") for line in lines)
     at = next(i for i, line in enumerate(lines) if line.startswith("step 7"))
     assert lines[at].endswith("another") and lines[at + 1].strip() == "and its second line"
@@ -143,6 +148,11 @@ def test_the_fence_checker_runs_the_last_attempt_where_a_status_guard_ends_a_del
     assert finals[fencing.AFTER, 2] == "pending" and finals[fencing.AFTER, last] == "failed"
     report = guard.report()
     assert "WRONG" in report and "ok: the zombie's late 'retry' matches 0 rows" in report
+    # the verdict's sentence wraps within the width, every word kept
+    told = unfenced.report()
+    assert unfenced.problem.startswith("the zombie's write still lands")
+    assert max(map(len, told.splitlines())) <= TEXT_WIDTH
+    assert " ".join(unfenced.problem.split()) in " ".join(told.split())
 
 
 def test_raising_concurrency_counts_duplicates_and_stale_writes_from_the_server(lab):

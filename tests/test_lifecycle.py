@@ -10,6 +10,7 @@ from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
 from labkit.core import procs
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab, schema_name
+from labkit.core.text import TEXT_WIDTH
 from labkit.labs import lifecycle as lc
 
 
@@ -208,3 +209,14 @@ def test_ctrl_c_mid_shutdown_command_drops_its_lab(db):
     _nothing_left(db, schema, before)
     with db.connect() as conn:
         assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchall() == []
+
+
+def test_the_event_list_wraps_a_long_event_under_its_own_column():
+    long = "3 of worker 1's claims still RUNNING: they wait out the lease while the other workers sit idle"
+    text = lc.format_events([("server", long, None), ("worker 1", "claims 3", 2)])
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= TEXT_WIDTH and len(lines) == 3
+    assert lines[0].split()[:2] == ["server", "-"] and lines[2].split()[:3] == ["worker", "1", "v2"]
+    column = lines[0].index(long.split()[0])
+    assert lines[1][:column].strip() == ""                      # the continuation keeps its column
+    assert " ".join(lines[0][column:].split() + lines[1].split()) == long

@@ -4,9 +4,11 @@ import json
 
 import pytest
 from conftest import backends_gone
+from test_text import words_by_column
 
 from labkit.core.errors import LabkitError
 from labkit.core.queries import query
+from labkit.core.text import TEXT_WIDTH
 from labkit.labs import retries as rt
 
 REAP = ("UPDATE job SET status = 'PENDING', claimed_by = NULL, lease_until = NULL "
@@ -63,8 +65,13 @@ def test_the_life_table_is_what_the_rules_say(lab):
 
 
 def test_the_same_run_prints_the_same_text(lab):
-    first = rt.job_life(lab).to_text()
+    life = rt.job_life(lab)
+    first = life.to_text()
     assert rt.job_life(lab).to_text() == first
+    # the tables fit the page: a long error wraps inside its own column, every word in order
+    assert max(map(len, first.splitlines())) <= TEXT_WIDTH
+    errors = words_by_column(first.split("\n\n")[1])[rt.Life.ATTEMPT_COLUMNS.index("error")]
+    assert errors == " ".join(a["error"] or "-" for a in life.attempts).split()
     a = rt.job_life(lab, jitter="full", seed=5)
     assert rt.job_life(lab, jitter="full", seed=5).to_text() == a.to_text()
     assert rt.job_life(lab, jitter="full", seed=6).to_text() != a.to_text()

@@ -8,6 +8,7 @@ from conftest import backends_of
 import labkit
 from labkit.core.errors import LabkitError
 from labkit.core.sessions import MAX_SESSIONS
+from labkit.core.text import TEXT_WIDTH
 
 CLAIM = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE"
 
@@ -164,15 +165,22 @@ def test_transcript_renders_text_html_and_swimlane(jobs):
         s.A("COMMIT")
         t = s.transcript()
     text = t.to_text()
-    assert text.splitlines()[0].split() == ["#", "A", "B", "note", "locked", "rows"]
+    lines = text.splitlines()
+    rule = next(i for i, line in enumerate(lines) if set(line) <= set("- "))
+    assert " ".join(lines[:rule]).split() == ["#", "A", "B", "note", "locked", "rows"]
+    assert max(map(len, lines)) <= TEXT_WIDTH
     assert "ERROR 55P03" in text and "NOWAIT: fails at once" in text
     assert "A:1" in text
     html = t.to_html()
     assert html.count("<tr>") == len(t.rows) + 1
     # one line a step: the session named in its own column, the note and the locks beside it
     lines = t.to_lines().splitlines()
-    assert lines[0].split() == ["#", "session", "step", "→", "result", "note", "rows", "locked"]
-    assert len(lines) == len(t.rows) + 1
+    first = next(i for i, line in enumerate(lines) if line.startswith("1 "))
+    assert " ".join(lines[:first]).split() == ["#", "session", "step", "→", "result", "note", "rows",
+                                               "locked"]
+    # a row that does not fit goes on inside its columns, on lines without a number
+    assert [line.split()[0] for line in lines[first:] if line[:1] != " "] == [r.n for r in t.rows]
+    assert max(map(len, lines)) <= TEXT_WIDTH
     nowait = next(line for line in lines if "claim NOWAIT" in line)
     assert nowait.split()[:2] == ["4", "B"] and "ERROR 55P03" in nowait and "A:1" in nowait
     ax = t.swimlane()
@@ -239,3 +247,32 @@ def test_eight_sessions_queue_for_one_row_and_the_bound_is_named(jobs):
         labkit.Sessions(jobs, *too_many)
     with pytest.raises(LabkitError, match=rf"1 to {MAX_SESSIONS} sessions, not 0.*name the sessions"):
         labkit.Sessions(jobs)
+
+
+def test_a_three_session_transcript_with_long_sql_and_notes_fits_the_width(jobs):
+    from test_text import expected_by_column, words_by_column
+
+    long_claim = CLAIM.replace("SELECT id", "SELECT id, status, created_at, 'a long label for the claim'")
+    with labkit.Sessions(jobs, "A", "B", "C", watch={"job": "id"}) as s:
+        for name in "ABC":
+            s.step(name, "BEGIN")
+        s.A(long_claim)
+        s.B(long_claim)                      # waits for A
+        s.C(long_claim + " NOWAIT")          # fails at once
+        s.C("SELECT 1")                      # the transaction already failed
+        s.C("COMMIT")                        # ... so COMMIT rolls it back
+        s.A("COMMIT")                        # unblocks B
+        s.B("COMMIT")
+        t = s.transcript()
+    text = t.to_text()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= TEXT_WIDTH
+    cells = [[r.n] + [r.text if r.session == n else "" for n in t.names] + [r.note, r.locks]
+             for r in t.rows]
+    columns = words_by_column(text)
+    assert columns == expected_by_column(cells)
+    notes = " ".join(columns[4])
+    assert "BLOCKS (waits for A)" in notes and "NOWAIT: fails at once" in notes
+    assert "transaction already failed: every statement errors until ROLLBACK" in notes
+    rule = next(i for i, line in enumerate(lines) if set(line) <= set("- "))
+    assert [line.split()[0] for line in lines[rule + 1:] if line[:1] != " "] == [r.n for r in t.rows]

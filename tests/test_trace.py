@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from labkit.core.text import TEXT_WIDTH
 from labkit.core.trace import Trace
 
 
@@ -25,6 +26,30 @@ def test_text_has_every_step_state_and_summary():
     assert "step 2/3 · relay 1: SIGKILL  ✗ CRASH" in text
     assert "state: locked=[1, 2, 3]" in text
     assert text.splitlines()[-1] == "summary: lost_events=[]"
+
+
+def test_long_steps_wrap_within_the_width_every_word_whole_and_in_order():
+    tr = Trace("Relay frozen mid-batch: 100 claimed, frozen after 40 publishes "
+               "(idle_in_transaction_session_timeout = 2 s on its session)")
+    tr.add("relay 1", "claim 100 rows FOR UPDATE SKIP LOCKED, publish 40 of them, then SIGSTOP: "
+           "frozen mid-batch with its transaction open", "the server " + "keeps the locks " * 12,
+           {"unpublished": 100, "relay_locks": "outbox RowShareLock + own transactionid ExclusiveLock "
+            "+ 100 tuple locks", "ids": list(range(1, 101))}, kind="freeze")
+    tr.summary = {f"key_{i}": "value " * 3 for i in range(12)}
+    text = tr.to_text()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= TEXT_WIDTH
+    st = tr.steps[0]
+    wanted = (tr.title.split() + [f"step 1/1 · {st.actor}: {st.action}  ⏸ FROZEN", st.explain,
+                                   f"state: {st.state_line()}"]
+              + ["summary: " + ", ".join(f"{k}={v}" for k, v in tr.summary.items())])
+    assert lines[2] == "=" * max(len(lines[0]), len(lines[1]))       # the title's two lines, underlined
+    assert " ".join(lines[:2] + lines[3:]).split() == " ".join(wanted).split()
+    # a step's continuation lines are indented under it, so the next step's first line stands out
+    assert [line for line in lines if line.startswith("step ")] == [lines[3]]
+    summary = next(i for i, line in enumerate(lines) if line.startswith("summary: "))
+    assert summary < len(lines) - 1           # long enough to wrap
+    assert all(line.startswith("    ") for line in lines[4:summary] + lines[summary + 1:])
 
 
 def test_replay_prints_the_whole_trace_for_static_readers(capsys):

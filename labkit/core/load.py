@@ -27,6 +27,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from .text import fill
+
 LOAD_PER_CPU = 1.0        # more runnable work than CPUs, averaged over a minute
 STRETCH = 1.5             # 20 ms of work that takes 1.5x that by the wall clock waited for a CPU
 
@@ -96,8 +98,9 @@ def shape(holds, claim: str, *, measured: str = "", again=None, tries: int = TRI
         seen_all.append(measured)
     if held:
         if len(seen_all) > 1:
-            print(f"{claim}: held on measurement {len(seen_all)} of {tries} "
-                  f"(before: {'; '.join(m for m in seen_all[:-1] if m) or 'did not hold'}).")
+            print(fill(f"{claim}: held on measurement {len(seen_all)} of {tries} "
+                       f"(before: {'; '.join(m for m in seen_all[:-1] if m) or 'did not hold'}).",
+                       indent="  "))
         return True
     now = check()
     times = f" in {len(seen_all)} measurements" if len(seen_all) > 1 else ""
@@ -108,9 +111,9 @@ def shape(holds, claim: str, *, measured: str = "", again=None, tries: int = TRI
     if not now.busy:
         raise AssertionError(f"{claim}: did not hold{times}{seen}, on a machine that is not loaded "
                              f"({now.line()}).")
-    print(f"Not checked here: {claim}{seen}. This machine is loaded ({now.line()}): "
-          "the wait for a CPU, not the server, ate the margin. Run the cell again when the "
-          "machine is quiet to see the shape hold.")
+    print(fill(f"Not checked here: {claim}{seen}. This machine is loaded ({now.line()}): "
+               "the wait for a CPU, not the server, ate the margin. Run the cell again when the "
+               "machine is quiet to see the shape hold.", indent="  "))
     _log(claim, "; ".join(m for m in seen_all if m), now)
     return False
 

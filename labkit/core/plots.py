@@ -5,17 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .text import TEXT_WIDTH
+
 # Okabe & Ito's colour-blind-safe palette.
 PALETTE = ["#0072B2", "#E69F00", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
 
 def setup_matplotlib() -> None:
-    """Large fonts and the colour-blind-safe palette, for screens and projectors;
-    tables wide enough not to wrap."""
+    """Large fonts and the colour-blind-safe palette, for screens and projectors; a table
+    wider than the page printed in blocks of columns that fit it."""
     import matplotlib as mpl
     import pandas as pd
 
-    pd.set_option("display.width", 140)
+    pd.set_option("display.width", TEXT_WIDTH)
     pd.set_option("display.max_colwidth", 80)
     from cycler import cycler
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .plots import PALETTE, static_box
+from .text import TEXT_WIDTH, wrap
 
 
 @dataclass
@@ -45,20 +46,25 @@ class Trace:
         return st
 
     # -- text ---------------------------------------------------------------------
-    def step_text(self, i: int) -> str:
+    def step_text(self, i: int, width: int = TEXT_WIDTH) -> str:
+        """Step ``i``: who did what, why it matters, the state after it; each part wrapped
+        within ``width``, its continuation lines indented under it."""
         st = self.steps[i]
         mark = {"crash": "  ✗ CRASH", "freeze": "  ⏸ FROZEN", "error": "  ! ERROR"}.get(st.kind, "")
-        lines = [f"step {i + 1}/{len(self.steps)} · {st.actor}: {st.action}{mark}",
-                 f"    {st.explain}"]
+        lines = wrap(f"step {i + 1}/{len(self.steps)} · {st.actor}: {st.action}{mark}", width, "    ")
+        if st.explain:
+            lines += wrap(st.explain, width, "      ", first="    ")
         if st.state:
-            lines.append(f"    state: {st.state_line()}")
+            lines += wrap(f"state: {st.state_line()}", width, "      ", first="    ")
         return "\n".join(lines)
 
-    def to_text(self) -> str:
-        out = [self.title, "=" * len(self.title)]
-        out += [self.step_text(i) for i in range(len(self.steps))]
+    def to_text(self, width: int = TEXT_WIDTH) -> str:
+        title = wrap(self.title, width)
+        out = title + ["=" * max(map(len, title))]
+        out += [self.step_text(i, width) for i in range(len(self.steps))]
         if self.summary:
-            out.append("summary: " + ", ".join(f"{k}={_fmt(v)}" for k, v in self.summary.items()))
+            out += wrap("summary: " + ", ".join(f"{k}={_fmt(v)}" for k, v in self.summary.items()),
+                        width, "    ")
         return "\n".join(out)
 
     def __str__(self) -> str:

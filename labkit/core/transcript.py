@@ -13,6 +13,8 @@ from typing import Protocol
 
 from .plots import PALETTE
 from .steps import Step
+from .text import TEXT_WIDTH
+from .text import table as text_table
 
 
 @dataclass
@@ -79,7 +81,9 @@ class Transcript:
         return cls(run.names, rows, run.steps, locks_known)
 
     # -- text ------------------------------------------------------------------------
-    def to_text(self) -> str:
+    def to_text(self, width: int = TEXT_WIDTH) -> str:
+        """One row per event, one column per session, within ``width`` characters: the columns
+        share it, and a long cell wraps inside its own column."""
         cols = ["#"] + self.names + ["note"] + (["locked rows"] if self.show_locks else [])
         table = []
         for r in self.rows:
@@ -87,22 +91,15 @@ class Transcript:
             if self.show_locks:
                 cells.append(r.locks)
             table.append(cells)
-        widths = [max(len(c[i]) for c in table + [cols]) for i in range(len(cols))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
-        lines.append("  ".join("-" * w for w in widths))
-        for cells in table:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
-        return "\n".join(lines)
+        return text_table(cols, table, width)
 
-    def to_lines(self) -> str:
-        """The same steps one line each -- number, session, what it ran and got, the note, the
+    def to_lines(self, width: int = TEXT_WIDTH) -> str:
+        """The same steps one row each -- number, session, what it ran and got, the note, the
         rows locked after it: narrower than :meth:`to_text` when there are many sessions."""
-        s = max(len(r.session) for r in self.rows)
-        w = max(len(r.text) for r in self.rows)
-        n = max(len(r.note) for r in self.rows)
-        head = f"{'#':<2} {'session':<{s}}  {'step → result':<{w}}  {'note':<{n}}  {'rows locked' * self.show_locks}"
-        return "\n".join([head.rstrip()] + [f"{r.n:<2} {r.session:<{s}}  {r.text:<{w}}  {r.note:<{n}}  {r.locks}".rstrip()
-                                            for r in self.rows])
+        cols = ["#", "session", "step → result", "note"] + (["rows locked"] if self.show_locks else [])
+        table = [[r.n, r.session, r.text, r.note] + ([r.locks] if self.show_locks else [])
+                 for r in self.rows]
+        return text_table(cols, table, width, rule=False)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -225,4 +222,10 @@ def _join(a: str, b: str) -> str:
 
 
 def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """``text`` shortened to ``width`` characters with "…", at a space when one falls in the
+    second half, so that no word is cut."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ") if text[width - 1] != " " else len(cut)
+    return (cut[:space].rstrip() if space >= width // 2 else cut) + "…"

@@ -115,8 +115,8 @@ def logical_decoding_available(lab: Lab) -> tuple[bool, str]:
     if err is not None:
         return False, str(err)
     wal = lab.execute("SHOW wal_level")[0][0]
-    return True, (f"wal_level = {wal}; a replication slot is free; the user may create one "
-                  f"(output plugin {PLUGIN})")
+    return True, (f"wal_level = {wal}; a replication slot is free; the user may create one;\n"
+                  f"output plugin {PLUGIN}")
 
 
 def check_available(lab: Lab) -> None:

@@ -41,6 +41,8 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number, writable_file
 from ..core.plots import PALETTE, plain_log_ticks, setup_matplotlib, static_box
 from ..core.queries import queries
+from ..core.text import fill
+from ..core.text import table as text_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -273,7 +275,7 @@ class ConvoyRun:
         if self.backlog:
             lines.append(f"  drained {self.backlog} jobs in {r['makespan_s']:.2f} s "
                          f"(model {r['model_makespan_s']:.2f} s)")
-        return "\n".join(lines)
+        return "\n".join(fill(line, indent="    ") for line in lines)
 
     def timeline(self, ax: Axes | None = None, title: str | None = None,
                  until_ms: float | None = None) -> Axes:
@@ -952,16 +954,28 @@ TABLE_COLUMNS = ["policy", "workers", "variant", "jobs_per_s", "model_jobs_per_s
                  "claim_wait_p50_ms", "claim_wait_p99_ms", "errors_per_s", "busy_workers"]
 
 
+# the headers the text table prints: in words, so that a narrow column wraps its header
+TABLE_HEADERS = {"jobs_per_s": "jobs/s", "model_jobs_per_s": "model jobs/s",
+                 "claim_wait_p50_ms": "p50 wait ms", "claim_wait_p99_ms": "p99 wait ms",
+                 "errors_per_s": "errors/s", "busy_workers": "busy workers",
+                 "makespan_s": "makespan s", "model_makespan_s": "model makespan s"}
+
+
 def table(df: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
-    """The sweep as aligned text, rounded for reading."""
+    """The sweep as aligned text within the width budget, rounded for reading; numbers to the
+    right, a long variant or header wrapped inside its column."""
     cols = [c for c in (columns or TABLE_COLUMNS) if c in df.columns]
     if df["backlog"].fillna(0).astype(int).any() and "makespan_s" not in cols:
         cols += ["makespan_s", "model_makespan_s"]
-    out = df[cols].copy()
-    for c in out.columns:
-        if out[c].dtype.kind == "f":
-            out[c] = out[c].map(lambda v: "" if v != v else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}"))
-    return out.to_string(index=False)
+
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "" if v != v else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
+        return str(v)
+
+    rows = [[cell(v) for v in rec] for rec in df[cols].itertuples(index=False)]
+    numeric = [i for i, c in enumerate(cols) if df[c].dtype.kind in "iuf"]
+    return text_table([TABLE_HEADERS.get(c, c) for c in cols], rows, right=numeric)
 
 
 # -- a widget for trainers ---------------------------------------------------------------------

@@ -46,6 +46,7 @@ from ..core.lab import Lab
 from ..core.queries import strip_comments
 from ..core.sessions import Sessions, Step
 from ..core.trace import Trace
+from ..core.text import wrap
 from . import drain as dr
 
 ROW = ("SELECT status, attempts, claim_version, next_attempt_at, last_error "
@@ -126,11 +127,13 @@ def story(run: Sessions, *, scripted: Mapping[int, tuple[str, str]] | None = Non
             if step.label not in labels:
                 labels.append(step.label)
     width = max([len(str(k)) for k in notes] + [6])
+    indent = " " * (width + 7)
     for i, (cols, labels) in enumerate(seen.items()):
-        lines.append(f"{'' if i else 'answers':<{width + 5}}  {' / '.join(labels)} → ({', '.join(cols)})")
+        lines += wrap(f"{' / '.join(labels)} → ({', '.join(cols)})", indent=indent,
+                      first=f"{'' if i else 'answers':<{width + 5}}  ")
     for key, text in notes.items():
         for i, part in enumerate(str(text).splitlines() or [""]):
-            lines.append(f"{'' if i else 'step ' + str(key):<{width + 5}}  {part}".rstrip())
+            lines += wrap(part, indent=indent, first=f"{'' if i else 'step ' + str(key):<{width + 5}}  ")
     return "\n".join(lines)
 
 
@@ -367,7 +370,7 @@ class FenceCheck:
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))
                              + ("  ok" if s["ok"] else "  WRONG"))
         if self.problem:
-            lines.append(f"  {self.problem}")
+            lines += wrap(self.problem, indent="    ", first="  ")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -58,6 +58,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.text import wrap
 from .production import fresh_table
 
 LEASE_S = 1.0              # heartbeat traces: a short lease...
@@ -493,7 +494,9 @@ def heartbeat_command(*, open_lab: Callable[[], Lab], lease_s: float = LEASE_S, 
 def format_events(events: list[tuple[str, str, int | None]]) -> str:
     """The event list as aligned lines: worker, claim_version (``v1``; ``-`` for none), event."""
     width = max([len(w) for w, _, _ in events] + [6])
-    return "\n".join(f"  {w:<{width}}  {'-' if v is None else f'v{v}':>3}  {text}" for w, text, v in events)
+    return "\n".join(line for w, text, v in events
+                     for line in wrap(text, first=f"  {w:<{width}}  {'-' if v is None else f'v{v}':>3}  ",
+                                      indent=" " * (width + 9)))
 
 
 # -- 2. graceful shutdown ----------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from ..core.limits import number
 from ..core.procs import signals_deferred
 from ..core.queries import query
 from ..core.server import PG_SYSTEM_USER, socket_answers
+from ..core.text import fill
 from .production import fresh_table
 
 SEARCH_DIRS = ("/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin", "/usr/bin")
@@ -832,7 +833,8 @@ def report(r: dict) -> str:
            f"{p['error']} ({p['sqlstate']})" if p["broke"] else
            "prepare_threshold 5: no collision (PgBouncer tracks prepared statements)"),
     ]
-    return "\n".join(lines)
+    # what each row found goes on under itself, in its own column
+    return "\n".join([fill(lines[0], indent="    ")] + [fill(line, indent=" " * 36) for line in lines[1:]])
 
 
 # -- command line: labkit pooler ---------------------------------------------------------------

@@ -54,6 +54,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query
 from ..core.trace import Trace
+from ..core.text import table as text_table
 from .drain import T0, Clock
 from .production import fresh_table
 
@@ -463,12 +464,7 @@ class Life:
 
 
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
-    cells = [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
+    return text_table(columns, [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows])
 
 
 def _next(a: Attempt) -> str:

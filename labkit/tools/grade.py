@@ -68,6 +68,7 @@ from ..core.procs import Context, Worker
 from ..core.queries import statements
 from ..core.sandbox import Sandbox, check_number, memory_refusal, read_input
 from ..core.sessions import Sessions, classify
+from ..core.text import fill
 from ..labs import claims
 
 PARAM_RE = re.compile(r"%\((\w+)\)s")
@@ -221,13 +222,13 @@ class Report:
         if not self.problems:
             lines.append("  no problem found")
         for p in self.problems:
-            lines.append(f"  - {p.code}: {p.explain}")
+            lines.append(fill(f"{p.code}: {p.explain}", indent="      ", first="  - "))
         return "\n".join(lines)
 
     def to_text(self) -> str:
         lines = [self.brief(), "  measured:"]
         if self.sandbox:
-            lines.append(f"    the claim's SQL {self.sandbox}")
+            lines.append(fill(f"the claim's SQL {self.sandbox}", indent="      ", first="    "))
         facts = [("probe", self.probe), ("uses index", self.uses_index),
                  ("plan", " > ".join(self.plan)), ("pages searched over the history", self.plan_buffers),
                  ("workers / jobs", f"{self.workers} / {self.jobs}"), ("killed", self.killed),
@@ -240,10 +241,10 @@ class Report:
                  ("lock errors", self.lock_errors), ("work inside claim tx", self.work_inside_claim)]
         for name, value in facts:
             if value not in (None, ""):
-                lines.append(f"    {name}: {value}")
+                lines.append(fill(f"{name}: {value}", indent="      ", first="    "))
         for p in self.problems:
             if p.evidence:
-                lines.append(f"    evidence for {p.code}: {p.evidence}")
+                lines.append(fill(f"evidence for {p.code}: {p.evidence}", indent="      ", first="    "))
         return "\n".join(lines)
 
     def print(self) -> None:

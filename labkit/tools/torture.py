@@ -47,6 +47,7 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import queries, query
+from ..core.text import fill, wrap
 from ..labs import broker as brokers
 from ..labs import claims as cl
 from ..labs import drain as dr
@@ -160,8 +161,8 @@ class TortureReport:
         which invariants held.  Reproduces exactly for a seed."""
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items()))
         fence = "" if self.fence is None else (", fenced" if self.fence else ", NOT fenced")
-        lines = [f"torture {self.dialect} · seed {self.seed} · {self.kills} kills ({kinds}) · "
-                 f"{self.workers} workers, batch {self.batch}{fence}"]
+        lines = wrap(f"torture {self.dialect} · seed {self.seed} · {self.kills} kills ({kinds}) · "
+                     f"{self.workers} workers, batch {self.batch}{fence}", indent="    ")
         width = max((len(k) for k in self.invariants), default=10)
         for name, ok in self.invariants.items():
             lines.append(f"  {name:<{width}}  {'holds' if ok else 'BROKEN'}")
@@ -170,10 +171,10 @@ class TortureReport:
 
     def figures(self) -> str:
         """The counts, which depend on timing (how far a worker got before each kill)."""
-        return (f"{self.items} {self.item_word}, lost {self.lost}, duplicates {self.duplicates} "
-                f"(bound {self.duplicate_bound}), stale writes {self.stale_writes}, "
-                f"{self.restarts} restarts, {self.crashes_on_their_own} crashes on their own, "
-                f"{self.wall_s:.1f} s")
+        return fill(f"{self.items} {self.item_word}, lost {self.lost}, duplicates {self.duplicates} "
+                    f"(bound {self.duplicate_bound}), stale writes {self.stale_writes}, "
+                    f"{self.restarts} restarts, {self.crashes_on_their_own} crashes on their own, "
+                    f"{self.wall_s:.1f} s", indent="    ")
 
     def __str__(self) -> str:
         return self.verdicts() + "\n" + self.figures()
