@@ -202,6 +202,9 @@ def test_killed_server_is_reported_and_start_recovers(scratch_server, monkeypatc
     st = scratch_server.start()
     db = labkit.connect(quiet=True)
     assert db.backend == "embedded" and str(st.port) in db.where
+    # The server line every notebook prints first names no folder of the machine that ran it.
+    assert db.describe().endswith(f"embedded: owner-only Unix socket, port {st.port}")
+    assert "/" not in db.describe()
     lab = Lab.open(db, "killed")
     lab.create_jobs(2)
     backend = psutil.Process(lab.admin.info.backend_pid)

@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from .errors import BackendError, ServerError
-from .server import EmbeddedServer, home_short
+from .server import EmbeddedServer
 
 MIN_SERVER_VERSION = 120000
 DEFAULT_DOCKER_IMAGE = "postgres:18.1"
@@ -230,7 +230,7 @@ def unreachable(db: Database, exc: Exception) -> ServerError:
 def _unreachable_error(db: Database, exc: Exception) -> ServerError:
     if db.backend == "embedded":
         return ServerError(
-            f"The embedded PostgreSQL server at {db.where} does not answer: it was stopped or "
+            f"The embedded PostgreSQL server ({db.where}) does not answer: it was stopped or "
             f"killed ({_first_line(exc)}).",
             "run `labkit server start` in a terminal (or call labkit.connect() again), then "
             "re-run the cell.",
@@ -301,8 +301,7 @@ def _from_embedded() -> Database:
     server = EmbeddedServer()
     status = server.start()
     return _check_version(Database(server.conninfo(), "embedded",
-                                   f"socket {home_short(server.run_dir)} port {status.port}, "
-                                   "owner only"))
+                                   f"owner-only Unix socket, port {status.port}"))
 
 
 def docker_available() -> tuple[bool, str]:
