@@ -23,8 +23,9 @@ def installed(tmp_path_factory) -> tuple[Path, dict, Path]:
     from another, empty folder, with that copy first on the path."""
     base = tmp_path_factory.mktemp("plain_install")
     site = base / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
-                    str(ROOT)], check=True, capture_output=True, text=True, timeout=300)
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                            str(ROOT)], check=True, capture_output=True, text=True, timeout=300)
+    (base / "pip.log").write_text(build.stdout + build.stderr)
     elsewhere = base / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site))
@@ -75,3 +76,12 @@ def test_bench_quick_json_from_an_installed_copy(installed) -> None:
     assert all(v > 0 for v in result["claim_jobs_per_s"].values())     # it measured, from the installed copy
     # no workbook beside an installed copy: the notebook timings are skipped, and say why
     assert "from a checkout" in result["notebooks_skipped"] and result["notebook_seconds"] == {}
+
+
+def test_the_build_is_free_of_deprecations_and_states_the_license(installed) -> None:
+    """pip shows what the build backend warns; the license is an SPDX expression (PEP 639)."""
+    site, _, _ = installed
+    log = (site.parent / "pip.log").read_text()
+    assert "deprecat" not in log.lower(), log
+    metadata = next(site.glob("labkit-*.dist-info")) / "METADATA"
+    assert "License-Expression: MIT" in metadata.read_text().splitlines()
