@@ -6,7 +6,8 @@
 -- makes the stream complete after a pause, and what fills the disk when nobody reads.
 -- The output plugin test_decoding turns each committed change into a line of text:
 --   BEGIN 1234
---   table lab_x.outbox: INSERT: id[bigint]:3 event_id[text]:'evt-0003' ... published_at[...]:null
+--   table lab_x.outbox: INSERT: id[bigint]:3 event_id[text]:'evt-0003' ... published_at[...]:
+--     null
 --   COMMIT 1234
 -- A transaction's lines come out when it commits, one transaction after another, in the
 -- order the transactions committed -- unless the reader asks for streaming of in-progress
@@ -51,7 +52,8 @@ WITH stream AS MATERIALIZED (
 SELECT lsn::text, xid::text, data
   FROM stream
  WHERE xid IN (SELECT xid FROM stream WHERE starts_with(data, %(prefix)s))
-   AND (starts_with(data, %(prefix)s) OR starts_with(data, 'BEGIN') OR starts_with(data, 'COMMIT'))
+   AND (starts_with(data, %(prefix)s) OR starts_with(data, 'BEGIN')
+        OR starts_with(data, 'COMMIT'))
  ORDER BY n;
 
 -- name: get
@@ -66,7 +68,8 @@ WITH stream AS MATERIALIZED (
 SELECT lsn::text, xid::text, data
   FROM stream
  WHERE xid IN (SELECT xid FROM stream WHERE starts_with(data, %(prefix)s))
-   AND (starts_with(data, %(prefix)s) OR starts_with(data, 'BEGIN') OR starts_with(data, 'COMMIT'))
+   AND (starts_with(data, %(prefix)s) OR starts_with(data, 'BEGIN')
+        OR starts_with(data, 'COMMIT'))
  ORDER BY n;
 
 -- name: confirm
@@ -179,7 +182,8 @@ SELECT current_setting('max_slot_wal_keep_size'),
 -- One producer transaction that writes %(n)s events at once (a bulk import, a backfill):
 -- their decoded changes outgrow a small logical_decoding_work_mem.
 INSERT INTO outbox (event_id, aggregate, payload)
-SELECT format('bulk-%%s', g), 'order-bulk', jsonb_build_object('line', g, 'note', repeat('x', 100))
+SELECT format('bulk-%%s', g), 'order-bulk',
+       jsonb_build_object('line', g, 'note', repeat('x', 100))
   FROM generate_series(1, %(n)s) AS g;
 
 -- name: producer_xid
@@ -207,7 +211,8 @@ SELECT set_config('logical_decoding_work_mem', %(mem)s, false);
 -- The slot's lines for one transaction, read as every other read here: committed
 -- transactions only, each when its COMMIT is decoded.
 SELECT data
-  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '1')
+  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL,
+                                    'include-xids', '1', 'skip-empty-xacts', '1')
  WHERE xid = %(xid)s::xid;
 
 -- name: peek_streaming
@@ -216,7 +221,8 @@ SELECT data
 -- out before its COMMIT, in blocks ("opening a streamed block ...", "streaming change ...",
 -- "closing a streamed block ..."). pgoutput's option is 'streaming'.
 SELECT data
-  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL, 'include-xids', '1', 'skip-empty-xacts', '1',
+  FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL,
+                                    'include-xids', '1', 'skip-empty-xacts', '1',
                                     'stream-changes', '1')
  WHERE xid = %(xid)s::xid;
 

@@ -50,7 +50,8 @@ SELECT r.rolname,
        (SELECT count(*) FROM pg_catalog.pg_stat_activity a
          WHERE a.usename = r.rolname AND a.backend_type = 'client backend') AS sessions,
        (SELECT count(*) FROM pg_catalog.pg_stat_activity a
-         WHERE a.usename = r.rolname AND a.state LIKE 'idle in transaction%%') AS idle_in_transaction
+         WHERE a.usename = r.rolname AND a.state LIKE 'idle in transaction%%')
+         AS idle_in_transaction
   FROM pg_catalog.pg_roles r
  WHERE r.rolname = ANY(%(roles)s)
  ORDER BY r.rolname;
@@ -66,7 +67,8 @@ SELECT a.pid, a.usename, a.state, pg_catalog.pg_terminate_backend(a.pid)
    AND a.pid <> pg_catalog.pg_backend_pid()
    AND (%(every_one)s
         OR (a.state LIKE 'idle in transaction%%'
-            AND a.state_change <= pg_catalog.now() - pg_catalog.make_interval(secs => %(idle_s)s)));
+            AND a.state_change <= pg_catalog.now()
+                                  - pg_catalog.make_interval(secs => %(idle_s)s)));
 
 -- name: backends
 -- Each trainee's server processes (one per session): whose they are and their process ids,
@@ -91,9 +93,11 @@ SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0),
        pg_catalog.pg_get_userbyid(c.relowner),
        pg_catalog.pg_describe_object(d.refclassid, d.refobjid, 0)
   FROM pg_catalog.pg_depend d
-  JOIN pg_catalog.pg_rewrite w ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND w.oid = d.objid
+  JOIN pg_catalog.pg_rewrite w
+    ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND w.oid = d.objid
   JOIN pg_catalog.pg_class c ON c.oid = w.ev_class
-  JOIN pg_catalog.pg_class t ON d.refclassid = 'pg_catalog.pg_class'::regclass AND t.oid = d.refobjid
+  JOIN pg_catalog.pg_class t
+    ON d.refclassid = 'pg_catalog.pg_class'::regclass AND t.oid = d.refobjid
  WHERE t.relowner IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = ANY(%(roles)s))
    AND c.relowner NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = ANY(%(roles)s))
    AND c.oid <> t.oid
@@ -103,6 +107,7 @@ SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0),
 -- The search_path this database sets for every role (ALTER DATABASE ... SET), if any.
 SELECT c
   FROM pg_catalog.pg_db_role_setting s, unnest(s.setconfig) AS c
- WHERE s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+ WHERE s.setdatabase = (SELECT oid FROM pg_catalog.pg_database
+                         WHERE datname = current_database())
    AND s.setrole = 0
    AND c LIKE 'search\_path=%%';

@@ -3,9 +3,10 @@
 -- outbox_tables.sql; `tables` adds what the cursor relays need.
 
 -- name: tables
--- Each outbox row's writer transaction, one cursor per relay, an unrelated table, and the broker's stand-in: what each relay published, in order.
+-- Each outbox row's writer transaction, one cursor per relay, an unrelated
+-- table, and the broker's stand-in: what each relay published, in order.
 ALTER TABLE outbox
-    ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();  -- the writer's top-level transaction id
+    ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();  -- the writer's top-level xid
 CREATE INDEX outbox_xid_idx ON outbox (xid, id);                -- the safe cursor's read order
 
 CREATE TABLE relay_cursor (
@@ -30,7 +31,8 @@ CREATE TABLE batch_log (
 );
 
 -- name: placed
--- After the producer's two INSERTs (outbox_produce.sql), in the same transaction: the id the sequence gave its outbox row.
+-- After the producer's two INSERTs (outbox_produce.sql), in the
+-- same transaction: the id the sequence gave its outbox row.
 SELECT id, event_id
   FROM outbox
  WHERE event_id = %(event_id)s;
@@ -44,7 +46,8 @@ SELECT id, event_id
  LIMIT %(batch)s;
 
 -- name: cursor_advance
--- The high-water-mark relay, after publishing: every id up to the last one it read counts as published.
+-- The high-water-mark relay, after publishing: every
+-- id up to the last one it read counts as published.
 UPDATE relay_cursor
    SET last_id = %(id)s
  WHERE relay = 'cursor';
@@ -82,7 +85,8 @@ SELECT %(relay)s, id, event_id
  ORDER BY array_position(%(ids)s::bigint[], id);
 
 -- name: oldest_writer
--- Who is the oldest open writer (its xid is pg_snapshot_xmin): the role in its application_name.
+-- Who is the oldest open writer (its xid is
+-- pg_snapshot_xmin): the role in its application_name.
 SELECT split_part(application_name, ':', 3) AS writer
   FROM pg_stat_activity
  WHERE backend_xid = pg_snapshot_xmin(pg_current_snapshot())::xid;
@@ -119,7 +123,9 @@ SELECT xid::text
  LIMIT 1;
 
 -- name: older_writers
--- Other sessions (not this one, none of the pids in mine), of any database on the server, whose transaction has an id as old as x or older, and prepared transactions: the safe cursor reads nothing they may still commit after.
+-- Other sessions (not this one, none of the pids in mine), of any database on
+-- the server, whose transaction has an id as old as x or older, and prepared
+-- transactions: the safe cursor reads nothing they may still commit after.
 SELECT pid::text, coalesce(datname, ''), coalesce(application_name, '')
   FROM pg_stat_activity
  WHERE pid <> pg_backend_pid()

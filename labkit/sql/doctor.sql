@@ -83,7 +83,8 @@ SELECT d.datname
 -- killed. An inactive slot keeps every byte of WAL written since its restart_lsn.
 SELECT s.slot_name, s.active,
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn), 0)::bigint AS retained,
-       EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = left(s.slot_name, -4)) AS schema_exists
+       EXISTS (SELECT 1 FROM pg_namespace n WHERE n.nspname = left(s.slot_name, -4))
+         AS schema_exists
   FROM pg_replication_slots s
  WHERE s.slot_name LIKE 'lab\_%%\_cdc'
  ORDER BY 1;

@@ -20,16 +20,19 @@ WITH due AS (
     UPDATE delivery AS d
        SET attempts        = CASE WHEN d.attempts < %(max_attempts)s
                                   THEN d.attempts + 1 ELSE d.attempts END,
-           status          = CASE WHEN d.attempts < %(max_attempts)s THEN 'pending' ELSE 'failed' END,
+           status          = CASE WHEN d.attempts < %(max_attempts)s
+                                  THEN 'pending' ELSE 'failed' END,
            last_error      = CASE WHEN d.attempts < %(max_attempts)s THEN d.last_error
                                   ELSE 'abandoned after ' || d.attempts || ' attempts, '
-                                       || (d.attempts - d.outcomes) || ' of them without an outcome' END,
+                                       || (d.attempts - d.outcomes)
+                                       || ' of them without an outcome'
+                             END,
            next_attempt_at = lab_now() + make_interval(secs => %(lease_s)s),
            claim_version   = d.claim_version + 1
       FROM due
      WHERE d.id = due.id
-    RETURNING d.id, d.notification_id, d.device_token, d.coalesce_key, d.attempts, d.claim_version,
-              d.attempts - 1 - d.outcomes >= 2 AS suspect, d.status)
+    RETURNING d.id, d.notification_id, d.device_token, d.coalesce_key, d.attempts,
+              d.claim_version, d.attempts - 1 - d.outcomes >= 2 AS suspect, d.status)
 SELECT id, notification_id, device_token, coalesce_key, attempts, claim_version, suspect
   FROM claimed
  WHERE status = 'pending';

@@ -13,7 +13,8 @@ SELECT id, notification_id, device_token, coalesce_key, attempts + 1 AS attempts
    {policy};
 
 -- name: count_attempt
--- After the sends, still in that transaction: count the attempt as the lease claim does, so the outcomes are written alike.
+-- After the sends, still in that transaction: count the attempt
+-- as the lease claim does, so the outcomes are written alike.
 UPDATE delivery
    SET attempts = attempts + 1,
        claim_version = claim_version + 1,

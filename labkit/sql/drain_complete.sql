@@ -4,7 +4,8 @@
 UPDATE delivery
    SET status = CASE
                     WHEN %(outcome)s::text = 'sent' THEN 'sent'
-                    WHEN %(outcome)s::text = 'retry' AND attempts < %(max_attempts)s THEN 'pending'
+                    WHEN %(outcome)s::text = 'retry' AND attempts < %(max_attempts)s
+                         THEN 'pending'
                     ELSE 'failed'
                 END,
        next_attempt_at = CASE WHEN %(outcome)s::text = 'retry'
@@ -12,6 +13,6 @@ UPDATE delivery
                               ELSE next_attempt_at END,
        last_error = %(error)s::text,
        sent_at    = CASE WHEN %(outcome)s::text = 'sent' THEN lab_now() END,
-       outcomes   = outcomes + 1,                  -- attempts - outcomes: attempts with no outcome
-       reported_version = claim_version            -- the claim whose outcome this is
+       outcomes   = outcomes + 1,         -- attempts - outcomes: attempts with no outcome
+       reported_version = claim_version   -- the claim whose outcome this is
  WHERE id = %(id)s

@@ -36,9 +36,9 @@ CREATE TABLE delivery (
     attempts         integer     NOT NULL DEFAULT 0,
     next_attempt_at  timestamptz NOT NULL,
     coalesce_key     text,                 -- sent as the push's collapse id
-    claim_version    bigint      NOT NULL DEFAULT 0,   -- +1 on every claim: the fence
-    outcomes         integer     NOT NULL DEFAULT 0,   -- +1 on every outcome write
-    reported_version bigint      NOT NULL DEFAULT 0,   -- the claim the last outcome write was for
+    claim_version    bigint      NOT NULL DEFAULT 0, -- +1 on every claim: the fence
+    outcomes         integer     NOT NULL DEFAULT 0, -- +1 on every outcome write
+    reported_version bigint      NOT NULL DEFAULT 0, -- the claim the last outcome write was for
     last_error       text,
     sent_at          timestamptz
 );

@@ -19,13 +19,15 @@ SELECT set_config('statement_timeout', %(ms)s, true),
 SELECT set_config('transaction_timeout', %(ms)s, true);
 
 -- name: backstop_in_force
--- The bounds the server applies to this transaction, read back ('0' = off; NULL: the server has no such setting).
+-- The bounds the server applies to this transaction, read
+-- back ('0' = off; NULL: the server has no such setting).
 SELECT current_setting('statement_timeout'),
        current_setting('idle_in_transaction_session_timeout'),
        current_setting('transaction_timeout', true);
 
 -- name: hang
--- The recording broker hangs (scripted): the lab takes the lock that the broker's confirm waits for, and holds it as long as the hang lasts.
+-- The recording broker hangs (scripted): the lab takes the lock that the
+-- broker's confirm waits for, and holds it as long as the hang lasts.
 SELECT pg_advisory_lock(%(k1)s, hashtext(%(schema)s) & 2147483647);
 
 -- name: answer
@@ -33,12 +35,15 @@ SELECT pg_advisory_lock(%(k1)s, hashtext(%(schema)s) & 2147483647);
 SELECT pg_advisory_unlock(%(k1)s, hashtext(%(schema)s) & 2147483647);
 
 -- name: confirm_within
--- How long the recording broker's confirm may wait, for its transaction only: the relay's publish timeout (as the broker session's statement_timeout), with no separate lock_timeout.
+-- How long the recording broker's confirm may wait, for its transaction only: the relay's
+-- publish timeout (as the broker session's statement_timeout), with no separate lock_timeout.
 SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('lock_timeout', '0', true);
 
 -- name: confirm
--- The recording broker's confirm, sent after it has stored a message: returns at once while the broker is healthy, and waits while the lab holds the hang lock. The message is stored either way.
+-- The recording broker's confirm, sent after it has stored a message:
+-- returns at once while the broker is healthy, and waits while the
+-- lab holds the hang lock. The message is stored either way.
 SELECT pg_advisory_xact_lock_shared(%(k1)s, hashtext(%(schema)s) & 2147483647);
 
 -- name: hang_locks
@@ -50,7 +55,9 @@ SELECT count(*)
    AND objid = (hashtext(%(schema)s) & 2147483647)::oid;
 
 -- name: relay_transactions
--- Each relay backend as the server sees it: its state, how long its transaction has been open (NULL: none open), and how many outbox rows that transaction holds locked (a row lock writes the locker's transaction id into the row's xmax).
+-- Each relay backend as the server sees it: its state, how long its transaction
+-- has been open (NULL: none open), and how many outbox rows that transaction holds
+-- locked (a row lock writes the locker's transaction id into the row's xmax).
 SELECT a.pid,
        a.state,
        extract(epoch FROM clock_timestamp() - a.xact_start)::float8,

@@ -95,7 +95,8 @@ SELECT xid(pg_snapshot_xmin(pg_current_snapshot()))::text;
 -- name: holder
 -- The holder as the server sees it: its database, its state and how many transactions old its
 -- snapshot and its transaction id are.
-SELECT pid, datname, application_name, state, age(backend_xmin) AS xmin_age, age(backend_xid) AS xid_age
+SELECT pid, datname, application_name, state,
+       age(backend_xmin) AS xmin_age, age(backend_xid) AS xid_age
   FROM pg_stat_activity
  WHERE pid = %(pid)s;
 

@@ -8,7 +8,8 @@
 -- The tables are the outbox lab's (outbox_tables.sql): shop_order, outbox, inbox.
 
 -- name: record
--- Record the event id in the inbox: a row comes back the first time only (a copy hits the primary key).
+-- Record the event id in the inbox: a row comes back
+-- the first time only (a copy hits the primary key).
 INSERT INTO inbox (event_id) VALUES (%(event_id)s)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id;
@@ -29,7 +30,8 @@ UPDATE shop_order SET labels_printed = 0;
 TRUNCATE inbox;
 
 -- name: at_kill
--- What another session sees of one event while its consumer is stopped: effect committed? id recorded?
+-- What another session sees of one event while its
+-- consumer is stopped: effect committed? id recorded?
 SELECT s.labels_printed > 0,
        EXISTS (SELECT 1 FROM inbox i WHERE i.event_id = %(event_id)s)
   FROM shop_order s
@@ -43,7 +45,8 @@ SELECT o.event_id, s.labels_printed
  ORDER BY o.event_id;
 
 -- name: primary_key
--- The inbox's deduplication is its primary key: the index's name, access method, uniqueness and column.
+-- The inbox's deduplication is its primary key: the
+-- index's name, access method, uniqueness and column.
 SELECT c.relname, am.amname, i.indisunique, pg_get_indexdef(i.indexrelid, 1, true)
   FROM pg_index i
   JOIN pg_class c ON c.oid = i.indexrelid
@@ -51,7 +54,8 @@ SELECT c.relname, am.amname, i.indisunique, pg_get_indexdef(i.indexrelid, 1, tru
  WHERE i.indrelid = 'inbox'::regclass AND i.indisprimary;
 
 -- name: own_xid
--- This session's transaction id, or NULL while its transaction has written nothing (none assigned yet).
+-- This session's transaction id, or NULL while its
+-- transaction has written nothing (none assigned yet).
 SELECT pg_current_xact_id_if_assigned()::text;
 
 -- name: server_clock

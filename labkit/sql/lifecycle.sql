@@ -29,7 +29,8 @@ SELECT 'work', jsonb_build_object('n', i), now() - make_interval(secs => %(n)s -
 RETURNING id;
 
 -- name: reap
--- Expired leases back to PENDING (the next claim takes them and bumps claim_version); DEAD if out of attempts.
+-- Expired leases back to PENDING (the next claim takes
+-- them and bumps claim_version); DEAD if out of attempts.
 UPDATE job
    SET status      = CASE WHEN attempts >= max_attempts THEN 'DEAD' ELSE 'PENDING' END,
        finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
@@ -52,16 +53,19 @@ SELECT id, %(worker)s, claim_version
 RETURNING id;
 
 -- name: heartbeat
--- Extend a live claim's lease, fenced: a zombie's heartbeat (an older claim_version) matches 0 rows.
+-- Extend a live claim's lease, fenced: a zombie's
+-- heartbeat (an older claim_version) matches 0 rows.
 UPDATE job
    SET lease_until = now() + make_interval(secs => %(lease_s)s)
  WHERE id = %(id)s AND claim_version = %(claim_version)s AND status = 'RUNNING'
 RETURNING lease_until;
 
 -- name: release
--- Hand claims back (fenced, each with its own claim_version): PENDING at once; an unstarted claim gets its attempt back.
+-- Hand claims back (fenced, each with its own claim_version):
+-- PENDING at once; an unstarted claim gets its attempt back.
 UPDATE job AS j
-   SET status      = CASE WHEN %(started)s AND j.attempts >= j.max_attempts THEN 'DEAD' ELSE 'PENDING' END,
+   SET status      = CASE WHEN %(started)s AND j.attempts >= j.max_attempts
+                          THEN 'DEAD' ELSE 'PENDING' END,
        finished_at = CASE WHEN %(started)s AND j.attempts >= j.max_attempts THEN now() END,
        attempts    = j.attempts - CASE WHEN %(started)s THEN 0 ELSE 1 END,
        last_error  = CASE WHEN %(started)s THEN 'stopped at shutdown: ' || j.claimed_by
@@ -73,7 +77,8 @@ UPDATE job AS j
 RETURNING j.id;
 
 -- name: held
--- Claims still RUNNING for a worker, and how long their leases have left (what a crash leaves waiting).
+-- Claims still RUNNING for a worker, and how long their
+-- leases have left (what a crash leaves waiting).
 SELECT count(*)::int AS waiting,
        coalesce(extract(epoch FROM max(lease_until) - now()), 0)::float8 AS lease_left_s
   FROM job

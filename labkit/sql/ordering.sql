@@ -4,7 +4,8 @@
 -- one aggregate are 1, 2, 3... in the order its events were committed.
 
 -- name: tables
--- The aggregates' current versions (the producer's business rows), and the outbox's version column.
+-- The aggregates' current versions (the producer's
+-- business rows), and the outbox's version column.
 CREATE TABLE aggregate_state (
     aggregate  text PRIMARY KEY,
     version    int  NOT NULL                  -- the version of the aggregate's last event
@@ -16,7 +17,8 @@ CREATE INDEX outbox_unpublished_aggregate_idx ON outbox (aggregate, created_at, 
  WHERE published_at IS NULL;
 
 -- name: produce
--- One event, in ONE transaction: bump its aggregate's version (the row lock orders its writers), write the event.
+-- One event, in ONE transaction: bump its aggregate's version
+-- (the row lock orders its writers), write the event.
 WITH bumped AS (
     INSERT INTO aggregate_state AS a (aggregate, version)
     VALUES (%(aggregate)s, 1)
@@ -56,7 +58,8 @@ SELECT id, event_id, payload
    FOR UPDATE SKIP LOCKED;
 
 -- name: claim_partition
--- The partitioned claim: relay %(partition)s of %(relays)s claims the aggregates whose hash maps to it.
+-- The partitioned claim: relay %(partition)s of
+-- %(relays)s claims the aggregates whose hash maps to it.
 
 -- The hash: the first byte of md5(aggregate), modulo the number of relays.
 -- Every event of one aggregate goes to the same relay, which publishes them in claim order.
@@ -79,7 +82,8 @@ SELECT count(*)
         OR mod(get_byte(decode(md5(aggregate), 'hex'), 0), %(relays)s) = %(partition)s);
 
 -- name: consumer_tables
--- The consumer's side: last version applied per aggregate, events parked behind a gap, effects applied.
+-- The consumer's side: last version applied per
+-- aggregate, events parked behind a gap, effects applied.
 CREATE TABLE applied_version (
     aggregate  text PRIMARY KEY,
     version    int  NOT NULL                  -- 0: nothing applied yet
@@ -98,7 +102,8 @@ CREATE TABLE applied_event (
 );
 
 -- name: last_applied
--- The consumer reads, and locks until its COMMIT, the last version it applied to this aggregate.
+-- The consumer reads, and locks until its COMMIT,
+-- the last version it applied to this aggregate.
 INSERT INTO applied_version (aggregate, version) VALUES (%(aggregate)s, 0)
 ON CONFLICT (aggregate) DO NOTHING;
 SELECT version FROM applied_version WHERE aggregate = %(aggregate)s FOR UPDATE;
@@ -118,13 +123,15 @@ VALUES (%(aggregate)s, %(version)s, %(event_id)s)
 ON CONFLICT (aggregate, version) DO NOTHING;
 
 -- name: unpark
--- The parked event that comes next for this aggregate, taken out of the parking lot (none: no row).
+-- The parked event that comes next for this aggregate,
+-- taken out of the parking lot (none: no row).
 DELETE FROM parked_event
  WHERE aggregate = %(aggregate)s AND version = %(version)s
 RETURNING event_id;
 
 -- name: consumer_outcome
--- What a consumer did: applied, applied late, applied twice, never applied, still parked, aggregates behind.
+-- What a consumer did: applied, applied late, applied
+-- twice, never applied, still parked, aggregates behind.
 SELECT (SELECT count(*) FROM applied_event),
        (SELECT count(*)
           FROM (SELECT version < max(version) OVER (PARTITION BY aggregate ORDER BY seq

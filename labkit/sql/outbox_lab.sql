@@ -9,7 +9,8 @@ SELECT pid, backend_xid::text
  WHERE pid = ANY(%(pids)s);
 
 -- name: relay_locks
--- The locks the relays' backends hold, as pg_locks lists them: on the outbox table, and each one's own transaction id.
+-- The locks the relays' backends hold, as pg_locks lists them:
+-- on the outbox table, and each one's own transaction id.
 SELECT CASE WHEN l.locktype = 'relation' THEN c.relname || ' ' || l.mode
             ELSE 'own ' || l.locktype || ' ' || l.mode END
   FROM pg_locks l
@@ -19,7 +20,8 @@ SELECT CASE WHEN l.locktype = 'relation' THEN c.relname || ' ' || l.mode
  ORDER BY 1;
 
 -- name: locked_rows
--- Outbox rows locked by a live relay transaction: a row lock writes the locker's transaction id into the row's xmax.
+-- Outbox rows locked by a live relay transaction: a row lock
+-- writes the locker's transaction id into the row's xmax.
 SELECT count(*)
   FROM outbox
  WHERE xmax::text = ANY(%(xids)s);
@@ -45,14 +47,16 @@ SELECT coalesce(sum(labels_printed), 0),
   FROM shop_order;
 
 -- name: backend_state
--- One backend as the server sees it: its state, its transaction id, and for how many seconds it has been in that state.
+-- One backend as the server sees it: its state, its transaction
+-- id, and for how many seconds it has been in that state.
 SELECT state, backend_xid::text,
        extract(epoch FROM clock_timestamp() - state_change)::float8
   FROM pg_stat_activity
  WHERE pid = %(pid)s;
 
 -- name: freeze_bounds
--- The settings that may end a backend whose client froze inside a transaction: value (0 = off), unit, server default.
+-- The settings that may end a backend whose client froze
+-- inside a transaction: value (0 = off), unit, server default.
 SELECT name, setting, coalesce(unit, ''), boot_val
   FROM pg_settings
  WHERE name IN ('idle_in_transaction_session_timeout', 'transaction_timeout',
@@ -71,7 +75,8 @@ WITH arrived AS (
 SELECT min(id), max(id) FROM arrived;
 
 -- name: older_snapshots
--- Other sessions whose snapshot or transaction is as old as transaction x or older: VACUUM keeps what they may still see.
+-- Other sessions whose snapshot or transaction is as old as
+-- transaction x or older: VACUUM keeps what they may still see.
 SELECT pid, application_name
   FROM pg_stat_activity
  WHERE datname = current_database() AND pid <> pg_backend_pid()
@@ -79,12 +84,14 @@ SELECT pid, application_name
      OR (backend_xid IS NOT NULL AND age(backend_xid) >= age(%(x)s::xid)));
 
 -- name: state_since
--- When backend pid entered its present state, by the server's clock (for a frozen relay: when it went idle in its transaction).
+-- When backend pid entered its present state, by the server's clock
+-- (for a frozen relay: when it went idle in its transaction).
 SELECT state_change
   FROM pg_stat_activity
  WHERE pid = %(pid)s;
 
 -- name: lock_granted_at
--- Wait for the row lock on one outbox row, then read the server's clock: the moment the lock's holder let it go.
+-- Wait for the row lock on one outbox row, then read the
+-- server's clock: the moment the lock's holder let it go.
 SELECT clock_timestamp()
   FROM (SELECT id FROM outbox WHERE id = %(id)s FOR UPDATE) AS locked;

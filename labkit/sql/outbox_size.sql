@@ -69,7 +69,8 @@ SELECT coalesce(sum(c.relpages), 0)::bigint, coalesce(sum(c.relallvisible), 0)::
 -- relay marks leaves one dead version, and one dead entry in the partial index.
 -- (PostgreSQL 18 caps it at autovacuum_vacuum_max_threshold, 100 million by default.)
 SELECT (current_setting('autovacuum_vacuum_threshold')::float8
-        + current_setting('autovacuum_vacuum_scale_factor')::float8 * greatest(reltuples, 0))::bigint
+        + current_setting('autovacuum_vacuum_scale_factor')::float8
+          * greatest(reltuples, 0))::bigint
   FROM pg_class
  WHERE oid = 'outbox'::regclass;
 

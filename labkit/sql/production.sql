@@ -11,7 +11,8 @@
 --   last_error    what the handler raised last time
 
 -- name: drop
--- Start over: the job table goes, with whatever a lab hung on it (production.sql "table" makes it again).
+-- Start over: the job table goes, with whatever a lab
+-- hung on it (production.sql "table" makes it again).
 DROP TABLE IF EXISTS job CASCADE;
 
 -- name: table

@@ -12,7 +12,8 @@ WITH expired AS (
 )
 UPDATE job
    SET attempts   = job.attempts + 1,
-       status     = CASE WHEN job.attempts + 1 >= %(max_attempts)s THEN 'DEAD' ELSE 'PENDING' END,
+       status     = CASE WHEN job.attempts + 1 >= %(max_attempts)s
+                         THEN 'DEAD' ELSE 'PENDING' END,
        worker_id  = NULL,
        claimed_at = NULL
   FROM expired

@@ -4,7 +4,8 @@
 -- success write is production.sql's complete, unchanged.
 
 -- name: clock
--- A clock the lab moves: lab_now() is frozen_at + shift (NULL frozen_at: the server's). Safe to rerun.
+-- A clock the lab moves: lab_now() is frozen_at + shift (NULL frozen_at: the server's).
+-- Safe to rerun.
 CREATE TABLE IF NOT EXISTS lab_clock (
     only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
     frozen_at  timestamptz,
@@ -51,39 +52,45 @@ RETURNING id, kind, payload, attempts, max_attempts, claim_version;
 INSERT INTO job_effect (job_id, attempt) VALUES (%(id)s, %(attempt)s);
 
 -- name: fail
--- The handler raised: keep its error, fenced; transient with attempts left: PENDING after delay_s, else DEAD.
+-- The handler raised: keep its error, fenced; transient
+-- with attempts left: PENDING after delay_s, else DEAD.
 UPDATE job
-   SET status      = CASE WHEN %(transient)s::boolean AND attempts < max_attempts   -- the row decides
-                          THEN 'PENDING' ELSE 'DEAD' END,
-       run_at      = CASE WHEN %(transient)s::boolean AND attempts < max_attempts   -- the worker's backoff
+   SET status      = CASE WHEN %(transient)s::boolean AND attempts < max_attempts
+                          THEN 'PENDING' ELSE 'DEAD' END,             -- the row decides
+       run_at      = CASE WHEN %(transient)s::boolean AND attempts < max_attempts
                           THEN lab_now() + make_interval(secs => %(delay_s)s)
-                          ELSE run_at END,
+                          ELSE run_at END,                            -- the worker's backoff
        finished_at = CASE WHEN %(transient)s::boolean AND attempts < max_attempts
                           THEN NULL ELSE lab_now() END,
        last_error  = %(error)s::text,
        claimed_by  = NULL, lease_until = NULL
- WHERE id = %(id)s AND claim_version = %(claim_version)s AND status = 'RUNNING'  -- 0 rows: a stale claim
+ WHERE id = %(id)s AND claim_version = %(claim_version)s  -- 0 rows: a stale claim
+   AND status = 'RUNNING'
 RETURNING id, status, attempts, max_attempts,
           extract(epoch FROM run_at - lab_now())::float8 AS wait_s;
 
 -- name: advance_to_next_due
--- Nothing is due: move the lab's clock on to the earliest pending run_at (no row if nothing is pending).
+-- Nothing is due: move the lab's clock on to the earliest
+-- pending run_at (no row if nothing is pending).
 UPDATE lab_clock
-   SET shift = shift + greatest((SELECT min(run_at) FROM job WHERE status = 'PENDING') - lab_now(),
+   SET shift = shift + greatest((SELECT min(run_at) FROM job WHERE status = 'PENDING')
+                                - lab_now(),
                                 interval '0 s')
  WHERE EXISTS (SELECT 1 FROM job WHERE status = 'PENDING')
 RETURNING extract(epoch FROM shift)::float8 AS elapsed_s;
 
 -- name: jobs
--- The job table as the story ends: status, attempts, the error kept, and what each handler left behind.
+-- The job table as the story ends: status, attempts,
+-- the error kept, and what each handler left behind.
 SELECT j.id, j.kind, j.status, j.attempts, j.max_attempts, j.claim_version, j.last_error,
        (SELECT count(*) FROM job_effect e WHERE e.job_id = j.id) AS effects
   FROM job j
  ORDER BY j.id;
 
 -- name: row
--- One job: status, attempts, claim_version and how far its run_at is from the lab's now (seconds).
-SELECT status, attempts, claim_version, extract(epoch FROM run_at - lab_now())::float8 AS due_in_s,
-       last_error
+-- One job: status, attempts, claim_version and how
+-- far its run_at is from the lab's now (seconds).
+SELECT status, attempts, claim_version,
+       extract(epoch FROM run_at - lab_now())::float8 AS due_in_s, last_error
   FROM job
  WHERE id = %(id)s;

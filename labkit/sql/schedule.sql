@@ -5,14 +5,16 @@
 -- job, whatever its priority).  labkit.labs.schedule reads the sections by name.
 
 -- name: fill_history
--- %(n)s finished jobs, one a second up to a day ago: the history a queue table keeps until it is archived.
+-- %(n)s finished jobs, one a second up to a day ago:
+-- the history a queue table keeps until it is archived.
 INSERT INTO job (status, priority, run_at, enqueued_at, attempts, finished_at)
 SELECT 'DONE', mod(g, 10), ts, ts, 1, ts + interval '2 s'
   FROM generate_series(1, %(n)s) AS g,
        LATERAL (SELECT now() - interval '1 day' - make_interval(secs => %(n)s - g)) AS t(ts);
 
 -- name: fill_pending
--- %(n)s pending jobs at priorities 0 to 9; one in five (ten in every fifty) is scheduled, due up to a day from now.
+-- %(n)s pending jobs at priorities 0 to 9; one in five (ten
+-- in every fifty) is scheduled, due up to a day from now.
 INSERT INTO job (priority, run_at, enqueued_at)
 SELECT mod(g, 10),
        CASE WHEN mod(g / 10, 5) = 4 THEN now() + make_interval(secs => 60 + mod(g * 37, 86400))
@@ -21,13 +23,16 @@ SELECT mod(g, 10),
   FROM generate_series(1, %(n)s) AS g;
 
 -- name: fill_ahead
--- %(n)s jobs scheduled an hour or more from now, spread over %(levels)s priority levels all more urgent than any due job (-1, -2, ...).
+-- %(n)s jobs scheduled an hour or more from now, spread over %(levels)s
+-- priority levels all more urgent than any due job (-1, -2, ...).
 INSERT INTO job (kind, priority, run_at)
-SELECT 'scheduled', -1 - mod(g, %(levels)s), now() + interval '1 hour' + make_interval(secs => g)
+SELECT 'scheduled', -1 - mod(g, %(levels)s),
+       now() + interval '1 hour' + make_interval(secs => g)
   FROM generate_series(1, %(n)s) AS g;
 
 -- name: claim_search
--- The search of production.sql's claim, the statement EXPLAIN is asked about: the most urgent due job, skipping rows another worker holds.
+-- The search of production.sql's claim, the statement EXPLAIN is asked
+-- about: the most urgent due job, skipping rows another worker holds.
 SELECT id FROM job
               WHERE status = 'PENDING' AND run_at <= now()
               ORDER BY priority, run_at
@@ -35,7 +40,8 @@ SELECT id FROM job
               FOR UPDATE SKIP LOCKED;
 
 -- name: enqueue_at
--- %(n)s jobs of one kind and priority, arriving one a second from %(at)s; due at arrival, or at %(run_at)s when it is given (a scheduled job).
+-- %(n)s jobs of one kind and priority, arriving one a second from %(at)s;
+-- due at arrival, or at %(run_at)s when it is given (a scheduled job).
 INSERT INTO job (kind, priority, run_at, enqueued_at, payload)
 SELECT %(kind)s, %(priority)s, coalesce(%(run_at)s, arrived), arrived,
        jsonb_build_object('tick', %(tick)s, 'n', g)
@@ -44,7 +50,8 @@ SELECT %(kind)s, %(priority)s, coalesce(%(run_at)s, arrived), arrived,
 RETURNING id;
 
 -- name: claim_at
--- production.sql's claim on the lab's clock: the same statement, with the instant %(now)s passed in where it reads now().
+-- production.sql's claim on the lab's clock: the same statement,
+-- with the instant %(now)s passed in where it reads now().
 UPDATE job
    SET status = 'RUNNING', attempts = attempts + 1, claimed_by = %(worker)s,
        claim_version = claim_version + 1,
@@ -57,11 +64,13 @@ UPDATE job
 RETURNING id, kind, payload, attempts, max_attempts, claim_version;
 
 -- name: oldest_index
--- The aged turn's index: pending jobs in the order they fell due (id breaks ties), so the turn reads the front of it and stops.
+-- The aged turn's index: pending jobs in the order they fell due
+-- (id breaks ties), so the turn reads the front of it and stops.
 CREATE INDEX job_oldest_idx ON job (run_at, id) WHERE status = 'PENDING';
 
 -- name: claim_oldest
--- The aged turn (every k-th claim): the job that has been due longest, whatever its priority; otherwise the same claim.
+-- The aged turn (every k-th claim): the job that has been due
+-- longest, whatever its priority; otherwise the same claim.
 UPDATE job
    SET status = 'RUNNING', attempts = attempts + 1, claimed_by = %(worker)s,
        claim_version = claim_version + 1,
@@ -74,7 +83,8 @@ UPDATE job
 RETURNING id, kind, payload, attempts, max_attempts, claim_version;
 
 -- name: older_due
--- Due pending jobs ahead of job %(id)s in the aged turn's order (fell due before it): how many aged turns it may have to wait for.
+-- Due pending jobs ahead of job %(id)s in the aged turn's order
+-- (fell due before it): how many aged turns it may have to wait for.
 SELECT count(*)
   FROM job AS j, job AS me
  WHERE me.id = %(id)s

@@ -31,7 +31,8 @@ CREATE TABLE torture_audit (
 );
 CREATE FUNCTION torture_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO torture_audit (delivery_id, op, worker, old_status, new_status, old_version, new_version)
+    INSERT INTO torture_audit (delivery_id, op, worker, old_status, new_status,
+                               old_version, new_version)
     VALUES (NEW.id,
             CASE WHEN NEW.claim_version > OLD.claim_version THEN 'claim' ELSE 'complete' END,
             coalesce(nullif(current_setting('torture.worker', true), ''), 'admin'),
@@ -75,7 +76,8 @@ SELECT d.id
 SELECT delivery_id FROM device_push GROUP BY delivery_id HAVING count(*) > 1;
 
 -- name: queue_fill
--- Pending jobs %(first)s..%(last)s, one a second from 2026-01-01 09:00 UTC (job 1 is the oldest).
+-- Pending jobs %(first)s..%(last)s, one a second
+-- from 2026-01-01 09:00 UTC (job 1 is the oldest).
 INSERT INTO job (id, created_at, payload)
 SELECT g, timestamptz '2026-01-01 09:00:00+00' + (g - 1) * interval '1 second', 'job ' || g
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g;

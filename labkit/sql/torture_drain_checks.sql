@@ -84,7 +84,8 @@ SELECT count(*)
 -- claim it completes (its old version) was not the writer's own.
 SELECT count(*) FROM torture_audit c
           LEFT JOIN torture_audit k
-            ON k.op = 'claim' AND k.delivery_id = c.delivery_id AND k.new_version = c.old_version
+            ON k.op = 'claim' AND k.delivery_id = c.delivery_id
+           AND k.new_version = c.old_version
          WHERE c.op = 'complete' AND k.worker IS DISTINCT FROM c.worker;
 
 -- name: duplicate_pushes
