@@ -1,6 +1,8 @@
 # Claim Lab: two commands for a new user.
 #   make lab    set up .venv, start the embedded PostgreSQL, open JupyterLab
 #   make study  the same, opening the student copies (the exercises without their answers)
+#               Both open working copies in work/ (git-ignored; `labkit workcopy` makes them):
+#               running and saving a notebook never changes notebooks/ or student/.
 #   make test   set up .venv, run labkit's tests and nbval over every notebook
 # For a training room on one machine (as root; README, "Running a training room"):
 #   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared (shared: the
@@ -58,13 +60,20 @@ hub-status: $(HUB_STAMP)
 hub-clean: $(HUB_STAMP)
 	$(HUB_VENV)/bin/labkit hub clean
 
-lab: setup
+# Before JupyterLab opens: the embedded server (unless LABKIT_DSN or LABKIT_BACKEND names
+# another), and the working copies (a copy that exists is never written over).
+define before_jupyter
 	@if [ -z "$$LABKIT_DSN" ] && [ -z "$$LABKIT_BACKEND" ]; then $(BIN)/labkit server start; fi
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) notebooks/00_start_here.ipynb
+	@$(BIN)/labkit workcopy
+endef
+
+lab: setup
+	$(before_jupyter)
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) work/notebooks/00_start_here.ipynb
 
 study: setup
-	@if [ -z "$$LABKIT_DSN" ] && [ -z "$$LABKIT_BACKEND" ]; then $(BIN)/labkit server start; fi
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) student/01_one_lock_three_policies.ipynb
+	$(before_jupyter)
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) work/student/01_one_lock_three_policies.ipynb
 
 test: setup
 	$(BIN)/pytest tests notebooks $(NBVAL)

@@ -29,7 +29,8 @@ from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
                    outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import bench, classroom, drill, grade, hub, interview, nbtools, roomload, spec, torture, training
+from .tools import (bench, classroom, drill, grade, hub, interview, nbtools, plans, roomload, spec, torture, training,
+                    workcopy)
 from .tools.spec import drop_spec_databases
 
 
@@ -472,20 +473,34 @@ def build_parser() -> argparse.ArgumentParser:
              lambda a: hub.clean(), prefix="labkit hub")
 
     p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
-                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check))
+                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check,
+                                                   plan_deck=plans.plan_builder(a.plan) if a.plan else None))
     p.add_argument("notebooks", nargs="*")
     p.add_argument("--out", type=Path, default=training.ROOT / "build" / "slides")
+    p.add_argument("--plan", metavar="MINUTES",
+                   help="one deck for a session plan of notebooks/README.md (60 or 90): plan-MINUTES.slides.html")
     p.add_argument("--check", action="store_true",
                    help="then open every slide in headless Chromium at 1280x720: exit 1 naming each "
                         "slide that does not fit or console error, 2 without Chromium")
-    p = _command(commands, "book", "execute the notebooks and write an HTML handout set",
-                 lambda a: training.book_command(notebooks=a.notebooks, out=a.out, execute=not a.no_execute))
+    p = _command(commands, "book", "write an HTML handout set from the notebooks' committed outputs: "
+                 "a full page and a one-page summary per notebook",
+                 lambda a: training.book_command(notebooks=a.notebooks, out=a.out, execute=a.execute))
     p.add_argument("notebooks", nargs="*")
     p.add_argument("--out", type=Path, default=training.ROOT / "build" / "book")
-    p.add_argument("--no-execute", action="store_true", help="use the committed outputs")
+    p.add_argument("--execute", action=argparse.BooleanOptionalAction, default=False,
+                   help="run every notebook afresh first, on the server labkit uses (minutes, not "
+                        "seconds); --no-execute, the default, uses the committed outputs")
     p = _command(commands, "student", "write the student copies (no solutions)",
                  lambda a: training.student_command(check=a.check))
     p.add_argument("--check", action="store_true", help="exit 1 if a copy is out of date")
+    p = _command(commands, "workcopy", "the working copies in work/ that make lab and make study open: copy "
+                 "what is missing, name the copies older than their notebook",
+                 lambda a: workcopy.workcopy_command(notebooks=a.notebooks, fresh=a.fresh, every=a.all))
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                   help="with --fresh: notebooks/NAME.ipynb or student/NAME.ipynb (or the copy's path)")
+    p.add_argument("--fresh", action="store_true",
+                   help="replace these copies with fresh ones; each replaced copy is kept beside it")
+    p.add_argument("--all", action="store_true", help="with --fresh: every copy")
     p = _command(commands, "execute", "for authors: run notebooks in place and strip what must not be "
                  "committed", lambda a: nbtools.execute_command(notebooks=a.notebooks))
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",

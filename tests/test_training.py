@@ -167,6 +167,167 @@ def test_every_deck_has_speaker_notes_with_minutes_and_answers(decks):
         assert sum("Ask first:" in n for n in notes) == boxes, deck.name
 
 
+def _deck(cells, slide_types=None):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["claimlab"] = {"minutes": 5, "title": "t"}
+    nb.cells = cells
+    for cell, kind in zip(cells, slide_types or ["slide"] * len(cells)):
+        cell.metadata["slideshow"] = {"slide_type": kind}
+    return nb
+
+
+def _stream(text):
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
+
+
+def _shown(nb):
+    kinds = [c.metadata.get("slideshow", {}).get("slide_type", "-") for c in nb.cells]
+    return [c for c, k in zip(nb.cells, kinds) if k not in ("notes", "skip")]
+
+
+def test_setup_and_assert_only_cells_are_left_out_of_the_deck_and_markers_stripped():
+    setup = nbformat.v4.new_code_cell('import labkit as lk\n\nlab = lk.setup("x")')
+    setup.outputs = [_stream("PostgreSQL 18.6 · embedded: socket /tmp port 5432\n")]
+    work = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(lab.ping())")
+    work.outputs = [_stream("pong\n")]
+    checks = nbformat.v4.new_code_cell("assert lab.rows == 3   # all three rows came back\nassert lab.ok")
+    shown_setup = nbformat.v4.new_code_cell('import labkit as lk\nlab = lk.setup("x")\nprint(1)')
+    deck = training.deck_cells(_deck([nbformat.v4.new_markdown_cell("# T\n\nText."), setup, work, checks,
+                                      shown_setup], ["slide", "-", "-", "-", "-"]))
+    kinds = {c.source: c.metadata["slideshow"]["slide_type"] for c in deck.cells}
+    assert kinds[setup.source] == "skip" and kinds[checks.source] == "skip"
+    assert kinds[shown_setup.source] == "-"        # more than the setup: it stays
+    assert "print(lab.ping())" in kinds and not any("NBVAL" in c.source for c in deck.cells)
+    notes = [c.source for c in deck.cells if c.metadata["slideshow"]["slide_type"] == "notes"]
+    assert notes == ["The cell under this asserts: all three rows came back; `lab.ok`."]
+
+
+def test_long_code_loses_its_header_to_the_notes_and_is_cut_at_statements():
+    header = "# How the claim works:\n# it locks a row,\n# and marks it.\n"
+    body = "\n\n".join(f"x{i} = claim({i})\nprint(x{i})" for i in range(30))
+    cell = nbformat.v4.new_code_cell(header + body)
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## Code"), cell], ["slide", "-"]))
+    parts = [c for c in _shown(deck) if c.cell_type == "code"]
+    assert len(parts) > 1 and all(not p.source.startswith("#") for p in parts)
+    assert "".join(p.source for p in parts).replace("\n", "") == body.replace("\n", "")
+    assert all(p.source.split("\n")[0].startswith("x") for p in parts)        # each part starts a statement
+    assert all(p.metadata["slideshow"]["slide_type"] == "subslide" for p in parts[1:])
+    notes = [c.source for c in deck.cells if c.metadata["slideshow"]["slide_type"] == "notes"]
+    assert any("How the claim works: it locks a row, and marks it." in n for n in notes)
+
+
+def test_long_output_is_cut_at_whole_rows_repeating_its_header():
+    rows = "".join(f"step {i}/40 · worker: claim\n    state: pending={i}\n" for i in range(1, 41))
+    cell = nbformat.v4.new_code_cell("trace.print()")
+    cell.outputs = [_stream("A trace of forty steps\n======================\n" + rows)]
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## Trace"), cell], ["slide", "-"]))
+    parts = [c for c in _shown(deck) if c.cell_type == "code"]
+    texts = [p.outputs[0]["text"] for p in parts]
+    assert len(texts) > 1
+    for text in texts:
+        lines = text.rstrip("\n").split("\n")
+        assert lines[:2] == ["A trace of forty steps", "======================"]
+        assert lines[2].startswith("step ") and lines[-1].startswith("    state:")   # whole rows
+    assert all(p.metadata.get("transient", {}).get("remove_source") for p in parts[1:])
+
+
+def test_prose_output_is_rewrapped_and_columns_are_not():
+    prose = "the relay " + "published every event it claimed " * 6
+    columns = "relay    " + "   12   ".join(["x"] * 20)
+    lines = training.deck_output_lines(prose + "\n" + columns + "\n-- " + prose)
+    assert all(len(line) <= training.LINE_CHARS for line in lines if line != columns)
+    assert columns in lines
+    assert " ".join(lines[:lines.index(columns)]).split() == prose.split()
+    assert all(line.startswith("-- ") for line in lines[lines.index(columns) + 1:])
+
+
+def test_code_is_broken_inside_brackets_without_changing_what_it_does():
+    import ast
+
+    source = ('result = compute(first_argument_value, second_argument_value, third_argument_value, fourth_arg)'
+              '  # the comment\nprint(f"a long message about {result} that goes on and on and on and on and on and on")')
+    shown = training.deck_code(source)
+    assert all(len(line) <= training.LINE_CHARS for line in shown.split("\n"))
+    assert ast.dump(ast.parse(shown)) == ast.dump(ast.parse(source))
+    assert "# the comment" in shown
+
+
+def test_a_lone_heading_joins_the_slide_after_it_and_an_introduction_moves_with_its_code():
+    tall = nbformat.v4.new_markdown_cell("\n\n".join(f"Paragraph {i} " + "words " * 10 for i in range(12)))
+    intro = nbformat.v4.new_markdown_cell("The claim, run once:")
+    code = nbformat.v4.new_code_cell("\n".join(f"step_{i}()" for i in range(14)))
+    heading = nbformat.v4.new_markdown_cell("### A part alone")
+    after = nbformat.v4.new_markdown_cell("What it says.")
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## S"), tall, intro, code, heading, after],
+                                        ["slide", "-", "-", "-", "subslide", "subslide"]))
+    shown = _shown(deck)
+    i = next(k for k, c in enumerate(shown) if c.source == intro.source)
+    assert shown[i].metadata["slideshow"]["slide_type"] == "subslide"        # a new slide, intro first
+    assert shown[i + 1].source.startswith("step_0()")
+    j = next(k for k, c in enumerate(shown) if c.source == after.source)
+    assert shown[j - 1].source == heading.source and shown[j].metadata["slideshow"]["slide_type"] == "-"
+
+
+def test_every_slide_with_content_gets_a_note_on_what_to_point_at():
+    intro = nbformat.v4.new_markdown_cell("We claim a job. **The claim skips locked rows.** Then we look.")
+    code = nbformat.v4.new_code_cell("rows = claim()   # take one job\nassert rows == [1]  # job 1 came back\nprint(rows)")
+    code.outputs = [_stream("[1]\n")]
+    deck = training.deck_notebook(_deck([intro, code], ["slide", "subslide"]))
+    notes = [c.source for c in deck.cells if c.metadata["slideshow"]["slide_type"] == "notes"]
+    assert any("The claim skips locked rows." in n for n in notes)
+    assert any("It starts with `rows = claim()`: take one job." in n for n in notes)
+    assert any("Point at what the cell checks: job 1 came back." in n for n in notes)
+
+
+# A slide of each kind the check must fail on, planted in a deck of its own.
+PLANTED = {
+    "hidden": '<div style="max-height:100px;overflow:auto"><pre style="font-size:20px">' + "line\n" * 30 + "</pre></div>",
+    "wrapped": "<pre style=\"white-space:pre-wrap;font-size:20px\">" + "word " * 80 + "</pre>",
+    "small text": '<p style="font-size:15px">Fifteen-pixel text.</p>',
+    "shrunk figure": '<img style="width:100px" src="data:image/png;base64,{png}">',
+    "no notes": "<p>Content, and nothing for the presenter.</p>",
+}
+
+
+def _png(width, height):
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + b"\xff\xff\xff" * width for _ in range(height))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
+
+
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_slides_check_fails_on_each_kind_of_bad_slide(tmp_path, kind):
+    import re
+
+    from browser import find_chromium
+
+    find_chromium()
+    path = tmp_path / "99_planted.ipynb"
+    nbformat.write(_deck([nbformat.v4.new_markdown_cell("# A deck\n\nIts first slide."),
+                          nbformat.v4.new_markdown_cell("## Planted\n\nFine.")]), path)
+    deck = training.slides([str(path)], out=tmp_path / "out", quiet=True)[0]
+    good = training.check_decks([deck])
+    assert good.problems == [] and len(good.slides[deck.name]) == 2, good.problems
+    page = deck.read_text()
+    first, planted = page.split("Planted", 1)
+    if kind == "no notes":
+        planted = re.sub(r'<aside class="notes">.*?</aside>', "", planted, flags=re.S)
+    else:
+        planted = planted.replace("<p>Fine.</p>", PLANTED[kind].format(png=_png(600, 300)))
+    assert planted != page.split("Planted", 1)[1]
+    deck.write_text(first + "Planted" + planted)
+    report = training.check_decks([deck])
+    assert report.totals()[kind] == 1 and sum(report.totals().values()) == 1, report.problems
+    assert report.problems[0].startswith(f'{deck.name}: slide 2 (#/1/0, "Planted") {kind}: '), report.problems
+
+
 def test_slides_check_names_a_slide_that_does_not_fit(tmp_path):
     from browser import find_chromium
 
@@ -176,7 +337,8 @@ def test_slides_check_names_a_slide_that_does_not_fit(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["claimlab"] = {"minutes": 5, "title": "t"}
     nb.cells = [nbformat.v4.new_markdown_cell("# A deck\n\nIts first slide."),
-                nbformat.v4.new_markdown_cell("## Far too long\n" + "\n".join(f"- item {i}" for i in range(60))),
+                nbformat.v4.new_markdown_cell("## Far too long\n<div>" + "<br>".join(f"item {i}" for i in range(60))
+                                              + "</div>"),
                 nbformat.v4.new_markdown_cell("## Short\n\nFits.")]
     for cell in nb.cells:
         cell.metadata["slideshow"] = {"slide_type": "slide"}
@@ -184,7 +346,8 @@ def test_slides_check_names_a_slide_that_does_not_fit(tmp_path):
     nbformat.write(nb, path)
     report = training.check_decks(training.slides([str(path)], out=tmp_path / "out", quiet=True))
     assert len(report.problems) == 1, report.problems
-    assert report.problems[0].startswith('99_too_long.slides.html: slide 2 (#/1/0, "Far too long") does not fit')
+    assert report.problems[0].startswith('99_too_long.slides.html: slide 2 (#/1/0, "Far too long") hidden: ')
+    assert "px of content in a 720 px slide" in report.problems[0]
     assert main(["slides", "--check", str(path), "--out", str(tmp_path / "cli")]) == 1
 
 
@@ -195,6 +358,14 @@ def test_slides_check_without_chromium_names_the_fix(tmp_path, monkeypatch, caps
     assert main(["slides", "--check", str(ALL[0]), "--out", str(tmp_path)]) == 2
     assert "apt-get install chromium" in capsys.readouterr().err
     assert not (tmp_path / "index.html").exists()
+
+
+def test_no_slide_of_any_deck_hides_content_shrinks_text_or_figures_or_lacks_notes(decks):
+    report = training.check_decks(decks)
+    assert sum(len(s) for s in report.slides.values()) > 10 * len(ALL)
+    totals = report.totals()
+    assert {k: n for k, n in totals.items() if k != "wrapped"} == dict.fromkeys(
+        ["hidden", "small text", "shrunk figure", "no notes"], 0), [p for p in report.problems if " wrapped: " not in p]
 
 
 def test_every_slide_of_every_deck_fits_a_1280x720_projector(tmp_path, capsys):
@@ -208,3 +379,81 @@ def test_every_slide_of_every_deck_fits_a_1280x720_projector(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 0, out.err
     assert f"{len(ALL)} decks" in out.out and "0 problem(s)" in out.out
+    assert "hidden 0 · wrapped 0 · small text 0 · shrunk figure 0 · no notes 0" in out.out
+
+
+# -- the handout book: from the committed outputs, a one-page summary beside each page ------------
+def _words(text: str) -> str:
+    """A page's or a markdown text's words, lower case, one space apart (no tags, no markup)."""
+    import html
+    import re
+
+    text = re.sub(r"<(style|script)\b.*?</\1>", " ", text, flags=re.S | re.I)
+    return " ".join(re.findall(r"\w+", html.unescape(re.sub(r"<[^>]+>", " ", text)).lower()))
+
+
+@pytest.fixture(scope="module")
+def handouts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("book")
+    training.book(out=out, quiet=True)
+    return out
+
+
+def test_each_handout_has_a_summary_with_boxes_and_prompts_and_no_answers(handouts, browser):
+    import re
+
+    index = (handouts / "index.html").read_text()
+    for path in ALL:
+        nb = nbformat.read(path, as_version=4)
+        meta = nb.metadata["claimlab"]
+        page = (handouts / f"{path.stem}.summary.html").read_text()
+        assert f'href="{path.stem}.summary.html"' in index, path.stem
+        said = _words(page)
+        for what in (meta["title"], meta["teaches"], f"{meta['minutes']} minutes"):
+            assert _words(what) in said, (path.stem, what)
+        markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        for heading in re.findall(r"^## (.+)$", markdown, re.M):
+            assert _words(heading) in said, (path.stem, heading)
+        boxes = re.findall(r"^> \*\*Say it in an interview.*?(?=\n(?!>)|\Z)", markdown, re.S | re.M)
+        assert page.count("Say it in an interview.") == len(boxes), path.stem
+        for box in boxes:
+            assert _words(box) in said, (path.stem, box[:60])
+        for label in re.findall(r"^\*\*(Exercise[^*]*)\*\*", markdown, re.M):
+            assert _words(label) in said, (path.stem, label)
+        full = _words((handouts / f"{path.stem}.html").read_text())
+        for answer in training.ANSWER_RE.findall(markdown):
+            start = " ".join(_words(training._answer_text(answer)).split()[:8])
+            assert start in full, (path.stem, start)      # the full page has it ...
+            assert start not in said, (path.stem, start)  # ... the summary does not
+        assert "<details" not in page and training.remote_references(page) == []
+    fencing = _words((handouts / "08_fencing_tokens.summary.html").read_text())
+    assert "exercise checked make the drain s completion write fenced below is the drain s" in fencing
+    for name in ("01_one_lock_three_policies", "08_fencing_tokens"):
+        errors, _ = browser.open((handouts / f"{name}.summary.html").as_uri())
+        assert errors == [], f"{name}: {errors}"
+
+
+def test_the_book_from_committed_outputs_needs_no_server_and_no_kernel(tmp_path):
+    """`labkit book` in a process that may start no other process (a kernel is one) and whose
+    database is a closed port: it writes every page all the same."""
+    import os
+    import subprocess
+    import sys
+
+    guard = ("import sys\n"
+             "def deny(event, args):\n"
+             "    if event in ('subprocess.Popen', 'os.posix_spawn', 'os.exec', 'os.fork'):\n"
+             "        raise RuntimeError(f'started a process: {event} {args!r:.120}')\n"
+             "sys.addaudithook(deny)\n"
+             "from labkit.cli import main\n"
+             "sys.exit(main(sys.argv[1:]))\n")
+    env = {**os.environ, "LABKIT_DSN": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1"}
+    run = subprocess.run([sys.executable, "-c", guard, "book", "--out", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("*.html")) == sorted(
+        ["index.html"] + [f"{p.stem}{kind}" for p in ALL for kind in (".html", ".summary.html")])
+    # the same guard stops a fresh run at its first kernel, so it does guard
+    fresh = subprocess.run([sys.executable, "-c", guard, "book", "--execute", str(ALL[0]), "--out",
+                            str(tmp_path / "fresh")], env=env, capture_output=True, text=True, timeout=300)
+    assert fresh.returncode != 0 and "started a process: subprocess.Popen" in fresh.stderr

@@ -1,4 +1,5 @@
-"""Keeping the committed notebooks honest: executed, with outputs, no widget state.
+"""Keeping the committed notebooks honest: executed, with outputs, no widget state, saved
+byte for byte as JupyterLab saves them (so that opening and saving one changes nothing).
 
 ``labkit execute [NOTEBOOK ...]`` executes notebooks in place (from the notebooks/ folder,
 with the current Python) and strips what must not be committed.
@@ -11,6 +12,8 @@ import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..core.text import fit_widths, row_lines, wrap
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -132,9 +135,25 @@ WIDGET_REPR = re.compile(r"\b[HV]Box\(children=")
 KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"     # what JupyterLab writes for ipykernel's kernel
 
 
-def problems(nb: NotebookNode) -> list[str]:
-    """What would make a committed notebook untrustworthy."""
+def jupyter_text(nb: NotebookNode) -> str:
+    """The file JupyterLab saves for ``nb``: jupyter_server's contents manager writes it with
+    ``nbformat.write`` (one-space indent, sorted keys, non-ASCII as it is, a final newline)."""
+    import io
+
+    import nbformat
+
+    out = io.StringIO()
+    nbformat.write(nb, out, version=nbformat.NO_CONVERT)
+    return out.getvalue()
+
+
+def problems(nb: NotebookNode, text: str | None = None) -> list[str]:
+    """What would make a committed notebook untrustworthy; given the file's ``text`` (which
+    ``nb`` was read from), also a file JupyterLab would rewrite on opening and saving it."""
     found = []
+    if text is not None and text != jupyter_text(nb):
+        found.append("not saved as Jupyter saves it (one-space indent, sorted keys, non-ASCII as it is, "
+                     "a final newline): opening and saving it in JupyterLab would change the file")
     if "widgets" in nb.metadata:
         found.append("carries widget state metadata")
     shown = nb.metadata.get("kernelspec", {}).get("display_name")
@@ -164,16 +183,28 @@ def problems(nb: NotebookNode) -> list[str]:
     return found
 
 
+def run_notebook(nb: NotebookNode, folder: Path, timeout: int = 600) -> None:
+    """Run ``nb`` top to bottom in a fresh python3 kernel started in ``folder``.  The kernel
+    talks to this process over Unix sockets in a folder of its own that only this user can
+    open, not over TCP, where everything (code and outputs) would travel as plain text."""
+    import tempfile
+
+    from nbclient import NotebookClient
+    from traitlets.config import Config
+
+    with tempfile.TemporaryDirectory(prefix="labkit-kernel-") as sockets:
+        config = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", config=config,
+                       resources={"metadata": {"path": str(folder)}}).execute()
+
+
 def execute(path: Path, timeout: int = 600) -> None:
     import nbformat
-    from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    run_notebook(nb, path.parent, timeout)
     clean(nb)
-    nbformat.write(nb, path)
+    path.write_text(jupyter_text(nb), encoding="utf-8")
 
 
 def execute_command(*, notebooks: list[str]) -> int:
@@ -193,8 +224,13 @@ def workbook_map(folder: Path = NOTEBOOKS) -> str:
     for p in sorted(folder.glob("[0-9]*.ipynb")):
         meta = json.loads(p.read_text()).get("metadata", {}).get("claimlab", {})
         rows.append((p.name, meta.get("title", ""), f"{meta.get('minutes', '?')} min", meta.get("teaches", "")))
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{a.ljust(w[0])}  {b.ljust(w[1])}  {c.rjust(w[2])}  {d}" for a, b, c, d in rows]
     total = sum(int(r[2].split()[0]) for r in rows if r[2].split()[0].isdigit())
-    lines.append(f"{'':{w[0]}}  {'in all':{w[1]}}  {str(total) + ' min':>{w[2]}}")
+    rows.append(("", "in all", f"{total} min", ""))
+    # what a notebook teaches goes under its name, title and time, indented
+    widths = fit_widths(None, [r[:3] for r in rows])
+    lines = []
+    for *head, teaches in rows:
+        lines += row_lines(head, widths, right=[2])
+        if teaches:
+            lines += wrap(teaches, indent="    ", first="    ")
     return "\n".join(lines)

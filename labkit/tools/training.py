@@ -1,7 +1,7 @@
 """Training mode: slide decks, a handout book, and student copies without solutions.
 
     labkit slides [NOTEBOOK ...] [--out build/slides]
-    labkit book   [NOTEBOOK ...] [--out build/book] [--no-execute]
+    labkit book   [NOTEBOOK ...] [--out build/book] [--execute]
     labkit student [--check]
 
 Everything written works offline: reveal.js is copied beside the decks, and no
@@ -125,19 +125,26 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
 
 # -- what a deck adds to its notebook: speaker notes, and slides that fit --------------------------
 # The deck is made for a 1280×720 canvas (templates/claimlab_slides): these are the CSS's sizes,
-# in pixels, used to estimate how tall a cell is so that a slide too full for the canvas continues
-# on a slide below it. `labkit slides --check` measures the real thing in Chromium.
-SLIDE_BUDGET_PX = 600           # 720 less the slide's padding, less a margin for the estimate
-TEXT_PX, TEXT_CHARS = 29, 100   # markdown: a line's height, characters per line
-CODE_PX, CODE_CHARS, CODE_MAX_PX = 21, 115, 262   # code input: scrolls beyond CODE_MAX_PX
-CODE_FIGURE_MAX_PX = 152                          # ... and beyond this above a figure
-OUT_PX, OUT_CHARS, OUT_MAX_PX = 20, 125, 272      # all of a cell's output: the same
-IMG_MAX_PX, SLIDE_WIDTH_PX = 422, 1224
-TABLE_PX, TABLE_CHARS = 23, 110
+# in pixels, used to estimate how tall a cell is so that what does not fit goes on in a slide
+# below it. `labkit slides --check` measures the real thing in Chromium.
+SLIDE_BUDGET_PX = 610           # 720 less the slide's padding, less a margin for the estimate
+TEXT_PX, TEXT_CHARS = 30, 96    # markdown: a line's height, characters per line
+LINE_PX, LINE_CHARS = 26, 100   # code and output: 20 px monospace on a 1224 px slide
+BOX_PX = 16                     # a code or output box's own padding and gap
+IMG_MAX_PX, SLIDE_WIDTH_PX = 664, 1224
+TABLE_PX, TABLE_CHARS = 29, 100
 HEADING_PX = {1: 66, 2: 54, 3: 46}
 DETAILS_RE = re.compile(r"<details>.*?</details>", re.S | re.I)
 INTERVIEW_RE = re.compile(r"^> \*\*Say it in an interview\.?\*\*\s*(.*?)(?:\n(?!>)|\Z)", re.S | re.M)
 GUIDE_ROW_RE = re.compile(r"^\| \d+ \| (\d\d_[a-z0-9_]+) \| (\d+) \| ([^|]*) \| ([^|]*) \|", re.M)
+NBVAL_RE = re.compile(r"^[ \t]*# NBVAL_\w+[^\n]*(?:\n|\Z)", re.M)
+SETUP_LINE_RE = re.compile(r"\s*(?:import \S.*|from \S+ import \S.*|\w+ = lk\.setup\(.*\)|#.*)?\s*")
+SERVER_LINE_RE = re.compile(r"\S+ [\d.]+\S* · ")
+COLUMNS_RE = re.compile(r"\S {2,}\S|│")
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+RULE_RE = re.compile(r"[\s=\-─━]{3,}")
+HEADING_ONLY_RE = re.compile(r"#{1,4} [^\n]*")
+LIST_ITEM_RE = re.compile(r" {0,3}(?:[*-]|\d+\.) ")
 
 
 def presenters_guide(path: Path = NOTEBOOKS / "README.md") -> dict[str, dict]:
@@ -233,62 +240,391 @@ def speaker_notes(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
                 notes.append(f"**Expected answer:**\n\n{answer}")
         if notes:
             cells.append(_note("\n\n".join(notes)))
+            if (i == 0 or i in minutes) and total:    # the timing: on the section's first slide
+                cells[-1].metadata["claimlab"] = {"note": "first slide"}
     nb.cells = cells
     return nb
 
 
-def _wrapped(text: str, chars: int) -> int:
-    return sum(max(1, -(-len(line) // chars)) for line in text.split("\n"))
+
+# -- the deck's copy of a cell: what it leaves out, and what the presenter points at --------------
+def deck_source(source: str) -> str:
+    """Code as its slide shows it: without ``# NBVAL_*`` marker lines, its lines broken to fit
+    the slide where Python allows (``deck_code``)."""
+    return deck_code(NBVAL_RE.sub("", source).strip("\n"))
 
 
-def _png_height(b64: str) -> int:
+def is_setup_cell(cell) -> bool:
+    """``import labkit as lk`` / ``lab = lk.setup(...)``: imports and the setup call only, with
+    nothing but the server line(s) as output."""
+    if cell.cell_type != "code" or "lk.setup(" not in cell.source:
+        return False
+    outputs = cell.get("outputs", [])
+    lines = "".join("".join(o.get("text", "")) for o in outputs).splitlines()
+    return (all(SETUP_LINE_RE.fullmatch(line) for line in cell.source.split("\n"))
+            and all(o.get("output_type") == "stream" for o in outputs)
+            and all(SERVER_LINE_RE.match(line) for line in lines))
+
+
+def _parse(source: str):
+    import ast
+
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Line number (from 1) -> the text of the comment on that line."""
+    import io
+    import tokenize
+
+    found = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                found[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return found
+
+
+def is_assert_only(cell) -> bool:
+    """A cell of asserts (and comments) without output: it checks, and shows nothing."""
+    import ast
+
+    tree = _parse(deck_source(cell.source)) if cell.cell_type == "code" else None
+    return (tree is not None and not cell.get("outputs") and bool(tree.body)
+            and all(isinstance(s, ast.Assert) for s in tree.body))
+
+
+def _short(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1].rstrip() + "…"
+
+
+def assert_checks(source: str) -> list[str]:
+    """What a cell's asserts check, one item each: the comment on the assert's line or its
+    message, else its condition quoted."""
+    import ast
+
+    source = deck_source(source)
+    tree = _parse(source)
+    if tree is None:
+        return []
+    comments = _comments(source)
+    checks = []
+    for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assert)), key=lambda n: n.lineno):
+        said = comments.get(node.end_lineno) or comments.get(node.lineno)
+        if not said and isinstance(node.msg, ast.Constant) and isinstance(node.msg.value, str):
+            said = node.msg.value
+        checks.append(said or f"`{_short(' '.join(ast.get_source_segment(source, node.test).split()), 90)}`")
+    return list(dict.fromkeys(checks))
+
+
+def _plain(markdown: str) -> str:
+    """Markdown as one line of plain words: no emphasis, links, HTML or headings."""
+    text = DETAILS_RE.sub("", markdown)
+    text = re.sub(r"<[^>]+>|^\s*#{1,6} .*$", "", text, flags=re.M)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"^\s*(?:>|[-*]|\d+\.)\s+", "", text, flags=re.M)
+    return " ".join(re.sub(r"\*\*?|__", "", text).split())
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`(\"“])", text) if s.strip()]
+
+
+def key_sentence(markdown: str) -> str:
+    """A markdown cell's key sentence: the one holding its first bold phrase, else its first
+    (with the next one when it is only a few words, such as "Exercise 1.")."""
+    sentences = _sentences(_plain(markdown))
+    if not sentences:
+        return ""
+    bold = re.search(r"\*\*(.+?)\*\*", DETAILS_RE.sub("", markdown))
+    mark = _plain(bold.group(1)) if bold else ""
+    i = next((i for i, s in enumerate(sentences) if mark and mark in s), 0)
+    return _short(" ".join(sentences[i:i + (2 if len(sentences[i]) < 40 else 1)]), 220)
+
+
+def last_sentence(markdown: str) -> str:
+    sentences = _sentences(_plain(markdown))
+    return _short(sentences[-1], 220) if sentences else ""
+
+
+def code_note(lines: list[str], header: list[str] = ()) -> str:
+    """What to point at in code: its comment header, and what its first statement is for (the
+    comment on or above it)."""
+    said = [" ".join(line.lstrip("# ").strip() for line in header).strip()]
+    lead = []
+    for line in lines:
+        if line.lstrip().startswith("#"):
+            lead.append(line.lstrip("# ").strip())
+        elif line.strip():
+            comment = _comments(line).get(1)
+            code = line.split("#")[0].strip() if comment else line.strip()
+            purpose = comment or " ".join(lead)
+            said.append(f"It starts with `{_short(code, 70)}`" + (f": {purpose}" if purpose else "") + ".")
+            break
+    return " ".join(s for s in said if s)
+
+
+def output_note(checks: list[str], intro: str, code: str) -> str:
+    """What to point at in output: what the cell checks in it, else what its introduction says,
+    else what made it."""
+    if checks:
+        return "Point at what the cell checks: " + "; ".join(checks) + "."
+    if intro:
+        return f"Point at: {intro}"
+    return f"The output of the code above. {code_note(code.split(chr(10)))}".strip()
+
+
+# -- cutting a cell into pieces that fit, and packing them into slides ----------------------------
+def _markdown_px(text: str) -> int:
+    text = DETAILS_RE.sub("<details>", text)
+    px, blank = 8, False
+    for line in text.split("\n"):
+        level = len(line) - len(line.lstrip("#")) if line.startswith("#") else 0
+        if level and line[level:level + 1] == " ":
+            px += HEADING_PX.get(level, TEXT_PX)
+        elif not line.strip():
+            px += 0 if blank else 8
+        elif line.lstrip().startswith("|"):     # a table row: its cells wrap
+            px += 0 if set(line.strip()) <= set("|-: ") else 6 + TABLE_PX * max(1, -(-len(line) // TABLE_CHARS))
+        else:
+            px += TEXT_PX * max(1, -(-len(line) // TEXT_CHARS))
+        blank = not line.strip()
+    return px
+
+
+def _lines_px(lines: list[str]) -> int:
+    return LINE_PX * sum(max(1, -(-len(line) // LINE_CHARS)) for line in lines)
+
+
+def _png_size(b64: str) -> tuple[int, int]:
     import base64
     import struct
 
-    head = base64.b64decode(b64[:64])
-    width, height = struct.unpack(">II", head[16:24])
-    return int(height * min(1.0, SLIDE_WIDTH_PX / max(width, 1)))
+    return struct.unpack(">II", base64.b64decode(b64[:64])[16:24])
 
 
 def estimated_height(cell) -> int:
     """The cell's height on the slide, in CSS pixels, from its source and outputs."""
-    kind = _kind(cell)
-    if kind in ("notes", "skip"):
+    if _kind(cell) in ("notes", "skip"):
         return 0
     if cell.cell_type == "markdown":
-        text = DETAILS_RE.sub("<details>", cell.source)
-        px, blank = 8, False
-        for line in text.split("\n"):
-            level = len(line) - len(line.lstrip("#")) if line.startswith("#") else 0
-            if level and line[level:level + 1] == " ":
-                px += HEADING_PX.get(level, TEXT_PX)
-            elif not line.strip():
-                px += 0 if blank else 8
-            elif line.lstrip().startswith("|"):     # a table row: its cells wrap
-                px += 0 if set(line.strip()) <= set("|-: ") else 6 + TABLE_PX * max(1, -(-len(line) // TABLE_CHARS))
-            else:
-                px += TEXT_PX * max(1, -(-len(line) // TEXT_CHARS))
-            blank = not line.strip()
-        return px
+        return _markdown_px(cell.source)
     if cell.cell_type != "code":
         return 0
-    outputs, figures = 0, 0
-    for out in cell.get("outputs", []):
+    atoms = _code_atoms(cell, SLIDE_BUDGET_PX)
+    boxes = len({a["box"] for a in atoms})
+    return sum(a["px"] for a in atoms) + BOX_PX * boxes
+
+
+def _ranges(n: int, levels: list[set[int]], most: int) -> list[tuple[int, int]]:
+    """Lines 0..n as [a, b) ranges: cut at every point of the first level, and a range longer
+    than ``most`` lines again at the next level's points, down to single lines."""
+    def cut(a: int, b: int, level: int) -> list[tuple[int, int]]:
+        if level == len(levels):
+            return [(i, i + 1) for i in range(a, b)]
+        points = [a, *sorted(p for p in levels[level] if a < p < b), b]
+        return [r for x, y in zip(points, points[1:]) for r in ([(x, y)] if y - x <= most else cut(x, y, level + 1))]
+    return cut(0, n, 0)
+
+
+def _code_cuts(lines: list[str]) -> list[set[int]]:
+    """Where code may be cut, coarse to fine: blank lines before a statement, statements, any
+    statement inside a block (indices of the line a piece starts at; comments go with the code
+    under them)."""
+    import ast
+
+    tree = _parse("\n".join(lines))
+    if tree is None:
+        return [{i for i, line in enumerate(lines) if i and not lines[i - 1].strip()}]
+
+    def start(node) -> int:
+        i = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
+        while i and lines[i - 1].lstrip().startswith("#"):
+            i -= 1
+        return i
+    top = {start(n) for n in tree.body}
+    inner = {start(n) for n in ast.walk(tree) if isinstance(n, ast.stmt)}
+    return [{i for i in top if i and not lines[i - 1].strip()}, top, inner]
+
+
+def deck_output_lines(text: str, chars: int = LINE_CHARS) -> list[str]:
+    """Output text as the deck shows it: a line longer than ``chars`` that reads as prose (no
+    columns: no run of two spaces inside it, no │) re-wrapped at word boundaries, with its
+    indent (and a ``--`` or ``#`` comment mark) on every part."""
+    import textwrap
+
+    lines = []
+    for line in ANSI_RE.sub("", text).rstrip("\n").split("\n"):
+        line = line.rstrip()
+        body = line.lstrip()
+        if len(line) > chars and RULE_RE.fullmatch(line) and " " not in body:
+            line = line[:chars]                 # a rule under a title: as wide as the slide
+        if len(line) <= chars or COLUMNS_RE.search(body):
+            lines.append(line)
+            continue
+        indent = line[:len(line) - len(body)]
+        mark = re.match(r"(?:--|#) ", body)
+        follow = indent + (mark.group(0) if mark else "    ")
+        lines += textwrap.wrap(body, chars, initial_indent=indent, subsequent_indent=follow,
+                               break_long_words=False, break_on_hyphens=False)
+    return lines
+
+
+def _break_points(source: str) -> tuple[dict[int, list[tuple[int, int]]], dict[int, int]]:
+    """Per line (from 1), where it may break inside brackets: the column after a comma, or
+    before ``and``/``or``/``for``/``if``/``else`` or ``+`` and comparisons, with the column its
+    rest lines up under; the column its comment starts at; and its one-line string literals."""
+    import io
+    import tokenize
+
+    points: dict[int, list[tuple[int, int]]] = {}
+    comments: dict[int, int] = {}
+    strings: dict[int, list[tuple[int, int, int]]] = {}
+    opened: list[int] = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.start[1]
+            elif tok.type == tokenize.STRING and opened and tok.start[0] == tok.end[0]:
+                strings.setdefault(tok.start[0], []).append((tok.start[1], tok.end[1], opened[-1]))
+            elif tok.type == tokenize.OP and tok.string in "([{":
+                opened.append(tok.end[1])
+            elif tok.type == tokenize.OP and tok.string in ")]}" and opened:
+                opened.pop()
+            elif opened and tok.type == tokenize.OP and tok.string == ",":
+                points.setdefault(tok.end[0], []).append((tok.end[1], opened[-1]))
+            elif opened and (tok.type == tokenize.NAME and tok.string in ("and", "or", "for", "if", "else")
+                             or tok.type == tokenize.OP and tok.string in ("+", "==", "<", "<=", ">", ">=")):
+                points.setdefault(tok.start[0], []).append((tok.start[1], opened[-1]))
+    except (tokenize.TokenError, SyntaxError):
+        return {}, {}, {}
+    return points, comments, strings
+
+
+def _split_string(line: str, chars: int, strings: list[tuple[int, int, int]]) -> list[str]:
+    """``line`` as two lines, a string literal in brackets that crosses ``chars`` cut in two
+    at a space (outside an f-string's braces), or [] when there is no such place."""
+    for start, end, _ in strings:
+        text = line[start:end]
+        prefix = re.match(r"[A-Za-z]*", text).group(0)
+        quote = text[len(prefix)]
+        if start + len(prefix) + 12 >= chars or text[len(prefix):len(prefix) + 3] == quote * 3:
+            continue
+        depth, best = 0, None
+        for i in range(start + len(prefix) + 1, min(end - 1, chars - 1)):
+            depth += {"{": 1, "}": -1}.get(line[i], 0) if "f" in prefix.lower() else 0
+            if line[i] == " " and depth == 0 and line[i - 1] != "\\" and i > start + len(prefix) + 10:
+                best = i + 1
+        if best:
+            rest, align = prefix + quote + line[best:], start      # lined up under the string
+            if align + len(rest) > chars:
+                align = len(line) - len(line.lstrip()) + 4
+            return [line[:best] + quote, " " * align + rest]
+    return []
+
+
+def deck_code(source: str, chars: int = LINE_CHARS) -> str:
+    """Code as the deck shows it, every line within ``chars`` where Python allows: a comment
+    that makes a line too long goes on its own line above it, and a line too long is broken
+    inside its brackets (after a comma, before ``and``/``or``/``for``/``if`` or an operator,
+    or in a string literal, which Python joins again), an ``assert``, ``return`` or assignment
+    put in brackets to be broken so. Nothing else changes: each step must leave the code
+    parsing to the same statements, or it is not taken."""
+    import ast
+    import textwrap
+
+    tree = _parse(source)
+    if tree is None:
+        return source
+    same = ast.dump(tree)
+    stuck: set[str] = set()
+    for _ in range(300):
+        lines = source.split("\n")
+        points, comments, strings = _break_points(source)
+        for n, line in enumerate(lines, 1):
+            if len(line) <= chars or line in stuck:
+                continue
+            indent = line[:len(line) - len(line.lstrip())]
+            fits = [(col, align) for col, align in points.get(n, []) if len(indent) + 8 < col <= chars]
+            split = _split_string(line, chars, strings.get(n, []))
+            wrap = re.match(r"(\s*(?:assert |return |[\w.]+(?:, [\w.]+)* = ))(?![(\[{]).*\S", line)
+            if n in comments:
+                code, comment = line[:comments[n]].rstrip(), line[comments[n]:].lstrip("# ")
+                above = textwrap.wrap(comment, chars - len(indent) - 2, initial_indent=indent + "# ",
+                                      subsequent_indent=indent + "# ", break_long_words=False)
+                lines[n - 1:n] = [*above, code] if code.strip() else above
+            elif fits:
+                col, align = max(fits)
+                rest = line[col:].lstrip()
+                align = align if align + len(rest) <= chars else len(indent) + 4
+                lines[n - 1:n] = [line[:col].rstrip(), " " * align + rest]
+            elif split:
+                lines[n - 1:n] = split
+            elif wrap and n not in points:
+                lines[n - 1] = f"{wrap.group(1)}({line[len(wrap.group(1)):]})"
+            else:
+                stuck.add(line)
+                continue
+            candidate = "\n".join(lines)
+            if _parse(candidate) is None or ast.dump(_parse(candidate)) != same:
+                stuck.add(line)
+                continue
+            source = candidate
+            break
+        else:
+            return source
+    return source
+
+
+def _output_text(out) -> str | None:
+    """An output's text when it is shown as preformatted text, else None (a figure, a table)."""
+    data = out.get("data", {})
+    if out.get("output_type") == "stream":
+        return "".join(out.get("text", ""))
+    if out.get("output_type") == "error":
+        return "\n".join(out.get("traceback", []))
+    if not ({"image/png", "text/html", "image/svg+xml"} & set(data)) and "text/plain" in data:
+        return "".join(data["text/plain"])
+    return None
+
+
+def _code_atoms(cell, budget: int, header: int = 0) -> list[dict]:
+    """A code cell as pieces that may go on different slides: groups of code lines (from line
+    ``header`` on), groups of output lines (rows kept whole: a line that starts with a space
+    goes with the line above it), and figures and tables whole. ``box`` names the box a piece
+    is shown in."""
+    most = max(1, (budget - 2 * BOX_PX - HEADING_PX[2]) // LINE_PX)
+    lines = deck_source(cell.source).split("\n")[header:]
+    atoms = [{"box": "code", "lines": lines[a:b], "px": _lines_px(lines[a:b])}
+             for a, b in (_ranges(len(lines), _code_cuts(lines), most) if "".join(lines).strip() else [])]
+    for k, out in enumerate(cell.get("outputs", [])):
+        text = _output_text(out)
         data = out.get("data", {})
-        if out.get("output_type") == "stream":
-            outputs += 12 + OUT_PX * _wrapped("".join(out.get("text", "")).rstrip("\n"), OUT_CHARS)
-        elif "image/png" in data:
-            figures += min(IMG_MAX_PX, _png_height(data["image/png"])) + 10
-        elif "text/html" in data:
-            outputs += 12 + 31 * "".join(data["text/html"]).count("<tr")
-        elif "text/plain" in data:
-            outputs += 12 + OUT_PX * _wrapped("".join(data["text/plain"]).rstrip("\n"), OUT_CHARS)
-        elif out.get("output_type") == "error":
-            outputs += OUT_MAX_PX
-    code = 12 + CODE_PX * _wrapped(cell.source.rstrip("\n"), CODE_CHARS)
-    if figures:                 # the CSS shows a figure whole, and its code in a smaller box
-        return min(CODE_FIGURE_MAX_PX, code) + 10 + outputs + figures
-    return min(CODE_MAX_PX, code) + 10 + min(OUT_MAX_PX, outputs) + (6 if outputs else 0)
+        if text is None:
+            if "image/png" in data:
+                width, height = _png_size(data["image/png"])
+                px = min(IMG_MAX_PX, int(height * min(1.0, SLIDE_WIDTH_PX / max(width, 1))))
+            else:
+                px = 12 + 33 * "".join(data.get("text/html", "")).count("<tr")
+            atoms.append({"box": k, "out": out, "px": px})
+            continue
+        shown = deck_output_lines(text)
+        head = shown[:2] if len(shown) > 3 and shown[0].strip() and RULE_RE.fullmatch(shown[1]) else []
+        rows = {i for i, line in enumerate(shown) if i and line[:1] not in (" ", "\t")}
+        for a, b in _ranges(len(shown), [rows], most - len(head)):
+            atoms.append({"box": k, "out": out, "lines": shown[a:b], "hdr": head, "first": a == 0,
+                          "px": _lines_px(shown[a:b])})
+    return atoms
+
+
+def _markdown_atoms(cell, budget: int) -> list[dict]:
+    blocks = _split_lists(_split_tables(_markdown_blocks(cell.source), budget - 120), budget - 120)
+    return [{"box": "md", "text": block, "px": _markdown_px(block)} for block in blocks]
 
 
 def _markdown_blocks(source: str) -> list[str]:
@@ -311,19 +647,16 @@ def _markdown_blocks(source: str) -> list[str]:
 
 def _split_tables(blocks: list[str], budget: int) -> list[str]:
     """Blocks, with a table taller than ``budget`` cut into tables that each repeat its header."""
-    import nbformat
-
     result = []
     for block in blocks:
         lines = block.split("\n")
         is_table = len(lines) > 2 and all(line.lstrip().startswith("|") for line in lines)
-        if not is_table or estimated_height(nbformat.v4.new_markdown_cell(block)) <= budget:
+        if not is_table or _markdown_px(block) <= budget:
             result.append(block)
             continue
-        head, rows, current = lines[:2], lines[2:], []
-        for row in rows:
-            trial = nbformat.v4.new_markdown_cell("\n".join([*head, *current, row]))
-            if current and estimated_height(trial) > budget:
+        head, current = lines[:2], []
+        for row in lines[2:]:
+            if current and _markdown_px("\n".join([*head, *current, row])) > budget:
                 result.append("\n".join([*head, *current]))
                 current = []
             current.append(row)
@@ -331,81 +664,268 @@ def _split_tables(blocks: list[str], budget: int) -> list[str]:
     return result
 
 
-def _figures_apart(cell) -> list:
-    """A code cell with figures, as two cells: the code with its text output, and its figures
-    alone (``transient.remove_source``: nbconvert shows no code for it)."""
-    figures = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
-    if not figures:
-        return [cell]
-    text = copy.deepcopy(cell)
-    text.outputs = [o for o in cell.outputs if "image/png" not in o.get("data", {})]
-    figure = copy.deepcopy(cell)
-    figure["id"] = f"{cell.get('id', 'cell')}-figure"
-    figure.outputs = figures
-    figure.metadata["transient"] = {"remove_source": True}
-    figure.metadata["slideshow"] = {"slide_type": "subslide"}
-    return [text, figure]
+def _split_lists(blocks: list[str], budget: int) -> list[str]:
+    """Blocks, with a list taller than ``budget`` cut between its items."""
+    result = []
+    for block in blocks:
+        lines = block.split("\n")
+        items = [i for i, line in enumerate(lines) if LIST_ITEM_RE.match(line)]
+        if _markdown_px(block) <= budget or not items or items[0] != 0:
+            result.append(block)
+            continue
+        current: list[str] = []
+        for a, b in zip(items, [*items[1:], len(lines)]):
+            if current and _markdown_px("\n".join([*current, *lines[a:b]])) > budget:
+                result.append("\n".join(current))
+                current = []
+            current += lines[a:b]
+        result.append("\n".join(current))
+    return result
 
 
-def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
-    """A copy of ``nb`` in which a slide whose cells would not fit the canvas goes on as a
-    slide below it (reveal.js: a vertical subslide), and a markdown cell taller than a slide is
-    cut at paragraph breaks."""
+def _opens(part: list[dict], atom: dict) -> int:
+    """What an atom adds to a part besides its own lines: a new box's padding, and the header
+    of an output that goes on from the slide before."""
+    if part and part[-1]["box"] == atom["box"]:
+        return 0
+    return BOX_PX + (0 if atom.get("first", True) else _lines_px(atom.get("hdr", [])))
+
+
+def _part_px(part: list[dict]) -> int:
+    return sum(a["px"] + _opens(part[:k], a) for k, a in enumerate(part))
+
+
+def _part_cell(cell, atoms: list[dict], n: int, starts: bool):
+    """One slide's share of ``cell``: the atoms' markdown, or code and outputs (an output that
+    goes on from the slide before repeats its header)."""
+    part = copy.deepcopy(cell)
+    if cell.cell_type == "markdown":
+        part.source = "\n\n".join(a["text"] for a in atoms)
+    else:
+        part.source = "\n".join(line for a in atoms if a["box"] == "code" for line in a["lines"])
+        groups: list[list[dict]] = []
+        for a in atoms:
+            if a["box"] != "code":
+                if groups and groups[-1][0]["box"] == a["box"]:
+                    groups[-1].append(a)
+                else:
+                    groups.append([a])
+        part.outputs = [g[0]["out"] if "lines" not in g[0] else
+                        _text_output(g[0]["out"], ([] if g[0]["first"] else g[0].get("hdr", []))
+                                     + [line for a in g for line in a["lines"]]) for g in groups]
+        if not part.source.strip():
+            part.metadata["transient"] = {"remove_source": True}
+    if starts and _kind(cell) != "slide":
+        part.metadata["slideshow"] = {"slide_type": "subslide"}
+    if n:
+        part["id"] = f"{cell.get('id', 'cell')}-{n}"
+    return part
+
+
+def _text_output(out, lines: list[str]):
+    """``out`` showing ``lines`` as its text."""
     import nbformat
 
+    text = "\n".join(lines) + "\n"
+    if out.get("output_type") == "stream":
+        return nbformat.v4.new_output("stream", name=out.get("name", "stdout"), text=text)
+    return nbformat.v4.new_output("display_data", data={"text/plain": text})
+
+
+def _is_heading_only(cell) -> bool:
+    return cell.cell_type == "markdown" and bool(HEADING_ONLY_RE.fullmatch(cell.source.strip()))
+
+
+def deck_cells(nb: NotebookNode) -> NotebookNode:
+    """A copy of ``nb`` as the deck shows it: setup cells and cells of asserts without output
+    left out (their asserts become a note on the slide before: "The cell under this asserts:
+    ..."), ``# NBVAL_*`` lines taken out of the code, and a heading alone on its slide joined to
+    the slide after it."""
+    from .nbtools import add_slide_metadata
+
     nb = copy.deepcopy(nb)
+    add_slide_metadata(nb)
     cells = []
     for cell in nb.cells:
-        if cell.cell_type == "markdown" and _kind(cell) not in ("notes", "skip") and estimated_height(cell) > budget:
-            parts, current = [], []
-            for block in _split_tables(_markdown_blocks(cell.source), budget - 120):
-                trial = nbformat.v4.new_markdown_cell("\n\n".join([*current, block]))
-                if current and estimated_height(trial) > budget:
-                    parts.append(current)
-                    current = []
-                current.append(block)
-            parts.append(current)
-            for n, blocks in enumerate(parts):
-                part = copy.deepcopy(cell)
-                part.source = "\n\n".join(blocks)
-                if n:
-                    part.metadata["slideshow"] = {"slide_type": "subslide"}
-                    part["id"] = f"{cell.get('id', 'cell')}-{n}"
-                cells.append(part)
-        elif cell.cell_type == "code" and estimated_height(cell) > budget:
-            cells.extend(_figures_apart(cell))
-        else:
-            cells.append(cell)
-    used = 0
-    for cell in cells:
-        height = estimated_height(cell)
-        if _kind(cell) in ("slide", "subslide"):
-            used = height
-        elif used and used + height > budget and height:
-            cell.metadata["slideshow"] = {"slide_type": "subslide"}
-            used = height
-        else:
-            used += height
+        if cell.cell_type == "code" and _kind(cell) != "skip" and (is_setup_cell(cell) or is_assert_only(cell)):
+            if is_assert_only(cell):
+                cells.append(_note("The cell under this asserts: " + "; ".join(assert_checks(cell.source)) + "."))
+            cell.metadata.setdefault("slideshow", {})["slide_type"] = "skip"
+        elif cell.cell_type == "code":
+            cell.source = deck_source(cell.source)
+        cells.append(cell)
+    shown = [c for c in cells if _kind(c) not in ("notes", "skip")]
+    for cell, after in zip(shown, shown[1:]):
+        if _is_heading_only(cell) and _kind(after) == "subslide":
+            after.metadata["slideshow"] = {"slide_type": "-"}
     nb.cells = cells
     return nb
 
 
+def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
+    """A copy of ``nb`` in which whatever does not fit its slide goes on in a slide below it
+    (reveal.js: a vertical subslide): markdown cut at paragraphs, code at blank lines and
+    statements (a long comment header goes to the speaker notes instead), output at whole rows
+    repeating its header; an introduction goes along with the code it introduces, and a figure
+    too tall for the room left gets a slide of its own. Every slide with content gets a note
+    saying what to point at."""
+    nb = copy.deepcopy(nb)
+    out: list = []          # the deck's cells ...
+    px: list[int] = []      # ... their heights ...
+    notes: list[str] = []   # ... and what to point at in each
+    start = used = 0        # where the current slide starts in ``out``, and its height so far
+    intro, cells = "", nb.cells
+
+    def place(cell, height: int, note: str = "") -> None:
+        nonlocal start, used
+        if _kind(cell) in ("slide", "subslide"):
+            start, used = len(out), 0
+        out.append(cell)
+        px.append(height)
+        notes.append(note)
+        used += height
+
+    def pull_back(code: bool) -> list[int] | None:
+        """What goes along to a new slide with the next cell: a heading alone and, before code,
+        the introduction to it; None when only a heading would stay behind."""
+        i, took_intro = len(out), False
+        while i > start:
+            prev = out[i - 1]
+            if _kind(prev) in ("notes", "skip") or _is_heading_only(prev):
+                i -= 1
+            elif code and not took_intro and prev.cell_type == "markdown" and px[i - 1] <= budget // 3:
+                i, took_intro = i - 1, True
+            else:
+                break
+        while i < len(out) and _kind(out[i]) in ("notes", "skip"):
+            i += 1
+        stays = [c for c in out[start:i] if _kind(c) not in ("notes", "skip")]
+        if i < len(out) and (not stays or all(_is_heading_only(c) for c in stays)):
+            return None
+        return list(range(i, len(out)))
+
+    first_at = 0            # where the last cell's first part is in ``out``
+    for cell in cells:
+        if cell.metadata.get("claimlab", {}).get("note") == "first slide" and first_at < len(out) - 1:
+            out.insert(first_at + 1, cell)
+            px.insert(first_at + 1, 0)
+            notes.insert(first_at + 1, "")
+            start += start > first_at
+            continue
+        if _kind(cell) in ("notes", "skip") or cell.cell_type not in ("markdown", "code"):
+            place(cell, 0)
+            continue
+        first_at = len(out)
+        header, checks = 0, []
+        if cell.cell_type == "code":
+            lines = cell.source.split("\n")
+            while header < len(lines) and lines[header].startswith("#"):
+                header += 1
+            if header == len(lines) or not (header >= 3 or header and estimated_height(cell) > budget):
+                header = 0
+            atoms = _code_atoms(cell, budget, header)
+            checks = assert_checks(cell.source)
+        else:
+            atoms = _markdown_atoms(cell, budget)
+        if _kind(cell) in ("slide", "subslide"):
+            start, used = len(out), 0
+
+        def note_for(part: list[dict], first: bool) -> str:
+            if cell.cell_type == "markdown":
+                return key_sentence("\n\n".join(a["text"] for a in part))
+            code = [line for a in part if a["box"] == "code" for line in a["lines"]]
+            said = [code_note(code, cell.source.split("\n")[:header] if first else []) if code else "",
+                    output_note(checks, intro, cell.source) if any(a["box"] != "code" for a in part) else ""]
+            return " ".join(s for s in said if s)
+
+        part: list[dict] = []
+        n, starts, filled, queue = 0, False, used, list(atoms)
+        while queue:
+            atom = queue.pop(0)
+            need = atom["px"] + _opens(part, atom)
+            if filled + need > budget and (part or filled):
+                if part:                    # the cell goes on in a slide below
+                    place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n == 0))
+                    n, part, starts, filled = n + 1, [], True, 0
+                    need = atom["px"] + _opens(part, atom)
+                else:
+                    tail = pull_back(cell.cell_type == "code")
+                    if tail is None:        # a heading (and introduction) alone: fill the room
+                        room = (budget - filled - _opens(part, atom)) // LINE_PX
+                        if "lines" in atom and 0 < room < len(atom["lines"]):
+                            rest = dict(atom, lines=atom["lines"][room:], first=False)
+                            atom = dict(atom, lines=atom["lines"][:room])
+                            rest["px"], atom["px"] = _lines_px(rest["lines"]), _lines_px(atom["lines"])
+                            queue.insert(0, rest)
+                            need = atom["px"] + _opens(part, atom)
+                    elif tail:              # the introduction goes along to a new slide
+                        moved = [(out[j], px[j], notes[j]) for j in tail]
+                        del out[tail[0]:], px[tail[0]:], notes[tail[0]:]
+                        shown = next(c for c, _, _ in moved if _kind(c) not in ("notes", "skip"))
+                        shown.metadata["slideshow"] = {"slide_type": "subslide"}
+                        for moved_cell, height, note in moved:
+                            place(moved_cell, height, note)
+                        filled = used
+                    else:                   # a new slide starts with this cell
+                        starts, filled = True, 0
+            part.append(atom)
+            filled += need
+        if part:
+            place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n == 0))
+        elif not atoms:
+            place(cell, 0)
+        if cell.cell_type == "markdown" and not _is_heading_only(cell):
+            intro = last_sentence(cell.source)
+        elif cell.cell_type == "code":
+            intro = ""
+    # every slide with content: a note on what to point at
+    cells_out, slide = [], []
+    for cell, note in [*zip(out, notes), (None, "")]:
+        if cell is None or (_kind(cell) in ("slide", "subslide") and slide):
+            said = list(dict.fromkeys(s for _, s in slide if s))[:3]
+            cells_out += [c for c, _ in slide]
+            if said:
+                cells_out.append(_note(" ".join(said)))
+            slide = []
+        if cell is not None:
+            slide.append((cell, note))
+    nb.cells = cells_out
+    return nb
+
+
 def deck_notebook(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
-    """What ``labkit slides`` renders: the notebook with speaker notes, its slides fitted."""
-    return fit_slides(speaker_notes(nb, guide))
+    """What ``labkit slides`` renders: the notebook as its deck shows it, with speaker notes,
+    its slides fitted to the canvas."""
+    return fit_slides(speaker_notes(deck_cells(nb), guide))
 
 
 # -- the decks in a real browser -------------------------------------------------------------------
 CHECK_WIDTH, CHECK_HEIGHT = 1280, 720
+MIN_TEXT_PX = 20
+# What the check measures on every slide, in the order it reports them.
+KINDS = {"hidden": "content hidden (scrolls, or the slide is too tall)",
+         "wrapped": "preformatted text wrapped (a line wider than its box)",
+         "small text": f"text under {MIN_TEXT_PX} px",
+         "shrunk figure": "a figure shown smaller than it could be",
+         "no notes": "a slide with content and no speaker notes"}
 
-# Run in the deck: visit every slide through Reveal's API and measure it where it is shown.
+# Run in the deck: visit every slide through Reveal's API and measure what is shown there.
 _MEASURE_JS = """
 (() => {
   Reveal.configure({transition: 'none', backgroundTransition: 'none'});
   const view = Reveal.getComputedSlideSize().height;
-  const heading = (s) => { const h = s.querySelector('h1, h2, h3, h4'); return h ? h.textContent.replace(/\\u00b6/g, '').trim() : ''; };
+  const MIN_PX = %(min_px)d;
+  const clean = (t) => t.replace(/\\u00b6/g, '').replace(/\\s+/g, ' ').trim();
+  const heading = (s) => { const h = s.querySelector('h1, h2, h3, h4'); return h ? clean(h.textContent) : ''; };
+  const shown = (el) => !el.closest('aside.notes');
+  const name = (el) => {
+    const box = el.closest('.jp-InputArea-editor, .jp-OutputArea-output, .jp-RenderedHTMLCommon, table, pre');
+    const what = !box ? el.tagName.toLowerCase() : box.closest('.jp-InputArea-editor') ? 'code'
+               : box.closest('.jp-OutputArea-output') ? 'output' : box.tagName === 'TABLE' ? 'table' : 'text';
+    return what + ' "' + clean(el.textContent).slice(0, 50) + '"';
+  };
   const found = [];
-  let lastHeading = '', n = 0;
+  let lastHeading = '', n = 0, chars = 0, small = 0;
   Reveal.getHorizontalSlides().forEach((top, h) => {
     const stack = top.querySelectorAll(':scope > section');
     const count = stack.length || 1;
@@ -414,20 +934,69 @@ _MEASURE_JS = """
       const s = Reveal.getCurrentSlide();
       n += 1;
       const own = heading(s);
-      const fixed = s.style.height;           // the content's own height, not the slide box's
+      if (own) lastHeading = own;
+      const problems = [];
+      const add = (kind, what, more) => {
+        const p = problems.find((q) => q.kind === kind);
+        if (p) p.more += 1; else problems.push({kind: kind, what: what, more: 0});
+      };
+      const fixed = s.style.height;            // the content's own height, not the slide box's
       s.style.height = 'auto';
       const content = Math.max(s.scrollHeight, s.offsetHeight);
       s.style.height = fixed;
-      if (own) lastHeading = own;
+      if (content > view) add('hidden', `${content} px of content in a ${view} px slide`);
+      const els = Array.from(s.querySelectorAll('*')).filter(shown);
+      for (const el of els) {
+        const cs = getComputedStyle(el);
+        const clips = (o) => /auto|scroll|hidden/.test(o);
+        if (clips(cs.overflowY) && el.scrollHeight > el.clientHeight + 1)
+          add('hidden', `${name(el)} shows ${el.clientHeight} of ${el.scrollHeight} px (it scrolls)`);
+        else if (clips(cs.overflowX) && el.scrollWidth > el.clientWidth + 1)
+          add('hidden', `${name(el)} shows ${el.clientWidth} of ${el.scrollWidth} px wide (it scrolls)`);
+      }
+      for (const pre of els.filter((el) => el.tagName === 'PRE')) {
+        const was = pre.style.whiteSpace;
+        pre.style.whiteSpace = 'pre';
+        const wide = pre.scrollWidth, box = pre.clientWidth;
+        pre.style.whiteSpace = was;
+        if (wide > box + 1) {
+          const longest = pre.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+          add('wrapped', `${name(pre)}: a line of ${longest.length} characters needs ${wide} of ${box} px ("${clean(longest).slice(0, 40)}")`);
+        }
+      }
+      const walk = document.createTreeWalker(s, NodeFilter.SHOW_TEXT);
+      for (let t = walk.nextNode(); t; t = walk.nextNode()) {
+        const text = t.textContent.trim();
+        if (!text || !shown(t.parentElement)) continue;
+        const range = document.createRange();
+        range.selectNodeContents(t);
+        if (!range.getClientRects().length) continue;      // not rendered (a closed <details>)
+        const px = parseFloat(getComputedStyle(t.parentElement).fontSize);
+        chars += text.length;
+        if (px < MIN_PX) {
+          small += text.length;
+          add('small text', `${px} px: ${name(t.parentElement)}`);
+        }
+      }
+      for (const img of els.filter((el) => el.tagName === 'IMG' && el.naturalWidth)) {
+        const r = img.getBoundingClientRect();
+        const room = view - content;
+        const fits = Math.min(img.naturalWidth, img.parentElement.clientWidth,
+                              (r.height + room) * img.naturalWidth / img.naturalHeight);
+        if (r.width < img.naturalWidth - 1 && fits > r.width + Math.max(2, r.width / 100))
+          add('shrunk figure', `a ${img.naturalWidth}×${img.naturalHeight} figure shown at ${Math.round(r.width)}×${Math.round(r.height)} with ${room} px free below it`);
+      }
+      const content_ = els.some((el) => /^(P|LI|PRE|IMG|TABLE|BLOCKQUOTE|DETAILS)$/.test(el.tagName));
+      if (content_ && !s.querySelector('aside.notes'))
+        add('no notes', 'a slide with content and no speaker notes');
       found.push({n: n, h: h, v: v, heading: own || (lastHeading ? lastHeading + ' (continued)' : ''),
-                  height: content, view: view,
-                  notes: !!s.querySelector('aside.notes')});
+                  height: content, view: view, problems: problems});
     }
   });
   Reveal.slide(0, 0);
-  return found;
+  return {slides: found, chars: chars, small: small};
 })()
-"""
+""" % {"min_px": MIN_TEXT_PX}
 
 
 class DeckReport:
@@ -436,24 +1005,45 @@ class DeckReport:
     def __init__(self):
         self.slides: dict[str, list[dict]] = {}
         self.problems: list[str] = []
+        self.counts: dict[str, dict[str, int]] = {}
+        self.chars = self.small_chars = 0
         self.seconds = 0.0
+
+    def add(self, deck: str, found: dict) -> None:
+        self.slides[deck] = found["slides"]
+        self.chars += found["chars"]
+        self.small_chars += found["small"]
+        counts = self.counts.setdefault(deck, dict.fromkeys(KINDS, 0))
+        for s in found["slides"]:
+            for p in s["problems"]:
+                counts[p["kind"]] += 1
+                more = f" (and {p['more']} more)" if p["more"] else ""
+                self.problems.append(f"{deck}: slide {s['n']} (#/{s['h']}/{s['v']}, \"{s['heading'][:60]}\") "
+                                     f"{p['kind']}: {p['what']}{more}")
+
+    def deck_lines(self) -> list[str]:
+        """Per deck, how many slides it has and how many of them show each kind of problem."""
+        return [f"{deck}: {len(self.slides[deck])} slides · "
+                + " · ".join(f"{kind} {n}" for kind, n in counts.items()) for deck, counts in self.counts.items()]
+
+    def totals(self) -> dict[str, int]:
+        return {kind: sum(c[kind] for c in self.counts.values()) for kind in KINDS}
 
     def summary(self) -> str:
         total = sum(len(s) for s in self.slides.values())
-        tallest = max(((d, s) for d, ss in self.slides.items() for s in ss), key=lambda x: x[1]["height"],
-                      default=None)
-        line = (f"slides --check: {len(self.slides)} decks, {total} slides at {CHECK_WIDTH}×{CHECK_HEIGHT}, "
-                f"{len(self.problems)} problem(s), {self.seconds:.0f} s")
-        if tallest:
-            d, s = tallest
-            line += f"; tallest: {d} slide {s['n']} ({s['height']} of {s['view']} px)"
-        return line
+        kinds = " · ".join(f"{kind} {n}" for kind, n in self.totals().items())
+        share = 100 * self.small_chars / (self.chars or 1)
+        return (f"slides --check: {len(self.slides)} decks, {total} slides at {CHECK_WIDTH}×{CHECK_HEIGHT}, "
+                f"{len(self.problems)} problem(s) ({kinds}; {share:.0f} % of the text under {MIN_TEXT_PX} px), "
+                f"{self.seconds:.0f} s")
 
 
 def check_decks(decks: list[Path], width: int = CHECK_WIDTH, height: int = CHECK_HEIGHT) -> DeckReport:
-    """Open every slide of every deck in headless Chromium at ``width``×``height``; a problem
-    for each slide taller than the view (code and output boxes that scroll count at their
-    shown size) and for each console error."""
+    """Open every slide of every deck in headless Chromium at ``width``×``height`` and measure
+    what a person sees there: a problem for each slide with content hidden (a box that scrolls,
+    or content taller than the slide), preformatted text wrapped, text under 20 px, a figure
+    shown smaller than the slide has room for, or content without speaker notes; and for each
+    console error."""
     import time
 
     from .browser import Browser
@@ -468,13 +1058,7 @@ def check_decks(decks: list[Path], width: int = CHECK_WIDTH, height: int = CHECK
                 report.problems.append(f"{deck.name}: reveal.js did not start")
                 report.slides[deck.name] = []
                 continue
-            found = browser.evaluate(_MEASURE_JS)
-            report.slides[deck.name] = found
-            for s in found:
-                if s["height"] > s["view"]:
-                    report.problems.append(
-                        f"{deck.name}: slide {s['n']} (#/{s['h']}/{s['v']}, \"{s['heading'][:60]}\") does not "
-                        f"fit: {s['height']} px of content in a {s['view']} px slide")
+            report.add(deck.name, browser.evaluate(_MEASURE_JS))
             for error in errors + [e for e in browser.errors() if e not in errors]:
                 report.problems.append(f"{deck.name}: {error}")
     report.seconds = time.monotonic() - started
@@ -482,13 +1066,24 @@ def check_decks(decks: list[Path], width: int = CHECK_WIDTH, height: int = CHECK
 
 
 # -- book -----------------------------------------------------------------------------------
-def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", execute: bool = True,
+# Where an exercise starts: its bold label, or a section heading that names it.
+EXERCISE_RE = re.compile(r"\*\*Exercise\b|#{2,3} .*\bExercise\b")
+
+
+def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", execute: bool = False,
          quiet: bool = False) -> list[Path]:
+    """The handouts in ``out``: per notebook the full page (``NN.html``) and a one-page
+    summary beside it (``NN.summary.html``), and an index of both; returns the full pages.
+    They are made from the committed outputs, a full run that nbval checks, which needs no
+    server and no kernel; with ``execute``, each notebook is first run afresh."""
     needs_slides_extra("book")
+    import contextlib
+
     import nbformat
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 
+    from .nbtools import run_notebook
 
     notebooks = _notebooks(paths)   # every input checked before anything is written
     out.mkdir(parents=True, exist_ok=True)
@@ -497,33 +1092,85 @@ def book(paths: list[str] | None = None, out: Path = ROOT / "build" / "book", ex
     # The kernels get their own lab schemas (LABKIT_USER), so building the handouts never
     # resets the schemas of the notebooks you have open.
     bar = tqdm(notebooks, desc="book", unit="notebook", disable=quiet)
-    with lab_user(f"{current_user_tag()}_book"):
+    with lab_user(f"{current_user_tag()}_book") if execute else contextlib.nullcontext():
         for path in bar:
             bar.set_postfix_str(path.stem)
             nb = nbformat.read(path, as_version=4)
             if execute:
-                from nbclient import NotebookClient
-
-                NotebookClient(nb, timeout=600, kernel_name="python3",
-                               resources={"metadata": {"path": str(path.parent)}}).execute()
+                run_notebook(nb, path.parent)
                 clean(nb)
-            body, _ = exporter.from_notebook_node(nb)
-            dest = out / (path.stem + ".html")
-            dest.write_text(body)
-            written.append(dest)
+            title = nb.metadata.get("claimlab", {}).get("title") or path.stem
+            for page, suffix, name in ((nb, ".html", title),
+                                       (summary_notebook(nb, path.stem), ".summary.html", f"{title} — summary")):
+                body, _ = exporter.from_notebook_node(page, resources={"metadata": {"name": name}})
+                (out / (path.stem + suffix)).write_text(body)
+            written.append(out / (path.stem + ".html"))
     _index(out, [(p, p.stem + ".html") for p in notebooks], "Claim Lab — handouts",
-           "Each page is a notebook run from top to bottom on a real PostgreSQL server.")
+           "Each page is a notebook run from top to bottom on a real PostgreSQL server. Beside it, "
+           "one page to hand out: the sections, the interview boxes and the exercises, without "
+           "their answers.", summaries=True)
     return written
 
 
-def _index(out: Path, entries: list[tuple[Path, str]], title: str, blurb: str) -> Path:
+def _markdown_parts(nb: NotebookNode) -> list[str]:
+    """The notebook's markdown, cut where a heading, an interview box or an exercise starts."""
+    from .nbtools import split_points
+
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            lines = cell.source.split("\n")
+            bounds = [0, *split_points(cell.source), len(lines)]
+            parts += ["\n".join(lines[a:b]).strip() for a, b in zip(bounds, bounds[1:])]
+    return parts
+
+
+def summary_notebook(nb: NotebookNode, stem: str) -> NotebookNode:
+    """One page for the notebook ``stem``: its title, what it teaches, its minutes, its
+    section headings, every "Say it in an interview" box and every exercise's prompt. No
+    answer: a prompt ends where its ``<details>`` answer begins."""
+    import nbformat
+
+    meta = nb.metadata.get("claimlab", {})
+    sections, boxes, prompts = [], [], []
+    for part in _markdown_parts(nb):
+        first, _, rest = part.partition("\n")
+        if first.startswith("## "):
+            sections.append(f"- {first[3:].strip()}")
+        if first.startswith("> **Say it in an interview"):
+            lines = part.split("\n")
+            quoted = next((i for i, line in enumerate(lines) if not line.startswith(">")), len(lines))
+            boxes.append("\n".join(lines[:quoted]))
+        elif EXERCISE_RE.match(first):
+            heading = first.lstrip("#").strip() if first.startswith("#") else ""
+            prompt = re.split(r"<details", rest if heading else part, maxsplit=1, flags=re.I)[0].strip()
+            prompts.append(f"**{heading}.** {prompt}" if heading else prompt)
+    about = [meta.get("teaches", ""), f"{meta['minutes']} minutes" if meta.get("minutes") else "",
+             f"[the full handout]({stem}.html)"]
+    text = [f"# {meta.get('title') or stem}\n\n" + " · ".join(filter(None, about))]
+    if sections:
+        text.append("## Sections\n\n" + "\n".join(sections))
+    if boxes:
+        text.append("## Say it in an interview\n\n" + "\n\n".join(boxes))
+    if prompts:
+        text.append("## Exercises\n\nThe answers are in the full handout.\n\n" + "\n\n".join(prompts))
+    page = nbformat.v4.new_notebook(metadata=copy.deepcopy(nb.metadata))
+    page.cells = [nbformat.v4.new_markdown_cell(t) for t in text]
+    return page
+
+
+def _index(out: Path, entries: list[tuple[Path, str]], title: str, blurb: str,
+           summaries: bool = False) -> Path:
+    """``out/index.html``: a row per page; with ``summaries``, a link to each one-page summary."""
     rows = []
     total = 0
     for path, href in entries:
         meta = _meta(path)
         minutes = meta.get("minutes", "")
         total += minutes if isinstance(minutes, int) else 0
-        rows.append(f"<tr><td><a href=\"{html.escape(href)}\">{html.escape(path.stem)}</a></td>"
+        summary = (f"<td><a href=\"{html.escape(path.stem)}.summary.html\">one page</a></td>"
+                   if summaries else "")
+        rows.append(f"<tr><td><a href=\"{html.escape(href)}\">{html.escape(path.stem)}</a></td>{summary}"
                     f"<td>{html.escape(meta.get('title', ''))}</td><td>{minutes} min</td>"
                     f"<td>{html.escape(meta.get('teaches', ''))}</td></tr>")
     page = f"""<!DOCTYPE html>
@@ -531,7 +1178,7 @@ def _index(out: Path, entries: list[tuple[Path, str]], title: str, blurb: str) -
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}}
 td,th{{padding:4px 10px;text-align:left;vertical-align:top}} tr:nth-child(even){{background:#f4f4f4}}</style>
 </head><body><h1>{html.escape(title)}</h1><p>{html.escape(blurb)}</p>
-<table><thead><tr><th>notebook</th><th>title</th><th>time</th><th>what it teaches</th></tr></thead>
+<table><thead><tr><th>notebook</th>{'<th>summary</th>' if summaries else ''}<th>title</th><th>time</th><th>what it teaches</th></tr></thead>
 <tbody>{''.join(rows)}</tbody></table><p>In all: {total} minutes.</p></body></html>
 """
     dest = out / "index.html"
@@ -540,21 +1187,30 @@ td,th{{padding:4px 10px;text-align:left;vertical-align:top}} tr:nth-child(even){
 
 
 # -- student copies ------------------------------------------------------------------------------
+# What a student copy runs instead of a code cell with one of these tags: ``solution``, the
+# code the learner is to write; ``answer``, a cell that gives an exercise's answer away (it
+# prints the answer's file, asserts the expected result, or holds the solution). Both
+# placeholders are comments: running them does nothing, so the cells after them still run.
+BLANKED = {"solution": "# Your answer here\n",
+           "answer": "# Answer: in the instructor's copy, notebooks/{name}.\n"}
+
+
 def is_exercise_notebook(nb: NotebookNode) -> bool:
     return any(ANSWER_RE.search(c.source) for c in nb.cells if c.cell_type == "markdown") or any(
-        "solution" in c.metadata.get("tags", []) for c in nb.cells)
+        BLANKED.keys() & set(c.metadata.get("tags", [])) for c in nb.cells)
 
 
 def student_copy(nb: NotebookNode, name: str) -> NotebookNode:
-    """The notebook without solutions or outputs: hidden answers and cells tagged
-    ``solution`` are replaced by placeholders."""
+    """The notebook without solutions or outputs: hidden answers and code cells tagged
+    ``solution`` or ``answer`` are replaced by placeholders (:data:`BLANKED`)."""
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = ANSWER_RE.sub(ANSWER_PLACEHOLDER.format(name=name), cell.source)
         elif cell.cell_type == "code":
-            if "solution" in cell.metadata.get("tags", []):
-                cell.source = "# Your answer here\n"
+            tag = next((t for t in BLANKED if t in cell.metadata.get("tags", [])), None)
+            if tag:
+                cell.source = BLANKED[tag].format(name=name)
             cell.outputs = []
             cell.execution_count = None
     nb.metadata.setdefault("claimlab", {})["student_copy_of"] = name
@@ -592,10 +1248,15 @@ def student_copies(check: bool = False, quiet: bool = False) -> list[str]:
 
 
 # -- command line -------------------------------------------------------------------------------------
-def slides_command(*, notebooks: list[str], out: Path, check: bool = False) -> int:
+def slides_command(*, notebooks: list[str], out: Path, check: bool = False, plan_deck=None) -> int:
     """``labkit slides [NOTEBOOK ...] [--out DIR] [--check]``: with ``check``, open every slide
-    of every deck in headless Chromium at 1280×720; exit 1 naming each slide that does not fit
-    and each console error, 2 when no Chromium is installed."""
+    of every deck in headless Chromium at 1280×720 (``check_decks``); print per deck how many
+    slides show each kind of problem, and exit 1 naming each problem (deck, slide, heading,
+    what), 2 when no Chromium is installed. ``--plan``: ``plan_deck(out, quiet)`` builds the
+    plan's one deck instead (``labkit.tools.plans.plan_builder``)."""
+    if plan_deck and notebooks:
+        raise LabkitError("`labkit slides --plan` builds the plan's own deck and takes no notebooks.",
+                          "drop the notebook names, or --plan.")
     if check:
         import importlib.util
 
@@ -605,19 +1266,21 @@ def slides_command(*, notebooks: list[str], out: Path, check: bool = False) -> i
             raise LabkitError("`labkit slides --check` needs websocket-client, which is not installed.",
                               "pip install 'labkit[slides]' (a checkout: pip install -e '.[slides]').")
         find_chromium()             # no browser: say so (exit 2) before building anything
-    decks = slides(notebooks, out, quiet=check)
+    decks = plan_deck(out, check) if plan_deck else slides(notebooks, out, quiet=check)
     if not check:
-        print(f"open {out / 'index.html'}")
+        print(f"open {decks[0] if plan_deck else out / 'index.html'}")
         return 0
     report = check_decks(decks)
     for line in report.problems:
         print(line, file=sys.stderr)
+    print("\n".join(report.deck_lines()))
     print(report.summary())
     return 1 if report.problems else 0
 
 
 def book_command(*, notebooks: list[str], out: Path, execute: bool) -> int:
-    """``labkit book [NOTEBOOK ...] [--out DIR] [--no-execute]``"""
+    """``labkit book [NOTEBOOK ...] [--out DIR] [--execute]``: the handouts from the committed
+    outputs; with ``execute``, from a fresh run of each notebook."""
     book(notebooks, out, execute=execute)
     print(f"open {out / 'index.html'}")
     return 0
