@@ -621,15 +621,16 @@ def build_parser() -> argparse.ArgumentParser:
                  lambda a: drill.drill_command(what="quiz", topic=a.topic, key=not a.no_key))
     p.add_argument("--topic")
     p.add_argument("--no-key", action="store_true", help="leave out the answers")
-    p = _command(drills, "capstone", "print the capstone card: the seed question, its rubric by level "
-                 "and deductions, or its layered answer",
+    p = _command(drills, "capstone", "print the capstone card: the seed question, its 20-second answer, "
+                 "the layered model answer beside its rubric, the 0-4 scale and the deductions",
                  lambda a: drill.drill_command(what="capstone", level=a.level, follow_ups=a.follow_ups))
     p.add_argument("--level", choices=drill.LEVELS,
-                   help="print the layered answer from junior up to this level instead of the rubric")
+                   help="print the layered answer and rubric from junior up to this level only")
     p.add_argument("--follow-ups", action="store_true",
                    help="add the follow-ups an interviewer chains from it, with their answers")
-    p = _command(drills, "mock", "a timed mock interview: a question, its follow-ups one at a time, "
-                 "then score yourself 0-3; --report: your average per topic",
+    p = _command(drills, "mock", "a timed mock interview: a question, its follow-ups one at a time "
+                 "against a ticking clock, then score yourself (0-3, the capstone 0-4); --report: your "
+                 "average per topic",
                  lambda a: interview.mock_command(minutes=a.minutes, level=a.level, topic=a.topic, seed=a.seed,
                                                   scores=a.scores, show_report=a.report))
     p.add_argument("--minutes", type=float, default=20, help="the time you give yourself (default 20)")

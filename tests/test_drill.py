@@ -59,6 +59,57 @@ def test_the_bank_has_enough_questions_at_every_level_for_every_notebook(bank):
         assert q.notebook in drill.NOTEBOOKS, q.id
 
 
+def _headings(notebook: str) -> set[str]:
+    """The section headings of a notebook, with and without their number ("1 · The …")."""
+    cells = json.loads((NOTEBOOK_DIR / notebook).read_text())["cells"]
+    found = {line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+             for line in "".join(c["source"]).splitlines() if re.match(r"##+ ", line)}
+    return found | {h.split(" · ", 1)[-1] for h in found}
+
+
+def test_every_answer_is_said_by_a_candidate_and_its_evidence_is_a_real_section(bank, card):
+    """What a candidate says names no notebook, no § and not the workbook or the lab, and is
+    in the first person (the rule of the header of questions.yaml); the evidence sits in
+    shown_in, and every section it names is a heading of that notebook."""
+    said = [(f"{q.id} {name}", getattr(q, name)) for q in bank.questions for name in ("answer_20s", "answer_60s")]
+    said += [(f"capstone {x.level}", x.answer) for x in card.layers] + [("capstone 20 s", card.answer_20s)]
+    for where, text in said:
+        assert drill.sayable_problems(where, text) == [], (where, text)
+        assert not re.search(r"notebook|workbook|§|\bthe lab\b", text, re.I), where
+    for q in bank.questions:
+        assert all(not drill.NOT_SAYABLE.search(f.answer) for f in q.follow_ups), q.id
+        assert q.shown_in, q.id
+        for e in q.shown_in:
+            assert e.notebook in drill.NOTEBOOKS and (NOTEBOOK_DIR / e.notebook).exists(), q.id
+            assert e.section in _headings(e.notebook) or e.section.split(" · ", 1)[-1] in _headings(e.notebook), \
+                (q.id, e.notebook, e.section)
+    moved = [q for q in bank.questions if any(e.shows for e in q.shown_in)]
+    assert len(moved) >= 46                              # the narration moved out of the answers
+    assert "I'd" in bank["q13"].answer_20s + bank["q22"].answer_20s
+
+
+def test_the_rule_for_a_sayable_answer_at_its_edges():
+    ok = drill.sayable_problems
+    assert ok("x", "I'd claim with SKIP LOCKED.") == [] and ok("x", "My rule: locks end first.") == []
+    assert ok("x", "We mark the row, then commit.") == []
+    assert ok("x", "It waits.") and ok("x", "In my previous company I used NOWAIT.")
+    assert ok("x", "I'd run 02_the_convoy.ipynb.") and ok("x", "I'd read notebook 5.")
+    assert ok("x", "I'd label it well.") == []                     # "label" is not "the lab"
+
+
+def test_the_corrected_answers(bank, costly):
+    """q03 no longer says latency grows with the place in the convoy; q11 knows NOWAIT's place
+    in a job system; c13's key says which dialect it holds for."""
+    q03 = " ".join([bank["q03"].answer_20s, bank["q03"].answer_60s])
+    assert "grows with its place" not in q03 and "place in the line" in q03
+    assert "no promised order" in q03 and "lottery" in q03
+    assert any("place in the line" in e.section for e in bank["q03"].shown_in)
+    q11 = " ".join(f.question + " " + f.answer for f in bank["q11"].follow_ups)
+    assert "never use NOWAIT" not in q11 and "cron scheduler" in q11 and "NOWAIT" in q11
+    c13 = next(c for c in costly if c.id == "c13")
+    assert "lease" in c13.statement and "rolled back when its worker dies" in c13.why
+
+
 def test_every_topic_is_used_and_names_a_known_notebook(bank):
     used = {q.topic for q in bank.questions}
     assert used == set(bank.topics)
@@ -102,11 +153,29 @@ def test_the_bank_names_the_notebooks_that_exist():
     (lambda d: d.update(questions=[q for q in d["questions"] if q["notebook"] != "08_fencing_tokens.ipynb"]),
      "notebook 08_fencing_tokens.ipynb: no question"),
     (lambda d: d.pop("topics"), "no topics"),
+    (lambda d: d["questions"][0].update(answer_60s=d["questions"][0]["answer_60s"] + " Notebook 15 shows it."),
+     "answer_60s names 'Notebook'"),
+    (lambda d: d["questions"][0].update(answer_20s="See the workbook, I'd say."), "answer_20s names 'workbook'"),
+    (lambda d: d["questions"][0].update(answer_20s="As § 3 shows, I'd wait."), "names '§'"),
+    (lambda d: d["questions"][0].update(answer_20s="In the lab, I'd wait."), "names 'the lab'"),
+    (lambda d: d["questions"][0].update(answer_20s="It waits for the holder to commit or roll back."),
+     "answer_20s is not in the first person"),
+    (lambda d: d["questions"][0].update(answer_20s="In my last job we claimed with SKIP LOCKED."),
+     "invents a biography ('In my last job')"),
+    (lambda d: d["questions"][0]["follow_ups"][0].update(a="Notebook 01 counts them."), "follow-up 1 names 'Notebook'"),
+    (lambda d: d["questions"][0].pop("shown_in"), "shown_in is missing"),
+    (lambda d: d["questions"][0].update(shown_in=[{"notebook": "99_nowhere.ipynb", "section": "x"}]),
+     "shown_in 1: notebook '99_nowhere.ipynb' is not one of the workbook's"),
+    (lambda d: d["questions"][0].update(shown_in=[{"notebook": "01_one_lock_three_policies.ipynb"}]),
+     "shown_in 1 needs a notebook and a section"),
+    (lambda d: d["questions"][0].update(shown_in="01"), "shown_in must be a list"),
+    (lambda d: d["questions"][0].update(same_as="capstone"), "same_as 'capstone' should be the id"),
+    (lambda d: d["questions"][0].update(same_as="f99"), "same_as 'f99' is not the id of a follow-up"),
 ])
 def test_validation_catches_a_broken_bank(raw_bank, breakage, expected):
     broken = copy.deepcopy(raw_bank)
     breakage(broken)
-    problems = drill.validate_bank(broken)
+    problems = drill.validate_bank(broken, [f"f{i:02d}" for i in range(1, 10)])
     assert any(expected in p for p in problems), problems
 
 
@@ -128,8 +197,9 @@ def test_the_costly_answers_are_valid(raw_costly, raw_bank):
     assert drill.validate_costly(raw_costly, raw_bank["topics"]) == []
 
 
-def test_the_quiz_holds_the_classic_costly_answers_and_more(costly):
-    assert len(costly) >= 12
+def test_the_quiz_holds_the_classic_costly_answers_and_more(costly, bank):
+    assert len(costly) >= 30
+    assert {c.notebook for c in costly} >= {t.notebook for t in bank.topics.values()}   # every topic's notebook
     assert len({c.id for c in costly}) == len(costly)
     text = " ".join(c.statement for c in costly).lower()
     for phrase in ["runs the job, marks it done and commits", "strictly in the order", "dashboard",
@@ -150,6 +220,8 @@ def test_the_quiz_holds_the_classic_costly_answers_and_more(costly):
     (lambda d: d["answers"][1].update(id=d["answers"][0]["id"]), "used twice"),
     (lambda d: d["answers"][0].update(topic="nope"), "topic 'nope'"),
     (lambda d: d["answers"][0].update(notebook="06_outbox.ipynb"), "not one of the workbook's notebooks"),
+    (lambda d: d["answers"][0]["choices"].__setitem__(0, "It holds while each claim takes one job."),
+     "choice a) concedes the statement"),
 ])
 def test_validation_catches_a_broken_quiz(raw_costly, raw_bank, breakage, expected):
     broken = copy.deepcopy(raw_costly)
@@ -291,6 +363,85 @@ def test_grading_the_quiz(costly):
         drill.grade_quiz({"c01": "z"})
 
 
+# A choice that agrees with its statement: every statement is wrong, so it is never the answer.
+CONCESSIONS = [
+    "It holds while each claim takes one job: jobs then start in creation order.",
+    "It is safe once the lease is longer than the slowest honest job.",
+    "It works as long as a single relay runs.",
+    "Nothing is lost but a round trip: NOWAIT fails before it takes any lock.",
+    "That is correct: the claim commits before the job runs.",
+    "It is the right instinct: locks end where network calls begin.",
+    "It swaps losses for duplicates, so it is safe as long as consumers deduplicate.",
+    "It closes the gap, because the new owner's claim changed the status.",
+    "It breaks only with two relays: a second relay takes the same rows.",
+    "Correct, and the lock is held until COMMIT.",
+    "Nothing wrong with it, provided the index exists.",
+]
+DIAGNOSES = [
+    "The lock does not last that long: a row lock ends with the statement.",
+    "It misses the locking: without an index the claim locks every pending row it scans.",
+    "It ignores the transactional hand-off: a job in a table commits with its data.",
+    "Only if the claim does not convoy and the database is not the limit.",
+    "It ends only a relay that sits idle: one kept busy never trips it.",
+    "The right answer is the longest one in fewer than half of the statements.",
+]
+
+
+@pytest.mark.parametrize("text", CONCESSIONS)
+def test_a_conceding_choice_is_refused_with_the_fix(raw_costly, raw_bank, text):
+    assert drill._concedes(text)
+    conceding = copy.deepcopy(raw_costly)
+    entry = conceding["answers"][4]
+    wrong = next(i for i in range(len(entry["choices"])) if "abcd"[i] != entry["answer"])
+    entry["choices"][wrong] = text
+    problems = drill.validate_costly(conceding, raw_bank["topics"])
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"answer {entry['id']}: choice {'abcd'[wrong]}) concedes the statement")
+    assert "rules it out without reading" in problems[0] and "confident wrong diagnosis" in problems[0]
+
+
+@pytest.mark.parametrize("text", DIAGNOSES)
+def test_a_diagnosis_is_not_a_concession(text):
+    assert not drill._concedes(text)
+
+
+def test_no_choice_concedes_and_a_blind_guess_stays_at_chance(costly, raw_costly, capsys):
+    """Skipping the choices that agree with their statement gains a blind guesser nothing:
+    there are none, so a guess scores the mean of 1/(number of choices); the quiz as it was
+    (22 of its 37 wrong choices conceding) let the same guesser score 50 %."""
+    b = drill.quiz_balance(costly)
+    assert b.conceding == 0 and not any(drill._concedes(x) for c in costly for x in c.choices)
+    chance = sum(1 / len(c.choices) for c in costly) / len(costly)
+    assert abs(b.guess - chance) < 1e-9 and b.guess < 0.34
+    assert cli.main(["drill", "check"]) == 0
+    assert (f"costly_answers.yaml: {len(costly)} statements, no choice concedes, a blind guess "
+            f"scores {b.guess:.0%} — ok") in capsys.readouterr().out
+    # the same figure for a quiz whose wrong choices concede: three statements of three
+    # choices, one conceding wrong choice each and one with both: (1/2 + 1/2 + 1) / 3
+    three = copy.deepcopy(raw_costly["answers"][:3])
+    for c, n in zip(three, (1, 1, 2)):
+        for i in [i for i in range(3) if "abcd"[i] != c["answer"]][:n]:
+            c["choices"][i] = CONCESSIONS[i]
+    assert [len(c["choices"]) for c in three] == [3, 3, 3]
+    b3 = drill.quiz_balance(three)
+    assert b3.conceding == 4 and abs(b3.guess - 2 / 3) < 1e-9
+    assert "4 conceding choices, a blind guess that skips them scores 67%" in str(b3)
+
+
+def test_drill_check_names_a_conceding_choice(raw_costly, tmp_path, monkeypatch, capsys):
+    conceding = copy.deepcopy(raw_costly)
+    c = conceding["answers"][0]
+    wrong = next(i for i in range(3) if "abcd"[i] != c["answer"])
+    c["choices"][wrong] = "It is safe until a worker dies: the lock protects the job till then."
+    path = tmp_path / "costly_answers.yaml"
+    path.write_text(yaml.safe_dump(conceding, allow_unicode=True), encoding="utf-8")
+    monkeypatch.setattr(drill, "COSTLY_FILE", path)
+    assert cli.main(["drill", "check"]) == 1
+    out = capsys.readouterr().out
+    assert f"costly_answers.yaml: answer c01: choice {'abcd'[wrong]}) concedes the statement" in out
+    assert "Rewrite it as a confident wrong diagnosis" in out
+
+
 # -- text renderings ----------------------------------------------------------------------------
 
 def test_the_study_sheet_prints_every_selected_card(bank, capsys):
@@ -366,18 +517,92 @@ def test_flashcards_reveal_next_and_filter(bank):
     assert repr(cards.box).startswith("Flashcards:") and "fencing" in repr(cards.box)
 
 
+def _on_screen(q, position):
+    """The text of the choice block at ``position`` on the widget, as the page shows it."""
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", q.texts[position].value))
+
+
 def test_quiz_widget_checks_and_scores(costly):
-    q = drill.Quiz(costly[:3])
+    q = drill.Quiz(costly[:3], seed=3)
     assert q.check() is None and "Pick one" in q.verdict.value
     first = costly[0]
-    q.choice.index = "abcd".index(first.answer)
+    right = "abcd".index(q.shown_letter(first.answer))
+    q.letters[right].click()
+    assert q.letters[right].button_style == "primary" and "rgba(37, 99, 235" in q.texts[right].value
     assert q.check() is True and "Right." in q.verdict.value
+    assert q.letters[right].button_style == "success"
     q.next_button.click()
     second = costly[1]
-    q.choice.index = ("abcd".index(second.answer) + 1) % len(second.choices)
-    assert q.check() is False and f"the answer is {second.answer})" in q.verdict.value
+    shown = q.shown_letter(second.answer)
+    wrong = ("abcd".index(shown) + 1) % len(second.choices)
+    q.letters[wrong].click()
+    assert q.check() is False and f"the answer is {shown})" in q.verdict.value
+    assert q.letters[wrong].button_style == "danger" and q.letters["abcd".index(shown)].button_style == "success"
     assert "score: 1 right of 2 checked (3 in all)" in q.verdict.value
+    assert drill.grade_quiz(q.picked, costly[:3]).score == "1/2"
     assert repr(q.box).startswith("Quiz: 3 statements")
+
+
+def test_quiz_widget_shuffles_each_attempt_and_records_the_choice_clicked(costly):
+    """The letters on screen are shuffled positions; a click on one records the choice shown
+    there, and ``picked`` gives it in the statement's own letters, as grade_quiz marks it."""
+    orders = [drill.Quiz(costly, seed=s).orders for s in range(5)]
+    assert orders[0] == drill.Quiz(costly, seed=0).orders                    # a seed repeats
+    assert len({tuple(tuple(o[c.id]) for c in costly) for o in orders}) == 5  # attempts differ
+    q = drill.Quiz(costly, seed=11)
+    moved = sum(q.orders[c.id] != sorted(q.orders[c.id]) for c in costly)
+    assert moved >= len(costly) // 2, "most statements show their choices out of file order"
+    for c in costly:
+        assert q.current == c and q.position.value == f"{costly.index(c) + 1} of {len(costly)}"
+        visible = [r.layout.display != "none" for r in q.rows]
+        assert visible == [i < len(c.choices) for i in range(4)]
+        for position in range(len(c.choices)):
+            q.letters[position].click()
+            assert q.selection == _on_screen(q, position) == c.choices[q.orders[c.id][position]]
+            assert [b.button_style for b in q.letters[:len(c.choices)]] == [
+                "primary" if i == position else "" for i in range(len(c.choices))]
+            ok = q.check()
+            mine = q.picked[c.id]
+            assert c.choices["abcd".index(mine)] == _on_screen(q, position)
+            assert ok is (mine == c.answer) is (drill.grade_quiz({c.id: mine}, costly).right == [c.id])
+        assert _on_screen(q, "abcd".index(q.shown_letter(c.answer))) == c.choices["abcd".index(c.answer)]
+        q.next_button.click()
+    assert q.current == costly[0]
+    with pytest.raises(LabkitError, match="there is none at position .* pick a position from 0"):
+        q.select(len(costly[0].choices) if len(costly[0].choices) < 4 else 4)
+
+
+def test_quiz_widget_text_is_readable_on_a_projector(costly):
+    """Each choice is a block of wrapped text at 20 px beside a letter button, not a
+    fixed-height radio label."""
+    q = drill.Quiz(costly[:1], seed=0)
+    assert [b.description for b in q.letters] == ["a)", "b)", "c)", "d)"]
+    for text in q.texts[:len(costly[0].choices)]:
+        assert "font-size: 20px" in text.value and "white-space: normal" in text.value
+    assert "font-size: 20px" in q.statement.value and costly[0].statement[:40] in q.statement.value
+    assert not any(type(w).__name__ == "RadioButtons" for w in q.box.children)
+
+
+def test_after_run_all_the_first_flashcard_shows_its_question_only(bank):
+    """Notebook 10 run top to bottom leaves the flashcard widget on its first card, the
+    question alone: no later cell reveals or moves the card the reader sees."""
+    import nbformat
+
+    nb = nbformat.read(NB10, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    start = next(i for i, src in enumerate(code) if "drill.flashcards(" in src)
+    ns = {"drill": drill, "bank": bank}
+    for src in code[start:]:
+        if src is code[start] or re.search(r"\bcards\b", src):
+            exec(compile(src, str(NB10), "exec"), ns)
+    cards, first = ns["cards"], bank.select(level="senior")[0]
+    assert cards.current == first and cards.shown == 0
+    assert first.question[:30] in cards.card.value and "20 s" not in cards.card.value
+    assert cards.reveal_button.description == "show 20 s answer"
+    cards.reveal()                                  # the check can fail: a revealed card shows
+    assert "20 s" in cards.card.value
 
 
 # -- the self-checks, on the real server ----------------------------------------------------------
@@ -519,11 +744,14 @@ def test_notebook_10_shows_the_quiz_without_its_key_and_no_wall_of_text(costly):
     quiz_cells = [c for c in nb.cells if c.cell_type == "code" and "drill.quiz_text(" in c.source]
     assert quiz_cells and all("SHOW_KEY = False" in c.source and "key=SHOW_KEY" in c.source for c in quiz_cells)
     assert any("grade_quiz(MY_ANSWERS).text(key=SHOW_KEY)" in c.source for c in nb.cells)
-    for i, _, text in _outputs(NB10):
+    for i, cell, text in _outputs(NB10):
         assert not re.search(r"^\s*Answer\s+[a-d]\)", text, re.M), f"cell {i} prints the key"
         assert "the answer is" not in text, f"cell {i} gives an answer away"
         assert not any(c.why[:50] in text for c in costly), f"cell {i} prints a reason from the key"
-        assert len(text.splitlines()) <= 25, f"cell {i} prints {len(text.splitlines())} lines"
+        # The capstone card is a card: its question, the 20-second answer, one level beside its
+        # rubric and the scale. Everything else stays short.
+        most = 40 if "capstone_text(" in cell.source else 25
+        assert len(text.splitlines()) <= most, f"cell {i} prints {len(text.splitlines())} lines"
 
 
 def test_notebook_10_proves_no_single_letter_and_no_length_rule_passes(costly):
@@ -531,9 +759,9 @@ def test_notebook_10_proves_no_single_letter_and_no_length_rule_passes(costly):
 
     best = Counter(c.answer for c in costly).most_common(1)[0][1]
     assert 10 * best <= 4 * len(costly)             # the best single letter scores at most 40 %
-    shown = [t for _, cell, t in _outputs(NB10) if "best_letter" in cell.source]
+    shown = [" ".join(t.split()) for _, cell, t in _outputs(NB10) if "best_letter" in cell.source]
     assert shown == [f"{len(costly)} statements: the same letter every time scores at most {best}/{len(costly)}, "
-                     f"the longest choice every time {drill.quiz_balance(costly).longest}/{len(costly)}\n"]
+                     f"the longest choice every time {drill.quiz_balance(costly).longest}/{len(costly)}"]
 
 
 # -- the capstone card ------------------------------------------------------------------------
@@ -559,7 +787,7 @@ def test_the_capstone_is_valid_and_asks_the_seed_question_word_for_word(raw_caps
     assert card.asked_at == "senior" and card.topic in raw_bank["topics"]
     assert [x.level for x in card.layers] == list(drill.LEVELS)
     for layer in card.layers:
-        assert len(layer.rubric) >= 2 and layer.answer and layer.shown_in
+        assert len(layer.rubric) == drill.RUBRIC_ITEMS == 5 and layer.answer and layer.shown_in
         assert all((NOTEBOOK_DIR / nb).exists() for nb in layer.shown_in), layer.level
 
 
@@ -594,7 +822,13 @@ def test_the_capstone_deducts_the_seeds_costly_answers_and_chains_follow_ups(car
     (lambda d: d["levels"].pop("middle"), "levels must be junior, middle, senior, principal"),
     (lambda d: d.update(levels=dict(reversed(list(d["levels"].items())))), "in that order"),
     (lambda d: d["levels"]["senior"].update(answer=" "), "level senior: answer is missing"),
-    (lambda d: d["levels"]["junior"].update(rubric=["only one thing"]), "at least two things"),
+    (lambda d: d["levels"]["junior"].update(rubric=["only one thing"]), "it needs exactly 5"),
+    (lambda d: d["levels"]["middle"]["rubric"].append("a sixth thing"), "level middle: the rubric lists 6"),
+    (lambda d: d.pop("answer_20s"), "answer_20s is missing"),
+    (lambda d: d["levels"]["junior"].update(answer="All three take the same lock."), "level junior: answer is not in the first"),
+    (lambda d: d["follow_ups"][1].update(id="f01"), "follow-up 2: the id f01 is used twice"),
+    (lambda d: d["follow_ups"][1].update(id="k2"), "follow-up 2: id 'k2' should look like f01"),
+    (lambda d: d["follow_ups"][1].update(a=d["follow_ups"][1]["a"] + " Notebook 01 shows it."), "follow-up 2: a names"),
     (lambda d: d["levels"]["principal"].update(shown_in=["99_nowhere.ipynb"]), "not one of the workbook's"),
     (lambda d: d["deductions"][0].update(costly="c99"), "'c99' is not an id of costly_answers.yaml"),
     (lambda d: d["deductions"][1].update(costly="c01"), "c01 is deducted twice"),
@@ -616,7 +850,7 @@ def test_validation_catches_a_broken_capstone(raw_capstone, raw_costly, raw_bank
 
 def test_drill_check_validates_the_capstone(raw_capstone, tmp_path, monkeypatch, capsys):
     assert cli.main(["drill", "check"]) == 0
-    assert "capstone.yaml: 4 levels, 6 deductions," in capsys.readouterr().out
+    assert "capstone.yaml: 4 levels of 5 rubric items, 6 deductions, 9 follow-ups — ok" in capsys.readouterr().out
     broken = copy.deepcopy(raw_capstone)
     broken["deductions"][0]["costly"] = "c99"
     path = tmp_path / "capstone.yaml"
@@ -629,32 +863,66 @@ def test_drill_check_validates_the_capstone(raw_capstone, tmp_path, monkeypatch,
 
 
 def test_the_capstone_card_as_text(card, capsys):
+    """The question, the 20-second answer, then the layered model answer beside its rubric
+    (96 characters at most), the 0-4 scale, the deductions and how the follow-ups count."""
     card_text = drill.capstone_text(card)
+    flat = " ".join(card_text.split())
     assert card_text.startswith("Capstone · asked at senior · policies")
-    assert "Q " + SEED in " ".join(card_text.split())
-    for lvl in drill.LEVELS:
-        assert f"\n  {lvl:<10}" in card_text
+    assert "Q " + SEED in flat and "20 s " + card.answer_20s in flat
+    assert len(card.answer_20s) < len(card.layers[0].answer) + len(card.layers[1].answer)
+    for layer in card.layers:
+        assert f"\n  {layer.level:<10}" in card_text
+        for item in layer.rubric:                                      # beside the answer: its first words
+            assert "□ " + " ".join(item.split()[:2]) in flat, item
+    rows = card_text.splitlines()
+    assert max(map(len, rows)) <= drill.CAPSTONE_WIDTH == 96
+    junior = next(i for i, r in enumerate(rows) if r.startswith("  junior"))
+    assert "□ " + card.layers[0].rubric[0][:20] in rows[junior]          # side by side: answer | rubric
     assert all(d.costly in card_text for d in card.deductions) and "−1 each" in card_text
-    assert card.layers[0].answer[:40] not in " ".join(card_text.split())     # the answers stay behind a level
-    assert len(card_text.splitlines()) <= 25 and max(map(len, card_text.splitlines())) <= drill.WIDTH + 2
-    middle = " ".join(drill.capstone_text(card, level="middle").split())
-    assert card.layers[0].answer in middle and card.layers[1].answer in middle
-    assert card.layers[2].answer[:40] not in middle and "Rubric" not in middle
+    assert all(x in card_text for x in drill.CAPSTONE_SCALE) and "4  principal" in card_text
+    assert "answer to the follow-ups counts toward the rubric" in flat
+    narrow = drill.capstone_text(card, width=72)                       # one under the other
+    assert max(map(len, narrow.splitlines())) <= 72
+    block = narrow.split("\n  junior")[1].split("\n  middle")[0]
+    assert block.index("□") > block.index("[shown in 01]")
+    assert " ".join(card.layers[0].answer.split()) in " ".join(block.split())
+    assert all("□ " + item in " ".join(narrow.split()) for layer in card.layers for item in layer.rubric)
+    middle = drill.capstone_text(card, level="middle")
+    assert "\n  middle" in middle and "\n  senior" not in middle
+    first_words = [f"□ {' '.join(x.rubric[0].split()[:3])}" for x in card.layers]
+    assert first_words[1] in " ".join(middle.split()) and first_words[2] not in " ".join(middle.split())
+    answers_only = " ".join(drill.capstone_text(card, level="middle", rubric=False).split())
+    assert card.layers[0].answer in answers_only and card.layers[1].answer in answers_only
+    assert "□" not in answers_only and "Score" not in answers_only
     chained = " ".join(drill.capstone_text(card, follow_ups=True).split())
     assert all(f.question in chained and f.answer in chained and f.notebook in chained for f in card.follow_ups)
     with pytest.raises(LabkitError, match="junior, middle, senior, principal"):
         drill.capstone_text(card, level="staff")
     assert cli.main(["drill", "capstone"]) == 0
-    assert "Rubric" in capsys.readouterr().out
+    assert "4  principal" in capsys.readouterr().out
     assert cli.main(["drill", "capstone", "--level", "junior", "--follow-ups"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert card.layers[0].answer in out and card.follow_ups[-1].question in out
-    assert card.layers[1].answer[:40] not in out
+    assert card.follow_ups[-1].question in out and card.layers[1].answer[:40] not in out
+
+
+@pytest.mark.parametrize("heard, deductions, score", [
+    ({}, 0, 0),
+    ({"junior": 3, "middle": 5, "senior": 5, "principal": 5}, 0, 0),       # a level below missing stops it
+    ({"junior": 4}, 0, 1),
+    ({"junior": 5, "middle": 4, "senior": 3, "principal": 5}, 0, 2),
+    ({"junior": 4, "middle": 4, "senior": 4}, 0, 3),
+    ({"junior": 4, "middle": 4, "senior": 4, "principal": 4}, 0, 4),       # principal is its own score
+    ({"junior": 4, "middle": 4, "senior": 4, "principal": 4}, 2, 2),
+    ({"junior": 4}, 3, 0),
+])
+def test_the_capstone_is_scored_0_to_4_with_four_of_five_per_level(heard, deductions, score):
+    assert drill.capstone_score(heard, deductions) == score
+    assert drill.RUBRIC_PASS == 4 and len(drill.CAPSTONE_SCALE) == 5
 
 
 def test_notebook_10_shows_the_capstone_card():
     shown = [t for _, cell, t in _outputs(NB10) if "capstone_text(" in cell.source]
-    assert len(shown) == 1 and "Rubric" in shown[0] and "Q You are implementing a job-queue table" in shown[0]
+    assert len(shown) == 1 and "rubric" in shown[0].lower() and "Q You are implementing a job-queue table" in shown[0]
 
 
 # -- the timed mock interview ---------------------------------------------------------------------
@@ -682,11 +950,28 @@ def test_the_state_folder_and_its_override(tmp_path, monkeypatch):
     assert state_dir().name == "labkit"
 
 
+def test_a_mock_with_the_capstone_asks_none_of_its_follow_ups_again(bank, card):
+    """The bank's questions that ask a capstone follow-up again are marked same_as it, and a
+    mock that asks the capstone leaves them out; a mock by topic or level keeps them."""
+    again = {q.id: q.same_as for q in bank.questions if q.same_as}
+    ids = {f.id: f for f in card.follow_ups}
+    assert len(again) == 9 and set(again.values()) <= set(ids)
+    assert again["q25"] == "f07" and "zombie" in bank["q25"].question and "paused past its lease" in ids["f07"].question
+    for seed in range(5):
+        asked = [i.id for i in interview.draw(seed=seed)[0]]
+        assert asked[0] == "capstone" and not set(asked) & set(again)
+        follow = {q for q, _, _ in interview.draw(seed=seed)[0][0].follow_ups}
+        assert all(bank[q].question not in follow for q in asked[1:])
+    assert "q25" in [i.id for i in interview.draw(topic="fencing", seed=1)[0]]
+
+
 def test_a_mock_draws_the_capstone_first_then_a_seeded_order(bank):
     items, seed = interview.draw(seed=7)
     assert items[0].id == "capstone" and items[0].scale == drill.CAPSTONE_SCALE
-    assert "Rubric" in items[0].model and "−1 each" in items[0].model
-    assert sorted(i.id for i in items[1:]) == sorted(q.id for q in bank.questions) and seed == 7
+    assert "□ " in items[0].model and "−1 each" in items[0].model and "20 s  " in items[0].model
+    again = {q.id for q in bank.questions if q.same_as}
+    assert sorted(i.id for i in items[1:]) == sorted(q.id for q in bank.questions if q.id not in again)
+    assert seed == 7
     assert [i.id for i in interview.draw(seed=7)[0]] == [i.id for i in items]
     orders = {tuple(i.id for i in interview.draw(seed=s)[0]) for s in range(5)}
     assert len(orders) > 1
@@ -728,6 +1013,7 @@ def test_a_terminal_mock_from_a_stream(scores):
     assert positions == sorted(positions) and text.index("── the model") > positions[-1]
     assert f"follow-up {n} of {n}" in text and "20:00 left" in text
     assert "a score is 0, 1, 2 or 3" in text and f"kept: fencing 2/3 ({first.id})" in text
+    assert "[20:00 left] " in text                                   # the time left, in front of each prompt
     assert "--seed 11 asks the same questions again" in text
     records, bad = interview.Scores(scores).read()
     assert bad == 0 and [(r["question"], r["topic"], r["level"], r["score"]) for r in records] == [
@@ -743,35 +1029,106 @@ def test_skipping_to_the_model_and_leaving_a_question_unscored(scores):
     text = out.getvalue()
     assert "capstone" in text.split("\n── 2 ·")[0] and "not scored" in text
     assert "── follow-up 1 of" not in text.split("\n── 2 ·")[0]       # s went straight to the model
-    assert "0  less than the junior rubric" in text                    # the capstone is scored by its rubric
+    assert drill.CAPSTONE_SCALE[4] in text and "Your score, 0 to 4" in text   # the capstone: its rubric, 0-4
     assert [s for _, s in kept] == [3] and kept[0][0].id != "capstone"
     assert len(interview.Scores(scores).read()[0]) == 1
 
 
-def test_when_the_time_is_up_the_mock_shows_the_model_and_stops(scores):
+class _Ticks:
+    """A clock that moves on ``step`` seconds each time it is read: the mock's time passes
+    while it waits, with no real waiting and the same result on every run."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def _pipe():
+    """A stdin with a file descriptor, and the end the test writes the learner's keys to."""
+    read, write = os.pipe()
+    return os.fdopen(read, "r"), write
+
+
+def _screen(write: int, score: bytes, tty: bool = False):
+    """What the mock writes to; the learner types ``score`` into ``write`` once asked."""
     import io
 
-    seed = next(s for s in range(50) if len(interview.draw(topic="leases", seed=s)[0][0].follow_ups) >= 2)
-    first = interview.draw(topic="leases", seed=seed)[0][0]
-    t = [0.0]
-    out = io.StringIO()
-    mock = interview.TerminalMock(1, topic="leases", seed=seed, scores=scores, stdin=io.StringIO("\n1\n"),
-                                  out=out, now=lambda: t[0])
-    real = mock.ask
+    class Screen(io.StringIO):
+        def isatty(self):
+            return tty
 
-    def ask(prompt):                 # the learner talks for a minute before pressing Enter
-        answer = real(prompt)
-        t[0] = 61.0
-        return answer
+        def write(self, text):
+            if "Your score" in text:
+                os.write(write, score)
+            return super().write(text)
 
-    mock.ask = ask
-    kept = mock.run()
+    return Screen()
+
+
+def test_when_the_time_runs_out_while_it_waits_the_question_ends_then(scores):
+    """The learner presses nothing: the clock ticks, warns at two minutes, and ends the
+    question when the time is up; the score still waits for the learner."""
+    first = interview.draw(topic="leases", seed=3)[0][0]
+    stdin, write = _pipe()
+    out = _screen(write, b"1\n")
+    mock = interview.TerminalMock(3, topic="leases", seed=3, scores=scores, stdin=stdin, out=out,
+                                  now=_Ticks(1.0), tick=0.001)
+    try:
+        kept = mock.run()
+    finally:
+        os.close(write)
+        stdin.close()
     text = out.getvalue()
-    assert f"── 1 · {first.id} · {first.level} · leases · {first.notebook} · 1:00 left" in text
-    assert "── follow-up 1 of" in text and "── follow-up 2 of" not in text
-    assert "Time is up: the model, and your score." in text and "\nTime is up.\n" in text
-    assert "\n── 2 ·" not in text and "Enter: the next question" not in text
+    waited = text.split("Time is up: the model, and your score.")[0]
+    assert "── follow-up 1 of" not in waited                             # no key was pressed
+    minutes = re.findall(r"\n(\d):\d\d left\n\[ *\d:\d\d left\] ", waited)   # a line a minute, not a tty
+    assert text.count(interview.WARNING) == 1 and minutes == ["0"]
+    assert waited.index(interview.WARNING) < waited.index("\n0:")
+    assert len(re.findall(r"\[ *\d:\d\d left\] ", waited)) == 3     # the prompt, then once a minute
+    assert "\n── the model" in text and f"kept: leases 1/3 ({first.id})" in text
+    assert "\nTime is up.\n" in text and "\n── 2 ·" not in text
     assert [(i.id, s) for i, s in kept] == [(first.id, 1)]
+
+
+def test_on_a_terminal_the_time_left_is_redrawn_in_place(scores):
+    stdin, write = _pipe()
+    out = _screen(write, b"\n", tty=True)                 # asked for a score, the learner leaves it out
+    mock = interview.TerminalMock(1, topic="fencing", seed=1, scores=scores, stdin=stdin, out=out,
+                                  now=_Ticks(1.0), tick=0.001)
+    try:
+        mock.run()
+    finally:
+        os.close(write)
+        stdin.close()
+    text = out.getvalue()
+    redraws = re.findall(r"\0337\r\[ *(\d+:\d\d) left\] \0338", text)
+    assert len(redraws) >= 10 and redraws == sorted(redraws, reverse=True)
+    assert interview.WARNING not in text                                # a one-minute mock is not warned
+    assert "Time is up: the model, and your score." in text
+
+
+def test_the_terminal_clock_ticks_in_real_time(scores):
+    """Once with real time: a mock of three seconds, nothing pressed, ends the question
+    after about three seconds, having redrawn the clock on the way."""
+    import time
+
+    stdin, write = _pipe()
+    out = _screen(write, b"q\n", tty=True)
+    mock = interview.TerminalMock(0.05, topic="fencing", seed=1, scores=scores, stdin=stdin, out=out, tick=0.5)
+    started = time.monotonic()
+    try:
+        mock.run()
+    finally:
+        os.close(write)
+        stdin.close()
+    took = time.monotonic() - started
+    text = out.getvalue()
+    assert 2.9 <= took < 6, took
+    assert "Time is up: the model, and your score." in text
+    assert len(re.findall(r"\0337\r\[", text)) >= 4
 
 
 def test_the_report_averages_per_topic_and_names_what_to_revisit(scores, bank):
@@ -792,8 +1149,17 @@ def test_the_report_averages_per_topic_and_names_what_to_revisit(scores, bank):
     assert "not practised yet: convoy, claim," in " ".join(text.split())
     assert "policies," not in text.split("not practised yet:")[1]
     assert lines[-1] == "(2 unreadable line(s) of the score file left out)"
-    with pytest.raises(LabkitError, match="score 0, 1, 2 or 3"):
+    with pytest.raises(LabkitError, match="score 0 to 3"):
         book.add(items["fencing"], 4)
+    capstone = interview.draw(seed=1)[0][0]
+    assert book.add(capstone, 4)["out_of"] == 4                   # the capstone is scored 0-4
+    with open(scores, "a") as f:                                  # a capstone line from before out_of
+        f.write('{"question": "capstone", "topic": "policies", "score": 3}\n')
+    text = interview.report(scores)
+    assert "capstone, 0-4: 2 scored, latest 3 (senior), best 4 (principal)" in text
+    assert text.splitlines()[0] == "Mock interviews · 6 answers scored, 0-3 each, on 3 topics"
+    with pytest.raises(LabkitError, match="score 0 to 4"):
+        book.add(capstone, 5)
 
 
 def _labkit(*args, stdin="", env=None):
@@ -886,6 +1252,53 @@ def test_the_mock_widget_reveals_scores_and_reads_as_text(scores):
     mock.follow_button.click()
     assert mock.model_shown and mock.shown == 0 and "Time is up" in mock.text()
     assert mock.clock_label.value == "time is up" and mock.next_button.disabled
+
+
+def test_the_mock_widget_clock_ticks_warns_and_ends_the_question(scores):
+    """tick() is what the clock's thread does each second: with a clock the test moves, the
+    label follows, the warning comes at two minutes, and the time-up ends the question at
+    once, with no button pressed; the capstone is scored 0-4."""
+    t = [0.0]
+    mock = interview.MockInterview(5, seed=1, scores=scores, now=lambda: t[0])
+    assert mock.current.id == "capstone" and "then score 0-4" in repr(mock.box)
+    assert [b.layout.display for b in mock.score_buttons] == [None] * 5
+    mock.follow_button.click()
+    labels = []
+    for now in (1.0, 2.0, 59.5, 179.0, 181.0):
+        t[0] = now
+        mock.tick()
+        labels.append(mock.clock_label.value)
+    assert labels == ["4:59 left", "4:58 left", "4:01 left", "2:01 left", "1:59 left"]
+    assert mock.warned and interview.WARNING in mock.text() and not mock.model_shown
+    t[0] = 300.0
+    mock.tick()
+    assert mock.model_shown and "Time is up" in mock.text() and mock.follow_button.disabled
+    assert mock.next_button.disabled and mock.finished and mock.clock_label.value == "time is up"
+    mock.score_buttons[4].click()
+    assert [(r["question"], r["score"], r["out_of"]) for r in interview.Scores(scores).read()[0]] == [("capstone", 4, 4)]
+    bank_mock = interview.MockInterview(5, topic="fencing", seed=1, scores=scores, now=lambda: t[0])
+    assert [b.layout.display for b in bank_mock.score_buttons] == [None] * 4 + ["none"]
+
+
+def test_the_mock_widget_clock_thread_ticks_in_real_time_and_stops():
+    """Once with real time: the thread redraws the label each tick, ends the question when
+    the time is up and leaves no thread behind; closing the widget stops it too."""
+    import threading
+    import time
+
+    mock = interview.MockInterview(0.05, topic="fencing", seed=1, tick=0.25)
+    seen = []
+    mock.clock_label.observe(lambda change: seen.append(change["new"]), "value")
+    mock.start()
+    mock.ticker.join(timeout=10)
+    assert not mock.ticker.is_alive() and mock.model_shown and mock.finished
+    assert seen[-1] == "time is up" and len(set(seen)) >= 3, seen
+    closed = interview.MockInterview(20, topic="fencing", seed=1, tick=0.05)
+    closed.start()
+    time.sleep(0.2)
+    closed.close()
+    assert not closed.ticker.is_alive()
+    assert not [th for th in threading.enumerate() if th.name == "labkit-mock-clock"]
 
 
 def test_the_notebook_mock_shows_a_static_view():

@@ -6,6 +6,8 @@ Chromium over the DevTools protocol (labkit/tools/browser.py).
 * Notebook 06 runs top to bottom in JupyterLab; its step-through replays render as live widgets,
   and pressing the replay's step control (the "step" slider, from the keyboard) and its Play
   button changes the step the replay shows.
+* Notebook 10's quiz on a 1280×720 screen: every choice of every statement, clicked with the
+  mouse, is the one the kernel records, and no two choices overlap.
 * No slide deck (``labkit slides``) and no handout page (``labkit book``, from the committed
   outputs and from a fresh run) contains a widget's repr; a planted repr is caught, so the check
   can fail.  (These need neither JupyterLab nor Chromium.)
@@ -361,6 +363,116 @@ def test_notebook_06_runs_and_its_replay_steps_when_its_controls_are_pressed(jup
     browser.close_notebook()
 
 
+# -- the quiz on a projector -------------------------------------------------------------------------
+QUIZ = "quiz_clicks.ipynb"      # one cell, written into the server's copy: notebook 10's quiz widget
+QUIZ_ROOT = "document.querySelector('.labkit-quiz-statement').parentElement"
+QUIZ_ROWS = f"[...{QUIZ_ROOT}.querySelectorAll('.labkit-quiz-choice')].filter(r => r.offsetParent !== null)"
+QUIZ_PICKED = f"{QUIZ_ROWS}.findIndex(r => r.querySelector('button').classList.contains('mod-primary'))"
+
+
+def kernel_json(browser: LabBrowser, code: str):
+    """Run ``code`` (which prints one JSON value) in the open notebook's kernel; its value."""
+    out = browser.evaluate(f"""(async () => {{
+        const future = window.__panel.sessionContext.session.kernel.requestExecute(
+            {{code: {json.dumps(code)}, store_history: false}});
+        let text = '';
+        future.onIOPub = m => {{ if (m.header.msg_type === 'stream') text += m.content.text;
+                                 if (m.header.msg_type === 'error') text += 'ERROR ' + m.content.evalue; }};
+        await future.done;
+        return text; }})()""", await_promise=True)
+    assert out and not out.startswith("ERROR"), f"the kernel answered {out!r} to {code!r}"
+    return json.loads(out)
+
+
+def quiz_layout(browser: LabBrowser) -> list[dict]:
+    """Each visible choice row: its box, its letter button's, the box of its text as laid out
+    (a range over the text, so text that overflows its box shows), the text and its size."""
+    return browser.evaluate(f"""{QUIZ_ROWS}.map(r => {{
+        const box = e => {{ const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; }};
+        const html = r.querySelector('.widget-html-content');
+        const range = document.createRange(); range.selectNodeContents(html);
+        return {{row: box(r), button: box(r.querySelector('button')), text: box(range),
+                 letter: r.querySelector('button').innerText.trim(), words: html.innerText.trim(),
+                 size: parseFloat(getComputedStyle(html.firstElementChild).fontSize)}}; }})""")
+
+
+def overlaps(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+def inside(inner: list[float], outer: list[float]) -> bool:
+    return (inner[0] >= outer[0] - 0.5 and inner[1] >= outer[1] - 0.5
+            and inner[2] <= outer[2] + 0.5 and inner[3] <= outer[3] + 0.5)
+
+
+def check_quiz_layout(browser: LabBrowser, cid: str, shown: list[str]) -> int:
+    """The statement on screen shows the kernel's choices, each a full-width block of 20 px
+    text inside its own row, no two rows (nor their laid-out text) overlapping, and nothing
+    wider than the output area; the number of choices."""
+    rows = quiz_layout(browser)
+    assert [r["letter"] for r in rows] == [f"{x})" for x in "abcd"[:len(shown)]], cid
+    assert [r["words"] for r in rows] == shown, f"{cid}: the page shows other choices than the kernel"
+    wide = browser.evaluate(f"(o => [o.scrollWidth, o.clientWidth])({QUIZ_ROOT}.closest('.jp-OutputArea-output'))")
+    assert wide[0] <= wide[1] + 1, f"{cid}: the quiz is wider than its output area: {wide}"
+    for i, r in enumerate(rows):
+        where = f"{cid} {r['letter']}"
+        assert r["size"] >= 20, f"{where} is set in {r['size']} px"
+        assert inside(r["text"], r["row"]) and inside(r["button"], r["row"]), \
+            f"{where}: its text or button spills out of its box: {r}"
+        assert r["text"][2] - r["text"][0] > 0.5 * (r["row"][2] - r["row"][0]), f"{where} is not full width"
+        for other in rows[i + 1:]:
+            assert not overlaps(r["row"], other["row"]) and not overlaps(r["text"], other["text"]), \
+                f"{cid}: choices {r['letter']} and {other['letter']} overlap: {r} {other}"
+    return len(rows)
+
+
+def test_every_quiz_choice_clicked_on_a_1280x720_screen_is_the_one_recorded(jupyterlab, lab_page):
+    # A trainer's projector: the quiz's choices were radio labels 20 px high holding two lines
+    # of text, so they overlapped and a click on b) was recorded as c).  Here every choice of
+    # every statement is clicked with the mouse at its letter's centre, and the kernel says
+    # which choice it recorded; no two choices' boxes (nor their laid-out text) overlap.
+    browser, _ = lab_page
+    browser.take_errors()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("from labkit.tools import drill\nqz = drill.quiz(seed=2024)")]
+    nbformat.write(nb, jupyterlab.work / QUIZ)
+    browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=720, deviceScaleFactor=1, mobile=False)
+    try:
+        assert browser.evaluate("[innerWidth, innerHeight]") == [1280, 720]
+        browser.open_notebook(QUIZ)
+        browser.evaluate("jupyterapp.commands.execute('notebook:run-all-cells')")
+        browser.wait_for(f"document.querySelector('.labkit-quiz-statement') && {QUIZ_ROWS}.length >= 3",
+                         OPEN_TIMEOUT_S, "the quiz widget to render")
+        ids = kernel_json(browser, "import json; print(json.dumps([c.id for c in qz.items]))")
+        assert len(ids) >= 30
+        clicked = 0
+        for n, cid in enumerate(ids):
+            head = f"document.querySelector('.labkit-quiz-statement').innerText.startsWith({json.dumps(cid + ' ·')})"
+            browser.wait_for(f"{head} && {QUIZ_PICKED} === -1", STEP_TIMEOUT_S, f"statement {cid} on screen")
+            shown = kernel_json(browser, "print(json.dumps(qz.shown))")
+            before = -1
+            for k in range(check_quiz_layout(browser, cid, shown)):
+                browser.click(f"{QUIZ_ROWS}[{k}].querySelector('button')")
+                # the letter the kernel highlights moves: wait for that, then ask the kernel
+                now = browser.wait_for(f"(i => i !== {before} && i >= 0 && i + 1)({QUIZ_PICKED})", STEP_TIMEOUT_S,
+                                       f"{cid}: the click on {'abcd'[k]}) to register", every=0.05) - 1
+                got = kernel_json(browser, "print(json.dumps([qz.current.id, qz.selected, qz.selection]))")
+                assert got == [cid, k, shown[k]] and now == k, \
+                    f"{cid}: clicked {'abcd'[k]}), recorded {got} (highlighted: {'abcd'[now]})"
+                clicked, before = clicked + 1, now
+            if n + 1 < len(ids):
+                browser.click(f"[...{QUIZ_ROOT}.querySelectorAll('button')].find(b => b.innerText.trim() === 'next')")
+        print(f"quiz at 1280x720: {len(ids)} statements, {clicked} choices clicked, each recorded as clicked")
+        assert clicked >= 3 * len(ids)
+        errors = browser.take_errors()
+        assert errors == [], f"JavaScript console errors while the quiz was clicked through: {errors}"
+    finally:
+        browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+        if browser.evaluate("!!(window.__panel && !window.__panel.isDisposed)"):
+            browser.close_notebook()
+
+
 # -- decks and handouts: static views, never a widget's repr ----------------------------------------
 def reprs_in(pages: list[Path]) -> list[str]:
     import html
@@ -394,7 +506,7 @@ def test_a_widgets_repr_in_a_notebook_shows_in_its_deck_and_is_caught(tmp_path):
 
 
 def test_a_handout_run_afresh_shows_the_replays_static_view(tmp_path):
-    # `labkit book` executes the notebooks: the replay's text form comes from a live kernel
+    # `labkit book --execute` runs the notebooks afresh: the replay's text form comes from a live kernel
     # there, not from the committed file.  A bare ipywidgets box beside it shows its repr, so
     # the page is known to carry what the kernel gave.
     nb = nbformat.v4.new_notebook()

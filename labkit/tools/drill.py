@@ -9,7 +9,8 @@ comes as a small widget:
 * :func:`print_study_sheet` prints the static study sheet, :func:`flashcards` shows the
   reveal / next widget;
 * :func:`load_costly` reads ``labkit/data/costly_answers.yaml``; :func:`print_quiz` prints the
-  quiz (its key only when asked for), :func:`quiz` is the pick-an-answer widget,
+  quiz (its key only when asked for), :func:`quiz` is the pick-an-answer widget (each choice
+  a block of large text beside its letter button, the choices shuffled per attempt),
   :func:`grade_quiz` marks a dict of answers;
 * :func:`load_capstone` reads ``labkit/data/capstone.yaml``, the seed question with a layered
   answer, a rubric by level, deductions and follow-ups; :func:`capstone_text` prints it
@@ -22,9 +23,11 @@ Command line (``drill_command``): ``labkit drill sheet|quiz|capstone|check``.
 
 from __future__ import annotations
 
+import functools
 import html
 import itertools
 import os
+import random
 import re
 import sys
 import textwrap
@@ -79,7 +82,15 @@ MIN_QUESTIONS = 30
 MIN_PER_LEVEL = 4
 WIDTH = 88
 QUESTION_FIELDS = ("id", "level", "topic", "notebook", "question", "answer_20s", "answer_60s",
-                   "follow_ups")
+                   "follow_ups", "shown_in")
+EVIDENCE_FIELDS = ("notebook", "section", "shows")
+# What a candidate says names no notebook and no part of this workbook (the evidence lives in
+# shown_in), and speaks in the first person without an invented biography: the rule is
+# written out in the header of questions.yaml.
+NOT_SAYABLE = re.compile(r"\bnotebooks?\b|\bworkbook\b|\bthe lab\b|§|\b\d\d_[a-z0-9_]+\.ipynb", re.I)
+FIRST_PERSON = re.compile(r"\b(?:I|I'd|I'll|I'm|I've|[Mm]e|[Mm]y|[Ww]e|[Ww]e'd|[Ww]e'll|[Ww]e're|[Ww]e've|[Uu]s|[Oo]ur)\b")
+BIOGRAPHY = re.compile(r"\b(?:in|at) my (?:last|previous|current|old) (?:job|system|company|team|role|project)\b"
+                       r"|\b(?:I|we) once\b|\bwhen I worked\b", re.I)
 COSTLY_FIELDS = ("id", "topic", "notebook", "statement", "choices", "answer", "why")
 LETTERS = "abcd"
 
@@ -93,6 +104,19 @@ class FollowUp:
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """Where the workbook shows an answer on a real server: a notebook, the heading of its
+    section and (optionally) what it shows there."""
+
+    notebook: str
+    section: str
+    shows: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.notebook[:2]} § {self.section}" + (f": {self.shows}" if self.shows else "")
+
+
+@dataclass(frozen=True)
 class Question:
     id: str
     level: str
@@ -102,6 +126,8 @@ class Question:
     answer_20s: str
     answer_60s: str
     follow_ups: tuple[FollowUp, ...]
+    shown_in: tuple[Evidence, ...] = ()
+    same_as: str | None = None          # the id of the capstone follow-up it duplicates
 
 
 @dataclass(frozen=True)
@@ -177,8 +203,46 @@ def _check_notebook(where: str, name, problems: list[str]) -> None:
         problems.append(f"{where}: notebook {name!r} is not one of the workbook's notebooks")
 
 
-def validate_bank(data: dict) -> list[str]:
-    """Everything wrong with the raw contents of questions.yaml (empty list: fine)."""
+def sayable_problems(where: str, text: str) -> list[str]:
+    """Why ``text`` is not an answer a candidate can say out loud (empty list: it is): it names
+    a notebook or the workbook, speaks in no first person (I, I'd, my, we, our, ...), or
+    invents a biography ("in my last job")."""
+    problems = []
+    named = NOT_SAYABLE.search(text)
+    if named:
+        problems.append(f"{where} names {named.group(0)!r}: say the point, and put the evidence in shown_in")
+    if not FIRST_PERSON.search(text):
+        problems.append(f"{where} is not in the first person: say what I would do or claim (I, I'd, we, my ...)")
+    invented = BIOGRAPHY.search(text)
+    if invented:
+        problems.append(f"{where} invents a biography ({invented.group(0)!r}): give the reasoning instead")
+    return problems
+
+
+def _check_unnamed(where: str, text, problems: list[str]) -> None:
+    """A follow-up's answer is said too: it names no notebook (its evidence is named apart)."""
+    named = NOT_SAYABLE.search(text) if isinstance(text, str) else None
+    if named:
+        problems.append(f"{where} names {named.group(0)!r}: say the point; the evidence is named apart")
+
+
+def _check_evidence(where: str, shown, problems: list[str]) -> None:
+    if not isinstance(shown, list):
+        problems.append(f"{where}: shown_in must be a list of {{notebook, section, shows}}")
+        return
+    for j, e in enumerate(shown, 1):
+        if not isinstance(e, dict) or _blank(e.get("notebook")) or _blank(e.get("section")):
+            problems.append(f"{where}: shown_in {j} needs a notebook and a section")
+            continue
+        if set(e) - set(EVIDENCE_FIELDS):
+            problems.append(f"{where}: shown_in {j} has unknown field(s) {', '.join(sorted(set(e) - set(EVIDENCE_FIELDS)))}")
+        _check_notebook(f"{where}: shown_in {j}", e["notebook"], problems)
+
+
+def validate_bank(data: dict, capstone_follow_ups: Collection[str] = ()) -> list[str]:
+    """Everything wrong with the raw contents of questions.yaml (empty list: fine).
+    ``capstone_follow_ups``: the ids of the capstone's follow-ups a ``same_as`` may name
+    (empty: same_as is checked for its form only)."""
     problems: list[str] = []
     topics = data.get("topics") if isinstance(data, dict) else None
     if not isinstance(topics, dict) or not topics:
@@ -192,7 +256,8 @@ def validate_bank(data: dict) -> list[str]:
     questions = data.get("questions") if isinstance(data, dict) else None
     if not isinstance(questions, list):
         return problems + ["no questions: the file needs a `questions:` list"]
-    for where, q in _entries(questions, "question", QUESTION_FIELDS, "follow_ups", "q", problems):
+    for where, q in _entries(questions, "question", QUESTION_FIELDS, "follow_ups", "q", problems,
+                             optional=("same_as",)):
         if not _blank(q.get("level")) and q["level"] not in LEVELS:
             problems.append(f"{where}: level {q['level']!r} is not one of {', '.join(LEVELS)}")
         if not _blank(q.get("topic")) and q["topic"] not in topics:
@@ -204,6 +269,16 @@ def validate_bank(data: dict) -> list[str]:
         if (not _blank(q.get("answer_20s")) and not _blank(q.get("answer_60s"))
                 and len(str(q["answer_20s"])) >= len(str(q["answer_60s"]))):
             problems.append(f"{where}: the 60-second answer should be longer than the 20-second one")
+        for field_name in ("answer_20s", "answer_60s"):
+            if isinstance(q.get(field_name), str) and q[field_name].strip():
+                problems += sayable_problems(f"{where}: {field_name}", _clean(q[field_name]))
+        if q.get("shown_in"):
+            _check_evidence(where, q["shown_in"], problems)
+        same = q.get("same_as")
+        if same is not None and (not isinstance(same, str) or not re.fullmatch(r"f\d\d", same)):
+            problems.append(f"{where}: same_as {same!r} should be the id of a capstone follow-up, like f01")
+        elif same is not None and capstone_follow_ups and same not in capstone_follow_ups:
+            problems.append(f"{where}: same_as {same!r} is not the id of a follow-up of capstone.yaml")
         follow = q.get("follow_ups")
         if follow and not isinstance(follow, list):
             problems.append(f"{where}: follow_ups must be a list of {{q, a}}")
@@ -211,6 +286,8 @@ def validate_bank(data: dict) -> list[str]:
             for j, f in enumerate(follow, 1):
                 if not isinstance(f, dict) or _blank(f.get("q")) or _blank(f.get("a")):
                     problems.append(f"{where}: follow-up {j} needs a question (q) and an answer (a)")
+                else:
+                    _check_unnamed(f"{where}: follow-up {j}", f["a"], problems)
     valid = [q for q in questions if isinstance(q, dict)]
     if len(valid) < MIN_QUESTIONS:
         problems.append(f"only {len(valid)} questions; the bank needs at least {MIN_QUESTIONS}")
@@ -226,7 +303,7 @@ def validate_bank(data: dict) -> list[str]:
 
 
 def _entries(items: list, kind: str, fields: tuple[str, ...], list_field: str, id_letter: str,
-             problems: list[str]) -> Iterator[tuple[str, dict]]:
+             problems: list[str], optional: tuple[str, ...] = ()) -> Iterator[tuple[str, dict]]:
     """Each entry of a data file's list that is a mapping, with the name its problems are
     told by ("question q07"), once the checks every entry gets have run; an entry that is
     not a mapping is a problem itself."""
@@ -236,18 +313,19 @@ def _entries(items: list, kind: str, fields: tuple[str, ...], list_field: str, i
             problems.append(f"{kind} #{i + 1}: is not a mapping")
             continue
         where = f"{kind} {entry.get('id') or '#' + str(i + 1)}"
-        _check_entry(entry, where, fields, list_field, id_letter, seen, problems)
+        _check_entry(entry, where, fields, list_field, id_letter, seen, problems, optional)
         yield where, entry
 
 
 def _check_entry(entry: dict, where: str, fields: tuple[str, ...], list_field: str, id_letter: str,
-                 seen: set, problems: list[str]) -> None:
+                 seen: set, problems: list[str], optional: tuple[str, ...] = ()) -> None:
     """The checks a question and a costly answer share: every field present and non-empty
-    (``list_field`` must also hold items), no unknown field, an id like q01 / c01 used once."""
+    (``list_field`` must also hold items), no unknown field (``optional`` ones may be left
+    out), an id like q01 / c01 used once."""
     for name in fields:
         if _blank(entry.get(name)) or (name == list_field and not entry.get(name)):
             problems.append(f"{where}: {name} is missing or empty")
-    extra = set(entry) - set(fields)
+    extra = set(entry) - set(fields) - set(optional)
     if extra:
         problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
     eid = entry.get("id")
@@ -270,7 +348,10 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
     * **position**: every letter must be the right answer in at least 20 % of the
       statements that offer it. a, b and c, which every statement offers, count over all
       statements; d, which only four-choice statements offer, counts over those alone
-      (with six four-choice statements, d must be right in at least two of them).
+      (with six four-choice statements, d must be right in at least two of them);
+    * **no concession**: every statement is wrong, so no choice may agree with it ("It
+      holds…", "It is safe…", "Nothing is wrong…", see :data:`CONCEDING`): a reader rules
+      such a choice out unread.  A wrong choice is a confident, specific, wrong diagnosis.
 
     Each problem names the figure and the fix."""
     problems: list[str] = []
@@ -292,6 +373,13 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
             ans = c.get("answer")
             if not _blank(ans) and (ans not in LETTERS or LETTERS.index(ans) >= len(choices)):
                 problems.append(f"{where}: answer {ans!r} is not the letter of a choice")
+            for letter, x in zip(LETTERS, choices):
+                if _concedes(x):
+                    problems.append(
+                        f"{where}: choice {letter}) concedes the statement (“{_clean(x)[:40]}…”): "
+                        "every statement here is wrong, so a reader rules it out without reading. "
+                        "Rewrite it as a confident wrong diagnosis — a specific, plausible reason "
+                        "that is wrong, as long as the right one")
         elif choices:
             problems.append(f"{where}: choices must be a list")
     return problems + _balance_problems(quiz_balance(items))
@@ -301,6 +389,21 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
 # costly_answers.yaml.  Shares are compared in whole numbers (no float rounding at the edge).
 MAX_LONGEST = (1, 2)        # the right answer strictly longest in at most 1/2 of the statements
 MIN_POSITION = (1, 5)       # every letter right in at least 1/5 of the statements offering it
+# A choice that agrees with the statement instead of diagnosing it: its opening words, or
+# a phrase that says the statement is fine.  Every statement of the quiz is wrong, so such a
+# choice is never the answer and a reader can skip it unread.
+CONCEDING = re.compile(r"""
+    ^(?:it|this|that|they|yes|the\ (?:statement|claim|design|plan|idea))\b[\s,]*   # It / That ...
+     (?:(?:is|was|'s|are)\s+(?:(?:all|perfectly|basically|mostly|essentially|quite)\s+)?
+        (?:safe|sound|right|fine|correct|true|ok|okay|valid|accurate)\b    # ... is safe, is right
+      | (?:is|'s)\s+the\ (?:right|correct|safe)\b                          # ... is the right way
+      | (?:still\s+)?(?:holds?|works?|closes\ the\ gap)\b                  # ... holds, works
+      | \w+\ only\ (?:with|when|if|once|until|at|under|for)\b)            # ... breaks only with
+  | ^(?:correct|agreed|true|right|fine|exactly)\b                          # Correct: ...
+  | \b(?:is|are)\ (?:safe|sound|fine|right|correct)                        # ... is safe as long as
+     \ (?:too|as\ long\ as|once|if|when|while|until|as\ stated)\b
+  | \bnothing\ (?:is|goes)\ (?:wrong|lost)\b | \bnothing\ wrong\b | \bno\ problem\b
+""", re.IGNORECASE | re.VERBOSE)
 
 
 @dataclass(frozen=True)
@@ -313,11 +416,18 @@ class QuizBalance:
     longest: int
     offered: dict[str, int]
     right: dict[str, int]
+    conceding: int = 0          # choices that agree with their statement (CONCEDING)
+    guess: float = 0.0          # a blind guess's expected score that skips conceding choices
 
     def __str__(self) -> str:
         where = ", ".join(f"{x}) {self.right[x]}/{self.offered[x]}" for x in self.offered)
         return (f"{self.statements} statements; the right answer is the longest choice in "
-                f"{self.longest}; right answers by position: {where}")
+                f"{self.longest}; right answers by position: {where}; {self.conceding} "
+                f"conceding choices, a blind guess that skips them scores {self.guess:.0%}")
+
+
+def _concedes(choice) -> bool:
+    return isinstance(choice, str) and bool(CONCEDING.search(_clean(choice)))
 
 
 def _is_longest(choices: list[str], index: int) -> bool:
@@ -329,8 +439,10 @@ def quiz_balance(items: list) -> QuizBalance:
     """The length and position figures of a quiz: ``items`` are the raw entries of
     costly_answers.yaml (mappings) or :class:`Costly` statements.  Entries that are not
     well formed (not 3 or 4 text choices, an answer that is not one of their letters) are
-    left out: validate_costly reports them on their own."""
-    statements = longest = 0
+    left out: validate_costly reports them on their own.  ``guess`` is what a reader who
+    picks at random among the choices that do not concede (:data:`CONCEDING`) scores."""
+    statements = longest = conceding = 0
+    guess = 0.0
     offered = dict.fromkeys(LETTERS, 0)
     right = dict.fromkeys(LETTERS, 0)
     for c in items:
@@ -349,8 +461,12 @@ def quiz_balance(items: list) -> QuizBalance:
         right[answer] += 1
         for letter in LETTERS[:len(choices)]:
             offered[letter] += 1
+        kept = [i for i, x in enumerate(choices) if not _concedes(x)] or list(range(len(choices)))
+        conceding += len(choices) - len(kept) if len(kept) < len(choices) else 0
+        guess += (index in kept) / len(kept)
     return QuizBalance(statements, longest, {x: n for x, n in offered.items() if n},
-                       {x: right[x] for x, n in offered.items() if n})
+                       {x: right[x] for x, n in offered.items() if n},
+                       conceding, guess / statements if statements else 0.0)
 
 
 def _balance_problems(b: QuizBalance) -> list[str]:
@@ -384,7 +500,7 @@ def load_bank(path: Path | str | None = None) -> Bank:
     """The question bank, validated (a LabkitError lists the problems)."""
     path = Path(path) if path else QUESTIONS_FILE
     data = _read_yaml(path)
-    problems = validate_bank(data)
+    problems = validate_bank(data, _capstone_follow_up_ids(_read_yaml(CAPSTONE_FILE)))
     if problems:
         raise LabkitError(f"{path.name} has {len(problems)} problem(s): " + "; ".join(problems[:8]),
                           "fix them; `labkit drill check` lists them all.")
@@ -392,7 +508,10 @@ def load_bank(path: Path | str | None = None) -> Bank:
     questions = [
         Question(q["id"], q["level"], q["topic"], q["notebook"], _clean(q["question"]),
                  _clean(q["answer_20s"]), _clean(q["answer_60s"]),
-                 tuple(FollowUp(_clean(f["q"]), _clean(f["a"])) for f in q["follow_ups"]))
+                 tuple(FollowUp(_clean(f["q"]), _clean(f["a"])) for f in q["follow_ups"]),
+                 tuple(Evidence(e["notebook"], _clean(e["section"]), _clean(e.get("shows") or ""))
+                       for e in q["shown_in"]),
+                 q.get("same_as"))
         for q in data["questions"]]
     return Bank(topics, questions)
 
@@ -418,9 +537,12 @@ def _clean(text) -> str:
 
 # -- the capstone card ---------------------------------------------------------------------------
 
-CAPSTONE_FIELDS = ("topic", "notebook", "asked_at", "question", "levels", "deductions", "follow_ups")
+CAPSTONE_FIELDS = ("topic", "notebook", "asked_at", "question", "answer_20s", "levels", "deductions",
+                   "follow_ups")
 CAPSTONE_LEVEL_FIELDS = ("answer", "rubric", "shown_in")
-CHAIN_FIELDS = ("level", "notebook", "q", "a")
+CHAIN_FIELDS = ("id", "level", "notebook", "q", "a")
+RUBRIC_ITEMS = 5            # every level of the capstone's rubric lists five things to listen for
+RUBRIC_PASS = 4             # and a level is reached when four of them are heard
 
 
 @dataclass(frozen=True)
@@ -442,6 +564,7 @@ class Deduction:
 
 @dataclass(frozen=True)
 class ChainedFollowUp:
+    id: str
     level: str
     notebook: str
     question: str
@@ -457,6 +580,7 @@ class Capstone:
     notebook: str
     asked_at: str
     question: str
+    answer_20s: str
     layers: tuple[Layer, ...]
     deductions: tuple[Deduction, ...]
     follow_ups: tuple[ChainedFollowUp, ...]
@@ -468,6 +592,25 @@ class Capstone:
     def answer(self, level: str) -> str:
         """The layered answer up to ``level``: each level's answer after the one below."""
         return " ".join(x.answer for x in self.layers[:LEVELS.index(level) + 1])
+
+
+def capstone_score(heard: dict[str, int], deductions: int = 0) -> int:
+    """The capstone's score, 0 to 4, from how many rubric items of each level were heard —
+    in the answer or in the answers to the follow-ups: 1 junior, 2 middle, 3 senior, 4
+    principal.  A level is reached with RUBRIC_PASS of its RUBRIC_ITEMS items and every level
+    below it reached; each costly answer said and not corrected takes a point off (not
+    below 0)."""
+    reached = 0
+    for level in LEVELS:
+        if heard.get(level, 0) < RUBRIC_PASS:
+            break
+        reached += 1
+    return max(0, reached - deductions)
+
+
+def _capstone_follow_up_ids(data: dict) -> list[str]:
+    chain = data.get("follow_ups") if isinstance(data, dict) else None
+    return [f["id"] for f in chain or [] if isinstance(f, dict) and isinstance(f.get("id"), str)]
 
 
 def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Collection[str] = ()) -> list[str]:
@@ -484,8 +627,11 @@ def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Coll
     extra = set(data) - set(CAPSTONE_FIELDS)
     if extra:
         problems.append(f"unknown field(s) {', '.join(sorted(extra))}")
-    if not _blank(data.get("question")) and not isinstance(data["question"], str):
-        problems.append("question must be text")
+    for name in ("question", "answer_20s"):
+        if not _blank(data.get(name)) and not isinstance(data[name], str):
+            problems.append(f"{name} must be text")
+    if isinstance(data.get("answer_20s"), str) and data["answer_20s"].strip():
+        problems += sayable_problems("answer_20s", _clean(data["answer_20s"]))
     if topics and not _blank(data.get("topic")) and data["topic"] not in topics:
         problems.append(f"topic {data['topic']!r} is not a topic of questions.yaml")
     _check_notebook("the card", data.get("notebook"), problems)
@@ -509,8 +655,11 @@ def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Coll
             rubric = layer.get("rubric")
             if rubric and (not isinstance(rubric, list) or any(_blank(x) or not isinstance(x, str) for x in rubric)):
                 problems.append(f"{where}: rubric must be a list of non-empty lines")
-            elif isinstance(rubric, list) and len(rubric) < 2:
-                problems.append(f"{where}: the rubric needs at least two things to listen for")
+            elif isinstance(rubric, list) and len(rubric) != RUBRIC_ITEMS:
+                problems.append(f"{where}: the rubric lists {len(rubric)} things to listen for; it needs "
+                                f"exactly {RUBRIC_ITEMS} (a level is reached with {RUBRIC_PASS} of them)")
+            if isinstance(layer.get("answer"), str) and layer["answer"].strip():
+                problems += sayable_problems(f"{where}: answer", _clean(layer["answer"]))
             shown = layer.get("shown_in")
             if shown and not isinstance(shown, list):
                 problems.append(f"{where}: shown_in must be a list of notebooks")
@@ -539,11 +688,18 @@ def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Coll
     if chain and not isinstance(chain, list):
         problems.append("follow_ups must be a list of {level, notebook, q, a}")
     elif chain:
+        ids: set = set()
         for i, f in enumerate(chain, 1):
             where = f"follow-up {i}"
             if not isinstance(f, dict):
                 problems.append(f"{where}: is not a mapping")
                 continue
+            if not _blank(f.get("id")) and not re.fullmatch(r"f\d\d", str(f["id"])):
+                problems.append(f"{where}: id {f['id']!r} should look like f01")
+            elif f.get("id") in ids:
+                problems.append(f"{where}: the id {f['id']} is used twice")
+            ids.add(f.get("id"))
+            _check_unnamed(f"{where}: a", f.get("a"), problems)
             for name in CHAIN_FIELDS:
                 if _blank(f.get(name)):
                     problems.append(f"{where}: {name} is missing or empty")
@@ -565,11 +721,11 @@ def load_capstone(path: Path | str | None = None) -> Capstone:
         raise LabkitError(f"{path.name} has {len(problems)} problem(s): " + "; ".join(problems[:8]),
                           "fix them; `labkit drill check` lists them all.")
     return Capstone(
-        data["topic"], data["notebook"], data["asked_at"], _clean(data["question"]),
+        data["topic"], data["notebook"], data["asked_at"], _clean(data["question"]), _clean(data["answer_20s"]),
         tuple(Layer(lvl, _clean(x["answer"]), tuple(_clean(r) for r in x["rubric"]), tuple(x["shown_in"]))
               for lvl, x in data["levels"].items()),
         tuple(Deduction(d["costly"], _clean(d["says"])) for d in data["deductions"]),
-        tuple(ChainedFollowUp(f["level"], f["notebook"], _clean(f["q"]), _clean(f["a"]))
+        tuple(ChainedFollowUp(f["id"], f["level"], f["notebook"], _clean(f["q"]), _clean(f["a"]))
               for f in data["follow_ups"]))
 
 
@@ -593,7 +749,13 @@ def card_text(q: Question, reveal: int = 3) -> str:
         for f in q.follow_ups:
             lines.append(_wrap(f.question, "        ", "  then  "))
             lines.append(_wrap(f.answer, "        ", "        "))
+        lines.append(evidence_text(q))
     return "\n".join(lines)
+
+
+def evidence_text(q: Question) -> str:
+    """Where the workbook shows the answer: ``shown  13 § 1 · The MVCC horizon …: what it shows``."""
+    return "\n".join(_wrap(str(e), "        ", "  shown ") for e in q.shown_in)
 
 
 def study_sheet(bank: Bank | None = None, level: str | None = None, topic: str | None = None,
@@ -685,39 +847,74 @@ def _id_ranges(ids: list[str]) -> str:
     return ", ".join(r[0] if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
 
 
-CAPSTONE_SCALE = ("0  less than the junior rubric",
-                  "1  everything the junior rubric asks",
-                  "2  everything up to the middle rubric",
-                  "3  everything up to the senior rubric (principal depth scores 3 too)")
+CAPSTONE_SCALE = (f"0  fewer than {RUBRIC_PASS} of the junior items",
+                  f"1  junior: {RUBRIC_PASS} of its {RUBRIC_ITEMS} items",
+                  f"2  middle: {RUBRIC_PASS} of its {RUBRIC_ITEMS}, and junior reached",
+                  f"3  senior: {RUBRIC_PASS} of its {RUBRIC_ITEMS}, and middle reached",
+                  f"4  principal: {RUBRIC_PASS} of its {RUBRIC_ITEMS}, and senior reached")
+CAPSTONE_WIDTH = 96         # the capstone's model answer and rubric side by side fit this width
+_SIDE_BY_SIDE = 80          # narrower than this, each level's rubric follows its answer
 
 
 def _short_nb(name: str) -> str:
     return name.split("_", 1)[0]
 
 
-def capstone_text(card: Capstone | None = None, *, level: str | None = None,
-                  follow_ups: bool = False, rubric: bool | None = None) -> str:
-    """The capstone card as text.  By default the question, the rubric by level and the
-    deductions.  ``level``: the layered answer from junior up to that level instead of the
-    rubric (rubric=True keeps it as well); ``follow_ups``: the chain of follow-ups with
-    their answers and the notebooks that show them."""
+def _columns(left: list[str], right: list[str], width: int) -> list[str]:
+    """Two lists of lines side by side, the left padded to ``width``."""
+    rows = max(len(left), len(right))
+    return [f"{a:<{width}}  {b}".rstrip() for a, b in zip(left + [""] * (rows - len(left)),
+                                                          right + [""] * (rows - len(right)))]
+
+
+def capstone_model(card: Capstone | None = None, *, level: str | None = None, rubric: bool = True,
+                   width: int = CAPSTONE_WIDTH) -> str:
+    """The capstone's model: the layered answer from junior up to ``level`` (None: principal),
+    each level beside its rubric (one column under the other when ``width`` is under 80), then
+    the scale, the deductions and how the follow-ups count.  rubric=False: the answers alone."""
     card = card or load_capstone()
     if level is not None and level not in LEVELS:
         raise LabkitError(f"There is no level {level!r}.", f"use one of {', '.join(LEVELS)}.")
-    rubric = level is None if rubric is None else rubric
-    lines = [f"Capstone · asked at {card.asked_at} · {card.topic} · {card.notebook}",
-             _wrap(card.question, "  ", "Q ")]
-    if level is not None:
-        lines.append(f"\nThe layered answer, junior to {level} (each level adds to the one before):")
-        for layer in card.layers[:LEVELS.index(level) + 1]:
-            shown = ", ".join(_short_nb(n) for n in layer.shown_in)
-            lines.append(_wrap(f"{layer.answer} [shown in {shown}]", " " * 12, f"  {layer.level:<10}"))
+    layers = card.layers[:LEVELS.index(level or LEVELS[-1]) + 1]
+    side = rubric and width >= _SIDE_BY_SIDE
+    text_width = (width - 14) * 3 // 5 if side else width - 12
+    rubric_width = width - 14 - text_width if side else text_width
+    head = ("The model answer at junior level" if len(layers) == 1 else
+            f"The model answer, junior to {layers[-1].level} (each level adds to the one before)")
+    lines = [head + (f", {'beside' if side else 'with'} the rubric: a level is reached with {RUBRIC_PASS} of "
+                     f"its {RUBRIC_ITEMS} items and every level below it reached" if rubric else "") + ":"]
+    lines = [textwrap.fill(lines[0], width)]
+    for layer in layers:
+        shown = ", ".join(_short_nb(n) for n in layer.shown_in)
+        answer = textwrap.wrap(f"{layer.answer} [shown in {shown}]", text_width, break_on_hyphens=False)
+        items = [line for r in layer.rubric
+                 for line in textwrap.wrap(r, rubric_width, initial_indent="□ ", subsequent_indent="  ")]
+        body = (_columns(answer, items, text_width) if side
+                else answer + ([""] + items if rubric else []))
+        lines.append("")
+        lines += [((f"  {layer.level:<10}" if i == 0 else " " * 12) + row).rstrip() for i, row in enumerate(body)]
     if rubric:
-        lines.append("\nRubric · a level scores when all of it, and of the levels below, is there:")
-        for layer in card.layers:
-            lines.append(_wrap(" · ".join(layer.rubric), " " * 12, f"  {layer.level:<10}"))
-        lines.append(_wrap(" · ".join(f"{d.costly} {d.says}" for d in card.deductions),
-                           " " * 12, "  −1 each   "))
+        lines += ["", "Score:"] + ["  " + x for x in CAPSTONE_SCALE]
+        lines.append(textwrap.fill(" · ".join(f"{d.costly} {d.says}" for d in card.deductions), width,
+                                   initial_indent="  −1 each   ", subsequent_indent=" " * 12))
+        lines.append(textwrap.fill("What the candidate says in answer to the follow-ups counts toward the "
+                                   "rubric as much as the first answer.", width, initial_indent="  ",
+                                   subsequent_indent="  "))
+    return "\n".join(lines)
+
+
+def capstone_text(card: Capstone | None = None, *, level: str | None = None,
+                  follow_ups: bool = False, rubric: bool = True, width: int = CAPSTONE_WIDTH) -> str:
+    """The capstone card as text: the question, the answer in 20 seconds, then the layered
+    model answer beside its rubric (``level``: junior up to that level only; rubric=False:
+    the answers alone), the 0-4 scale and the deductions.  ``follow_ups``: the chain of
+    follow-ups with their answers and the notebooks that show them."""
+    card = card or load_capstone()
+    fill = functools.partial(textwrap.fill, width=min(width, WIDTH), break_on_hyphens=False)
+    lines = [f"Capstone · asked at {card.asked_at} · {card.topic} · {card.notebook}",
+             fill(card.question, initial_indent="Q ", subsequent_indent="  "),
+             fill(card.answer_20s, initial_indent="20 s  ", subsequent_indent=" " * 6), "",
+             capstone_model(card, level=level, rubric=rubric, width=width)]
     if follow_ups:
         lines.append(f"\nFollow-ups, in the order they usually come ({len(card.follow_ups)}):")
         for i, f in enumerate(card.follow_ups, 1):
@@ -727,7 +924,8 @@ def capstone_text(card: Capstone | None = None, *, level: str | None = None,
 
 
 def print_capstone(level: str | None = None, *, follow_ups: bool = False) -> None:
-    """Print the capstone card: the question and rubric, or (``level``) the layered answer."""
+    """Print the capstone card: the question, the 20-second answer, and the layered model
+    answer beside its rubric (``level``: up to that level)."""
     print(capstone_text(level=level, follow_ups=follow_ups))
 
 
@@ -889,22 +1087,50 @@ def flashcards(level: str | None = None, topic: str | None = None) -> Flashcards
     return cards
 
 
-class Quiz(_Stepper):
-    """Pick what is wrong with each statement, check, see why; ``.box`` is the widget."""
+# the quiz is read from a projector too: its statement and choices at 20 px, each choice a
+# block of wrapped text beside its letter button (a row grows with its text)
+QUIZ_TEXT = "font-size: 20px; line-height: 1.4; white-space: normal; overflow-wrap: anywhere"
+QUIZ_MARKS = {None: ("transparent", "transparent"), "picked": ("#2563eb", "rgba(37, 99, 235, 0.14)"),
+              "right": ("#15803d", "rgba(21, 128, 61, 0.16)"), "wrong": ("#b91c1c", "rgba(185, 28, 28, 0.14)")}
+QUIZ_BUTTONS = {None: "", "picked": "primary", "right": "success", "wrong": "danger"}
 
-    def __init__(self, items: list[Costly] | None = None):
+
+class Quiz(_Stepper):
+    """Pick what is wrong with each statement, check, see why; ``.box`` is the widget.
+
+    Each statement's choices are shown in an order drawn once per quiz (``seed``: the same
+    order every time, for tests); the letters on screen are those positions.  ``picked``
+    and :func:`grade_quiz` use the statement's own letters, as in costly_answers.yaml."""
+
+    def __init__(self, items: list[Costly] | None = None, *, seed: int | None = None):
         import ipywidgets as w
 
         self.items = load_costly() if items is None else list(items)
         if not self.items:
             raise LabkitError("The quiz has no statements to show.", "pick another topic.")
+        rng = random.Random(seed)
+        self.orders = {c.id: rng.sample(range(len(c.choices)), len(c.choices)) for c in self.items}
         self.index = 0
         self.picked: dict[str, str] = {}
+        self.selected: int | None = None        # the position on screen picked, not yet checked
         self.statement = w.HTML()
-        self.choice = w.RadioButtons(options=[], layout={"width": "95%"})
+        self.statement.add_class("labkit-quiz-statement")
+        self.letters, self.texts, self.rows = [], [], []
+        for position, letter in enumerate(LETTERS):
+            button = w.Button(description=f"{letter})", layout={"width": "64px", "height": "44px",
+                                                                 "flex": "0 0 auto"},
+                              style={"font_size": "20px", "font_weight": "bold"})
+            button.add_class("labkit-quiz-letter")
+            button.on_click(lambda _, position=position: self.select(position))
+            text = w.HTML(layout={"flex": "1 1 0%", "width": "auto", "min_width": "0"})
+            row = w.HBox([button, text], layout={"align_items": "flex-start", "margin": "0 0 6px 0"})
+            row.add_class("labkit-quiz-choice")
+            self.letters.append(button)
+            self.texts.append(text)
+            self.rows.append(row)
         self.check_button, controls = self._controls("check", self.check)
         self.verdict = w.HTML()
-        self.box = static_box([self.statement, self.choice, controls, self.verdict], self.describe)
+        self.box = static_box([self.statement, *self.rows, controls, self.verdict], self.describe)
         self._render()
 
     def describe(self) -> str:
@@ -915,16 +1141,41 @@ class Quiz(_Stepper):
     def current(self) -> Costly:
         return self.items[self.index]
 
+    @property
+    def shown(self) -> list[str]:
+        """The current statement's choices in the order on screen (a, b, ...)."""
+        c = self.current
+        return [c.choices[i] for i in self.orders[c.id]]
+
+    def shown_letter(self, letter: str) -> str:
+        """Where the current statement's own choice ``letter`` is on screen."""
+        return LETTERS[self.orders[self.current.id].index(LETTERS.index(letter))]
+
+    @property
+    def selection(self) -> str | None:
+        """The text of the choice picked on the current statement (None: none yet)."""
+        return None if self.selected is None else self.shown[self.selected]
+
+    def select(self, position: int) -> None:
+        """Pick the choice at ``position`` on screen (0 is a)); the letter's button says so."""
+        n = len(self.current.choices)
+        if not 0 <= position < n:
+            raise LabkitError(f"This statement has {n} choices; there is none at position {position}.",
+                              f"pick a position from 0 (a) to {n - 1} ({LETTERS[n - 1]})).")
+        self.selected = position
+        self.verdict.value = ""
+        self._mark()
+
     def check(self) -> bool | None:
         c = self.current
-        if self.choice.value is None:
-            self.verdict.value = _pre("Pick one of the choices first.")
+        if self.selected is None:
+            self.verdict.value = self._say("Pick one of the choices first.")
             return None
-        letter = LETTERS[self.choice.index]
-        self.picked[c.id] = letter
-        ok = letter == c.answer
-        head = "Right." if ok else f"Not quite — the answer is {c.answer})."
-        self.verdict.value = _pre(_wrap(f"{head} {c.why} Shown in {c.notebook}.") + "\n" + self.score())
+        self.picked[c.id] = LETTERS[self.orders[c.id][self.selected]]
+        ok = self.picked[c.id] == c.answer
+        head = "Right." if ok else f"Not quite — the answer is {self.shown_letter(c.answer)})."
+        self.verdict.value = self._say(f"{head} {c.why} Shown in {c.notebook}.", self.score())
+        self._mark(checked=True)
         return ok
 
     def score(self) -> str:
@@ -937,19 +1188,46 @@ class Quiz(_Stepper):
 
     def _render(self) -> None:
         c = self.current
-        self.statement.value = _pre(f"{c.id} · {c.topic} · {c.notebook}\n"
-                                    + _wrap(f"“{c.statement}”") + "\n\nWhat is wrong with it?")
-        self.choice.options = [f"{letter}) {text}" for letter, text in zip(LETTERS, c.choices)]
-        self.choice.value = None
+        self.statement.value = (
+            f"<div style='{QUIZ_TEXT}'><div style='font-size: 14px; opacity: 0.75'>"
+            f"{html.escape(f'{c.id} · {c.topic} · {c.notebook}')}</div>"
+            f"<div style='margin: 4px 0'>“{html.escape(c.statement)}”</div>"
+            "<div style='font-weight: bold'>What is wrong with it?</div></div>")
+        self.selected = None
         self.verdict.value = ""
         self.position.value = f"{self.index + 1} of {len(self.items)}"
+        for position, row in enumerate(self.rows):
+            row.layout.display = None if position < len(c.choices) else "none"
+        self._mark()
+
+    @staticmethod
+    def _say(*lines: str) -> str:
+        """The verdict's lines, as large as the choices."""
+        return "".join(f"<div style='{QUIZ_TEXT}; margin: 4px 0'>{html.escape(x)}</div>" for x in lines)
+
+    def _mark(self, checked: bool = False) -> None:
+        """Each choice's text and letter button, the one picked highlighted; once checked,
+        the right one green and a wrong pick red."""
+        right = self.shown_letter(self.current.answer)
+        for position, text in enumerate(self.shown):
+            mark = "picked" if position == self.selected else None
+            if checked and LETTERS[position] == right:
+                mark = "right"
+            elif checked and mark:
+                mark = "wrong"
+            border, background = QUIZ_MARKS[mark]
+            self.texts[position].value = (
+                f"<div style='{QUIZ_TEXT}; padding: 4px 10px; border-radius: 4px; "
+                f"border-left: 5px solid {border}; background: {background}'>{html.escape(text)}</div>")
+            self.letters[position].button_style = QUIZ_BUTTONS[mark]
 
 
-def quiz(topic: str | None = None) -> Quiz:
-    """Show the quiz widget; prints one line.  The static version is :func:`print_quiz`."""
+def quiz(topic: str | None = None, *, seed: int | None = None) -> Quiz:
+    """Show the quiz widget; prints one line.  The static version is :func:`print_quiz`.
+    ``seed``: the same order of choices every time."""
     from IPython.display import display
 
-    q = Quiz([c for c in load_costly() if topic is None or c.topic == topic])
+    q = Quiz([c for c in load_costly() if topic is None or c.topic == topic], seed=seed)
     print("No widget below? drill.print_quiz() prints the statements; key=True adds the answers.")
     display(q.box)
     return q
@@ -1197,7 +1475,7 @@ def drill_command(*, what: str, level: str | None = None, topic: str | None = No
             qdata, cdata, kdata = _read_yaml(QUESTIONS_FILE), _read_yaml(COSTLY_FILE), _read_yaml(CAPSTONE_FILE)
             topics = qdata.get("topics") or {}
             costly_ids = [c.get("id") for c in cdata.get("answers") or [] if isinstance(c, dict)]
-            problems = ([f"questions.yaml: {p}" for p in validate_bank(qdata)]
+            problems = ([f"questions.yaml: {p}" for p in validate_bank(qdata, _capstone_follow_up_ids(kdata))]
                         + [f"costly_answers.yaml: {p}" for p in validate_costly(cdata, topics)]
                         + [f"capstone.yaml: {p}" for p in validate_capstone(kdata, costly_ids, topics)])
             for p in problems:
@@ -1205,11 +1483,15 @@ def drill_command(*, what: str, level: str | None = None, topic: str | None = No
             if problems:
                 return 1
             bank = load_bank()
-            print(f"questions.yaml: {len(bank)} questions, {len(bank.topics)} topics — ok")
-            print(f"costly_answers.yaml: {len(load_costly())} statements — ok")
+            same = sum(q.same_as is not None for q in bank.questions)
+            print(f"questions.yaml: {len(bank)} questions ({same} the same as a capstone follow-up), "
+                  f"{len(bank.topics)} topics — ok")
+            quiz_figures = quiz_balance(load_costly())
+            print(f"costly_answers.yaml: {quiz_figures.statements} statements, no choice concedes, "
+                  f"a blind guess scores {quiz_figures.guess:.0%} — ok")
             card = load_capstone()
-            print(f"capstone.yaml: {len(card.layers)} levels, {len(card.deductions)} deductions, "
-                  f"{len(card.follow_ups)} follow-ups — ok")
+            print(f"capstone.yaml: {len(card.layers)} levels of {RUBRIC_ITEMS} rubric items, "
+                  f"{len(card.deductions)} deductions, {len(card.follow_ups)} follow-ups — ok")
     except LabkitError as exc:
         print(exc, file=sys.stderr)
         return 1
