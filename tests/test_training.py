@@ -457,3 +457,22 @@ def test_the_book_from_committed_outputs_needs_no_server_and_no_kernel(tmp_path)
     fresh = subprocess.run([sys.executable, "-c", guard, "book", "--execute", str(ALL[0]), "--out",
                             str(tmp_path / "fresh")], env=env, capture_output=True, text=True, timeout=300)
     assert fresh.returncode != 0 and "started a process: subprocess.Popen" in fresh.stderr
+
+
+def test_no_line_of_a_handout_wraps_when_printed_on_a4(handouts, browser):
+    pages = sorted(p for p in handouts.glob("[0-9]*.html") if not p.name.endswith(".summary.html"))
+    assert len(pages) == len(ALL)
+    assert training.check_handouts(pages, browser) == []
+
+
+def test_a_line_too_wide_for_a4_is_caught(tmp_path, browser):
+    nb = nbformat.v4.new_notebook()
+    wide = "step 1 · " + "  ".join(f"column{i:02d}" for i in range(12))        # 9 + 12 * 10 chars
+    cell = nbformat.v4.new_code_cell('print("...")')
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=wide + "\nshort\n")]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A page"), cell]
+    path = tmp_path / "99_wide.ipynb"
+    nbformat.write(nb, path)
+    training.book([str(path)], out=tmp_path / "book", quiet=True)
+    problems = training.check_handouts([tmp_path / "book" / "99_wide.html"], browser)
+    assert len(problems) == 1 and f"{len(wide)}-character line" in problems[0] and "column00" in problems[0]

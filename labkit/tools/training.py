@@ -1125,6 +1125,55 @@ def _markdown_parts(nb: NotebookNode) -> list[str]:
     return parts
 
 
+# The handout printed on A4: 210 mm less two 15 mm margins (templates/claimlab_book), in CSS px.
+A4_TEXT_PX = round(180 / 25.4 * 96)
+
+# Run in a handout page shown as print media: every visible <pre> (code or output) whose lines,
+# kept each on one line, are wider than its box; with its widest line.
+_PRINT_WRAPS_JS = r"""
+(() => {
+  const found = [];
+  document.querySelectorAll('pre').forEach((pre) => {
+    if (!pre.offsetParent) return;
+    const was = pre.style.whiteSpace;
+    pre.style.whiteSpace = 'pre';
+    const need = pre.scrollWidth, have = pre.clientWidth;
+    pre.style.whiteSpace = was;
+    if (need > have + 1) {
+      const widest = pre.textContent.split('\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+      found.push({need: need, have: have, line: widest.slice(0, 80), chars: widest.length});
+    }
+  });
+  return found;
+})()
+"""
+
+
+def check_handouts(pages: list[Path], browser=None) -> list[str]:
+    """Each handout page as Chromium prints it on A4 (print media, the page's text width): one
+    line per preformatted block, code or output, whose lines would wrap there."""
+    from .browser import Browser
+
+    problems = []
+    own = browser is None
+    browser = browser or Browser(A4_TEXT_PX, 1000)
+    try:
+        for page in pages:
+            browser.open(page.resolve().as_uri(), settle_s=0.2)
+            browser.call("Emulation.setEmulatedMedia", media="print")
+            browser.call("Emulation.setDeviceMetricsOverride", width=A4_TEXT_PX, height=1000,
+                         deviceScaleFactor=1, mobile=False)
+            for f in browser.evaluate(_PRINT_WRAPS_JS):
+                problems.append(f"{page.name}: a {f['chars']}-character line wraps on A4 "
+                                f"({f['need']} px in {f['have']} px): {f['line']!r}")
+            browser.call("Emulation.clearDeviceMetricsOverride")
+            browser.call("Emulation.setEmulatedMedia", media="")
+    finally:
+        if own:
+            browser.close()
+    return problems
+
+
 def summary_notebook(nb: NotebookNode, stem: str) -> NotebookNode:
     """One page for the notebook ``stem``: its title, what it teaches, its minutes, its
     section headings, every "Say it in an interview" box and every exercise's prompt. No
