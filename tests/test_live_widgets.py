@@ -38,6 +38,7 @@ import nbformat
 import pytest
 from browser import Browser, find_chromium
 
+from labkit.core.text import TEXT_WIDTH
 from labkit.tools import training
 
 # The front end is the same on every server: checked without LABKIT_DSN (tests/conftest.py).
@@ -530,3 +531,144 @@ def test_a_handout_run_afresh_shows_the_replays_static_view(tmp_path):
 
     found = WIDGET_REPR.findall(html.unescape(text))
     assert found == ["VBox(children="], found                 # the bare box only
+
+
+# -- transcripts keep their columns in JupyterLab ---------------------------------------------------
+# JupyterLab sets an output's <pre> in `white-space: pre-wrap` (and `word-break: break-all`): a
+# line wider than the output area wraps mid-word and a transcript's or table's columns fall apart.
+# labkit keeps what it prints within TEXT_WIDTH characters (labkit/core/text.py); this checks, in
+# JupyterLab itself, that every stored text output of these notebooks shows whole on the screens
+# that budget is meant for.
+WRAP_NOTEBOOKS = ["01_one_lock_three_policies.ipynb", RELAY, "16_other_engines.ipynb"]
+# (name, CSS viewport width, height, device pixel ratio, file browser open)
+WRAP_LAYOUTS = [
+    ("1280x720, file browser open", 1280, 720, 1, True),
+    # Chromium's page zoom (Ctrl +) is not reachable over the DevTools protocol of a headless
+    # Chromium (the Browser class has no zoom of its own): 150 % zoom of a 1280×720 window would
+    # be emulated as what it is for the page, a CSS viewport of 1280/1.5 × 720/1.5 = 853×480 px
+    # drawn at 1.5 device pixels per CSS pixel (Emulation.setDeviceMetricsOverride), with the
+    # file browser closed: ("150 % zoom", 853, 480, 1.5, False).  It holds 83 characters of
+    # output, fewer than labkit's width (core/text.py), so it is not among the layouts held.
+]
+WRAP_PLANTED = "wrap_planted.ipynb"     # a copy of notebook 01 with one line made too wide
+WRAP_PLANTED_CELL = 12
+WRAP_PLANTED_LINE = "planted: " + "the line a transcript must never print " * 4
+
+
+def text_output_cells(nb) -> set[int]:
+    """The code cells whose stored outputs JupyterLab shows as text in a <pre>."""
+    return {i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+        o.output_type in ("stream", "error")
+        or (o.get("data") and set(o["data"]) <= {"text/plain"} and o["data"].get("text/plain"))
+        for o in c.outputs)}
+
+
+def set_wrap_layout(browser: LabBrowser, width: int, height: int, scale: float, browser_open: bool) -> dict:
+    """The page at ``width``×``height`` CSS px and ``scale`` device px per CSS px, the left
+    sidebar showing the file browser (or collapsed), the right one collapsed, the open notebook
+    active; once its layout has settled, what the page measures."""
+    browser.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                 deviceScaleFactor=scale, mobile=False)
+    browser.evaluate(f"""(() => {{ const shell = jupyterapp.shell;
+        if ({json.dumps(browser_open)}) shell.activateById('filebrowser'); else shell.collapseLeft();
+        shell.collapseRight();
+        shell.activateById(window.__panel.id); }})()""")
+    probe = """JSON.stringify({viewport: [innerWidth, innerHeight], ratio: devicePixelRatio,
+        left: !jupyterapp.shell.leftCollapsed && !!document.querySelector('#filebrowser')
+              && document.querySelector('#filebrowser').offsetWidth > 0,
+        sidebar: (document.querySelector('#jp-left-stack') || {offsetWidth: 0}).offsetWidth,
+        notebook: window.__panel.content.node.clientWidth})"""
+    want = {"viewport": [width, height], "ratio": scale, "left": browser_open}
+    last = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:      # settled: as asked, and the same twice in a row
+        now = json.loads(browser.evaluate(probe))
+        if now == last and all(now[k] == v for k, v in want.items()):
+            return now
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"the page did not settle at {want}: {last}")
+
+
+# For every output <pre> of the open notebook (every cell scrolled into view first): its width
+# as JupyterLab lays it out (pre-wrap) against its natural width on single lines (white-space:
+# pre); those that would wrap, or stick out of the notebook's visible width.
+MEASURE_PRES = """(async () => {
+    const w = window.__panel;
+    const frame = () => new Promise(r => requestAnimationFrame(() => r()));
+    await document.fonts.ready;
+    for (const c of w.content.widgets) { c.node.scrollIntoView({block: 'start'}); await frame(); }
+    await frame();
+    const view = w.content.node.getBoundingClientRect();
+    const result = {pres: 0, cells: [], wraps: []};
+    w.content.widgets.forEach((c, i) => {
+        if (c.model.type !== 'code') return;
+        const pres = c.node.querySelectorAll('.jp-OutputArea-output pre');
+        if (pres.length) result.cells.push(i);
+        pres.forEach(pre => {
+            result.pres += 1;
+            const room = pre.clientWidth;
+            const saved = pre.style.whiteSpace;
+            pre.style.whiteSpace = 'pre';
+            const natural = pre.scrollWidth;
+            const left = pre.getBoundingClientRect().left;
+            pre.style.whiteSpace = saved;
+            const lines = pre.textContent.replace(/\\n$/, '').split('\\n');
+            const longest = lines.reduce((a, b) => b.length > a.length ? b : a, '');
+            if (natural > room || left + natural > view.right + 0.5) {
+                const px = natural / Math.max(longest.length, 1);
+                result.wraps.push({cell: i, first: lines[0], longest, chars: longest.length,
+                                   natural, room, fits: Math.floor(room / px)});
+            }
+        });
+    });
+    return result;
+})()"""
+
+
+def test_no_transcript_wraps_in_jupyterlab_on_a_1280x720_screen_with_the_file_browser_open(jupyterlab, lab_page):
+    # Each notebook's stored outputs (nothing is run), at each layout of WRAP_LAYOUTS.  The check
+    # can fail: a copy of notebook 01 with one line made too wide shows exactly that line more.
+    browser, _ = lab_page
+    nb01 = nbformat.read(jupyterlab.work / WRAP_NOTEBOOKS[0], as_version=4)
+    cell = nb01.cells[WRAP_PLANTED_CELL]
+    assert cell.outputs[0].output_type == "stream" and len(WRAP_PLANTED_LINE) > TEXT_WIDTH + 40
+    cell.outputs[0].text += WRAP_PLANTED_LINE + "\n"
+    nbformat.write(nb01, jupyterlab.work / WRAP_PLANTED)
+    found: dict[tuple[str, str], list[dict]] = {}
+    measured = []
+    started = time.monotonic()
+    try:
+        for name in [*WRAP_NOTEBOOKS, WRAP_PLANTED]:
+            nb = nbformat.read(jupyterlab.work / name, as_version=4)
+            browser.open_notebook(name)
+            try:
+                for layout, width, height, scale, browser_open in WRAP_LAYOUTS:
+                    page = set_wrap_layout(browser, width, height, scale, browser_open)
+                    got = browser.evaluate(MEASURE_PRES, await_promise=True)
+                    # every cell with a text output was in the page and measured
+                    assert set(got["cells"]) == text_output_cells(nb), \
+                        f"{name} at {layout}: measured cells {got['cells']}, text outputs in " \
+                        f"{sorted(text_output_cells(nb))}"
+                    found[name, layout] = got["wraps"]
+                    measured.append(f"{name} at {layout} (sidebar {page['sidebar']} px, notebook "
+                                    f"{page['notebook']} px): {got['pres']} pres, {len(got['wraps'])} wrap")
+            finally:
+                browser.close_notebook()
+    finally:
+        browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+    print(f"\n{len(measured)} views measured in {time.monotonic() - started:.0f} s:\n  " + "\n  ".join(measured))
+
+    # the planted line is caught, at every layout, and nothing else differs from notebook 01
+    for layout, *_ in WRAP_LAYOUTS:
+        planted = [(w["cell"], w["longest"]) for w in found.pop((WRAP_PLANTED, layout))]
+        real = [(w["cell"], w["longest"]) for w in found[WRAP_NOTEBOOKS[0], layout]]
+        assert (WRAP_PLANTED_CELL, WRAP_PLANTED_LINE) in planted, f"the planted line was not caught at {layout}"
+        assert sorted(planted) == sorted(real + [(WRAP_PLANTED_CELL, WRAP_PLANTED_LINE)]), \
+            f"at {layout} the planted copy of notebook 01 differs from 01 in more than its one line"
+
+    wraps = [f"  {name} cell {w['cell']} at {layout}: first line {w['first']!r}; its longest line, "
+             f"{w['chars']} characters ({w['natural']} px, room for {w['fits']} in {w['room']} px): "
+             f"{w['longest']!r}"
+             for (name, layout), ws in found.items() for w in ws]
+    assert wraps == [], "outputs that wrap in JupyterLab (their columns fall apart):\n" + "\n".join(wraps)

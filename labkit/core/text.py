@@ -9,10 +9,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-# The widest line that still shows whole everywhere the workbook is read: JupyterLab on a
-# 1280×720 projector with the file browser open (or at 150 % zoom without it), a reveal.js
-# slide's 20-px monospace (about 100 characters a line) and an A4 handout.  A longer line
-# wraps mid-word there, and a table's columns fall apart.
+# The widest line that still shows whole where the workbook is read: JupyterLab on a 1280×720
+# projector with the file browser open (105 characters fit), a reveal.js slide's 20-px
+# monospace (about 100) and an A4 handout (96 at 8 pt).  A longer line wraps mid-word there,
+# and a table's columns fall apart.  (JupyterLab at 150 % zoom holds 83: a zoomed screen
+# wraps the widest lines; tests/test_live_widgets.py measures the 1280×720 case.)
 TEXT_WIDTH = 96
 
 GAP = "  "
