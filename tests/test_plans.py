@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from labkit.core.errors import LabkitError
-from labkit.tools import plans, training
+from labkit.tools import drill, plans, training
 from labkit.tools.nbtools import NOTEBOOKS
 
 # Built from the committed notebooks and plans.yaml: no server involved.
@@ -29,8 +29,11 @@ def test_the_guide_has_a_60_and_a_90_minute_plan_that_add_up_exactly():
 
 def test_the_90_minute_plan_carries_what_a_senior_interview_asks():
     shown = {(i.notebook[:2], s.split(" · ")[0]) for i in PLANS["90"].items for s in i.sections}
-    # the three policies, the convoy, claim-mark-commit, leases, the outbox's dual-write bug, the drill
-    assert {("01", "1"), ("01", "2"), ("02", "1"), ("03", "1"), ("04", "1"), ("06", "5"), ("10", "3")} <= shown
+    # the claim and the three policies, leases, the outbox with trace 1 before its dual-write bug, the drill
+    assert {("01", "The job table and the claim"), ("01", "1"), ("01", "2"), ("04", "1"), ("06", plans.INTRO),
+            ("06", "3"), ("06", "5"), ("10", "3")} <= shown
+    quiz, = [i for i in PLANS["90"].items if i.quiz]
+    assert 3 <= len(quiz.quiz) <= 4 and quiz.mode == "shown"
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -69,7 +72,42 @@ def test_the_timing_model_counts_slides_words_code_and_live_runs():
     assert shown.seconds == pytest.approx(plans.SLIDE_S + 60 * 2 / plans.WORDS_PER_MIN
                                           + 2 * plans.CODE_LINE_S + plans.OUTPUT_MAX_S)
     live = plans.estimate(_deck(_md("## A heading", "slide"), code), live=True, run_s=12.5)
-    assert live.seconds == pytest.approx(shown.seconds + plans.LIVE_CELL_S + 12.5)
+    assert live.seconds == pytest.approx(shown.seconds + plans.LIVE_CELL_S + plans.SWITCH_S + 12.5)
+
+
+def test_the_timing_model_prices_the_talk_around_the_slides():
+    box = plans.estimate(_deck(_md("> **Say it in an interview.** *x*", "slide")))
+    plain = plans.estimate(_deck(_md("> **Say so in an interview.** *x*", "slide")))
+    assert box.seconds == pytest.approx(plain.seconds + plans.INTERVIEW_S)
+    assert plans.estimate(_deck(_md("Predict, then run", "slide"))).seconds == pytest.approx(
+        plans.estimate(_deck(_md("Guess, then run", "slide"))).seconds + plans.PREDICT_S)
+    code = nbformat.v4.new_code_cell("t.print()")
+    code.metadata["slideshow"] = {"slide_type": "-"}
+    rows = "".join(f"{n}   BEGIN  → BEGIN\n" for n in range(1, 101))
+    code.outputs = [nbformat.v4.new_output("stream", text="#   A   note\n--  ---  ----\n" + rows + "4'  done\n")]
+    read = plans.estimate(_deck(_md("## T", "slide"), code))
+    code.outputs[0].text = "a   note\n" + rows       # no transcript: a line a second, at most a minute
+    assert read.seconds == pytest.approx(plans.estimate(_deck(_md("## T", "slide"), code)).seconds
+                                         - plans.OUTPUT_MAX_S + 101 * plans.TRANSCRIPT_ROW_S)
+    two = _deck(_md("## T", "slide"), code, copy_cell(code), _md("next", "subslide"), copy_cell(code))
+    assert plans.estimate(two, live=True).seconds == pytest.approx(
+        plans.estimate(two).seconds + 3 * plans.LIVE_CELL_S + 2 * plans.SWITCH_S)
+
+
+def copy_cell(cell):
+    return nbformat.from_dict(cell)
+
+
+def test_an_item_takes_the_introduction_and_leaves_out_named_sub_sections():
+    nb = nbformat.read(NOTEBOOKS / "01_one_lock_three_policies.ipynb", as_version=4)
+    intro = plans.section_cells(nb, plans.INTRO)
+    assert [c.cell_type for c in intro] == ["markdown"] and intro[0].source.startswith("# 01 · ")
+    heading = plans.section_headings(nb)[2]
+    whole = plans.section_cells(nb, heading)
+    subs = plans._subheadings(whole)
+    cut = plans.section_cells(nb, heading, skip=(subs[-1],))
+    assert plans._subheadings(cut) == subs[:-1] and 0 < len(cut) < len(whole)
+    assert not any("LOCK_1" in c.source for c in plans.section_cells(nb, heading, skip=tuple(subs)))
 
 
 def test_section_run_seconds_come_from_the_cells_timing():
@@ -111,6 +149,13 @@ BAD = {
     "minutes that are not a number": (lambda d: _item(d).update(minutes="ten"), "`minutes` must be a whole"),
     "a section named twice": (lambda d: _item(d).update(sections=[1, "1 · Wait: the default"]), "named twice"),
     "no introduction": (lambda d: d["plans"]["90"].pop("introduction"), "plan 90, introduction: `minutes`"),
+    "no expected answer": (lambda d: _item(d).pop("expect"), "`expect` must be some text"),
+    "a sub-heading that does not exist": (lambda d: _item(d).update(skip=["Exercise 9"]),
+                                          "no sub-heading 'Exercise 9'. Their sub-headings: One row lock"),
+    "a quiz statement that does not exist": (lambda d: _item(d, n=3).update(quiz=["c01", "c99"]),
+                                             "no quiz statement 'c99'"),
+    "a question asked before the first section": (lambda d: _item(d, n=2).update(ask_before="introduction"),
+                                                  "not one of the item's later sections"),
 }
 
 
@@ -166,17 +211,50 @@ def test_the_plan_deck_holds_exactly_the_plans_sections(deck90):
     html = deck90.read_text()
     assert (deck90.parent / "reveal.js" / "dist").is_dir()
     assert training.remote_references(html) == []
-    assert _headings(html, 2) == [s for i in plan.items for s in i.sections]
-    assert _headings(html, 1) == ["Claim Lab in 90 minutes", "Your questions", "What we saw"]
+    assert _headings(html, 2) == [s for i in plan.items for s in i.sections if s != plans.INTRO]
+    titles = [training.NOTEBOOKS and f"{i.notebook[:2]} · " for i in plan.items if plans.INTRO in i.sections]
+    h1 = _headings(html, 1)
+    assert h1[0] == "Claim Lab in 90 minutes" and h1[-2:] == ["Your questions", "What we saw"]
+    assert [h[:5] for h in h1[1:-2]] == titles
     notes = [re.sub(r"<[^>]+>", "", n) for n in re.findall(r'<aside class="notes">(.*?)</aside>', html, re.S)]
     firsts = [n for n in notes if "Ask the room:" in n]
     assert len(firsts) == len(plan.items)
-    for item, note in zip(plan.items, firsts):
+    for item, at, note in zip(plan.items, plans.starts(plan), firsts):
+        assert f"At {plans.clock(at)} · " in note
         assert f"{item.minutes} min · {item.mode}" in note and item.label() in note
-        assert " ".join(item.ask.split()[:6]) in note
+        assert " ".join(item.ask.split()[:6]) in note and " ".join(item.expect.split()[:6]) in note
         assert ("If the live run misbehaves:" in note) == (item.mode == "live")
         assert " ".join(item.fallback.split()[:5]) in note
+        assert ("from the top" in note) == (item.mode == "live")
+        assert all(f"“{s}”" in note for s in item.skip)
     assert "90 minutes in all" in notes[0] and f"buffer {plan.buffer}" in notes[0]
+    title = html.split('<aside class="notes">', 1)[0]
+    assert all(f"<strong>{plans.clock(at)}</strong>" in title for at in plans.starts(plan)[:-1])
+
+
+def test_the_plan_deck_asks_before_the_slide_that_answers(deck90):
+    item, = [i for i in PLANS["90"].items if i.ask_before]
+    html = deck90.read_text()
+    ask = html.index("Before we look:")
+    assert html.index(item.sections[0].split(" · ")[-1][:20]) < ask < html.index(f">{item.ask_before}")
+
+
+def test_the_quiz_slides_show_the_choices_in_the_files_order_and_the_key_in_the_notes(deck90):
+    html = re.sub(r"\s+", " ", deck90.read_text())
+    item, = [i for i in PLANS["90"].items if i.quiz]
+    costly = {c.id: c for c in drill.load_costly()}
+    for qid in item.quiz:
+        c = costly[qid]
+        slide = html.split(f"{qid} · what is wrong?", 1)[1].split("</section>", 1)[0]
+        shown, notes = slide.split('<aside class="notes">', 1)
+        at = [shown.index(f"<strong>{letter})</strong>") for letter in drill.LETTERS[:len(c.choices)]]
+        assert at == sorted(at)
+        for letter, choice in zip(drill.LETTERS, c.choices):
+            assert " ".join(choice.split()[:6]) in re.sub(r"<[^>]+>", "", shown.split(f"{letter})</strong>", 1)[1])
+        assert f"Answer: {c.answer})" in re.sub(r"<[^>]+>", "", notes) and c.why.split()[0] in notes
+        assert f"Answer: {c.answer}" not in shown
+        assert f"{qid}: {c.answer}" in item.expect
+    assert "the notebook’s quiz widget shuffles" in html.replace("'", "’")
 
 
 def test_plan_deck_slides_match_the_estimate_and_the_other_plan(deck90, tmp_path):

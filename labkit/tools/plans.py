@@ -5,9 +5,16 @@ from their slides, and a deck per plan.
 
 :func:`load_plans` reads ``labkit/data/plans.yaml`` and validates it: every section an item
 names is a ``## `` section of its notebook (by its number, ``1`` or ``"2b"``, or by its whole
-heading), the introduction, the items, the room's questions and the buffer add up to the
-plan's minutes exactly, the buffer is at least :data:`MIN_BUFFER` minutes, and every live item
-says what to show when its live run misbehaves.
+heading) or ``introduction`` (the notebook's text before its first ``## `` section), every
+``### `` sub-heading it leaves out (``skip``) is in one of them, every quiz statement it names
+(``quiz``) is in ``costly_answers.yaml``, the introduction, the items, the room's questions and
+the buffer add up to the plan's minutes exactly, the buffer is at least :data:`MIN_BUFFER`
+minutes, every item says the answer it expects to its question, and every live item says what
+to show when its live run misbehaves.
+
+An item with ``quiz`` shows, instead of its section's cells, one slide per statement, with its
+choices in the order of ``costly_answers.yaml`` (the order ``labkit drill quiz`` prints; the
+notebook's widget shuffles them), and its answer and why in the speaker notes.
 
 :func:`estimate` times a section from what its deck slides hold (the slides ``labkit slides``
 builds, :func:`labkit.tools.training.deck_notebook`), with this model:
@@ -25,6 +32,12 @@ builds, :func:`labkit.tools.training.deck_notebook`), with this model:
   run it, wait for the room to look), plus the cells' own run time where it was measured: the
   section's seconds in ``run_seconds`` of plans.yaml, from the notebook run once from a fresh
   kernel with nbclient's cell timing (:func:`section_run_seconds` reads them);
+* the talk around the slides: 60 s for every interview box (:data:`INTERVIEW_S`: a volunteer says
+  it before the box is shown), 45 s for every prompt to predict or vote (:data:`PREDICT_S`:
+  text that says "predict" or "vote"), 3 s for every row of a session transcript
+  (:data:`TRANSCRIPT_ROW_S`, a numbered step of a ``#``/``--`` table: read row by row, without
+  the cap of other output), and for a live item 20 s for every slide whose code is run
+  (:data:`SWITCH_S`: from the deck to JupyterLab and back);
 * 60 s for every item (:data:`ASK_S`): the question to the room and its answers.
 
 An item's estimate is the sum over its sections plus :data:`ASK_S`; a test keeps every item's
@@ -65,10 +78,19 @@ OUTPUT_MAX_S = 60
 FIGURE_S = 30
 LIVE_CELL_S = 8
 ASK_S = 60
+INTERVIEW_S = 60
+PREDICT_S = 45
+TRANSCRIPT_ROW_S = 3
+SWITCH_S = 20
 
 FIX = "edit labkit/data/plans.yaml (its header says what each field holds)."
 SECTION_RE = re.compile(r"^## (.+)$", re.M)
 NUMBER_RE = re.compile(r"^(\d+[a-z]?) · ")
+SUBSECTION_RE = re.compile(r"^### (.+)$", re.M)
+INTRO = "introduction"          # an item's name for its notebook's text before the first ``## ``
+PREDICT_RE = re.compile(r"\b(?:predict|vote)\b", re.I)
+TRANSCRIPT_RE = re.compile(r"\A#  .*\n--  -")
+STEP_RE = re.compile(r"^\d+'? ", re.M)
 WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’_-]*")
 
 
@@ -80,12 +102,20 @@ class Item:
     mode: str                       # live or shown
     about: str                      # what it shows, in a few words
     ask: str                        # the question for the room
+    expect: str                     # the answer the presenter listens for
     fallback: str                   # what to show if the live run misbehaves
+    skip: tuple[str, ...] = ()      # ``### `` sub-headings of its sections left out
+    quiz: tuple[str, ...] = ()      # statement ids of costly_answers.yaml shown instead of its cells
+    ask_before: str = ""            # the section whose first slide answers the question: it is asked before
 
     def label(self) -> str:
         """``01 §1, §2`` (a section without a number by its heading)."""
-        names = [f"§{m.group(1)}" if (m := NUMBER_RE.match(h)) else f"“{h}”" for h in self.sections]
-        return f"{self.notebook[:2]} {', '.join(names)}"
+        return f"{self.notebook[:2]} {', '.join(map(section_label, self.sections))}"
+
+
+def section_label(heading: str) -> str:
+    """``§2``, ``“The job table and the claim”`` or ``introduction``."""
+    return heading if heading == INTRO else f"§{m.group(1)}" if (m := NUMBER_RE.match(heading)) else f"“{heading}”"
 
 
 @dataclass(frozen=True)
@@ -126,26 +156,38 @@ def section_headings(nb: NotebookNode) -> list[str]:
     return [h for h in map(_heading, nb.cells) if h]
 
 
-def section_cells(nb: NotebookNode, heading: str) -> list:
-    """The cells of the section ``## heading``: its heading cell up to the next ``# `` or ``## ``."""
-    cells, inside = [], False
+def section_cells(nb: NotebookNode, heading: str, skip: tuple[str, ...] = ()) -> list:
+    """The cells of the section ``## heading``: its heading cell up to the next ``# `` or ``## ``
+    (:data:`INTRO`: the cells before the first ``## ``, its setup code left out), without the
+    ``### `` sub-sections named in ``skip`` (a sub-section ends at the next heading)."""
+    cells, inside, skipping = [], heading == INTRO, False
     for cell in nb.cells:
-        if cell.cell_type == "markdown" and cell.source.lstrip().startswith(("# ", "## ")):
+        text = cell.source.lstrip() if cell.cell_type == "markdown" else ""
+        if text.startswith("## ") or (text.startswith("# ") and heading != INTRO):
             inside = _heading(cell) == heading
-        if inside:
+        if text.startswith(("# ", "## ", "### ")):
+            skipping = (m := SUBSECTION_RE.match(text)) is not None and m.group(1).strip() in skip
+        if inside and not skipping and not (heading == INTRO and cell.cell_type == "code"):
             cells.append(cell)
     return cells
 
 
+def _subheadings(cells: list) -> list[str]:
+    return [m.group(1).strip() for c in cells if c.cell_type == "markdown"
+            and (m := SUBSECTION_RE.match(c.source.lstrip()))]
+
+
 def _resolve(stem: str, wanted, headings: list[str], where: str) -> str:
     """The heading that ``wanted`` (a section's number or its whole heading) names."""
+    if wanted == INTRO:
+        return INTRO
     for heading in headings:
         number = NUMBER_RE.match(heading)
         if str(wanted) == heading or (number and str(wanted) == number.group(1)):
             return heading
     listed = "; ".join(headings)
     raise LabkitError(f"{where}: {stem} has no section {wanted!r}. Its sections: {listed}.",
-                      "name a section by its number (1, \"2b\") or by its whole heading. " + FIX)
+                      f"name a section by its number (1, \"2b\"), by its whole heading or as {INTRO}. " + FIX)
 
 
 def _sub_notebook(nb: NotebookNode, cells: list) -> NotebookNode:
@@ -174,6 +216,8 @@ def _read_yaml(path: Path) -> dict:
 
 def _field(entry: dict, key: str, kind: type, where: str):
     value = entry.get(key) if isinstance(entry, dict) else None
+    if kind is list and value is None and key in ("skip", "quiz"):
+        return []
     if not isinstance(value, kind) or isinstance(value, bool) or (kind is str and not value.strip()) \
             or (kind is int and value <= 0):
         wanted = {int: "a whole number of minutes above 0", str: "some text", list: "a list"}[kind]
@@ -183,7 +227,8 @@ def _field(entry: dict, key: str, kind: type, where: str):
 
 def _item(raw: dict, where: str) -> Item:
     stem = _field(raw, "notebook", str, where)
-    headings = section_headings(_read_notebook(stem, where))
+    nb = _read_notebook(stem, where)
+    headings = section_headings(nb)
     wanted = _field(raw, "sections", list, where)
     chosen = [_resolve(stem, w, headings, where) for w in wanted]
     if len(set(chosen)) != len(chosen):
@@ -196,8 +241,32 @@ def _item(raw: dict, where: str) -> Item:
         raise LabkitError(f"{where}: a live demo has no `fallback`.",
                           "say which slide of the plan's deck, or which stored output, to show if the live "
                           "run misbehaves. " + FIX)
-    return Item(stem, tuple(sorted(chosen, key=headings.index)), _field(raw, "minutes", int, where), mode,
-                _field(raw, "about", str, where), _field(raw, "ask", str, where), str(fallback).strip())
+    sections = tuple(sorted(chosen, key=lambda h: -1 if h == INTRO else headings.index(h)))
+    subs = [s for h in sections for s in _subheadings(section_cells(nb, h))]
+    skip = tuple(str(s).strip() for s in _field(raw, "skip", list, where))
+    if unknown := [s for s in skip if s not in subs]:
+        raise LabkitError(f"{where}: its sections have no sub-heading {unknown[0]!r}. "
+                          f"Their sub-headings: {'; '.join(subs) or 'none'}.",
+                          "name a `### ` sub-heading of the item's sections, without the ###. " + FIX)
+    quiz = tuple(str(q) for q in _field(raw, "quiz", list, where))
+    if quiz:
+        from .drill import load_costly
+
+        known = {c.id for c in load_costly()}
+        if unknown := [q for q in quiz if q not in known]:
+            raise LabkitError(f"{where}: there is no quiz statement {unknown[0]!r}.",
+                              "name ids of labkit/data/costly_answers.yaml, like c01. " + FIX)
+        if len(sections) != 1:
+            raise LabkitError(f"{where}: a quiz item names {len(sections)} sections.",
+                              "name the one section whose cells the quiz's slides replace. " + FIX)
+    ask_before = _resolve(stem, raw["ask_before"], headings, where) if raw.get("ask_before") else ""
+    if ask_before and ask_before not in sections[1:]:
+        raise LabkitError(f"{where}: `ask_before` names {ask_before!r}, not one of the item's later sections.",
+                          "name the section, after the item's first, whose first slide answers the question. "
+                          + FIX)
+    return Item(stem, sections, _field(raw, "minutes", int, where), mode,
+                _field(raw, "about", str, where), _field(raw, "ask", str, where),
+                _field(raw, "expect", str, where), str(fallback).strip(), skip, quiz, ask_before)
 
 
 def _plan(name: str, raw: dict) -> Plan:
@@ -272,9 +341,10 @@ def _spoken(shown: Counter, said: Counter, notes: Counter) -> int:
     return sum(said.values()) + max(0, sum(notes.values()) - sum((notes & shown).values()))
 
 
-def _output(cell) -> tuple[int, int, str]:
-    """A code cell's output: its lines of text (a table's rows), its figures, and its text."""
-    lines, figures, texts = 0, 0, []
+def _output(cell) -> tuple[int, int, int, str]:
+    """A code cell's output: its lines of text (a table's rows), its figures, the steps of its
+    session transcripts (counted apart from the lines), and its text."""
+    lines, figures, steps, texts = 0, 0, 0, []
     for out in cell.get("outputs", []):
         data = out.get("data", {})
         if "image/png" in data:
@@ -284,8 +354,11 @@ def _output(cell) -> tuple[int, int, str]:
             texts.append("".join(data["text/html"]))
         else:
             texts.append("".join(out.get("text", data.get("text/plain", ""))).strip("\n"))
-            lines += texts[-1].count("\n") + 1
-    return lines, figures, "\n".join(texts)
+            if TRANSCRIPT_RE.match(texts[-1]):
+                steps += len(STEP_RE.findall(texts[-1]))
+            else:
+                lines += texts[-1].count("\n") + 1
+    return lines, figures, steps, "\n".join(texts)
 
 
 @dataclass(frozen=True)
@@ -301,8 +374,9 @@ class Estimate:
 def estimate(deck: NotebookNode, live: bool = False, run_s: float = 0.0) -> Estimate:
     """The time to present ``deck`` (cells as ``deck_notebook`` returns them), by the model of the
     module's docstring; ``run_s``: its code cells' measured run time, for a live run."""
-    slides, words, seconds, code_cells = 0, 0, 0.0, 0
+    slides, words, seconds, code_cells, switches = 0, 0, 0.0, 0, 0
     shown, said, notes = Counter(), Counter(), Counter()     # the current slide's words
+    ran = False                                              # the current slide has code run
     for cell in deck.cells:
         kind = cell.metadata.get("slideshow", {}).get("slide_type", "-")
         if kind == "skip":
@@ -310,7 +384,7 @@ def estimate(deck: NotebookNode, live: bool = False, run_s: float = 0.0) -> Esti
         if kind in ("slide", "subslide"):
             slides += 1
             words += _spoken(shown, said, notes)
-            shown, said, notes = Counter(), Counter(), Counter()
+            shown, said, notes, ran = Counter(), Counter(), Counter(), False
         if cell.cell_type == "markdown":
             text = _words(cell.source)
             if kind == "notes":
@@ -318,31 +392,62 @@ def estimate(deck: NotebookNode, live: bool = False, run_s: float = 0.0) -> Esti
             else:
                 said += text
                 shown += text
+                visible = training.DETAILS_RE.sub(" ", cell.source)
+                seconds += INTERVIEW_S * ("**Say it in an interview" in visible) \
+                    + PREDICT_S * bool(PREDICT_RE.search(visible))
         elif cell.cell_type == "code":
             if not cell.metadata.get("transient", {}).get("remove_source"):
                 code_cells += 1
+                switches += not ran
+                ran = True
                 seconds += CODE_LINE_S * sum(1 for line in cell.source.split("\n") if line.strip())
                 shown += _words(cell.source)
-            lines, figures, text = _output(cell)
-            seconds += min(OUTPUT_MAX_S, OUTPUT_LINE_S * lines) + FIGURE_S * figures
+            lines, figures, steps, text = _output(cell)
+            seconds += min(OUTPUT_MAX_S, OUTPUT_LINE_S * lines) + FIGURE_S * figures + TRANSCRIPT_ROW_S * steps
             shown += _words(text)
     words += _spoken(shown, said, notes)
     seconds += SLIDE_S * slides + 60 * words / WORDS_PER_MIN
     if live:
-        seconds += LIVE_CELL_S * code_cells + run_s
+        seconds += LIVE_CELL_S * code_cells + SWITCH_S * switches + run_s
     return Estimate(slides, seconds)
 
 
-def section_deck(nb: NotebookNode, heading: str) -> NotebookNode:
-    """The deck slides of one section, as ``labkit slides`` builds them."""
-    return training.deck_notebook(_sub_notebook(nb, section_cells(nb, heading)))
+def quiz_cells(item: Item) -> list:
+    """The slides of a quiz item: its section's heading, then one slide per statement with its
+    choices in the order of costly_answers.yaml, its answer and why in the speaker notes."""
+    from .drill import LETTERS, load_costly
+
+    by_id = {c.id: c for c in load_costly()}
+    cells = [_cell(f"## {item.sections[0]}\n\n{len(item.quiz)} things a candidate might say about what we "
+                   "saw today. Something is wrong with each: which letter says what?", "slide", "quiz")]
+    for c in map(by_id.get, item.quiz):
+        letters = LETTERS[:len(c.choices)]
+        choices = "\n\n".join(f"**{letter})** {choice}" for letter, choice in zip(letters, c.choices))
+        cells += [_cell(f"### {c.id} · what is wrong?\n\n> “{c.statement}”\n\n{choices}\n\n"
+                        f"**Vote:** {', '.join(letters[:-1])} or {letters[-1]}?", "slide", f"quiz-{c.id}"),
+                  _cell(f"**Answer: {c.answer})** {c.why}\n\nThe room votes on this slide's letters first; "
+                        f"then the answer. Notebook {c.notebook[:2]} shows why.", "notes", f"quiz-{c.id}-notes")]
+    return cells
+
+
+def item_cells(item: Item, nb: NotebookNode, heading: str) -> list:
+    """The cells ``item`` shows of its section ``heading``: the section's, without the skipped
+    sub-sections, or for a quiz item its statements' slides; before the section ``ask_before``
+    names, a slide with the item's question."""
+    cells = quiz_cells(item) if item.quiz else section_cells(nb, heading, item.skip)
+    if heading == item.ask_before:
+        cells = [_cell(f"**Before we look:** {item.ask}", "slide", "ask"),
+                 _cell("Take two or three answers from the room now: the next slide answers the question. "
+                       f"**Expected:** {item.expect}", "notes", "ask-notes"), *cells]
+    return cells
 
 
 def item_estimates(item: Item, measured: dict[str, dict[str, float]] | None = None) -> list[Estimate]:
     """Per section of ``item``, its estimate (the item's question is not included)."""
     measured = run_seconds() if measured is None else measured
     nb = _read_notebook(item.notebook)
-    return [estimate(section_deck(nb, h), item.mode == "live", measured.get(item.notebook, {}).get(h, 0.0))
+    return [estimate(training.deck_notebook(_sub_notebook(nb, item_cells(item, nb, h))), item.mode == "live",
+                     measured.get(item.notebook, {}).get(h, 0.0))
             for h in item.sections]
 
 
@@ -365,19 +470,48 @@ def _cell(text: str, kind: str, cell_id: str):
     return cell
 
 
+def clock(minutes: int) -> str:
+    """``0:31``: a start time, in hours and minutes from the session's start."""
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def starts(plan: Plan) -> list[int]:
+    """The minute each item starts at, then the room's questions and the buffer."""
+    at = [plan.introduction]
+    for minutes in [i.minutes for i in plan.items] + [plan.questions]:
+        at.append(at[-1] + minutes)
+    return at
+
+
 def _agenda(plan: Plan) -> str:
-    rows = [(plan.introduction, "introduction"), *((i.minutes, f"{i.label()}: {i.about} ({i.mode})") for i in plan.items),
-            (plan.questions, "your questions")]
-    return "\n".join(f"- **{m} min** · {what}" for m, what in rows)
+    rows = [(0, plan.introduction, "introduction"),
+            *((at, i.minutes, f"{i.label()}: {i.about} ({i.mode})") for at, i in zip(starts(plan), plan.items)),
+            (starts(plan)[-2], plan.questions, "your questions")]
+    return "\n".join(f"- **{clock(at)}** · {what} · {m} min" for at, m, what in rows)
+
+
+def _run_note(item: Item) -> str:
+    if item.quiz:
+        return ("**Show:** one slide per statement. The room votes on this deck's letters: the choices are "
+                "in the order `labkit drill quiz` prints, while the notebook's quiz widget shuffles them, so "
+                "do not open the widget for the vote.")
+    if item.mode == "shown":
+        return "**Show:** the stored outputs on these slides; run nothing."
+    first = section_headings(_read_notebook(item.notebook))[0] == item.sections[0]
+    skip = f" Stop before {', '.join(f'“{s}”' for s in item.skip)}: they are not in this plan." if item.skip else ""
+    return (f"**Run live** in `notebooks/{item.notebook}.ipynb`"
+            + (", from the top: the setup cell, then every cell down to the end of these sections, in order."
+               if first else ": its setup cell, then the cells of these sections, in order.") + skip)
 
 
 def _item_notes(plan: Plan, n: int, item: Item, estimates: list[Estimate], minutes: list[int]) -> str:
-    run = (f"**Run live:** its setup cell, then the cells of these sections, in `notebooks/{item.notebook}.ipynb`."
-           if item.mode == "live" else "**Show:** the stored outputs on these slides; run nothing.")
-    notes = [f"**{n} of {len(plan.items)} · {item.minutes} min · {item.mode}** · {item.label()}: {item.about} "
-             f"(sections: {' · '.join(f'{m} min' for m in minutes)}; "
+    notes = [f"**At {clock(starts(plan)[n - 1])} · {n} of {len(plan.items)} · {item.minutes} min · {item.mode}** · "
+             f"{item.label()}: {item.about} (sections: {' · '.join(f'{m} min' for m in minutes)}; "
              f"estimated {_with_question(estimates).minutes:.1f} min with the question).",
-             run, f"**Ask the room:** {item.ask}"]
+             _run_note(item), f"**Ask the room:** {item.ask}"
+             + (f" (on the question slide before {section_label(item.ask_before)}"
+                ": the slide after it answers the question)" if item.ask_before else ""),
+             f"**Expected:** {item.expect}"]
     if item.fallback:
         notes.append(f"**If the live run misbehaves:** {item.fallback}")
     return "\n\n".join(notes)
@@ -403,7 +537,7 @@ def plan_notebook(plan: Plan, measured: dict[str, dict[str, float]] | None = Non
         estimates = item_estimates(item, measured)
         minutes = training.spread_minutes(item.minutes, [round(e.seconds) for e in estimates])
         for k, heading in enumerate(item.sections):
-            part = copy.deepcopy(section_cells(source, heading))
+            part = copy.deepcopy(item_cells(item, source, heading))
             for cell in part:
                 cell["id"] = f"p{n}-{cell.get('id', k)}"
             note = (_item_notes(plan, n, item, estimates, minutes) if k == 0
@@ -465,10 +599,12 @@ def readme_table(plan: Plan) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    rows = [f"| {plan.introduction} | introduction: the question of the session, the agenda | — | — | — |"]
-    rows += [f"| {i.minutes} | {i.label()}: {cell(i.about)} | {i.mode} | {cell(i.ask)} | {cell(i.fallback) or '—'} |"
-             for i in plan.items]
-    rows += [f"| {plan.questions} | the room's questions | — | — | — |", f"| {plan.buffer} | buffer | — | — | — |"]
+    at = starts(plan)
+    rows = [f"| {plan.introduction} | 0:00 | introduction: the question of the session, the agenda | — | — | — |"]
+    rows += [f"| {i.minutes} | {clock(a)} | {i.label()}: {cell(i.about)} | {i.mode} | {cell(i.ask)} | "
+             f"{cell(i.fallback) or '—'} |" for a, i in zip(at, plan.items)]
+    rows += [f"| {plan.questions} | {clock(at[-2])} | the room's questions | — | — | — |",
+             f"| {plan.buffer} | {clock(at[-1])} | buffer | — | — | — |"]
     return (f"**{plan.minutes} minutes: {plan.title}**\n\n"
-            "| minutes | notebook, sections | live or shown | ask the room | if the live run misbehaves |\n"
-            "|---|---|---|---|---|\n" + "\n".join(rows))
+            "| minutes | starts | notebook, sections | live or shown | ask the room | if the live run misbehaves |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows))
