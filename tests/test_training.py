@@ -275,8 +275,139 @@ def test_every_slide_with_content_gets_a_note_on_what_to_point_at():
     deck = training.deck_notebook(_deck([intro, code], ["slide", "subslide"]))
     notes = [c.source for c in deck.cells if c.metadata["slideshow"]["slide_type"] == "notes"]
     assert any("The claim skips locked rows." in n for n in notes)
-    assert any("It starts with `rows = claim()`: take one job." in n for n in notes)
+    assert any("Take one job." in n for n in notes) and not any("It starts with" in n for n in notes)
     assert any("Point at what the cell checks: job 1 came back." in n for n in notes)
+
+
+def _transcript(rows, header=("#   A               B               note", )):
+    """A transcript as ``Transcript.print`` writes it: header line(s), a dashed rule, rows."""
+    rule = "--  --------------  --------------  --------------------"
+    body = [f"{i:<3} {'claim  → id=' + str(i):<15} {'':<15} {'BLOCKS (waits for A)' if i == 3 else ''}".rstrip()
+            for i in range(1, rows + 1)]
+    return "\n".join([*header, rule, *body]) + "\n"
+
+
+def _slides(deck):
+    """The deck's slides: per slide, its shown cells and its notes' text."""
+    slides = []
+    for cell in deck.cells:
+        kind = cell.metadata.get("slideshow", {}).get("slide_type", "-")
+        if kind == "skip":
+            continue
+        if kind in ("slide", "subslide") or not slides:
+            slides.append(([], []))
+        slides[-1][1 if kind == "notes" else 0].append(cell.source if kind == "notes" else cell)
+    return slides
+
+
+def test_a_transcript_that_fits_a_slide_moves_there_whole_instead_of_being_split():
+    text = nbformat.v4.new_markdown_cell("\n\n".join(f"Paragraph {i} " + "words " * 12 for i in range(6)))
+    run = nbformat.v4.new_code_cell("run.transcript().print()")
+    run.outputs = [_stream(_transcript(16))]
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## S"), text, run], ["slide", "-", "-"]))
+    parts = [c for c in _shown(deck) if c.cell_type == "code"]
+    shown = [line for p in parts for o in p.outputs for line in o["text"].rstrip("\n").split("\n")]
+    assert len([p for p in parts if p.outputs]) == 1 and len(shown) == 18       # all 16 rows on one slide
+    slide = next(cells for cells, _ in _slides(deck) if any(c.get("outputs") for c in cells))
+    assert all(c.cell_type == "code" for c in slide)                             # on a slide of its own
+    notes = " ".join(n for _, ns in _slides(deck) for n in ns)
+    assert "Point at row 3: A claim  → id=3 — BLOCKS (waits for A)." in notes
+
+
+def test_a_transcript_too_tall_for_a_slide_repeats_its_two_line_header_and_never_leaves_it_alone():
+    header = ("#   A               B               note", "                                    (locked rows)")
+    run = nbformat.v4.new_code_cell("run.transcript().print()")
+    run.outputs = [_stream(_transcript(40, header))]
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## S"), run], ["slide", "-"]))
+    texts = [o["text"].rstrip("\n").split("\n") for c in _shown(deck) if c.cell_type == "code" for o in c.outputs]
+    assert len(texts) > 1
+    for lines in texts:
+        assert lines[:3] == [*header, lines[2]] and set(lines[2]) <= set("- ")    # the whole header, every time
+        assert len(lines) - 3 >= training.MIN_PIECE_LINES                          # rows under it
+    assert [line for lines in texts for line in lines[3:]] == _transcript(40, header).rstrip("\n").split("\n")[3:]
+    notes = [" ".join(ns) for cells, ns in _slides(deck) if any(c.get("outputs") for c in cells)]
+    assert all(n.startswith("Continued: rows ") for n in notes[1:]), notes
+    assert len(set(notes)) == len(notes)                                          # no note copied
+
+
+def test_a_short_output_is_never_cut():
+    lead = nbformat.v4.new_markdown_cell("\n\n".join(f"Paragraph {i} " + "words " * 12 for i in range(13)))
+    run = nbformat.v4.new_code_cell("report()")
+    run.outputs = [_stream("first\nsecond\nthe key line\n")]
+    deck = training.deck_notebook(_deck([lead, run], ["slide", "-"]))
+    outputs = [o["text"] for c in _shown(deck) if c.cell_type == "code" for o in c.outputs]
+    assert outputs == ["first\nsecond\nthe key line\n"]
+
+
+def test_no_piece_of_cut_code_is_a_two_line_fragment():
+    lead = nbformat.v4.new_markdown_cell("\n\n".join(f"Paragraph {i} " + "words " * 12 for i in range(9)))
+    body = "\n\n".join(f"x{i} = claim({i})\nprint(x{i})" for i in range(12))
+    for cells in ([lead, nbformat.v4.new_code_cell(body)],
+                  [nbformat.v4.new_code_cell(body + "\n\n" + body.replace("x", "y"))]):
+        deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## S"), *cells],
+                                            ["slide", *["-"] * len(cells)]))
+        parts = [c.source for c in _shown(deck) if c.cell_type == "code"]
+        assert all(len([x for x in p.split("\n") if x.strip()]) >= training.MIN_PIECE_LINES for p in parts), parts
+
+
+def test_a_figure_stays_with_its_code_when_both_fit():
+    lead = nbformat.v4.new_markdown_cell("\n\n".join(f"Paragraph {i} " + "words " * 12 for i in range(13)))
+    code = nbformat.v4.new_code_cell("fig = plot(run)\nfig.show()")
+    code.outputs = [nbformat.v4.new_output("display_data", data={"image/png": _png(600, 300)})]
+    deck = training.deck_notebook(_deck([lead, code], ["slide", "-"]))
+    assert training.estimated_height(lead) + training.estimated_height(code) > training.SLIDE_BUDGET_PX
+    parts = [c for c in _shown(deck) if c.cell_type == "code"]
+    assert len(parts) == 1 and parts[0].source == code.source and parts[0].outputs     # moved whole
+    notes = " ".join(n for _, ns in _slides(deck) for n in ns)
+    assert "Defines `fig` and calls `plot`, `fig.show`." in notes
+
+
+def test_notes_are_never_cut_inside_a_word():
+    long = "The claim " + "skips every locked row it meets " * 12 + "and ends."
+    assert training._short(long, 100).endswith("…") and training._short(long, 100)[:-1] in long
+    cut = training._short(long, 100)[:-1]
+    assert long[len(cut)] == " "                                          # cut at a word boundary
+    first = "A first sentence that is long enough to be said on its own, and then some more. "
+    assert training._short(first + long, 120) == first.strip()                 # or at a sentence's end
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell(long)]))
+    note = [n for _, ns in _slides(deck) for n in ns if n.startswith("The claim")][0]
+    assert note.endswith("…") and long.startswith(note[:-1]) and long[len(note) - 1] == " "
+
+
+def test_an_interview_box_gets_a_slide_of_its_own_and_the_slide_before_says_to_ask_first():
+    before = nbformat.v4.new_markdown_cell("SKIP LOCKED passes rows another session holds.")
+    box = nbformat.v4.new_markdown_cell('> **Say it in an interview.** *"SKIP LOCKED hands each worker its own row."*')
+    after = nbformat.v4.new_markdown_cell("**Exercise 1.** Why?")
+    deck = training.deck_notebook(_deck([before, box, after], ["slide", "-", "-"]))
+    slides = _slides(deck)
+    i = next(k for k, (cells, _) in enumerate(slides) if any(c.source == box.source for c in cells))
+    assert [c.source for c in slides[i][0]] == [box.source]                        # alone on its slide
+    assert any(n == training.NEXT_ASK_NOTE for n in slides[i - 1][1])             # ask before it shows
+    assert not any(n == training.NEXT_ASK_NOTE for n in slides[i][1])
+    assert any(c.source == after.source for c in slides[i + 1][0])
+
+
+def test_a_prompt_to_predict_ends_its_slide_so_the_answer_comes_after():
+    ask = nbformat.v4.new_markdown_cell("What if A rolls back instead? Predict, then run:")
+    run = nbformat.v4.new_code_cell("print(claim())")
+    run.outputs = [_stream("id=1\n")]
+    deck = training.deck_notebook(_deck([ask, run], ["slide", "-"]))
+    slides = _slides(deck)
+    assert [c.source for c in slides[0][0]] == [ask.source]
+    assert slides[1][0][0].source == run.source and slides[1][0][0].outputs
+
+
+def test_a_lone_short_paragraph_joins_the_slide_before():
+    code = nbformat.v4.new_code_cell("\n".join(f"step_{i}()" for i in range(8)))
+    tail = nbformat.v4.new_markdown_cell("Two short lines that close the part.")
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("## S"), code, tail],
+                                        ["slide", "-", "subslide"]))
+    assert len(_slides(deck)) == 1
+
+
+def test_a_deck_is_titled_with_its_notebooks_short_name():
+    deck = training.deck_notebook(_deck([nbformat.v4.new_markdown_cell("# 01 · One *lock*\n\nText.")]))
+    assert deck.metadata["title"] == "01 · One lock"
 
 
 # A slide of each kind the check must fail on, planted in a deck of its own.

@@ -127,13 +127,19 @@ def slides(paths: list[str] | None = None, out: Path = ROOT / "build" / "slides"
 # The deck is made for a 1280×720 canvas (templates/claimlab_slides): these are the CSS's sizes,
 # in pixels, used to estimate how tall a cell is so that what does not fit goes on in a slide
 # below it. `labkit slides --check` measures the real thing in Chromium.
-SLIDE_BUDGET_PX = 610           # 720 less the slide's padding, less a margin for the estimate
-TEXT_PX, TEXT_CHARS = 30, 96    # markdown: a line's height, characters per line
+SLIDE_BUDGET_PX = 650           # 720 less the slide's padding (36), less a margin for the estimate
+TEXT_PX, TEXT_CHARS = 29, 100   # markdown: a line's height (22 px × 1.3), characters per line
+PARA_PX, CELL_PX = 8, 4         # a paragraph's margin below it; a cell's padding
 LINE_PX, LINE_CHARS = 26, 100   # code and output: 20 px monospace on a 1224 px slide
-BOX_PX = 16                     # a code or output box's own padding and gap
+BOX_PX = 11                     # a code or output box's own padding and gap
 IMG_MAX_PX, SLIDE_WIDTH_PX = 664, 1224
 TABLE_PX, TABLE_CHARS = 29, 100
-HEADING_PX = {1: 66, 2: 54, 3: 46}
+HEADING_PX = {1: 92, 2: 72, 3: 59}   # h1, h2, h3 with their margins
+QUOTE_PX = 20                   # a blockquote's margin and padding
+MIN_PIECE_LINES = 5             # no piece of a cut cell is shorter than this
+MIN_CUT_OUTPUT = 8              # an output shorter than this is never cut
+PREDICT_RE = re.compile(r"\bPredict\b|\bWhat do you expect\b", re.I)
+NEXT_ASK_NOTE = "**Next:** ask the room to say it in their own words before you move on."
 DETAILS_RE = re.compile(r"<details>.*?</details>", re.S | re.I)
 INTERVIEW_RE = re.compile(r"^> \*\*Say it in an interview\.?\*\*\s*(.*?)(?:\n(?!>)|\Z)", re.S | re.M)
 GUIDE_ROW_RE = re.compile(r"^\| \d+ \| (\d\d_[a-z0-9_]+) \| (\d+) \| ([^|]*) \| ([^|]*) \|", re.M)
@@ -300,7 +306,15 @@ def is_assert_only(cell) -> bool:
 
 
 def _short(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[:chars - 1].rstrip() + "…"
+    """``text`` within ``chars``: cut after its last whole sentence that fits, else after its
+    last whole word (with "…"), never inside a word."""
+    if len(text) <= chars:
+        return text
+    sentences = [m.end() for m in re.finditer(r"[.!?](?=\s)", text[:chars])]
+    if sentences and sentences[-1] > chars // 2:
+        return text[:sentences[-1]]
+    cut = text[:chars].rfind(" ")
+    return (text[:cut] if cut > 0 else text[:chars]).rstrip(" ,;:—-") + "…"
 
 
 def assert_checks(source: str) -> list[str]:
@@ -353,48 +367,135 @@ def last_sentence(markdown: str) -> str:
 
 
 def code_note(lines: list[str], header: list[str] = ()) -> str:
-    """What to point at in code: its comment header, and what its first statement is for (the
-    comment on or above it)."""
-    said = [" ".join(line.lstrip("# ").strip() for line in header).strip()]
-    lead = []
-    for line in lines:
-        if line.lstrip().startswith("#"):
-            lead.append(line.lstrip("# ").strip())
-        elif line.strip():
-            comment = _comments(line).get(1)
-            code = line.split("#")[0].strip() if comment else line.strip()
-            purpose = comment or " ".join(lead)
-            said.append(f"It starts with `{_short(code, 70)}`" + (f": {purpose}" if purpose else "") + ".")
+    """What to point at in code: its comment header, else its first comment, else what its
+    statements do (the names they define, the calls they make)."""
+    import ast
+
+    said = " ".join(line.lstrip("# ").strip() for line in header).strip()
+    if said:
+        return said
+    comments = _comments("\n".join(lines))
+    if comments:
+        first = comments[min(comments)]
+        first = first[:1].upper() + first[1:]
+        return first if first.endswith((".", "!", "?", ":")) else first + "."
+    tree = _parse(deck_source("\n".join(lines)).strip("\n"))
+    if tree is None or not tree.body:
+        return ""
+    defined, calls = [], []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node)
+            defined.append(f"`{node.name}`" + (f" ({_short(_sentences(' '.join(doc.split()))[0], 90)})" if doc else ""))
+        for target in getattr(node, "targets", []) + [t for t in [getattr(node, "target", None)] if t]:
+            defined += [f"`{n.id}`" for n in ast.walk(target) if isinstance(n, ast.Name) and n.id != "_"]
+        calls += [ast.unparse(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)
+                  and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    calls = [f"`{c}`" for c in dict.fromkeys(calls) if len(c) <= 40][:3]
+    parts = ([f"defines {', '.join(list(dict.fromkeys(defined))[:3])}"] if defined else []) + \
+            ([f"calls {', '.join(calls)}"] if calls else [])
+    said = " and ".join(parts) + "." if parts else ""
+    return said[:1].upper() + said[1:]
+
+
+TRANSCRIPT_POINT_RE = re.compile(r"wait|block|error|fail|timeout|skip", re.I)
+
+
+def transcript_rows(lines: list[str]) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
+    """A transcript's column names and its rows: (row label, column -> text), a row's
+    wrapped lines joined."""
+    head = output_header(lines)
+    if not head:
+        return [], []
+    spans = [m.start() for m in re.finditer(r"\S+", head[-1])]
+    bounds = list(zip(spans, [*spans[1:], None]))
+
+    def cells(line: str) -> list[str]:
+        return [line[a:b].strip() for a, b in bounds]
+    names = [" ".join(x for x in col if x) for col in zip(*(cells(line) for line in head[:-1]))]
+    rows: list[tuple[str, dict[str, str]]] = []
+    for line in lines[len(head):]:
+        if not line.strip():
+            continue
+        found = cells(line)
+        if line[:1] not in (" ", "\t") or not rows:
+            rows.append((found[0], dict(zip(names[1:], found[1:]))))
+        else:
+            for name, text in zip(names[1:], found[1:]):
+                rows[-1][1][name] = " ".join(x for x in (rows[-1][1].get(name, ""), text) if x)
+    return names, rows
+
+
+def transcript_note(lines: list[str], first: bool = True) -> str:
+    """For a transcript: the rows a continuation shows, and the first row to point at (one
+    that waits, blocks or errors: its session and what the transcript says there)."""
+    names, rows = transcript_rows(lines)
+    if not rows:
+        return ""
+    said = [] if first else [f"Continued: rows {rows[0][0]}–{rows[-1][0]} of the transcript."]
+    for label, row in rows:
+        texts = [(name, text) for name, text in row.items() if text]
+        if any(TRANSCRIPT_POINT_RE.search(text) for _, text in texts):
+            who = next((name for name, _ in texts), "")
+            what = "; ".join(text for _, text in texts[1:] if not re.fullmatch(r"[A-Z]:[\d,]+", text)) \
+                or texts[0][1]
+            action = texts[0][1] if texts[0][1] != what else ""
+            said.append(f"Point at row {label}: {who} {action}".rstrip() + f" — {_short(what, 80)}.")
             break
+    return " ".join(said)
+
+
+def output_note(checks: list[str], intro: str, code: str, lines: list[str] = (), first: bool = True) -> str:
+    """What to point at in output: the row of a transcript that waits or errors, what the cell
+    checks in it, what its introduction says, else its first line."""
+    said = [transcript_note(list(lines), first)] if lines else []
+    if not first and not said[0]:
+        said = [f"Continued: the output goes on with `{_short(next((x.strip() for x in lines if x.strip()), ''), 60)}`."]
+    if checks and first:
+        said.append("Point at what the cell checks: " + "; ".join(checks) + ".")
+    elif intro and first and not any(said) and len(intro.split()) > 4 and not PREDICT_RE.search(intro) \
+            and not re.match(r"(?:Then )?run\b", intro, re.I) and not intro.endswith(":"):
+        said.append(f"Point at: {intro}")
+    elif first and not any(said) and lines:
+        said.append(f"The output opens with `{_short(next((x.strip() for x in lines if x.strip()), ''), 70)}`.")
+    elif first and not any(said) and code:
+        said.append(code_note(code.split("\n")))
     return " ".join(s for s in said if s)
-
-
-def output_note(checks: list[str], intro: str, code: str) -> str:
-    """What to point at in output: what the cell checks in it, else what its introduction says,
-    else what made it."""
-    if checks:
-        return "Point at what the cell checks: " + "; ".join(checks) + "."
-    if intro:
-        return f"Point at: {intro}"
-    return f"The output of the code above. {code_note(code.split(chr(10)))}".strip()
 
 
 # -- cutting a cell into pieces that fit, and packing them into slides ----------------------------
 def _markdown_px(text: str) -> int:
+    """The height of markdown on a slide: its paragraphs' lines joined and wrapped as the
+    browser does (at ``TEXT_CHARS``), headings, table rows and blockquotes at their CSS sizes."""
     text = DETAILS_RE.sub("<details>", text)
-    px, blank = 8, False
+    px, para, quoted, fenced = CELL_PX, 0, False, False
+
+    def end_paragraph() -> int:
+        return TEXT_PX * -(-para // TEXT_CHARS) + PARA_PX if para else 0
     for line in text.split("\n"):
         level = len(line) - len(line.lstrip("#")) if line.startswith("#") else 0
-        if level and line[level:level + 1] == " ":
-            px += HEADING_PX.get(level, TEXT_PX)
-        elif not line.strip():
-            px += 0 if blank else 8
-        elif line.lstrip().startswith("|"):     # a table row: its cells wrap
-            px += 0 if set(line.strip()) <= set("|-: ") else 6 + TABLE_PX * max(1, -(-len(line) // TABLE_CHARS))
+        quote = line.startswith(">")
+        body = line.lstrip("> ").strip() if quote else line.strip()
+        if quote and not quoted:
+            px += QUOTE_PX
+        quoted = quote
+        if line.strip().startswith("```"):
+            px, para, fenced = px + end_paragraph(), 0, not fenced
+            px += PARA_PX if fenced else 0
+        elif fenced:
+            px += LINE_PX
+        elif level and line[level:level + 1] == " ":
+            px, para = px + end_paragraph() + HEADING_PX.get(level, TEXT_PX), 0
+        elif not body:
+            px, para = px + end_paragraph(), 0
+        elif body.startswith("|"):              # a table row: its cells wrap
+            px, para = px + end_paragraph(), 0
+            px += 0 if set(body) <= set("|-: ") else 6 + TABLE_PX * max(1, -(-len(body) // TABLE_CHARS))
+        elif LIST_ITEM_RE.match(line) or body.startswith("<"):
+            px, para = px + end_paragraph(), len(body)
         else:
-            px += TEXT_PX * max(1, -(-len(line) // TEXT_CHARS))
-        blank = not line.strip()
-    return px
+            para += len(body) + (1 if para else 0)
+    return px + end_paragraph()
 
 
 def _lines_px(lines: list[str]) -> int:
@@ -614,12 +715,40 @@ def _code_atoms(cell, budget: int, header: int = 0) -> list[dict]:
             atoms.append({"box": k, "out": out, "px": px})
             continue
         shown = deck_output_lines(text)
-        head = shown[:2] if len(shown) > 3 and shown[0].strip() and RULE_RE.fullmatch(shown[1]) else []
-        rows = {i for i, line in enumerate(shown) if i and line[:1] not in (" ", "\t")}
-        for a, b in _ranges(len(shown), [rows], most - len(head)):
+        head = output_header(shown)
+        rows = {i for i, line in enumerate(shown) if i > len(head) and line[:1] not in (" ", "\t")}
+        whole = len(shown) < MIN_CUT_OUTPUT or (head and len(shown) <= most)
+        pieces = _ranges(len(shown), [rows], most - len(head))
+        for a, b in [(0, len(shown))] if whole else _balanced(pieces, most - len(head)) if head else pieces:
             atoms.append({"box": k, "out": out, "lines": shown[a:b], "hdr": head, "first": a == 0,
-                          "px": _lines_px(shown[a:b])})
+                          "whole": whole or bool(head), "px": _lines_px(shown[a:b])})
     return atoms
+
+
+def output_header(lines: list[str]) -> list[str]:
+    """The header of a table or transcript in output: its first lines (one to three, none
+    blank) down to the dashed or double rule under them; [] when there is none."""
+    for i, line in enumerate(lines[1:4], 1):
+        if line.strip() and RULE_RE.fullmatch(line) and len(lines) > i + 1:
+            return lines[:i + 1] if all(x.strip() for x in lines[:i]) else []
+    return []
+
+
+def _balanced(ranges: list[tuple[int, int]], most: int) -> list[tuple[int, int]]:
+    """Consecutive ``ranges`` of lines joined into as few pieces of at most ``most`` lines as
+    they need, each about as long as the others."""
+    total = ranges[-1][1] - ranges[0][0] if ranges else 0
+    target = -(-total // max(1, -(-total // max(1, most))))
+    while True:
+        pieces: list[list[int]] = []
+        for a, b in ranges:
+            if pieces and b - pieces[-1][0] <= target:
+                pieces[-1][1] = b
+            else:
+                pieces.append([a, b])
+        if target >= most or len(pieces) <= -(-total // max(1, most)):
+            return [tuple(p) for p in pieces]
+        target += 1
 
 
 def _markdown_atoms(cell, budget: int) -> list[dict]:
@@ -767,8 +896,12 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
     (reveal.js: a vertical subslide): markdown cut at paragraphs, code at blank lines and
     statements (a long comment header goes to the speaker notes instead), output at whole rows
     repeating its header; an introduction goes along with the code it introduces, and a figure
-    too tall for the room left gets a slide of its own. Every slide with content gets a note
-    saying what to point at."""
+    too tall for the room left gets a slide of its own. A cell that fits a slide of its own
+    (a transcript, code with its figure) moves there whole rather than be cut, an output under
+    ``MIN_CUT_OUTPUT`` lines is never cut, and no piece of a cut cell is shorter than
+    ``MIN_PIECE_LINES``. An interview box gets a slide of its own (the slide before it says to
+    ask the room first), and a prompt to predict ends its slide. Every slide with content gets
+    a note saying what to point at, not a copy of the slide before's."""
     nb = copy.deepcopy(nb)
     out: list = []          # the deck's cells ...
     px: list[int] = []      # ... their heights ...
@@ -805,7 +938,9 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
         return list(range(i, len(out)))
 
     first_at = 0            # where the last cell's first part is in ``out``
-    for cell in cells:
+    own_slide: set[int] = set()     # cells that start a slide of their own on purpose
+    break_next = False      # the next cell starts a new slide (after a prompt to predict, a box)
+    for k, cell in enumerate(cells):
         if cell.metadata.get("claimlab", {}).get("note") == "first slide" and first_at < len(out) - 1:
             out.insert(first_at + 1, cell)
             px.insert(first_at + 1, 0)
@@ -815,6 +950,14 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
         if _kind(cell) in ("notes", "skip") or cell.cell_type not in ("markdown", "code"):
             place(cell, 0)
             continue
+        box = cell.cell_type == "markdown" and bool(INTERVIEW_RE.match(cell.source.lstrip()))
+        if box and any(_kind(c) not in ("notes", "skip") for c in out):
+            place(_note(NEXT_ASK_NOTE), 0)      # the slide before the box: ask before showing it
+        if (box or break_next) and out:
+            own_slide.add(id(cell))
+            if _kind(cell) == "-":
+                cell.metadata["slideshow"] = {"slide_type": "subslide"}
+        break_next = box or (cell.cell_type == "markdown" and bool(PREDICT_RE.search(_plain(cell.source))))
         first_at = len(out)
         header, checks = 0, []
         if cell.cell_type == "code":
@@ -825,18 +968,35 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
                 header = 0
             atoms = _code_atoms(cell, budget, header)
             checks = assert_checks(cell.source)
+            later = next((c for c in cells[k + 1:] if _kind(c) != "notes"), None)
+            if later is not None and _kind(later) == "skip" and is_assert_only(later):
+                checks += assert_checks(later.source)     # the asserts left out check this output
         else:
             atoms = _markdown_atoms(cell, budget)
         if _kind(cell) in ("slide", "subslide"):
             start, used = len(out), 0
 
-        def note_for(part: list[dict], first: bool) -> str:
+        def note_for(part: list[dict], n: int) -> str:
             if cell.cell_type == "markdown":
                 return key_sentence("\n\n".join(a["text"] for a in part))
             code = [line for a in part if a["box"] == "code" for line in a["lines"]]
-            said = [code_note(code, cell.source.split("\n")[:header] if first else []) if code else "",
-                    output_note(checks, intro, cell.source) if any(a["box"] != "code" for a in part) else ""]
+            shown = [a for a in part if a["box"] != "code"]
+            text = [line for a in shown if "lines" in a for line in a["hdr"] * (not a["first"]) + a["lines"]]
+            said = [code_note(code, cell.source.split("\n")[:header] if n == 0 else []) if code else ""]
+            here = " ".join([*notes[start:], said[0]])
+            told = "" if intro and intro in here else intro     # said on this slide already
+            said.append(output_note(checks, told, "", text, shown[0].get("first", True)) if shown else "")
+            if shown and not said[1] and not code:      # a figure or table on a slide after its code
+                what = "figure" if "image/png" in shown[0]["out"].get("data", {}) else "table"
+                purpose = code_note(cell.source.split("\n")[header:])
+                said[1] = f"The {what} the code on the slide before makes" + (f": {purpose}" if purpose else ".")
+            if n and code and not said[0]:
+                said[0] = f"Continued: the code goes on with `{_short(code[0].strip(), 60)}`."
             return " ".join(s for s in said if s)
+
+        def lines_of(atoms: list[dict], box) -> int:
+            return sum(sum(1 for x in a["lines"] if x.strip()) if "lines" in a else MIN_PIECE_LINES
+                       for a in atoms if a["box"] == box)
 
         part: list[dict] = []
         n, starts, filled, queue = 0, False, used, list(atoms)
@@ -844,20 +1004,32 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
             atom = queue.pop(0)
             need = atom["px"] + _opens(part, atom)
             if filled + need > budget and (part or filled):
+                if part and n == 0 and filled > _part_px(part) and (
+                        _part_px([*part, atom, *queue]) <= budget or lines_of(part, atom["box"]) < MIN_PIECE_LINES):
+                    queue[:0] = [*part, atom]       # the whole cell, or its start, goes on a slide below
+                    filled, part = used, []
+                    atom = queue.pop(0)
+                    need = atom["px"] + _opens(part, atom)
+                while (part and part[-1]["box"] == atom["box"] and "lines" in atom
+                       and lines_of([atom, *queue], atom["box"]) < MIN_PIECE_LINES
+                       and lines_of(part[:-1], atom["box"]) >= MIN_PIECE_LINES):
+                    queue.insert(0, atom)           # no short piece left over for the next slide
+                    atom = part.pop()
+                    need = atom["px"] + _opens(part, atom)
                 if part:                    # the cell goes on in a slide below
-                    place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n == 0))
+                    place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n))
                     n, part, starts, filled = n + 1, [], True, 0
                     need = atom["px"] + _opens(part, atom)
                 else:
                     tail = pull_back(cell.cell_type == "code")
-                    if tail is None:        # a heading (and introduction) alone: fill the room
-                        room = (budget - filled - _opens(part, atom)) // LINE_PX
-                        if "lines" in atom and 0 < room < len(atom["lines"]):
-                            rest = dict(atom, lines=atom["lines"][room:], first=False)
-                            atom = dict(atom, lines=atom["lines"][:room])
-                            rest["px"], atom["px"] = _lines_px(rest["lines"]), _lines_px(atom["lines"])
-                            queue.insert(0, rest)
-                            need = atom["px"] + _opens(part, atom)
+                    room = (budget - filled - _opens(part, atom)) // LINE_PX
+                    if tail is None and "lines" in atom and not atom.get("whole") and \
+                            MIN_PIECE_LINES <= room <= len(atom["lines"]) - MIN_PIECE_LINES:
+                        rest = dict(atom, lines=atom["lines"][room:], first=False)  # a heading alone: fill the room
+                        atom = dict(atom, lines=atom["lines"][:room])
+                        rest["px"], atom["px"] = _lines_px(rest["lines"]), _lines_px(atom["lines"])
+                        queue.insert(0, rest)
+                        need = atom["px"] + _opens(part, atom)
                     elif tail:              # the introduction goes along to a new slide
                         moved = [(out[j], px[j], notes[j]) for j in tail]
                         del out[tail[0]:], px[tail[0]:], notes[tail[0]:]
@@ -871,32 +1043,71 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
             part.append(atom)
             filled += need
         if part:
-            place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n == 0))
+            place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n))
         elif not atoms:
             place(cell, 0)
         if cell.cell_type == "markdown" and not _is_heading_only(cell):
             intro = last_sentence(cell.source)
         elif cell.cell_type == "code":
             intro = ""
-    # every slide with content: a note on what to point at
-    cells_out, slide = [], []
-    for cell, note in [*zip(out, notes), (None, "")]:
-        if cell is None or (_kind(cell) in ("slide", "subslide") and slide):
-            said = list(dict.fromkeys(s for _, s in slide if s))[:3]
-            cells_out += [c for c, _ in slide]
-            if said:
-                cells_out.append(_note(" ".join(said)))
-            slide = []
-        if cell is not None:
-            slide.append((cell, note))
+    return _with_notes(nb, *_join_short_slides(out, px, notes, own_slide, budget))
+
+
+def _slides(out: list, items: list) -> list[list]:
+    """``items`` (one per cell of ``out``) grouped by the slide their cell is on."""
+    slides: list[list] = []
+    for cell, item in zip(out, items):
+        if not slides or _kind(cell) in ("slide", "subslide"):
+            slides.append([])
+        slides[-1].append(item)
+    return slides
+
+
+def _join_short_slides(out: list, px: list[int], notes: list[str], own_slide: set[int], budget: int):
+    """A slide that holds only a short paragraph (three lines at most) joins the slide before
+    when it fits there, unless it starts a section or a slide of its own on purpose."""
+    heights, slides = [sum(h) for h in _slides(out, px)], _slides(out, out)
+    for cells, height, before, last in zip(slides[1:], heights[1:], heights, slides):
+        shown = [c for c in cells if _kind(c) not in ("notes", "skip")]
+        boxed = any(c.cell_type == "markdown" and INTERVIEW_RE.match(c.source.lstrip()) for c in last)
+        if (len(shown) == 1 and not boxed and shown[0].cell_type == "markdown" and _kind(shown[0]) == "subslide"
+                and id(shown[0]) not in own_slide and not INTERVIEW_RE.match(shown[0].source.lstrip())
+                and height <= CELL_PX + 3 * TEXT_PX + PARA_PX and before + height <= budget):
+            cells[0].metadata["slideshow"] = {"slide_type": "-"}
+    return out, notes
+
+
+def _with_notes(nb: NotebookNode, out: list, notes: list[str]) -> NotebookNode:
+    """``nb`` with the cells of ``out``, and on every slide with content a note on what to
+    point at: its cells' notes, without those the slide before said already."""
+    cells_out, before = [], set()
+    for cells, said in zip(_slides(out, out), _slides(out, notes)):
+        said = [s for s in dict.fromkeys(s for s in said if s) if s not in before][:3]
+        cells_out += cells
+        if said:
+            cells_out.append(_note(" ".join(said)))
+        before = set(said)
     nb.cells = cells_out
     return nb
 
 
+def short_name(nb: NotebookNode) -> str:
+    """The notebook's name as its decks show it: its ``# `` title ("01 · One lock, three
+    conflict policies"), else its ``claimlab.title``."""
+    for cell in nb.cells:
+        found = re.match(r"# (.+)", cell.source.lstrip()) if cell.cell_type == "markdown" else None
+        if found:
+            return _plain(found.group(1))
+    return nb.metadata.get("claimlab", {}).get("title", "")
+
+
 def deck_notebook(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
     """What ``labkit slides`` renders: the notebook as its deck shows it, with speaker notes,
-    its slides fitted to the canvas."""
-    return fit_slides(speaker_notes(deck_cells(nb), guide))
+    its slides fitted to the canvas, and its short name as the page's title."""
+    deck = fit_slides(speaker_notes(deck_cells(nb), guide))
+    if short_name(nb):
+        deck.metadata["title"] = short_name(nb)
+    return deck
 
 
 # -- the decks in a real browser -------------------------------------------------------------------
