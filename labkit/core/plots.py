@@ -11,9 +11,15 @@ from .text import TEXT_WIDTH
 PALETTE = ["#0072B2", "#E69F00", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
 
+# Every font at least 15 pt: at 100 dpi that is 21 px, readable from the back row of a room
+# when a figure is shown at its natural size on a 1280×720 slide (at most 12.24 × 6.64 inches).
+FONT_PT = 15
+
+
 def setup_matplotlib() -> None:
-    """Large fonts and the colour-blind-safe palette, for screens and projectors; a table
-    wider than the page printed in blocks of columns that fit it."""
+    """Large fonts and the colour-blind-safe palette, for screens and projectors; figures laid
+    out to stay within their size (legends included); a table wider than the page printed in
+    blocks of columns that fit it."""
     import matplotlib as mpl
     import pandas as pd
 
@@ -23,14 +29,36 @@ def setup_matplotlib() -> None:
 
     mpl.rcParams.update({
         "figure.dpi": 100,
-        "font.size": 12,
-        "axes.titlesize": 14,
-        "axes.labelsize": 12,
+        "figure.constrained_layout.use": True,
+        "font.size": FONT_PT,
+        "axes.titlesize": FONT_PT + 1,
+        "axes.labelsize": FONT_PT,
+        "xtick.labelsize": FONT_PT,
+        "ytick.labelsize": FONT_PT,
+        "legend.fontsize": FONT_PT,
+        "legend.title_fontsize": FONT_PT,
+        "figure.titlesize": FONT_PT + 2,
         "axes.prop_cycle": cycler(color=PALETTE),
         "axes.spines.top": False,
         "axes.spines.right": False,
         "svg.hashsalt": "labkit",
     })
+
+
+def legend_beside(ax, **kwargs) -> Any:
+    """The legend to the right of ``ax``, top-aligned, without a frame."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, **kwargs)
+
+
+def legend_below(fig, ax, ncol: int = 3) -> Any:
+    """One legend for a figure of panels side by side, under them: ``ax``'s entries (the
+    panels share their colours); every panel's own legend removed."""
+    legend = ax.get_legend() or ax.legend()
+    handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
+    for panel in fig.axes:
+        if panel.get_legend():
+            panel.get_legend().remove()
+    return fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False)
 
 
 def plain_log_ticks(axis) -> None:

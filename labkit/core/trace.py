@@ -146,9 +146,10 @@ def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
     ``sent`` and ``recorded`` are state keys or functions of a step's state."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.transforms import ScaledTranslation
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4))
+        _, ax = plt.subplots(figsize=(12, 5.6))
     x = np.arange(1, len(trace.steps) + 1)
     s, r = np.array(_series(trace, sent)), np.array(_series(trace, recorded))
     # a region's legend entry only where it is drawn
@@ -164,13 +165,15 @@ def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
             ax.annotate("crash" if st.kind == "crash" else "frozen", (i + 1, 0.62),
                         xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points",
                         rotation=90, color=PALETTE[2])
-    ax.set_xticks(x, [f"{i + 1}\n{st.actor}" for i, st in enumerate(trace.steps)], fontsize=9)
+    ax.set_xticks(x, [f"{i + 1}\n{st.actor}" for i, st in enumerate(trace.steps)])
     ax.set_xlim(0.5, len(x) + 0.5)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title or trace.title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    # the legend under the step labels (an inch below the axes), as wide as the chart
+    under = ax.transAxes + ScaledTranslation(0, -1.0, ax.figure.dpi_scale_trans)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=under, ncol=2, frameon=False)
     return ax
 
 

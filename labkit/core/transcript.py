@@ -11,7 +11,7 @@ import html
 from dataclasses import dataclass
 from typing import Protocol
 
-from .plots import PALETTE
+from .plots import PALETTE, legend_beside
 from .steps import Step
 from .text import TEXT_WIDTH
 from .text import table as text_table
@@ -141,7 +141,7 @@ class Transcript:
 
 
         if ax is None:
-            _, ax = plt.subplots(figsize=(8, 0.8 + 0.6 * len(self.names)))
+            _, ax = plt.subplots(figsize=(11, min(6.4, 1.6 + 0.7 * len(self.names))))
         n = len(self.steps)
         for lane, name in enumerate(self.names):
             y = len(self.names) - 1 - lane
@@ -166,7 +166,7 @@ class Transcript:
         ax.set_xticks(range(1, n + 1))
         ax.set_xlabel("step of the script")
         ax.set_title(title)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        legend_beside(ax)
         return ax
 
 

@@ -39,7 +39,7 @@ from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab
 from ..core.limits import bulk, number, writable_file
-from ..core.plots import PALETTE, plain_log_ticks, setup_matplotlib, static_box
+from ..core.plots import PALETTE, legend_beside, plain_log_ticks, setup_matplotlib, static_box
 from ..core.queries import queries
 from ..core.text import fill
 from ..core.text import table as text_table
@@ -711,6 +711,9 @@ def load_reference(path: str | None = None) -> pd.DataFrame:
 # -- plots ---------------------------------------------------------------------------------------
 
 POLICY_COLOURS = {"wait": 2, "nowait": 1, "skip": 0}
+# a reference sweep's points: hollow, one shape per policy, so that two policies' references
+# differ in shape as well as colour where their lines meet
+REFERENCE_MARKERS = {"wait": "s", "nowait": "^", "skip": "D"}
 
 
 def _colour(policy: str) -> str:
@@ -752,7 +755,7 @@ def _against_workers(ax: Axes, workers: Iterable[int], ylabel: str, title: str) 
     ax.set_xlabel("workers N")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    legend_beside(ax)
     return ax
 
 
@@ -762,7 +765,7 @@ def plot_throughput(df: pd.DataFrame, reference: pd.DataFrame | None = None, ax:
     if given, a reference sweep (faint)."""
     import numpy as np
 
-    ax = _axes(ax, (8, 5))
+    ax = _axes(ax, (10, 5.5))
     job_ms = float(df["job_ms"].iloc[0])
     hold = df["variant"].iloc[0].startswith("hold")
     workers = sorted(set(df["workers"]) | (set(reference["workers"]) if reference is not None else set()))
@@ -772,8 +775,9 @@ def plot_throughput(df: pd.DataFrame, reference: pd.DataFrame | None = None, ax:
             ref = reference[(reference["policy"] == policy)
                             & reference["variant"].isin(set(part["variant"]))].sort_values("workers")
             if len(ref):
-                ax.plot(ref["workers"], ref["jobs_per_s"], color=colour, alpha=0.35, lw=5,
-                        label=f"{POLICY_NAMES[policy]}, reference")
+                ax.plot(ref["workers"], ref["jobs_per_s"], color=colour, lw=1.2, ls="-.",
+                        marker=REFERENCE_MARKERS[policy], markersize=10, markerfacecolor="white",
+                        markeredgewidth=2, label=f"{POLICY_NAMES[policy]}, reference")
         ax.plot(part["workers"], part["jobs_per_s"], "o-", color=colour, lw=2,
                 label=f"{POLICY_NAMES[policy]}, this run")
     # the model, once per distinct line, in black
@@ -787,14 +791,14 @@ def plot_throughput(df: pd.DataFrame, reference: pd.DataFrame | None = None, ax:
         ax.plot(grid, model, ls="--" if flat else ":", color="black", lw=1.3,
                 label="model 1/d (wait, NOWAIT)" if flat else "model N/d")
     return _against_workers(ax, workers, "jobs per second (log)",
-                            title or f"Throughput against workers (d = {job_ms:g} ms, "
+                            title or f"Throughput against workers\n(d = {job_ms:g} ms, "
                                      f"{'lock held for the job' if hold else 'claim + mark + commit'})")
 
 
 def plot_efficiency(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Measured throughput over the model's (1/d for wait and NOWAIT, N/d for SKIP LOCKED)
     against workers, on a linear axis from 0: the fall a log throughput axis hides."""
-    ax = _axes(ax, (8, 4))
+    ax = _axes(ax, (10, 5))
     for policy, part, colour in _by_policy(df):
         ax.plot(part["workers"], part["efficiency"], "o-", color=colour, lw=2, label=POLICY_NAMES[policy])
     ax.axhline(1.0, color="black", ls="--", lw=1.2, label="the model")
@@ -802,14 +806,14 @@ def plot_efficiency(df: pd.DataFrame, ax: Axes | None = None, title: str | None 
     ax.set_ylim(0, max(1.15, float(df["efficiency"].max()) + 0.05))
     ax.set_xlabel("workers N")
     ax.set_ylabel("measured / model")
-    ax.set_title(title or "Efficiency: how close each policy gets to its model")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    ax.set_title(title or "Efficiency: how close\neach policy gets to its model")
+    legend_beside(ax)
     return ax
 
 
 def plot_claim_wait(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Claim-wait percentiles (p50 solid, p99 dashed) against workers, log scale."""
-    ax = _axes(ax, (8, 5))
+    ax = _axes(ax, (10, 5.5))
     for policy, part, colour in _by_policy(df):
         ax.plot(part["workers"], part["claim_wait_p50_ms"].clip(lower=0.01), "o-", color=colour,
                 label=f"{POLICY_NAMES[policy]} p50")
@@ -822,11 +826,11 @@ def plot_claim_wait(df: pd.DataFrame, ax: Axes | None = None, title: str | None 
     timed = df["seconds"].dropna()
     if len(timed):
         ax.axhline(float(timed.max()) * 1000, color="0.5", linestyle=":", linewidth=1)
-        ax.annotate("length of a run: no wait can be measured longer", (df["workers"].min(),
-                    float(timed.max()) * 1000), xytext=(0, 4), textcoords="offset points",
-                    fontsize=9, color="0.35")
+        ax.annotate("the longest wait\na run can measure", (0.02, float(timed.max()) * 1000),
+                    xycoords=("axes fraction", "data"), xytext=(0, -4), textcoords="offset points",
+                    va="top", color="0.35")
     return _against_workers(ax, df["workers"], "time to claim a job (ms, log)",
-                            title or f"Claim wait against workers (d = {float(df['job_ms'].iloc[0]):g} ms)")
+                            title or f"Claim wait against workers\n(d = {float(df['job_ms'].iloc[0]):g} ms)")
 
 
 def queue_positions(r: ConvoyRun) -> pd.DataFrame:
@@ -851,7 +855,7 @@ def queue_positions(r: ConvoyRun) -> pd.DataFrame:
 
 def plot_wait_by_position(q: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Claim wait against the place in the line at arrival, beside first-come-first-served."""
-    ax = _axes(ax, (8, 4.5))
+    ax = _axes(ax, (10, 5))
     done, cut = q[~q["censored"]], q[q["censored"]]
     ax.scatter(done["position"], done["wait_ms"].clip(lower=0.1), s=18, alpha=0.6, color=_colour("wait"),
                label="a claim: its wait")
@@ -864,14 +868,14 @@ def plot_wait_by_position(q: pd.DataFrame, ax: Axes | None = None, title: str | 
     ax.set_xlabel("workers already waiting when it asked")
     ax.set_ylabel("claim wait (ms, log)")
     ax.set_title(title or "Does the place in the line decide the wait?")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    legend_beside(ax)
     return ax
 
 
 def plot_errors(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """NOWAIT errors per second against workers, one line per variant."""
 
-    ax = _axes(ax, (8, 4.5))
+    ax = _axes(ax, (10, 5))
     part = df[df["policy"] == "nowait"]
     for i, (variant, rows) in enumerate(part.groupby("variant", sort=False)):
         rows = rows.sort_values("workers")
@@ -880,14 +884,14 @@ def plot_errors(df: pd.DataFrame, ax: Axes | None = None, title: str | None = No
     _log2_workers(ax, part["workers"])
     ax.set_xlabel("workers N")
     ax.set_ylabel("errors per second")
-    ax.set_title(title or "NOWAIT: errors per second against workers")
+    ax.set_title(title or "NOWAIT: errors per second\nagainst workers")
     ax.legend(loc="upper left", frameon=False)
     return ax
 
 
 def plot_makespan(df: pd.DataFrame, ax: Axes | None = None, title: str | None = None) -> Axes:
     """Time to drain a backlog against workers, per policy, with the model (dashed)."""
-    ax = _axes(ax, (8, 4.5))
+    ax = _axes(ax, (10, 5))
     for policy, part, colour in _by_policy(df):
         ax.plot(part["workers"], part["makespan_s"], "o-", color=colour, label=f"{POLICY_NAMES[policy]}, measured")
         ax.plot(part["workers"], part["model_makespan_s"], "--", color=colour, lw=1.2, label=f"{POLICY_NAMES[policy]}, model")
@@ -903,7 +907,7 @@ def plot_timeline(r: ConvoyRun, ax: Axes | None = None, title: str | None = None
     from matplotlib.patches import Patch
 
 
-    ax = _axes(ax, (10, 0.9 + 0.45 * r.workers))
+    ax = _axes(ax, (12, min(6.4, 1.4 + 0.45 * r.workers)))
     until = until_ms if until_ms is not None else (r.window_s * 1e3)
     for log in r.logs:
         y = r.workers - 1 - log.worker
@@ -930,7 +934,7 @@ def plot_timeline(r: ConvoyRun, ax: Axes | None = None, title: str | None = None
     ax.set_xlim(0, until)
     ax.set_xlabel("time since the start signal (ms)")
     ax.set_title(title or f"{POLICY_NAMES[r.policy]}: {r.workers} workers, d = {r.job_ms:g} ms ({r.variant})")
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
+    legend_beside(ax, handles=handles)
     return ax
 
 
@@ -938,11 +942,12 @@ def plot_sweep(df: pd.DataFrame, reference: pd.DataFrame | None = None, path: st
     """The three sweep panels in one figure (throughput, claim wait, NOWAIT errors)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(20, 5.5))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 6.4))
     plot_throughput(df, reference, ax=axes[0])
     plot_claim_wait(df, ax=axes[1])
     plot_errors(df, ax=axes[2])
-    fig.tight_layout()
+    for ax in axes:  # each panel's legend under it: three panels fill the width
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     if path:
         fig.savefig(path, dpi=110, metadata={"Software": None})
     return fig

@@ -634,16 +634,16 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
 
 
 def plot(result: dict, ax=None):
-    """Claim latency (top) and buffers per claim (bottom, log scale) over the run, without
+    """Claim latency (left) and buffers per claim (right, log scale) over the run, without
     and with the report holding the horizon, from :func:`horizon_trace`'s result.  ``ax``:
     two matplotlib axes to draw on (None: a new figure).  Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from ..core.plots import setup_matplotlib
+    from ..core.plots import legend_below, plain_log_ticks, setup_matplotlib
 
     setup_matplotlib()
     if ax is None:
-        fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+        fig, (top, bottom) = plt.subplots(1, 2, figsize=(12, 6), sharex=True)
     else:
         top, bottom = ax
         fig = top.figure
@@ -655,15 +655,16 @@ def plot(result: dict, ax=None):
         bottom.plot(t, [max(p["buffers"], 1) for p in series], style, marker="o", ms=3, label=label)
     top.set_ylabel("claim, median ms")
     top.set_ylim(bottom=0)
-    bottom.set_ylabel("buffers one claim reads (log scale)")
+    bottom.set_ylabel("buffers one claim reads (log)")
     bottom.set_yscale("log")
-    bottom.set_xlabel("seconds into the run")
-    top.legend(loc="upper left", fontsize=10)
+    plain_log_ticks(bottom.yaxis)
+    for panel in (top, bottom):
+        panel.set_xlabel("seconds into the run")
+    legend_below(fig, top, ncol=1)
     d = result.get("durability", {})
-    fig.suptitle(f"The claim while a snapshot holds the xmin horizon: {result.get('workers')} workers, "
+    fig.suptitle(f"The claim while a snapshot holds the xmin horizon: {result.get('workers')} workers,\n"
                  f"PostgreSQL {result.get('server')}, fsync={d.get('fsync')}, "
-                 f"synchronous_commit={d.get('synchronous_commit')}", fontsize=11)
-    fig.tight_layout()
+                 f"synchronous_commit={d.get('synchronous_commit')}")
     return fig
 
 

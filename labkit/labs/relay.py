@@ -35,7 +35,7 @@ from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
 from ..core.lab import Lab, read_sql
 from ..core.limits import number
-from ..core.plots import PALETTE
+from ..core.plots import PALETTE, legend_below
 from ..core.procs import Context, Worker
 from ..core.queries import query, statements
 from ..core.trace import Trace
@@ -1054,13 +1054,13 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
 
 def plot_lag(df: pd.DataFrame, pause: tuple[float, float] | None = None, title: str = "Outbox lag"):
     """The lag of :func:`measure_lag` on two panels sharing the time axis: the oldest unpublished
-    row's age above, the outbox's depth below; the pause shaded, the burst marked.  Returns the
+    row's age on the left, the outbox's depth on the right; the pause shaded, the burst marked.  Returns the
     two axes."""
     import matplotlib.pyplot as plt
 
     pause = pause or df.attrs.get("pause")
     burst = df.attrs.get("burst")
-    fig, (age, depth) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True)
+    fig, (age, depth) = plt.subplots(1, 2, figsize=(12, 5.6), sharex=True)
     for ax in (age, depth):
         if pause:
             ax.axvspan(*pause, color=PALETTE[1], alpha=0.18,
@@ -1074,10 +1074,10 @@ def plot_lag(df: pd.DataFrame, pause: tuple[float, float] | None = None, title: 
     depth.plot(df.t_s, df.depth, color=PALETTE[2], lw=2)
     depth.set_ylabel("depth\n(unpublished rows)")
     depth.set_ylim(bottom=0)
-    depth.set_xlabel("time (s)")
-    age.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=10)
-    age.set_title(title)
-    fig.tight_layout()
+    for ax in (age, depth):
+        ax.set_xlabel("time (s)")
+    legend_below(fig, age, ncol=2)
+    fig.suptitle(title)
     return age, depth
 
 

@@ -48,7 +48,7 @@ from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab, drop_schemas, read_sql
 from ..core.limits import number
-from ..core.plots import PALETTE
+from ..core.plots import PALETTE, legend_below
 from ..core.procs import Worker
 from ..core.queries import strip_comments
 from ..core.server import EmbeddedServer, bin_dir
@@ -1457,7 +1457,7 @@ def plot_ceiling(mine: dict | None, reference: dict | None):
 
     runs = [(name, r) for name, r in (("reference", reference), ("yours", mine)) if r]
     batches = list((runs[0][1])["claim_jobs_per_s"])
-    fig, (jobs, calls) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (jobs, calls) = plt.subplots(1, 2, figsize=(12, 6))
     width = 0.8 / (2 * len(runs))
     k = 0
     for name, r in runs:
@@ -1477,9 +1477,8 @@ def plot_ceiling(mine: dict | None, reference: dict | None):
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     jobs.set_title("More jobs per second with a bigger batch...")
     calls.set_title("...in fewer, heavier claims")
-    jobs.legend(fontsize=9, ncol=2)
+    legend_below(fig, jobs, ncol=2)
     fig.suptitle("Claim ceiling: claim + mark, one transaction per call")
-    fig.tight_layout()
     return jobs, calls
 
 
