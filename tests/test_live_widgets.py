@@ -359,6 +359,13 @@ def test_notebook_06_runs_and_its_replay_steps_when_its_controls_are_pressed(jup
     third = browser.wait_for(f"/^step [3-9]\\d*\\/\\d+ /.test({shown}) && {shown}", STEP_TIMEOUT_S,
                              "Play to move the replay on")
     assert third not in (first, second)
+    # Pause before the kernel goes: a Play left running keeps ticking in the page after its
+    # kernel is shut down, and every tick it cannot send is a console error in the next test.
+    browser.click(f"{replays}[0].querySelectorAll('.widget-play button')[1]")
+    time.sleep(1.5)                         # a tick already on its way lands
+    paused = browser.evaluate(shown)
+    time.sleep(1.5)
+    assert browser.evaluate(shown) == paused, "Pause did not stop the replay"
     errors = browser.take_errors()
     assert errors == [], f"JavaScript console errors while {RELAY} opened, ran and stepped: {errors}"
     browser.close_notebook()

@@ -192,9 +192,23 @@ def test_the_presenters_guide_tables_are_the_data():
     assert set(training.presenters_guide()) == {p.stem for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))}
 
 
-def _headings(html, level):
+def _short_names():
+    import nbformat
+
+    from labkit.tools import training
+    from labkit.tools.nbtools import NOTEBOOKS
+
+    return [training.short_name(nbformat.read(p, as_version=4)) for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))]
+
+
+# An item's first heading names its notebook: "03 · Claim, mark, commit — … — 1 · The durable claim".
+ITEM_NAME = re.compile("^(?:" + "|".join(re.escape(n) for n in _short_names()) + ") — ")
+
+
+def _headings(html, level, *, names=False):
     found = re.findall(rf"<h{level}[^>]*>(.*?)</h{level}>", html, re.S)
-    return [re.sub(r"<[^>]+>|¶", "", h).strip() for h in found]
+    shown = [re.sub(r"<[^>]+>|¶", "", h).strip() for h in found]
+    return shown if names else [ITEM_NAME.sub("", h) for h in shown]
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +226,8 @@ def test_the_plan_deck_holds_exactly_the_plans_sections(deck90):
     assert (deck90.parent / "reveal.js" / "dist").is_dir()
     assert training.remote_references(html) == []
     assert _headings(html, 2) == [s for i in plan.items for s in i.sections if s != plans.INTRO]
+    named = [h for h in _headings(html, 2, names=True) if ITEM_NAME.match(h)]
+    assert [h[:2] for h in named] == [i.notebook[:2] for i in plan.items if i.sections[0] != plans.INTRO]
     titles = [training.NOTEBOOKS and f"{i.notebook[:2]} · " for i in plan.items if plans.INTRO in i.sections]
     h1 = _headings(html, 1)
     assert h1[0] == "Claim Lab in 90 minutes" and h1[-2:] == ["Your questions", "What we saw"]

@@ -540,6 +540,10 @@ def plan_notebook(plan: Plan, measured: dict[str, dict[str, float]] | None = Non
             part = copy.deepcopy(item_cells(item, source, heading))
             for cell in part:
                 cell["id"] = f"p{n}-{cell.get('id', k)}"
+            if k == 0 and part[0].cell_type == "markdown":    # the room sees which notebook this is
+                name = training.short_name(source)
+                part[0].source = re.sub(r"^(#{1,3}) ", lambda m: f"{m.group(1)} {name} — ", part[0].source,
+                                        count=1, flags=re.M)
             note = (_item_notes(plan, n, item, estimates, minutes) if k == 0
                     else f"**About {minutes[k]} min** for this section (of the item's {item.minutes}).")
             cells += [part[0], _cell(note, "notes", f"p{n}-notes-{k}"), *part[1:]]
