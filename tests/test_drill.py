@@ -1234,8 +1234,8 @@ def test_the_mock_widget_reveals_scores_and_reads_as_text(scores):
     mock = interview.MockInterview(20, topic="fencing", seed=1, scores=scores, now=lambda: t[0])
     first = mock.current
     assert repr(mock.box) == (f"Mock interview: 20 min · {first.id} ({first.level}, fencing) · "
-                              f"{len(first.follow_ups)} follow-ups one at a time, then score 0-3")
-    assert "VBox(children=" not in repr(mock.box) and len(repr(mock.box)) <= 110
+                              f"{len(first.follow_ups)} follow-ups, one at a time; score 0-3")
+    assert "VBox(children=" not in repr(mock.box) and len(repr(mock.box)) <= 96
     assert all(b.disabled for b in mock.score_buttons) and "20:00 left" in mock.clock_label.value
     mock.follow_button.click()
     assert mock.shown == 1 and first.follow_ups[0][0][:30] in " ".join(mock.text().split())
@@ -1260,7 +1260,7 @@ def test_the_mock_widget_clock_ticks_warns_and_ends_the_question(scores):
     once, with no button pressed; the capstone is scored 0-4."""
     t = [0.0]
     mock = interview.MockInterview(5, seed=1, scores=scores, now=lambda: t[0])
-    assert mock.current.id == "capstone" and "then score 0-4" in repr(mock.box)
+    assert mock.current.id == "capstone" and "; score 0-4" in repr(mock.box)
     assert [b.layout.display for b in mock.score_buttons] == [None] * 5
     mock.follow_button.click()
     labels = []

@@ -545,10 +545,10 @@ class MockInterview:
         self.box.close()
 
     def describe(self) -> str:
-        """One line (a widget's text form is cut at 110 characters): what the mock asks now."""
+        """One line (at most 96 characters, the width of every printed line): what the mock asks now."""
         item = self.current or self.items[-1]
         return (f"Mock interview: {self.minutes:g} min · {item.id} ({item.level}, {item.topic}) · "
-                f"{len(item.follow_ups)} follow-ups one at a time, then score 0-{len(item.scale) - 1}")
+                f"{len(item.follow_ups)} follow-ups, one at a time; score 0-{len(item.scale) - 1}")
 
     def reveal(self) -> None:
         """The next follow-up (when the time is up: the model instead)."""
