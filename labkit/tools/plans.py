@@ -497,7 +497,7 @@ def _run_note(item: Item) -> str:
                 "do not open the widget for the vote.")
     if item.mode == "shown":
         return "**Show:** the stored outputs on these slides; run nothing."
-    first = section_headings(_read_notebook(item.notebook))[0] == item.sections[0]
+    first = item.sections[0] in (INTRO, section_headings(_read_notebook(item.notebook))[0])
     skip = f" Stop before {', '.join(f'“{s}”' for s in item.skip)}: they are not in this plan." if item.skip else ""
     return (f"**Run live** in `notebooks/{item.notebook}.ipynb`"
             + (", from the top: the setup cell, then every cell down to the end of these sections, in order."

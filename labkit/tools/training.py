@@ -244,6 +244,9 @@ def speaker_notes(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
             answers = [_answer_text(m.group(0)) for m in ANSWER_RE.finditer(cell.source)]
             for answer in answers:
                 notes.append(f"**Expected answer:**\n\n{answer}")
+            if answers:     # on the slide, opening it would spill past the slide: the notes hold it
+                cell.source = ANSWER_RE.sub("*(The answer is in the speaker notes: ask the room first.)*",
+                                            cell.source)
         if notes:
             cells.append(_note("\n\n".join(notes)))
             if (i == 0 or i in minutes) and total:    # the timing: on the section's first slide
@@ -1120,10 +1123,24 @@ KINDS = {"hidden": "content hidden (scrolls, or the slide is too tall)",
          "shrunk figure": "a figure shown smaller than it could be",
          "no notes": "a slide with content and no speaker notes"}
 
+# JavaScript both browser checks share: a <pre>'s widest line, when kept on one line, is wider
+# than its box (null when it fits); with the widths in px.
+_WIDE_LINE_JS = r"""
+const wideLine = (pre) => {
+  const was = pre.style.whiteSpace;
+  pre.style.whiteSpace = 'pre';
+  const need = pre.scrollWidth, have = pre.clientWidth;
+  pre.style.whiteSpace = was;
+  if (need <= have + 1) return null;
+  const line = pre.textContent.split('\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+  return {need: need, have: have, line: line};
+};
+"""
+
 # Run in the deck: visit every slide through Reveal's API and measure what is shown there.
 _MEASURE_JS = """
 (() => {
-  Reveal.configure({transition: 'none', backgroundTransition: 'none'});
+%(wide_line)s  Reveal.configure({transition: 'none', backgroundTransition: 'none'});
   const view = Reveal.getComputedSlideSize().height;
   const MIN_PX = %(min_px)d;
   const clean = (t) => t.replace(/\\u00b6/g, '').replace(/\\s+/g, ' ').trim();
@@ -1166,14 +1183,8 @@ _MEASURE_JS = """
           add('hidden', `${name(el)} shows ${el.clientWidth} of ${el.scrollWidth} px wide (it scrolls)`);
       }
       for (const pre of els.filter((el) => el.tagName === 'PRE')) {
-        const was = pre.style.whiteSpace;
-        pre.style.whiteSpace = 'pre';
-        const wide = pre.scrollWidth, box = pre.clientWidth;
-        pre.style.whiteSpace = was;
-        if (wide > box + 1) {
-          const longest = pre.textContent.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
-          add('wrapped', `${name(pre)}: a line of ${longest.length} characters needs ${wide} of ${box} px ("${clean(longest).slice(0, 40)}")`);
-        }
+        const w = wideLine(pre);
+        if (w) add('wrapped', `${name(pre)}: a line of ${w.line.length} characters needs ${w.need} of ${w.have} px ("${clean(w.line).slice(0, 40)}")`);
       }
       const walk = document.createTreeWalker(s, NodeFilter.SHOW_TEXT);
       for (let t = walk.nextNode(); t; t = walk.nextNode()) {
@@ -1207,7 +1218,7 @@ _MEASURE_JS = """
   Reveal.slide(0, 0);
   return {slides: found, chars: chars, small: small};
 })()
-""" % {"min_px": MIN_TEXT_PX}
+""" % {"min_px": MIN_TEXT_PX, "wide_line": _WIDE_LINE_JS}
 
 
 class DeckReport:
@@ -1341,23 +1352,17 @@ A4_TEXT_PX = round(180 / 25.4 * 96)
 
 # Run in a handout page shown as print media: every visible <pre> (code or output) whose lines,
 # kept each on one line, are wider than its box; with its widest line.
-_PRINT_WRAPS_JS = r"""
+_PRINT_WRAPS_JS = """
 (() => {
+%s
   const found = [];
   document.querySelectorAll('pre').forEach((pre) => {
-    if (!pre.offsetParent) return;
-    const was = pre.style.whiteSpace;
-    pre.style.whiteSpace = 'pre';
-    const need = pre.scrollWidth, have = pre.clientWidth;
-    pre.style.whiteSpace = was;
-    if (need > have + 1) {
-      const widest = pre.textContent.split('\n').reduce((a, b) => (b.length > a.length ? b : a), '');
-      found.push({need: need, have: have, line: widest.slice(0, 80), chars: widest.length});
-    }
+    const w = pre.offsetParent && wideLine(pre);
+    if (w) found.push({need: w.need, have: w.have, line: w.line.slice(0, 80), chars: w.line.length});
   });
   return found;
 })()
-"""
+""" % _WIDE_LINE_JS
 
 
 def check_handouts(pages: list[Path], browser=None) -> list[str]:
