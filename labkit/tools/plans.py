@@ -499,7 +499,7 @@ def _run_note(item: Item) -> str:
         return "**Show:** the stored outputs on these slides; run nothing."
     first = item.sections[0] in (INTRO, section_headings(_read_notebook(item.notebook))[0])
     skip = f" Stop before {', '.join(f'“{s}”' for s in item.skip)}: they are not in this plan." if item.skip else ""
-    return (f"**Run live** in `notebooks/{item.notebook}.ipynb`"
+    return (f"**Run live** in your working copy, `work/notebooks/{item.notebook}.ipynb` (the one `make lab` opens)"
             + (", from the top: the setup cell, then every cell down to the end of these sections, in order."
                if first else ": its setup cell, then the cells of these sections, in order.") + skip)
 
