@@ -153,7 +153,10 @@ class Worker:
     def kill(self) -> None:
         """SIGKILL: no cleanup code runs in the child, as in a real crash."""
         if self._proc is not None and self._proc.is_alive():
-            os.kill(self._proc.pid, signal.SIGKILL)       # ends a stopped (SIGSTOP) child too
+            try:
+                os.kill(self._proc.pid, signal.SIGKILL)   # ends a stopped (SIGSTOP) child too
+            except ProcessLookupError:
+                pass            # it exited between the check and the signal: nothing left to kill
             self._proc.join(10)
         self._drain()
 
