@@ -155,7 +155,7 @@ BAD = {
     "a quiz statement that does not exist": (lambda d: _item(d, n=3).update(quiz=["c01", "c99"]),
                                              "no quiz statement 'c99'"),
     "a question asked before the first section": (lambda d: _item(d, n=2).update(ask_before="introduction"),
-                                                  "not one of the item's later sections"),
+                                                  "not one of the item's sections"),
 }
 
 
@@ -249,10 +249,16 @@ def test_the_plan_deck_holds_exactly_the_plans_sections(deck90):
 
 
 def test_the_plan_deck_asks_before_the_slide_that_answers(deck90):
-    item, = [i for i in PLANS["90"].items if i.ask_before]
-    html = deck90.read_text()
-    ask = html.index("Before we look:")
-    assert html.index(item.sections[0].split(" · ")[-1][:20]) < ask < html.index(f">{item.ask_before}")
+    html = re.sub(r"\s+", " ", deck90.read_text())
+    asking = [i for i in PLANS["90"].items if i.ask_before]
+    assert {i.notebook[:2] for i in asking} == {"01", "03", "04"}
+    for item in asking:             # the question's own slide, then the section that answers it
+        ask = html.index("<strong>Before we look:</strong> " + " ".join(item.ask.split()[:4]))
+        heading = re.compile(r"<h2[^>]*>[^<]*" + re.escape(item.ask_before.split(" · ")[-1][:20]))
+        answers = heading.search(html, ask).start()
+        between = html[ask:answers]         # the question's slide and its notes, nothing shown
+        assert "<pre" not in between and not re.search(r"<h[1-4]", between), (
+            f"{item.label()}: something is shown between the question and the slide that answers it")
 
 
 def test_the_quiz_slides_show_the_choices_in_the_files_order_and_the_key_in_the_notes(deck90):

@@ -260,9 +260,9 @@ def _item(raw: dict, where: str) -> Item:
             raise LabkitError(f"{where}: a quiz item names {len(sections)} sections.",
                               "name the one section whose cells the quiz's slides replace. " + FIX)
     ask_before = _resolve(stem, raw["ask_before"], headings, where) if raw.get("ask_before") else ""
-    if ask_before and ask_before not in sections[1:]:
-        raise LabkitError(f"{where}: `ask_before` names {ask_before!r}, not one of the item's later sections.",
-                          "name the section, after the item's first, whose first slide answers the question. "
+    if ask_before and ask_before not in sections:
+        raise LabkitError(f"{where}: `ask_before` names {ask_before!r}, not one of the item's sections.",
+                          "name the section of the item whose first slide answers the question. "
                           + FIX)
     return Item(stem, sections, _field(raw, "minutes", int, where), mode,
                 _field(raw, "about", str, where), _field(raw, "ask", str, where),
@@ -540,10 +540,11 @@ def plan_notebook(plan: Plan, measured: dict[str, dict[str, float]] | None = Non
             part = copy.deepcopy(item_cells(item, source, heading))
             for cell in part:
                 cell["id"] = f"p{n}-{cell.get('id', k)}"
-            if k == 0 and part[0].cell_type == "markdown":    # the room sees which notebook this is
+            headed = [c for c in part if c.cell_type == "markdown" and re.search(r"^#{1,3} ", c.source, re.M)]
+            if k == 0 and headed:           # the room sees which notebook this is
                 name = training.short_name(source)
-                part[0].source = re.sub(r"^(#{1,3}) ", lambda m: f"{m.group(1)} {name} — ", part[0].source,
-                                        count=1, flags=re.M)
+                headed[0].source = re.sub(r"^(#{1,3}) ", lambda m: f"{m.group(1)} {name} — ", headed[0].source,
+                                          count=1, flags=re.M)
             note = (_item_notes(plan, n, item, estimates, minutes) if k == 0
                     else f"**About {minutes[k]} min** for this section (of the item's {item.minutes}).")
             cells += [part[0], _cell(note, "notes", f"p{n}-notes-{k}"), *part[1:]]
