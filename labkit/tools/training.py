@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 from ..core.db import current_user_tag, lab_user
 from ..core.errors import LabkitError
 from ..core.sandbox import read_input
-from .nbtools import NOTEBOOKS, clean
+from .nbtools import NOTEBOOKS, clean, jupyter_text
 
 ROOT = NOTEBOOKS.parent
 STUDENT = ROOT / "student"
@@ -1495,7 +1495,7 @@ def student_copies(check: bool = False, quiet: bool = False) -> list[str]:
             continue
         dest = STUDENT / path.name
         expected.add(dest.name)
-        text = nbformat.writes(student_copy(nb, path.name)) + "\n"
+        text = jupyter_text(student_copy(nb, path.name))      # as Jupyter saves it
         if not dest.exists() or dest.read_text() != text:
             stale.append(dest.name)
             if not check:
