@@ -23,7 +23,6 @@ Command line (``drill_command``): ``labkit drill sheet|quiz|capstone|check``.
 
 from __future__ import annotations
 
-import functools
 import html
 import itertools
 import os
@@ -42,6 +41,7 @@ from ..core.lab import Lab, read_sql
 from ..core.plots import static_box
 from ..core.queries import query as named_query  # ``query`` is the reader's SQL below
 from ..core.sessions import Sessions
+from ..core.text import fill
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -732,9 +732,7 @@ def load_capstone(path: Path | str | None = None) -> Capstone:
 # -- text rendering ------------------------------------------------------------------------------
 
 def _wrap(text: str, indent: str = "", first: str | None = None) -> str:
-    first = indent if first is None else first
-    return textwrap.fill(text, WIDTH, initial_indent=first, subsequent_indent=indent,
-                         break_on_hyphens=False)
+    return fill(text, WIDTH, indent, indent if first is None else first)
 
 
 def card_text(q: Question, reveal: int = 3) -> str:
@@ -910,10 +908,10 @@ def capstone_text(card: Capstone | None = None, *, level: str | None = None,
     the answers alone), the 0-4 scale and the deductions.  ``follow_ups``: the chain of
     follow-ups with their answers and the notebooks that show them."""
     card = card or load_capstone()
-    fill = functools.partial(textwrap.fill, width=min(width, WIDTH), break_on_hyphens=False)
+    narrow = min(width, WIDTH)
     lines = [f"Capstone · asked at {card.asked_at} · {card.topic} · {card.notebook}",
-             fill(card.question, initial_indent="Q ", subsequent_indent="  "),
-             fill(card.answer_20s, initial_indent="20 s  ", subsequent_indent=" " * 6), "",
+             fill(card.question, narrow, "  ", "Q "),
+             fill(card.answer_20s, narrow, " " * 6, "20 s  "), "",
              capstone_model(card, level=level, rubric=rubric, width=width)]
     if follow_ups:
         lines.append(f"\nFollow-ups, in the order they usually come ({len(card.follow_ups)}):")
