@@ -29,8 +29,8 @@ from .core.server import MIN_FREE_BYTES, EmbeddedServer
 from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
                    outbox_size, pooler, relay, retries, schedule, wakeup)
 from .labs.convoy import POLICIES
-from .tools import (bench, classroom, drill, grade, hub, interview, nbtools, plans, roomload, spec, torture, training,
-                    workcopy)
+from .tools import (bench, classroom, drill, grade, hub, interview, nbtools, plans, roomload, spec, timing, torture,
+                    training, workcopy)
 from .tools.spec import drop_spec_databases
 
 
@@ -505,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "committed", lambda a: nbtools.execute_command(notebooks=a.notebooks))
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
                    help="notebook files (default: every numbered notebook in notebooks/)")
+    p = _command(commands, "minutes", "for authors: each notebook's time for a learner, computed; written into "
+                 "its label", lambda a: timing.minutes_command(notebooks=a.notebooks, check=a.check))
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                   help="notebook files (default: every numbered notebook in notebooks/)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each label that differs")
 
     grading = _group(commands, "grade", "grade a claim written in SQL")
     p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong",

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..core.errors import LabkitError
 from ..core.text import fit_widths, row_lines, wrap
 
 if TYPE_CHECKING:
@@ -198,11 +199,41 @@ def run_notebook(nb: NotebookNode, folder: Path, timeout: int = 600) -> None:
                        resources={"metadata": {"path": str(folder)}}).execute()
 
 
+# A run's wall time is recorded to a multiple of this: finer than that is noise between runs.
+RUN_STEP_S = 10
+# A new run time this close to the recorded one (as a share of it) keeps the file unchanged.
+RUN_KEEP_WITHIN = 0.25
+
+
+def recorded_run_seconds(wall_s: float, old: object = None) -> int:
+    """What ``metadata.claimlab.run_seconds`` holds after a run of ``wall_s`` seconds: the
+    time rounded up to a multiple of RUN_STEP_S, or the ``old`` value when the new one is
+    within RUN_KEEP_WITHIN of it (so that re-running a notebook does not churn its file)."""
+    import math
+
+    if isinstance(wall_s, bool) or not isinstance(wall_s, (int, float)) or not math.isfinite(wall_s) \
+            or wall_s < 0:
+        raise LabkitError(f"A run time of {wall_s!r} seconds is not a time.",
+                          "pass the run's wall time in seconds, 0 or more (time.monotonic() differences).")
+    new = math.ceil(wall_s / RUN_STEP_S) * RUN_STEP_S
+    if (not isinstance(old, bool) and isinstance(old, (int, float)) and math.isfinite(old) and old > 0
+            and abs(new - old) <= RUN_KEEP_WITHIN * old):
+        return old
+    return new
+
+
 def execute(path: Path, timeout: int = 600) -> None:
+    """Run the notebook at ``path`` in place, record its wall time in
+    ``metadata.claimlab.run_seconds`` (:func:`recorded_run_seconds`) and clean it."""
+    import time
+
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
+    started = time.monotonic()
     run_notebook(nb, path.parent, timeout)
+    meta = nb.metadata.setdefault("claimlab", {})
+    meta["run_seconds"] = recorded_run_seconds(time.monotonic() - started, meta.get("run_seconds"))
     clean(nb)
     path.write_text(jupyter_text(nb), encoding="utf-8")
 
