@@ -1,4 +1,4 @@
-"""The interview drill (notebook 10): the question bank, the answers that cost you the
+"""The interview drill (notebook 18): the question bank, the answers that cost you the
 question, flashcards, and self-check exercises run on the real server.
 
 Everything here prints as plain text (GitHub, nbval, handouts) and, in JupyterLab, also
@@ -24,8 +24,6 @@ Command line (``drill_command``): ``labkit drill sheet|quiz|capstone|check``.
 from __future__ import annotations
 
 import html
-import itertools
-import os
 import random
 import re
 import sys
@@ -34,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection, Iterator
 
-from ..core.db import Guards
 from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab, read_sql
@@ -42,10 +39,10 @@ from ..core.plots import static_box
 from ..core.queries import query as named_query  # ``query`` is the reader's SQL below
 from ..core.sessions import Sessions
 from ..core.text import fill
+from .exercises import Check, Solo as _Solo, bind as _bind, scratch as _scratch
 
 if TYPE_CHECKING:
     import ipywidgets
-    import psycopg
 
 DATA = data_file()
 QUESTIONS_FILE = DATA / "questions.yaml"
@@ -1233,57 +1230,6 @@ def quiz(topic: str | None = None, *, seed: int | None = None) -> Quiz:
 
 # -- self-check exercises on the real server ---------------------------------------------------
 
-_scratch_ids = itertools.count(1)
-
-
-@dataclass
-class Check:
-    """The outcome of one self-check: each finding is (ok, text)."""
-
-    title: str
-    findings: list[tuple[bool, str]] = field(default_factory=list)
-    hint: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.findings) and all(ok for ok, _ in self.findings)
-
-    def add(self, ok: bool, text: str) -> bool:
-        self.findings.append((bool(ok), text))
-        return bool(ok)
-
-    def __str__(self) -> str:
-        lines = [f"{'PASS' if self.passed else 'FAIL'}: {self.title}"]
-        lines += [_wrap(text, " " * 9, f"  {'ok' if ok else 'WRONG':5}  ") for ok, text in self.findings]
-        if not self.passed and self.hint:
-            lines.append(_wrap(self.hint, "        ", "  hint  "))
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _scratch(lab: Lab) -> Lab:
-    """A throw-away lab schema next to ``lab``'s (dropped by the caller)."""
-    return Lab.open(lab.db, f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
-
-
-def _bind(lab: Lab, query: str, params: dict) -> str:
-    """The reader's SQL with its parameters written in as literals (for a scripted session)."""
-    import psycopg
-
-    if not isinstance(query, str) or not query.strip():
-        raise LabkitError("The SQL to check is empty.", "write your statement in the string and run the cell again.")
-    try:
-        text = psycopg.ClientCursor(lab.admin).mogrify(query, params)
-    except (psycopg.ProgrammingError, KeyError, TypeError, ValueError) as exc:
-        allowed = (f"use only {', '.join(f'%({k})s' for k in params)}" if params
-                   else "this statement takes no parameters")
-        raise LabkitError(f"The SQL's parameters could not be filled in ({exc}).",
-                          f"{allowed}, and write a literal % as %%.") from None
-    return text
-
-
 def _jobs_newest_first(scratch: Lab, n: int) -> None:
     """The job table with ``n`` pending jobs numbered newest first (job n is the oldest)
     and without its index, so that rows come back in storage order — newest first —
@@ -1440,19 +1386,6 @@ def check_reaper(lab: Lab, query: str, *, lease: str = "5 minutes") -> Check:
 
 def _state(row) -> str:
     return f"{row[0]}/{row[1] or 'no worker'}"
-
-
-class _Solo:
-    """One autocommit session of a lab, closed on exit (the reaper runs alone)."""
-
-    def __init__(self, lab: Lab):
-        self.conn = lab.connect(role="reaper", guards=Guards(statement_timeout="10s"))
-
-    def __enter__(self) -> psycopg.Connection:
-        return self.conn
-
-    def __exit__(self, *exc: object) -> None:
-        self.conn.close()
 
 
 # -- command line: labkit drill ---------------------------------------------------------------
