@@ -149,16 +149,16 @@ def killed_runs_schemas(conn) -> list[str]:
 
 
 def _appendix_line() -> str:
-    """Notebook 16's server, in one line: which one, or why the appendix is skipped (not a
+    """Notebook 19's server, in one line: which one, or why the appendix is skipped (not a
     problem: nothing else needs it)."""
     from .core import mysql
 
     try:
-        return f"cross-engine appendix (notebook 16): {mysql.find().describe()}"
+        return f"cross-engine appendix (notebook 19): {mysql.find().describe()}"
     except mysql.NoServer as exc:
-        return f"cross-engine appendix (notebook 16) skipped: {exc.what} To run it: {exc.fix}"
+        return f"cross-engine appendix (notebook 19) skipped: {exc.what} To run it: {exc.fix}"
     except LabkitError as exc:
-        return f"cross-engine appendix (notebook 16) cannot run: {exc}"
+        return f"cross-engine appendix (notebook 19) cannot run: {exc}"
 
 
 IDLE_MAX_S = 7 * 86_400      # a week: longer than any session a lab leaves behind
@@ -555,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=spec.ENGINES, default="postgresql",
-                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 16 "
+                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 19 "
                         "(LABKIT_MYSQL_DSN, else 127.0.0.1:3306)")
     p.add_argument("--isolation", choices=["repeatable-read", "read-committed"], default=None,
                    help="MySQL and MariaDB only: the workers' isolation level (default: the server's, "
@@ -731,7 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "although its request timed out")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
 
-    # -- the queue in production (notebooks 13 and 14)
+    # -- the queue in production (notebooks 10 and 11)
     p = _command(traces, "horizon", "claims while a long transaction holds the xmin horizon, against none",
                  lambda a: horizon.horizon_command(open_lab=_run_lab("trace_horizon"), seconds=a.seconds,
                                                    workers=a.workers, other_database=a.other_database,
@@ -822,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the pooled listener waits for a notification (default 1)")
     p.add_argument("--json", action="store_true", help="print the verdicts and their evidence as JSON")
 
-    # -- the outbox in depth (notebook 15)
+    # -- the outbox in depth (notebooks 13 to 15)
     p = _command(traces, "cursor-gap", "a high-water-mark relay skips an event committed late; the flag "
                                        "relay and a snapshot cursor do not",
                  lambda a: cursor.cursor_gap_command(open_lab=_run_lab("trace_cursor"), later=a.later,

@@ -360,12 +360,12 @@ def test_status_names_the_lab_even_when_a_long_user_name_cut_the_schema_name(db,
     schema's name is cut to fit and ends in a hash, and status still names the lab."""
     (a, _), _ = room
     long_user = "claimlab_trainee01_claimlab_trainee01"
-    lab = Lab.open(Database(a.dsn, "dsn", a.name, db.version_num, db.version), "13_production",
+    lab = Lab.open(Database(a.dsn, "dsn", a.name, db.version_num, db.version), "11_production",
                    user=long_user)
     try:
-        assert lab.schema != f"lab_13_production_{long_user}"       # it was cut
+        assert lab.schema != f"lab_11_production_{long_user}"       # it was cut
         rows = {r["trainee"]: r for r in classroom.status(db.dsn)}
-        assert rows["trainee01"]["last_notebook"] == "13_production"
+        assert rows["trainee01"]["last_notebook"] == "11_production"
     finally:
         lab.drop()
 

@@ -117,12 +117,12 @@ def test_every_topic_is_used_and_names_a_known_notebook(bank):
 
 
 def test_the_bank_names_the_notebooks_that_exist():
-    """For notebooks 01-09, 13 and 14 the bank's names must be their real file names, and
+    """For the lesson notebooks the bank's names must be their real file names, and
     each one needs at least one question."""
     present = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     assert "01_one_lock_three_policies.ipynb" in present
     named = {q.notebook for q in drill.load_bank().questions} | {c.notebook for c in drill.load_costly()}
-    must = {f"{i:02d}" for i in [*range(1, 10), 13, 14]}
+    must = {f"{i:02d}" for i in [*range(1, 17), 19]}
     assert must <= {name[:2] for name in present}, "a notebook the bank must cover is missing"
     for name in present:
         if name[:2] in must:
@@ -153,7 +153,7 @@ def test_the_bank_names_the_notebooks_that_exist():
     (lambda d: d.update(questions=[q for q in d["questions"] if q["notebook"] != "08_fencing_tokens.ipynb"]),
      "notebook 08_fencing_tokens.ipynb: no question"),
     (lambda d: d.pop("topics"), "no topics"),
-    (lambda d: d["questions"][0].update(answer_60s=d["questions"][0]["answer_60s"] + " Notebook 15 shows it."),
+    (lambda d: d["questions"][0].update(answer_60s=d["questions"][0]["answer_60s"] + " Notebook 14 shows it."),
      "answer_60s names 'Notebook'"),
     (lambda d: d["questions"][0].update(answer_20s="See the workbook, I'd say."), "answer_20s names 'workbook'"),
     (lambda d: d["questions"][0].update(answer_20s="As § 3 shows, I'd wait."), "names '§'"),
@@ -586,7 +586,7 @@ def test_quiz_widget_text_is_readable_on_a_projector(costly):
 
 
 def test_after_run_all_the_first_flashcard_shows_its_question_only(bank):
-    """Notebook 10 run top to bottom leaves the flashcard widget on its first card, the
+    """Notebook 18 run top to bottom leaves the flashcard widget on its first card, the
     question alone: no later cell reveals or moves the card the reader sees."""
     import nbformat
 
@@ -724,7 +724,7 @@ def test_marking_without_the_key_names_the_notebook_not_the_answer(costly):
     assert drill._id_ranges(["c01", "c02", "c04", "c06", "c07", "q10"]) == "c01–c02, c04, c06–c07, q10"
 
 
-NB10 = NOTEBOOK_DIR / "10_interview_drill.ipynb"
+NB10 = NOTEBOOK_DIR / "18_interview_drill.ipynb"
 
 
 def _outputs(path):

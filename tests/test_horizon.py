@@ -62,7 +62,7 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
     later = [p["buffers"] for p in r["with"]["series"]]
     assert later[-1] > later[0]                                   # it grows with the churn
     # (the walk also costs the server time, ~0.05 ms against ~0.35 ms per claim's SELECT on an
-    # idle two-core machine; that is a timing, asserted as a shape in notebook 13, not here:
+    # idle two-core machine; that is a timing, asserted as a shape in notebook 10, not here:
     # the buffers above are the measure that does not depend on the load)
     assert r["select_ms_with"] > 0 and r["select_ms_without"] > 0
     # every version the run replaced counts as dead; with the report open VACUUM removes none

@@ -1,4 +1,4 @@
-"""Scheduled and prioritised jobs on the production job table (notebook 13), on a real server."""
+"""Scheduled and prioritised jobs on the production job table (notebook 11), on a real server."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The production job table that notebooks 13 and 14 share (``labkit/sql/production.sql``).
+"""The production job table that notebooks 10 and 11 share (``labkit/sql/production.sql``).
 
 Every lab of those notebooks (horizon, retries, lifecycle, schedule, wakeup, pooler) starts
 from the same table, made afresh by :func:`fresh_table`, so that a notebook can run them one

@@ -1,4 +1,4 @@
-"""Scheduled and prioritised jobs on the production job table (notebook 13).
+"""Scheduled and prioritised jobs on the production job table (notebook 11).
 
 The claim (production.sql ``claim``) asks for "the most urgent due job":
 ``WHERE status = 'PENDING' AND run_at <= now() ORDER BY priority, run_at LIMIT 1``, served by

@@ -400,7 +400,7 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
 
 
 def saves(r: dict) -> tuple[bool, str]:
-    """The shape of :func:`notify_trace`'s result that notebook 14 asserts, and what was
+    """The shape of :func:`notify_trace`'s result that notebook 12 asserts, and what was
     measured: the notified worker's median wait is under a fifth of the polling worker's, and
     the polling worker's worst wait is within one and a half intervals (one interval, plus the
     claim).  Both waits are on the server's clock."""

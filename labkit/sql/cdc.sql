@@ -1,4 +1,4 @@
--- Change data capture (notebook 15): the outbox read from the write-ahead log through a
+-- Change data capture (notebook 14): the outbox read from the write-ahead log through a
 -- logical replication slot, instead of polled from its table.
 --
 -- A logical slot remembers how far its one consumer has confirmed the change stream, and

@@ -1,4 +1,4 @@
--- The xmin horizon and the queue (notebook 13): a long transaction keeps every row version
+-- The xmin horizon and the queue (notebook 10): a long transaction keeps every row version
 -- that died after it started, so the claim's index scan walks the entries of every job done
 -- since. A snapshot holds back its own database; a transaction that has written (it has a
 -- transaction id) holds back the claim's scan in every database of the server, although

@@ -1,4 +1,4 @@
--- What the pooler lab (notebook 14) sends through PgBouncer in transaction pooling mode.
+-- What the pooler lab (notebook 12) sends through PgBouncer in transaction pooling mode.
 --
 -- A client of the pooler cannot set search_path when it connects (PgBouncer refuses the
 -- startup parameter "options"), so every table here is named with its schema: {job} is

@@ -1,4 +1,4 @@
--- The production job table (notebooks 13 and 14): one row per job, claimed by a worker for a
+-- The production job table (notebooks 10 and 11): one row per job, claimed by a worker for a
 -- lease, retried with backoff when its handler fails, dead-lettered after its last attempt.
 --
 --   status        PENDING -> RUNNING -> DONE, or back to PENDING (a retry, run_at later),

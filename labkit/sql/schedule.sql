@@ -1,5 +1,5 @@
 -- Scheduled and prioritised jobs on the production job table (production.sql "table"), for
--- notebook 13: what the claim's index (job_due_idx ON job (priority, run_at) WHERE status =
+-- notebook 11: what the claim's index (job_due_idx ON job (priority, run_at) WHERE status =
 -- 'PENDING') does for it and what it cannot do, and a low-priority job starved by a steady
 -- stream of urgent ones -- and the remedy, an aged turn (every k-th claim takes the oldest due
 -- job, whatever its priority).  labkit.labs.schedule reads the sections by name.

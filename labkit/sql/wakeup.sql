@@ -1,4 +1,4 @@
--- Waking a worker (notebook 14): poll the job table, or LISTEN for a NOTIFY that says "look".
+-- Waking a worker (notebook 12): poll the job table, or LISTEN for a NOTIFY that says "look".
 --
 -- A notification is a wake-up, never the job: the worker always claims from the table
 -- (production.sql "claim"), so a lost or folded notification costs latency, never a job.

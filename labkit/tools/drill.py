@@ -63,18 +63,21 @@ NOTEBOOKS = (
     "07_notification_drain.ipynb",
     "08_fencing_tokens.ipynb",
     "09_relay_vs_drain.ipynb",
-    "10_interview_drill.ipynb",
-    "11_how_fast.ipynb",
-    "12_prove_it.ipynb",
-    "13_the_queue_in_production.ipynb",
-    "14_wakeups_and_poolers.ipynb",
-    "15_outbox_in_depth.ipynb",
-    "16_other_engines.ipynb",
+    "10_the_mvcc_horizon.ipynb",
+    "11_failures_heartbeats_schedules.ipynb",
+    "12_wakeups_and_poolers.ipynb",
+    "13_outbox_cursors_and_order.ipynb",
+    "14_change_data_capture.ipynb",
+    "15_outbox_size_and_inbox.ipynb",
+    "16_how_fast.ipynb",
+    "17_prove_it.ipynb",
+    "18_interview_drill.ipynb",
+    "19_other_engines.ipynb",
 )
-# every notebook with a lesson needs a question: all but 00 and 10 (about the workbook itself)
+# every notebook with a lesson needs a question: all but 00 and 18 (about the workbook itself)
 # and 12 (it proves with torture runs what 03-08 teach)
 MUST_COVER = tuple(n for n in NOTEBOOKS
-                   if n not in ("00_start_here.ipynb", "10_interview_drill.ipynb", "12_prove_it.ipynb"))
+                   if n not in ("00_start_here.ipynb", "18_interview_drill.ipynb", "17_prove_it.ipynb"))
 MIN_QUESTIONS = 30
 MIN_PER_LEVEL = 4
 WIDTH = 88
@@ -749,7 +752,7 @@ def card_text(q: Question, reveal: int = 3) -> str:
 
 
 def evidence_text(q: Question) -> str:
-    """Where the workbook shows the answer: ``shown  13 § 1 · The MVCC horizon …: what it shows``."""
+    """Where the workbook shows the answer: ``shown  10 § 1 · The MVCC horizon …: what it shows``."""
     return "\n".join(_wrap(str(e), "        ", "  shown ") for e in q.shown_in)
 
 
