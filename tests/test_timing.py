@@ -257,10 +257,31 @@ def test_every_notebooks_label_is_its_estimate(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_no_notebook_is_longer_than_one_sitting(path):
-    est = estimate(nbformat.read(path, as_version=4))
+def test_no_notebook_is_longer_than_its_sittings(path):
+    """At most 5,000 words of prose, and no sitting over an hour: a notebook estimated above
+    an hour says where to pause, so that each part is one sitting."""
+    nb = nbformat.read(path, as_version=4)
+    est = estimate(nb)
     assert est.prose_words <= 5_000, f"{path.name}: {est.prose_words:,} words of prose; split it"
-    assert est.minutes <= 65, f"{path.name}: {est}; split it"
+    for n, part in enumerate(timing.sittings(nb), 1):
+        assert part.minutes <= timing.MAX_SITTING_MINUTES, \
+            f"{path.name}, sitting {n}: {part}; add a pause ({timing.PAUSE}) at a section, or trim it"
+
+
+def test_a_pause_cuts_a_notebook_into_sittings_and_shares_out_the_run_time():
+    v4 = nbformat.v4
+    words = " ".join(["word"] * 1500)                          # 10 minutes of reading
+    cells = [v4.new_markdown_cell(words), v4.new_code_cell("a()"), v4.new_code_cell("b()"),
+             v4.new_markdown_cell(timing.PAUSE + " Run the cells above again when you come back."),
+             v4.new_markdown_cell(words), v4.new_code_cell("c()")]
+    nb = v4.new_notebook(cells=cells, metadata={"claimlab": {"run_seconds": 180}})
+    one, two = timing.sittings(nb)
+    assert (one.code_cells, two.code_cells) == (2, 1)
+    assert (one.run_seconds, two.run_seconds) == (120, 60)         # shared by code cells
+    assert one.minutes == 15 and two.minutes == 15                 # 10 + 2 + 2 -> 15; 10.1 + 1 + 1 -> 15
+    assert len(timing.sittings(v4.new_notebook(cells=cells[:3]))) == 1
+    lead = v4.new_notebook(cells=[v4.new_markdown_cell(timing.PAUSE), *cells[:2]])
+    assert len(timing.sittings(lead)) == 1                          # a pause first cuts nothing off
 
 
 def test_the_real_notebooks_are_found():

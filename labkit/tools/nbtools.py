@@ -251,10 +251,18 @@ def workbook_map(folder: Path = NOTEBOOKS) -> str:
     """The notebooks in order, with their title, time and topic, from their metadata."""
     import json
 
+    from .timing import PAUSE
+
     rows = []
     for p in sorted(folder.glob("[0-9]*.ipynb")):
-        meta = json.loads(p.read_text()).get("metadata", {}).get("claimlab", {})
-        rows.append((p.name, meta.get("title", ""), f"{meta.get('minutes', '?')} min", meta.get("teaches", "")))
+        nb = json.loads(p.read_text())
+        meta = nb.get("metadata", {}).get("claimlab", {})
+        pauses = sum(1 for c in nb.get("cells", []) if c.get("cell_type") == "markdown"
+                     and "".join(c.get("source", "")).lstrip().startswith(PAUSE))
+        teaches = meta.get("teaches", "")
+        if pauses:
+            teaches = f"({pauses + 1} sittings) {teaches}"
+        rows.append((p.name, meta.get("title", ""), f"{meta.get('minutes', '?')} min", teaches))
     total = sum(int(r[2].split()[0]) for r in rows if r[2].split()[0].isdigit())
     rows.append(("", "in all", f"{total} min", ""))
     # what a notebook teaches goes under its name, title and time, indented

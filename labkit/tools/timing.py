@@ -231,6 +231,33 @@ def estimate(nb: Any) -> Estimate:
     return Estimate(words, code, found, checked, seconds, minutes)
 
 
+# -- sittings ----------------------------------------------------------------------------------
+# A notebook longer than one sitting says where to stop: a markdown cell that starts with this.
+PAUSE = "**A good place to pause.**"
+# A sitting longer than this is one a learner rarely finishes (about an hour).
+MAX_SITTING_MINUTES = 60
+
+
+def sittings(nb: Any) -> list[Estimate]:
+    """``nb``'s estimate per sitting: the notebook cut at each markdown cell that starts with
+    :data:`PAUSE` (the pause cell opens the next sitting). The recorded run time is shared
+    out by each sitting's share of the code cells. One notebook without a pause is one sitting."""
+    if isinstance(nb, (str, Path)):
+        nb = read(Path(nb))
+    cells = _cells(nb)
+    cuts = [i for i, c in enumerate(cells)
+            if i and c.get("cell_type") == "markdown" and _source(c).lstrip().startswith(PAUSE)]
+    total_code = code_cells(nb) or 1
+    seconds = run_seconds(nb)
+    parts = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(cells)]):
+        part = {"cells": cells[lo:hi], "metadata": {}}
+        share = Fraction(code_cells(part), total_code) * Fraction(seconds)
+        part["metadata"] = {"claimlab": {"run_seconds": float(share)}}
+        parts.append(estimate(part))
+    return parts
+
+
 # -- the command --------------------------------------------------------------------------------
 
 def read(path: Path):
