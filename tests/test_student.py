@@ -169,3 +169,36 @@ def test_a_notebook_with_only_tagged_cells_gets_a_student_copy():
     tagged = v4.new_code_cell("assert answer == 42", metadata={"tags": ["answer"]})
     assert training.is_exercise_notebook(v4.new_notebook(cells=[tagged]))
     assert not training.is_exercise_notebook(v4.new_notebook(cells=[v4.new_code_cell("x = 1")]))
+
+
+def test_a_recorded_cell_keeps_its_output_labelled_and_an_answer_does_not():
+    v4 = nbformat.v4
+    out = v4.new_output("stream", name="stdout", text="pgbouncer: SET leaked into the next client\n")
+    recorded = v4.new_code_cell("pooler.run(lab)", metadata={"tags": ["recorded"], "claimlab": {"needs": "PgBouncer"}},
+                                outputs=[out])
+    plain = v4.new_code_cell("print(1)", outputs=[v4.new_output("stream", name="stdout", text="1\n")])
+    secret = v4.new_code_cell("assert answer == 42", metadata={"tags": ["recorded", "answer"]},
+                              outputs=[v4.new_output("stream", name="stdout", text="42\n")])
+    copy = training.student_copy(v4.new_notebook(cells=[recorded, plain, secret]), "99_recorded.ipynb")
+    label, kept = copy.cells[0].outputs
+    assert label.text == training.RECORDED.format(needs="PgBouncer") and "PgBouncer" in label.text
+    assert kept.text == out.text and copy.cells[0].execution_count is None
+    assert copy.cells[1].outputs == [] and copy.cells[2].outputs == []
+
+
+def test_every_recorded_cell_has_output_to_show_and_says_what_it_needs(notebooks):
+    """A cell tagged ``recorded`` is committed with its outputs (the student copy shows them
+    in place of a run a learner may not be able to make) and names the service it needs."""
+    problems, seen = [], set()
+    for name, nb in notebooks:
+        for k, cell in enumerate(nb.cells):
+            if "recorded" not in cell.metadata.get("tags", []):
+                continue
+            seen.add(name[:2])
+            if not cell.outputs:
+                problems.append(f"{name} cell {k}: tagged recorded, committed without output")
+            if not cell.metadata.get("claimlab", {}).get("needs"):
+                problems.append(f"{name} cell {k}: tagged recorded without claimlab.needs")
+    assert not problems, "\n".join(problems)
+    # the pooler section (PgBouncer) and the appendix (a MySQL-compatible server)
+    assert {"12", "19"} <= seen, f"recorded cells in notebooks {sorted(seen)} only"

@@ -1465,18 +1465,39 @@ def is_exercise_notebook(nb: NotebookNode) -> bool:
         BLANKED.keys() & set(c.metadata.get("tags", [])) for c in nb.cells)
 
 
+# A cell tagged ``recorded`` needs a service a learner may lack (PgBouncer, a MySQL-compatible
+# server, RabbitMQ): its student copy keeps the output recorded when the notebook was run,
+# under this line, so the evidence is there without the service. Running the cell replaces it.
+RECORDED = ("[recorded when this notebook was last run in full, with {needs}; run the cell to "
+            "see your own]\n")
+
+
+def recorded_label(cell: NotebookNode) -> str:
+    """The line above a recorded output: what the cell needs, from ``claimlab.needs``."""
+    needs = cell.metadata.get("claimlab", {}).get("needs") or "the services it uses"
+    return RECORDED.format(needs=needs)
+
+
 def student_copy(nb: NotebookNode, name: str) -> NotebookNode:
     """The notebook without solutions or outputs: hidden answers and code cells tagged
-    ``solution`` or ``answer`` are replaced by placeholders (:data:`BLANKED`)."""
+    ``solution`` or ``answer`` are replaced by placeholders (:data:`BLANKED`). A cell tagged
+    ``recorded`` (and not ``answer``) keeps its outputs, labelled as recorded (:data:`RECORDED`)."""
+    import nbformat
+
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = ANSWER_RE.sub(ANSWER_PLACEHOLDER.format(name=name), cell.source)
         elif cell.cell_type == "code":
-            tag = next((t for t in BLANKED if t in cell.metadata.get("tags", [])), None)
+            tags = cell.metadata.get("tags", [])
+            tag = next((t for t in BLANKED if t in tags), None)
             if tag:
                 cell.source = BLANKED[tag].format(name=name)
-            cell.outputs = []
+            if "recorded" in tags and not tag and cell.outputs:
+                label = nbformat.v4.new_output("stream", name="stdout", text=recorded_label(cell))
+                cell.outputs = [label, *cell.outputs]
+            else:
+                cell.outputs = []
             cell.execution_count = None
     nb.metadata.setdefault("claimlab", {})["student_copy_of"] = name
     return nb
