@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from nbformat import NotebookNode
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+# A notebook longer than one sitting says where to stop: a markdown cell that starts with this
+# (labkit.tools.timing counts each sitting's minutes; the map says how many sittings).
+PAUSE = "**A good place to pause.**"
 
 
 def slide_type(cell: NotebookNode) -> str:
@@ -250,8 +253,6 @@ def execute_command(*, notebooks: list[str]) -> int:
 def workbook_map(folder: Path = NOTEBOOKS) -> str:
     """The notebooks in order, with their title, time and topic, from their metadata."""
     import json
-
-    from .timing import PAUSE
 
     rows = []
     for p in sorted(folder.glob("[0-9]*.ipynb")):

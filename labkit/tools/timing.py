@@ -44,7 +44,7 @@ from typing import Any
 
 from ..core.errors import LabkitError
 from ..core.text import fill, table
-from .nbtools import NOTEBOOKS, jupyter_text
+from .nbtools import NOTEBOOKS, PAUSE, jupyter_text
 
 # Slower than reading a novel (about 250): each claim is weighed against the cell after it.
 WORDS_PER_MINUTE = 150
@@ -232,8 +232,6 @@ def estimate(nb: Any) -> Estimate:
 
 
 # -- sittings ----------------------------------------------------------------------------------
-# A notebook longer than one sitting says where to stop: a markdown cell that starts with this.
-PAUSE = "**A good place to pause.**"
 # A sitting longer than this is one a learner rarely finishes (about an hour).
 MAX_SITTING_MINUTES = 60
 
