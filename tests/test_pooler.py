@@ -281,3 +281,51 @@ def test_bad_pool_settings_start_nothing(db, launched):
         with pytest.raises(LabkitError):
             pooler.PgBouncer().start(db, **kw)
     assert launched == []
+
+
+@needs_pgbouncer
+def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, db, launched):
+    r = pooler.transcripts(lab, jobs=8, listen_wait_s=0.3)
+    assert r["same_backend"] is True and len(r["backend_pids"]) == 1
+    texts = {k: r[k]["transcript"].to_text() for k in ("claims", "set", "advisory", "listen",
+                                                        "prepared")}
+    assert all(max(len(line) for line in t.splitlines()) <= 96 for t in texts.values())
+
+    c = r["claims"]
+    assert c["ok"] and c["done"] == c["claimed_once"] == 8 and c["b_waited_in_pooler"]
+    assert (c["cl_waiting"], c["server_lock_waits"]) == (1, 0)
+    rows = {row.n: row for row in r["claims"]["transcript"].rows}
+    assert rows["3"].kind == "waiting" and "waits in PgBouncer" in rows["3"].note
+    assert rows["5"].note == "unblocks B" and rows["3'"].text.startswith("<... completed>")
+
+    s = r["set"]
+    assert s["leaked"] and s["b_sees"] == "4321ms" != s["server_default"]
+    assert not s["tracked"]["leaked"] and s["tracked"]["kept_for_a"]
+    assert s["set_local_inside"] == "4321ms" and not s["set_local_leaked"]
+    b_rows = [row.text for row in r["set"]["transcript"].rows if row.session == "B"]
+    assert "SHOW statement_timeout  → 4321ms" in b_rows
+
+    a = r["advisory"]
+    assert a["misbehaved"] and a["other_session_try"] is False and a["b_unlocks"] == [True, True]
+    assert not a["xact"]["misbehaved"]
+
+    li = r["listen"]
+    assert li["broken"] and li["a_received"] == 0 and li["b_received"] == ["two"]
+    assert li["b_session_listens_on"] == [li["channel"]]
+
+    p = r["prepared"]
+    if pooler.version_tuple(r["pgbouncer_version"]) < (1, 21):
+        assert p["broke"] and p["sqlstate"] == "42P05" and p["b_sees"] == [("_pg3_0",)]
+    assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
+    with db.connect() as conn:                      # no advisory lock of the lab is left held
+        key = pooler._key(lab)
+        assert conn.execute("SELECT pg_try_advisory_lock(%s), pg_try_advisory_lock(%s)",
+                            (key, key + 1)).fetchone() == (True, True)
+    assert len(launched) == 1 and running(launched[0]) == [] and not pooler._live
+    assert backends_gone(db, f"labkit:{lab.schema}:pooler%") == []
+
+
+def test_clients_refuse_a_name_they_do_not_have():
+    run = pooler.Clients()
+    with pytest.raises(LabkitError, match="No client named 'C'"):
+        run.did("C", "wait", "nothing")

@@ -1,14 +1,18 @@
 """Waking workers on a real server: NOTIFY at commit, folded, rolled back, missed while no
-one listens; a polling worker process against a notified one; nothing left behind."""
+one listens; a polling worker process against a notified one, and its picture; the LISTEN
+worker loop (woken, safety poll, a terminated connection, two workers, stop); nothing left
+behind."""
 
 import json
+import threading
 import time
 
 import pytest
-from conftest import backends_gone, child_processes, interrupt_when
+from conftest import backends_gone, backends_of, child_processes, interrupt_when
 
 from labkit import Lab
 from labkit.core.errors import LabkitError
+from labkit.core.queries import query
 from labkit.labs import wakeup as wk
 
 
@@ -146,3 +150,187 @@ def test_keyboard_interrupt_mid_run_leaves_no_worker_and_no_session(lab, db):
     assert sent and time.monotonic() - sent[0] < 10
     assert [p for p in child_processes() if p.pid not in before] == []
     assert backends_gone(db, f"labkit:{lab.schema}:wake-%") == []
+
+
+# -- the timeline and its picture ---------------------------------------------------------------
+
+
+def test_the_timeline_is_the_runs_own_clock(lab):
+    r = wk.notify_trace(lab, jobs=4, poll_ms=100, safety_poll_ms=200)
+    for mode, p50 in (("poll", r["poll_latency_ms_p50"]), ("notify", r["notify_latency_ms_p50"])):
+        tl = r["timeline"][mode]
+        assert [j[0] for j in tl["jobs"]] == [1, 2, 3, 4]
+        assert min(j[1] for j in tl["jobs"]) == 0                    # from the first enqueue
+        waits = sorted((claimed - enq) * 1000 for _, enq, claimed, _ in tl["jobs"])
+        assert abs((waits[1] + waits[2]) / 2 - p50) < 1              # the same waits, measured
+        assert sum(n for _, _, n in tl["wakeups"]) == 4              # every claim on a wake-up
+        assert all(a <= b for (a, _, _), (b, _, _) in zip(tl["wakeups"], tl["wakeups"][1:]))
+    assert {s for *_, s in r["timeline"]["notify"]["jobs"]} == {"notify"}
+    rs = r["timeline"]["restart"]
+    assert rs["down"] == 0 < rs["enqueued"] < rs["listening"] < rs["claimed"]
+    assert rs["claimed"] - rs["listening"] >= 0.19                   # the safety poll's 200 ms
+
+
+def test_the_picture_draws_a_real_run_and_fits_a_slide(lab):
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.core.plots import setup_matplotlib
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+
+    setup_matplotlib()
+    r = wk.notify_trace(lab, jobs=5, poll_ms=100, safety_poll_ms=200)
+    fig = wk.plot_wakeups(r)
+    ax = fig.axes[0]
+    drawn = {round(x, 4) for line in ax.get_lines() for x in line.get_xdata()}
+    for mode in ("poll", "notify"):
+        for _, enq, claimed, _ in r["timeline"][mode]["jobs"]:
+            assert {round(enq, 4), round(claimed, 4)} <= drawn       # every enqueue and claim
+    assert round(r["timeline"]["restart"]["claimed"], 4) in drawn
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert f"median wait {r['poll_latency_ms_p50']:.3g} ms" in labels[0]
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    width, height = (int.from_bytes(buf.getvalue()[16:20], "big"),
+                     int.from_bytes(buf.getvalue()[20:24], "big"))
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
+    with pytest.raises(LabkitError, match="notify_trace"):
+        wk.plot_wakeups({"poll_ms": 400})
+
+
+# -- the LISTEN worker loop ---------------------------------------------------------------------
+
+
+def _started(worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    _until(lambda: any(w == "LISTEN" for _, w, _ in worker.log))
+    return thread
+
+
+def _until(done, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _claimed(worker) -> dict:
+    return {job: why for _, why, job in worker.log if job is not None}
+
+
+def _worker(lab, **kw):
+    return wk.ListenWorker(lambda: lab.connect(role="listen-worker"), wk.channel(lab),
+                           wk.claim_one, **kw)
+
+
+def test_a_notify_wakes_the_listen_worker_long_before_its_safety_poll(lab, db):
+    wk.create_table(lab)
+    worker = _worker(lab, safety_poll_s=30)
+    thread = _started(worker)
+    try:
+        job = lab.execute(query("wakeup.sql", "enqueue_and_notify").sql,
+                          {"channel": wk.channel(lab)})[0][0]
+        t = time.monotonic()
+        _until(lambda: job in _claimed(worker), timeout=5)
+        assert time.monotonic() - t < 2 and _claimed(worker) == {job: "notify"}
+    finally:
+        worker.stop()
+        thread.join(5)
+    assert not thread.is_alive() and worker.log[-1][1] == "stopped"
+    assert lab.execute("SELECT status, attempts FROM job") == [("DONE", 1)]
+    assert backends_gone(db, f"labkit:{lab.schema}:listen-worker") == []
+
+
+def test_a_job_no_notify_announced_is_claimed_by_the_safety_poll(lab):
+    wk.create_table(lab)
+    lab.execute(query("wakeup.sql", "enqueue").sql)             # before it starts: the sweep
+    worker = _worker(lab, safety_poll_s=0.5)
+    thread = _started(worker)
+    try:
+        _until(lambda: 1 in _claimed(worker))
+        job = lab.execute(query("wakeup.sql", "enqueue").sql)[0][0]   # no NOTIFY at all
+        t = time.monotonic()
+        _until(lambda: job in _claimed(worker), timeout=5)
+        waited = time.monotonic() - t
+    finally:
+        worker.stop()
+        thread.join(5)
+    assert _claimed(worker) == {1: "sweep", job: "safety poll"}
+    assert 0.2 <= waited <= 2.5
+
+
+def test_it_survives_pg_terminate_backend_and_listens_again(lab, db):
+    wk.create_table(lab)
+    worker = _worker(lab, safety_poll_s=30, retry_s=0.2)
+    thread = _started(worker)
+    app = f"labkit:{lab.schema}:listen-worker"
+    try:
+        old = backends_of(db, app)[0][0]
+        assert lab.execute(query("wakeup.sql", "terminate").sql, {"app": app}) == [(True,)]
+        _until(lambda: sum(w == "LISTEN" for _, w, _ in worker.log) == 2)
+        assert any(w == "connection lost" for _, w, _ in worker.log)
+        new = [pid for pid, *_ in backends_of(db, app)]
+        assert new and old not in new
+        job = lab.execute(query("wakeup.sql", "enqueue_and_notify").sql,
+                          {"channel": wk.channel(lab)})[0][0]
+        _until(lambda: job in _claimed(worker), timeout=5)   # the new connection's LISTEN
+        assert _claimed(worker)[job] == "notify"
+    finally:
+        worker.stop()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert backends_gone(db, app) == []
+
+
+def test_two_listen_workers_claim_every_job_exactly_once(lab):
+    wk.create_table(lab)
+    workers = [_worker(lab, safety_poll_s=0.3) for _ in range(2)]
+    threads = [_started(w) for w in workers]
+    try:
+        notify = query("wakeup.sql", "enqueue_and_notify").sql
+        for _ in range(30):
+            lab.execute(notify, {"channel": wk.channel(lab)})
+        _until(lambda: lab.execute("SELECT count(*) FROM job WHERE status = 'DONE'") == [(30,)])
+    finally:
+        for w in workers:
+            w.stop()
+        for t in threads:
+            t.join(5)
+    mine = [set(_claimed(w)) for w in workers]
+    assert not mine[0] & mine[1] and mine[0] | mine[1] == set(range(1, 31))
+    assert lab.execute("SELECT count(*) FROM job WHERE attempts <> 1") == [(0,)]
+
+
+def test_stop_ends_a_waiting_worker_at_once(lab):
+    wk.create_table(lab)
+    worker = _worker(lab, safety_poll_s=30)
+    thread = _started(worker)
+    t = time.monotonic()
+    worker.stop()
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - t < 1
+
+
+def test_the_scripted_run_the_notebook_shows(lab, db):
+    r = wk.listen_worker_run(lab, safety_poll_s=0.5)
+    assert r["claimed"] == {1: "notify", 2: "notify", 3: "notify", 4: "safety poll",
+                            5: "sweep", 6: "notify"}
+    assert r["claims"] == {i: 1 for i in range(1, 7)} and r["listens"] == 2
+    did = dict(r["rows"])
+    assert did["the worker starts"] == "LISTEN"
+    assert did["its connection ended by pg_terminate_backend"] == "connection lost"
+    assert did["the server refuses connections (scripted)"] == "connect failed"
+    assert did["the server takes connections again"] == "LISTEN; sweep: claimed job 5"
+    assert did["stop()"] == "stopped"
+    assert 0.3 <= r["safety_poll_after_s"] <= 3 and r["stopped_in_s"] < 1
+    assert max(len(line) for line in r["table"].splitlines()) <= 96
+    for role in ("listen-worker", "wake-enqueue"):
+        assert backends_gone(db, f"labkit:{lab.schema}:{role}") == []
+    with pytest.raises(LabkitError, match="safety_poll_s"):
+        wk.listen_worker_run(lab, safety_poll_s=0)

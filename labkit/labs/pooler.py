@@ -25,6 +25,9 @@ time, in a scripted order (with a bigger pool the same things happen, just not e
   collide on the shared connection; the pooler's clients here connect with
   ``prepare_threshold=None``.
 
+:func:`transcripts` runs the same stories as transcripts (:class:`Clients`): what each client
+sent, and what the other client then saw, side by side.
+
 The fixes, for the notebook's prose: ``SET LOCAL`` (or ``set_config(..., true)``) inside the
 transaction, or ``ALTER ROLE ... SET`` / ``ALTER DATABASE ... SET`` for a setting every
 session should have; ``pg_advisory_xact_lock`` (released at COMMIT); a direct (or
@@ -69,7 +72,9 @@ from ..core.limits import number
 from ..core.procs import signals_deferred
 from ..core.queries import query
 from ..core.server import PG_SYSTEM_USER, socket_answers
+from ..core.steps import Result, Step, StepError, classify
 from ..core.text import fill
+from ..core.transcript import Transcript
 from .production import fresh_table
 
 SEARCH_DIRS = ("/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin", "/usr/bin")
@@ -835,6 +840,359 @@ def report(r: dict) -> str:
     ]
     # what each row found goes on under itself, in its own column
     return "\n".join([fill(lines[0], indent="    ")] + [fill(line, indent=" " * 36) for line in lines[1:]])
+
+
+# -- the same, as transcripts: what each client sent, and what the other one then saw ----------
+
+
+def _text(value: Any) -> str | None:
+    """A value as psql shows it (booleans as t and f)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    return str(value)
+
+
+class Clients:
+    """Named connections (clients of the pooler, or direct ones) and one ordered script.
+    Every step is recorded as a :class:`~labkit.core.steps.Step`, so that
+    :meth:`transcript` shows the clients side by side as the workbook's other transcripts
+    do.  ``shown`` replaces a step's answer in the transcript, ``note`` fills its note."""
+
+    track_locks = False
+
+    def __init__(self, **conns: psycopg.Connection):
+        self.conns = conns
+        self.names = list(conns)
+        self.steps: list[Step] = []
+        self._shown: dict[str, str] = {}
+        self._notes: dict[str, str] = {}
+
+    def __call__(self, session: str, sql_text: str, params: dict | None = None, *,
+                 label: str | None = None, runs: list[dict] | None = None,
+                 shown: str | None = None, note: str = "") -> Step:
+        """Send ``sql_text`` from ``session`` (once per dict of ``runs``, if given: the
+        last run's answer is kept, and the first error ends the runs)."""
+        step = self._new(session, sql_text, label, shown, note)
+        conn = self.conns[session]
+        try:
+            for p in runs or [params]:
+                cur = conn.execute(sql_text, p)
+            step.results = _results(cur)
+        except psycopg.Error as exc:
+            msg = (exc.diag.message_primary or str(exc)).strip()
+            step.error = StepError(exc.sqlstate or "", msg, classify(exc.sqlstate or "", msg))
+        step.finished = time.perf_counter()
+        return step
+
+    def did(self, session: str, label: str, shown: str, note: str = "") -> Step:
+        """A step that is not a statement (a wait for notifications), and what it gave."""
+        step = self._new(session, label, label, shown, note)
+        step.finished = time.perf_counter()
+        return step
+
+    def _new(self, session: str, sql_text: str, label: str | None, shown: str | None,
+             note: str) -> Step:
+        if session not in self.conns:
+            raise LabkitError(f"No client named {session!r} (have {self.names}).",
+                              "use one of the names given to Clients(...).")
+        step = Step(len(self.steps), session, sql_text, label or sql_text)
+        step.started = time.perf_counter()
+        self.steps.append(step)
+        n = str(step.index + 1)
+        if shown is not None:
+            self._shown[n] = shown
+        if note:
+            self._notes[n] = note
+        return step
+
+    def say(self, row: str, *, shown: str | None = None, note: str | None = None) -> None:
+        """What a row of the transcript says (``row``: "3", or "3'" for a completion)."""
+        if shown is not None:
+            self._shown[row] = shown
+        if note is not None:
+            self._notes[row] = note
+
+    def transcript(self) -> Transcript:
+        """The clients side by side: each step's label (what was sent) and its answer."""
+        t = Transcript.from_run(self, show_locks=False)
+        steps = {str(s.index + 1): s for s in self.steps}
+        for row in t.rows:
+            step = steps[row.n.rstrip("'")]
+            answer = self._shown.get(row.n, _answer(step))
+            if row.kind == "waiting":
+                row.text = f"{step.label}  <waiting ...>"
+            elif row.n.endswith("'"):
+                row.text = f"<... completed>  → {answer}"
+            else:
+                row.text = f"{step.label}  → {answer}"
+            if row.n in self._notes:
+                row.note = self._notes[row.n]
+        return t
+
+
+def _answer(step: Step) -> str:
+    """A step's answer, short: its one value, its rows, or the server's command tag."""
+    if step.error:
+        return step.error.brief()
+    shown = [r for r in step.results if r.columns]
+    if not shown:
+        return step.results[-1].command if step.results else "ok"
+    rows = shown[-1].text_rows
+    if not rows:
+        return "(no rows)"
+    return "; ".join(", ".join("NULL" if v is None else v for v in row) for row in rows)
+
+
+def _results(cur: psycopg.Cursor) -> list[Result]:
+    out = []
+    while True:
+        if cur.description:
+            rows = cur.fetchall()
+            out.append(Result([c.name for c in cur.description], rows,
+                              [tuple(_text(v) for v in r) for r in rows],
+                              [False] * len(cur.description), cur.statusmessage or ""))
+        else:
+            out.append(Result([], [], [], [], cur.statusmessage or ""))
+        if not cur.nextset():
+            return out
+
+
+def _claims_run(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Connection,
+                direct: psycopg.Connection, jobs: int) -> dict:
+    """A claims a job in an open transaction; B's claim-mark-commit waits for the pool's one
+    server connection, in PgBouncer; A marks it and commits, B goes on.  Then A and B take
+    turns until the queue is empty."""
+    job = sql.Identifier(lab.schema, "job")
+    claim = sql.SQL(_q("claim")).format(job=job)
+    complete = sql.SQL(_q("complete")).format(job=job)
+    lab.execute(sql.SQL(_q("enqueue")).format(job=job), {"n": jobs})
+    run = Clients(A=a, B=b)
+    ran: list[tuple[str, int, int]] = []          # (client, job, backend)
+
+    def one(conn: psycopg.Connection, who: str) -> int | None:
+        with conn.transaction():
+            row = conn.execute(claim, {"worker": who, "lease_s": LEASE_S}).fetchone()
+            if row is None:
+                return None
+            conn.execute(complete, {"id": row[0], "claim_version": row[1]})
+        ran.append((who, row[0], row[2]))
+        return row[0]
+
+    run("A", "BEGIN")
+    a_claim = run("A", claim, {"worker": "A", "lease_s": LEASE_S}, label="claim (SKIP LOCKED)")
+    a_job, a_version, a_pid = a_claim.rows[0]
+    run.say("2", shown=f"job {a_job}", note="A's open transaction holds the server connection")
+    b_step = run.did("B", "BEGIN; claim; mark; COMMIT", "")
+    b_step.finished = None
+    outcome: dict = {}
+
+    def b_claims() -> None:
+        try:
+            outcome["job"] = one(b, "B")
+        except BaseException as exc:              # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=b_claims, name="pooler-client-B", daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while True:
+            pool = next((p for p in bouncer.pools() if p["database"] == DB_ENTRY), {})
+            if pool.get("cl_waiting", 0) >= 1 or not thread.is_alive():
+                break
+            if time.monotonic() > deadline:
+                raise LabkitError("Client B never queued for the pool's server connection.",
+                                  "read PgBouncer's log; the pool may be bigger than one.")
+            time.sleep(0.01)
+        lock_waits = _one(direct, "lock_waits", {"app": lab.app_name})
+        b_waited = pool.get("cl_waiting", 0) >= 1 and thread.is_alive()
+        b_step.waited = b_waited
+        run.say("3", note=f"waits in PgBouncer, not in the server (SHOW POOLS: cl_waiting "
+                          f"{pool.get('cl_waiting')}; lock waits in the server: {lock_waits})")
+        done = run("A", complete, {"id": a_job, "claim_version": a_version}, label="mark done",
+                   shown=f"job {a_job} done")
+        run("A", "COMMIT")
+        ran.insert(0, ("A", a_job, a_pid))
+    finally:
+        if a.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not a.closed:
+            try:
+                a.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+        thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+    b_step.finished = time.perf_counter()
+    b_step.completed_after = len(run.steps) - 1
+    run.say("3'", shown=f"job {outcome['job']}, done")
+    turn, empty = 0, 0                     # then they take turns until the queue is empty
+    while empty < 2:
+        who, conn = (("A", a), ("B", b))[turn % 2]
+        empty = 0 if one(conn, who) is not None else empty + 1
+        turn += 1
+    total, finished, once = lab.execute(sql.SQL(_q("tally")).format(job=job))[0]
+    ids = [j for _, j, _ in ran]
+    ok = (total == finished == once == jobs == len(ids) == len(set(ids))
+          and done.rows != [])
+    return {"ok": ok, "jobs": jobs, "done": finished, "claimed_once": once,
+            "by_client": {c: sum(1 for w, _, _ in ran if w == c) for c in ("A", "B")},
+            "b_waited_in_pooler": b_waited and lock_waits == 0,
+            "cl_waiting": pool.get("cl_waiting"), "server_lock_waits": lock_waits,
+            "backend_pids": sorted({p for _, _, p in ran}), "transcript": run.transcript()}
+
+
+def _set_run(a: psycopg.Connection, b: psycopg.Connection) -> dict:
+    """A plain SET leaks to B, a tracked one does not, SET LOCAL ends with A's transaction."""
+    run = Clients(A=a, B=b)
+    default = run("B", _q("show"), note="the server's default").rows[0][0]
+    run("A", _q("session_set"))
+    b_sees = run("B", _q("show"), note="A's setting, in B's session").rows[0][0]
+    run("B", _q("reset"), note="B puts it back: for every client")
+    run("A", _q("session_set_tracked"), note="a parameter PgBouncer tracks")
+    b_tz = run("B", _q("show_tracked"), note="PgBouncer set B's own value back").rows[0][0]
+    a_tz = run("A", _q("show_tracked"), note="and A's, when A came back").rows[0][0]
+    run("A", _q("reset_tracked"))
+    run("A", "BEGIN")
+    run("A", _q("set_local"))
+    inside = run("A", _q("show"), note="inside A's transaction").rows[0][0]
+    run("A", "COMMIT")
+    after_local = run("B", _q("show"), note="SET LOCAL ended with A's transaction").rows[0][0]
+    return {"server_default": default, "a_set": SETTING, "b_sees": b_sees,
+            "leaked": b_sees == SETTING,
+            "tracked": {"parameter": "TimeZone", "a_set": TRACKED_SETTING, "b_sees": b_tz,
+                        "a_sees_after_b": a_tz, "leaked": b_tz == TRACKED_SETTING,
+                        "kept_for_a": a_tz == TRACKED_SETTING},
+            "set_local_inside": inside, "b_sees_after_set_local": after_local,
+            "set_local_leaked": after_local == SETTING, "transcript": run.transcript()}
+
+
+def _advisory_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
+                  key: int) -> dict:
+    """A's session advisory lock stays on the server connection: B takes it again and
+    releases it; a transaction-level lock ends with A's transaction.  A direct session
+    tries each lock after the step that its note names."""
+    run = Clients(A=a, B=b)
+    k, x = {"key": key}, {"key": key + 1}
+
+    def direct_try(params: dict) -> bool:
+        got = _one(direct, "try_lock", params)
+        if got:
+            direct.execute(_q("unlock"), params)
+        return got
+
+    run("A", _q("lock"), k, label="pg_advisory_lock(k)", shown="locked")
+    other = direct_try(k)
+    run.say("1", note=f"A's transaction is over; a direct session's try: {_text(other)}")
+    b_try = run("B", _q("try_lock"), k, label="pg_try_advisory_lock(k)",
+                note="B gets A's lock: the same server session").rows[0][0]
+    b_unlocks = [run("B", _q("unlock"), k, label="pg_advisory_unlock(k)").rows[0][0],
+                 run("B", _q("unlock"), k, label="pg_advisory_unlock(k)").rows[0][0]]
+    free = direct_try(k)
+    run.say("4", note=f"B released A's lock too; a direct session's try: {_text(free)}")
+    run("A", "BEGIN")
+    run("A", _q("xact_lock"), x, label="pg_advisory_xact_lock(k2)", shown="locked")
+    x_other = direct_try(x)
+    run.say("6", note=f"a direct session's try: {_text(x_other)}")
+    run("A", "COMMIT")
+    x_free = direct_try(x)
+    run.say("7", note=f"the lock ends with the transaction; a direct session's try: "
+                      f"{_text(x_free)}")
+    return {"key": key, "other_session_try": other, "b_try_lock": b_try, "b_unlocks": b_unlocks,
+            "other_session_takes_it_after": free,
+            "misbehaved": b_try is True and b_unlocks == [True, True] and free is True,
+            "xact": {"other_session_try_during_a": x_other, "free_after_a_commit": x_free,
+                     "misbehaved": not (x_other is False and x_free is True)},
+            "transcript": run.transcript()}
+
+
+def _listen_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
+                channel: str, wait_s: float) -> dict:
+    """A LISTENs; a direct session's NOTIFY reaches nobody; B's session turns out to be the
+    one listening, and B receives a notification it never asked for."""
+    run = Clients(A=a, B=b, direct=direct)
+    ch = {"channel": channel}
+    run("A", sql.SQL(_q("listen")).format(channel=sql.Identifier(channel)), label="LISTEN jobs")
+    run("direct", _q("notify"), {**ch, "payload": "one"}, label="NOTIFY jobs, 'one'",
+        shown="sent")
+    a_got = [n.payload for n in a.notifies(timeout=wait_s)]
+    run.did("A", f"wait {wait_s:g} s", ", ".join(a_got) or "nothing",
+            note="PgBouncer dropped it: no client was on that server connection")
+    b_listens = [r[0] for r in run("B", _q("listening"), label="pg_listening_channels()",
+                                   shown="jobs", note="A's LISTEN is B's session's").rows]
+    run("B", _q("notify"), {**ch, "payload": "two"}, label="NOTIFY jobs, 'two'", shown="sent")
+    b_got = [n.payload for n in b.notifies(timeout=wait_s, stop_after=1)]
+    run.did("B", "read notifications", ", ".join(f"'{p}'" for p in b_got) or "nothing",
+            note="B never listened, and hears it")
+    a_later = [n.payload for n in a.notifies(timeout=0.05)]
+    run.did("A", "read notifications", ", ".join(a_later) or "nothing")
+    run("B", _q("unlisten"))
+    return {"channel": channel, "a_received": len(a_got) + len(a_later),
+            "b_session_listens_on": [c for c in b_listens if c], "b_received": b_got,
+            "broken": not a_got and not a_later and b_got == ["two"],
+            "transcript": run.transcript()}
+
+
+def _prepared_run(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
+    """Two clients with psycopg's default prepare_threshold (5) on the one server connection."""
+    name = session_name(lab.schema, "pooler-prep")
+    p1 = bouncer.connect(application_name=name, prepare_threshold=5)
+    p2 = bouncer.connect(application_name=name, prepare_threshold=5)
+    run = Clients(A=p1, B=p2)
+    try:
+        run("A", _q("prepared_a"), label="SELECT %(n)s::int AS a, runs 1 to 5",
+            runs=[{"n": n} for n in range(1, 6)])
+        run("A", _q("prepared_a"), {"n": 6}, label="run 6",
+            note="psycopg prepares it on the server session")
+        seen = run("B", _q("prepared_names"), label="SELECT name FROM pg_prepared_statements",
+                   note="A's prepared statement, in B's session").rows
+        b_step = run("B", _q("prepared_b"), label="SELECT %(n)s::int * 2 AS b, runs 1 to 6",
+                     runs=[{"n": n} for n in range(1, 7)])
+    finally:
+        p1.close()
+        p2.close()
+        a.execute(_q("deallocate"))          # what A left on the shared server session
+    err = b_step.error
+    if err is not None:
+        run.say("4", note="on run 6, psycopg prepares B's query under the same name")
+    return {"broke": err is not None, "sqlstate": err.sqlstate if err else None,
+            "error": err.message if err else None, "b_sees": seen,
+            "prepare_threshold": 5, "transcript": run.transcript()}
+
+
+def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict:
+    """What :func:`pooler_trace` shows, as transcripts: two clients, A and B, through a real
+    PgBouncer in transaction pooling with one server connection, and a direct session.
+    About ``listen_wait_s`` plus a second.
+
+    Returns ``pgbouncer_version``, ``backend_pids`` and ``same_backend`` (every statement of
+    A and B on one server backend), and per story a dict with its ``transcript`` and what
+    it found: ``claims`` (``ok``: every job claimed once and done; ``b_waited_in_pooler``),
+    ``set`` (``leaked``; ``tracked``; ``set_local_leaked``), ``advisory`` (``misbehaved``;
+    ``xact``), ``listen`` (``broken``: A heard nothing, B heard what it never asked for) and
+    ``prepared`` (``broke``, ``sqlstate``)."""
+    check_params(jobs=jobs, listen_wait_s=listen_wait_s)
+    bouncer = PgBouncer()
+    fresh_table(lab)
+    with bouncer.start(lab.db, pool_mode="transaction", pool_size=1):
+        a = bouncer.connect(application_name=session_name(lab.schema, "pooler-a"))
+        b = bouncer.connect(application_name=session_name(lab.schema, "pooler-b"))
+        direct = lab.connect(role="pooler-direct")
+        try:
+            pids = {_pid(a), _pid(b)}
+            claims = _claims_run(lab, bouncer, a, b, direct, jobs)
+            setting = _set_run(a, b)
+            advisory = _advisory_run(a, b, direct, _key(lab))
+            listen = _listen_run(a, b, direct, f"{lab.schema}_pooler", listen_wait_s)
+            prepared = _prepared_run(bouncer, lab, a)
+            pids |= {_pid(a), _pid(b)} | set(claims["backend_pids"])
+        finally:
+            for conn in (a, b, direct):
+                conn.close()
+    return {"pgbouncer_version": bouncer.version, "backend_pids": sorted(pids),
+            "same_backend": len(pids) == 1, "claims": claims, "set": setting,
+            "advisory": advisory, "listen": listen, "prepared": prepared}
 
 
 # -- command line: labkit pooler ---------------------------------------------------------------

@@ -17,7 +17,13 @@ never the job.  What the server guarantees about NOTIFY, shown here on a real se
   the table right after its LISTEN).
 * :func:`latency` / :func:`notify_trace` -- a real worker process, enqueue-to-claim latency
   on the server's clock, polling against notification (``labkit notify``:
-  :func:`notify_command`); :func:`saves` -- the shape the notebook asserts of it.
+  :func:`notify_command`); :func:`saves` -- the shape the notebook asserts of it;
+  :func:`plot_wakeups` -- the run's timeline: when each job arrived and when each worker
+  noticed it.
+* :class:`ListenWorker` -- a LISTEN worker loop in full (its own connection, LISTEN then a
+  sweep, claim until empty on every wake-up, a safety poll, reconnect, a clean stop), with
+  :func:`claim_one`; :func:`listen_worker_run` -- it, live, against a scripted producer that
+  sends a job with no NOTIFY and ends the worker's connection.
 
 What this lab does not measure, for the notebook's prose (checked against the PostgreSQL
 documentation and source, not measured here):
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,12 +58,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..core.db import WORKER_GUARDS, open_connection
+from ..core.db import WORKER_GUARDS, open_connection, session_name
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.text import table as text_table
 from .production import fresh_table
 
 MODES = ("poll", "notify")
@@ -239,8 +247,10 @@ def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dic
     the table and finds the job.
 
     Returns ``job_id``, ``notifications_received`` (0), ``waited_ms``, ``found_by_poll``
-    (jobs the poll claimed) and ``missed_notifications_caught_by_poll`` (of those, the ones
-    no notification announced)."""
+    (jobs the poll claimed), ``missed_notifications_caught_by_poll`` (of those, the ones
+    no notification announced) and ``timeline``: when the old session went (0), the job and
+    its NOTIFY were committed, the new session listened and the poll claimed the job, in
+    seconds on the server's clock."""
     check_params(safety_poll_ms=safety_poll_ms)
     create_table(lab)
     ch = channel(lab)
@@ -248,22 +258,29 @@ def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dic
     try:
         old = lab.connect(role="wake-old")
         listen(old, ch)
+        down = old.execute(_q("clock")).fetchone()[0]
         old.close()                                    # the worker goes down for a restart
         producer = lab.connect(role="wake-enqueue")
         job_id = producer.execute(_q("enqueue_and_notify"), {"channel": ch}).fetchone()[0]
         worker = lab.connect(role="wake-worker")       # the new worker process is up
         listen(worker, ch)
+        listening = worker.execute(_q("clock")).fetchone()[0]
         t = time.monotonic()
         got = _received(worker, safety_poll_ms / 1000)
         waited_ms = (time.monotonic() - t) * 1000
         announced = {n.payload for n in got}
-        found = []
+        found, waits = [], {}
         while (c := _claim(worker, "wake-worker", LEASE_S)) is not None:
             found.append(c[0])
+            waits[c[0]] = c[1]
         missed = [i for i in found if str(i) not in announced]
+        enqueued = dict(lab.execute(_q("enqueued_times")))[job_id]
+        timeline = {"down": 0.0, "enqueued": round(enqueued - down, 4),
+                    "listening": round(listening - down, 4),
+                    "claimed": round(enqueued - down + waits.get(job_id, float("nan")) / 1000, 4)}
         return {"channel": ch, "job_id": job_id, "notifications_received": len(got),
                 "waited_ms": round(waited_ms, 1), "found_by_poll": len(found),
-                "missed_notifications_caught_by_poll": len(missed)}
+                "missed_notifications_caught_by_poll": len(missed), "timeline": timeline}
     finally:
         _close(old, producer, worker)
 
@@ -280,6 +297,7 @@ def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jo
         if mode == "notify":
             listen(conn, channel)
         claimed: list[tuple[int, float, str]] = []       # (job id, latency ms, what woke us)
+        wakes: list[tuple[float, str, int]] = []         # (server clock, what woke us, jobs claimed)
         ready = False
         announced: set[str] = set()
         wakeups = idle_wakeups = claim_queries = notified = 0
@@ -288,11 +306,13 @@ def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jo
         while len(claimed) < jobs and time.monotonic() < deadline:
             wakeups += 1
             before = len(claimed)
+            woke_at = conn.execute(_q("clock")).fetchone()[0]
             while (c := _claim(conn, ctx.name, LEASE_S)) is not None:
                 claim_queries += 1
                 claimed.append((c[0], c[1], source))
             claim_queries += 1                           # the claim that found nothing
             idle_wakeups += len(claimed) == before
+            wakes.append((woke_at, source, len(claimed) - before))
             if not ready:                                # the first sweep is done: the producer may
                 ctx.emit("ready", pid=conn.info.backend_pid)   # start, and every job is then announced
                 ready = True
@@ -312,7 +332,7 @@ def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jo
             notified += len(got)
             announced.update(n.payload for n in got)
         missed = sum(1 for i, _, s in claimed if s == "poll" and str(i) not in announced)
-        return {"claimed": claimed, "wakeups": wakeups, "idle_wakeups": idle_wakeups,
+        return {"claimed": claimed, "wakes": wakes, "wakeups": wakeups, "idle_wakeups": idle_wakeups,
                 "claim_queries": claim_queries, "notifications_received": notified,
                 "missed": missed if mode == "notify" else 0}
 
@@ -352,7 +372,10 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
     ``latency_ms_p99``, ``latency_ms_max``, ``claims_from_poll`` and ``claims_from_notify``
     (what woke the worker before each claim), ``wakeups``, ``idle_wakeups`` (wake-ups that
     found nothing: the cost of polling), ``claim_queries``, ``notifications_received``,
-    ``missed_notifications_caught_by_poll``, ``wall_s`` and ``latencies_ms`` (by job id)."""
+    ``missed_notifications_caught_by_poll``, ``wall_s``, ``latencies_ms`` (by job id) and
+    ``timeline``: ``jobs`` (job id, enqueued, claimed, what woke the worker) and ``wakeups``
+    (when, what woke it, jobs claimed), in seconds on the server's clock from the first
+    enqueue."""
     check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode=mode)
     number("seed", seed, low=0, high=2**31, whole=True, example=0)
     create_table(lab)
@@ -386,6 +409,11 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
                           "deadline.", "check the server's load with `labkit doctor` and run again.")
     by_id = sorted(claimed)
     lat = [ms for _, ms, _ in by_id]
+    enqueued = dict(lab.execute(_q("enqueued_times")))
+    t0 = min(enqueued.values())
+    timeline = {"jobs": [(i, round(enqueued[i] - t0, 4), round(enqueued[i] - t0 + ms / 1000, 4), s)
+                         for i, ms, s in by_id],
+                "wakeups": [(round(at - t0, 4), s, n) for at, s, n in r["wakes"]]}
     return {"mode": mode, "jobs": jobs, "poll_ms": poll_ms, "safety_poll_ms": safety_poll_ms,
             "latency_ms_p50": round(percentile(lat, 50), 2),
             "latency_ms_p99": round(percentile(lat, 99), 2),
@@ -396,7 +424,8 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
             "claim_queries": r["claim_queries"],
             "notifications_received": r["notifications_received"],
             "missed_notifications_caught_by_poll": r["missed"],
-            "wall_s": round(wall_s, 2), "latencies_ms": [round(x, 2) for x in lat]}
+            "wall_s": round(wall_s, 2), "latencies_ms": [round(x, 2) for x in lat],
+            "timeline": timeline}
 
 
 def saves(r: dict) -> tuple[bool, str]:
@@ -425,7 +454,8 @@ def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_
     ``claims_from_poll`` (the notified worker's), ``missed_notifications_caught_by_poll``
     (the restart), ``missed_waited_ms``, ``notification_queue_usage`` (the share of the
     notification queue in use at the end: 0 when every listener reads), ``jobs``,
-    ``poll_ms``, ``safety_poll_ms``."""
+    ``poll_ms``, ``safety_poll_ms``, and ``timeline`` (``poll``, ``notify``: :func:`latency`'s;
+    ``restart``: :func:`missed_while_not_listening`'s), what :func:`plot_wakeups` draws."""
     check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)
     p = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="poll", seed=seed)
     n = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="notify", seed=seed)
@@ -439,7 +469,318 @@ def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_
             "claims_from_notify": n["claims_from_notify"], "claims_from_poll": n["claims_from_poll"],
             "missed_notifications_caught_by_poll": m["missed_notifications_caught_by_poll"],
             "missed_waited_ms": m["waited_ms"],
-            "notification_queue_usage": lab.execute(_q("queue_usage"))[0][0]}
+            "notification_queue_usage": lab.execute(_q("queue_usage"))[0][0],
+            "timeline": {"poll": p["timeline"], "notify": n["timeline"], "restart": m["timeline"]}}
+
+
+# -- the picture: when jobs arrive, and when each worker notices them ------------------------
+
+
+def plot_wakeups(t: dict):
+    """:func:`notify_trace`'s ``timeline`` drawn, one lane per worker, on the server's clock:
+    each job's enqueue (open circle) and claim (filled), the wait between them (a bar), and
+    each time the worker woke and claimed (a tick).  The polling worker's jobs wait for its
+    next poll; the notified worker's are claimed as their NOTIFY arrives at commit; the
+    restarted worker (its own run, from the moment its old session went) never hears the
+    NOTIFY sent while it was away, and its safety-net poll finds the job.  Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from ..core.plots import PALETTE
+
+    try:
+        tl, poll_ms, safety_ms = t["timeline"], t["poll_ms"], t["safety_poll_ms"]
+        lanes = [(tl["poll"], f"polling every\n{poll_ms:g} ms", t["poll_latency_ms_p50"]),
+                 (tl["notify"], "LISTEN, woken\nby NOTIFY", t["notify_latency_ms_p50"])]
+        restart = tl["restart"]
+    except (KeyError, TypeError):
+        raise LabkitError("plot_wakeups draws what notify_trace returns.",
+                          "pass t = wakeup.notify_trace(lab, ...).") from None
+    wait_c, job_c, idle_c, lost_c = PALETTE[1], PALETTE[0], PALETTE[7], PALETTE[2]
+    fig, ax = plt.subplots(figsize=(12, 5.6))
+    labels = []
+    for row, (lane, name, median) in enumerate(lanes):
+        y = 2 - row
+        for _, enq, claimed, _ in lane["jobs"]:
+            ax.plot([enq, claimed], [y, y], color=wait_c, lw=9, solid_capstyle="butt", zorder=1)
+        ax.plot([j[1] for j in lane["jobs"]], [y] * len(lane["jobs"]), "o", mfc="white",
+                mec=job_c, mew=2, ms=11, zorder=2)
+        ax.plot([j[2] for j in lane["jobs"]], [y] * len(lane["jobs"]), "o", color=job_c,
+                ms=7, zorder=3)
+        woke = [at for at, _, _ in lane["wakeups"] if at >= -0.05]
+        ax.plot(woke, [y] * len(woke), "|", color=idle_c, ms=30, mew=1.5, zorder=0)
+        labels.append(f"{name}\nmedian wait {median:.3g} ms")
+    # the restart: the job and its NOTIFY commit after the old session went, before the new
+    # LISTEN; the new session's first claim is its safety-net poll
+    y, r = 0, restart
+    ax.plot([r["enqueued"], r["claimed"]], [y, y], color=wait_c, lw=9, solid_capstyle="butt")
+    ax.plot([r["enqueued"]], [y], "o", mfc="white", mec=job_c, mew=2, ms=11, zorder=2)
+    ax.plot([r["enqueued"]], [y + 0.38], "x", color=lost_c, ms=14, mew=3)
+    ax.plot([r["claimed"]], [y], "|", color=idle_c, ms=30, mew=1.5, zorder=0)
+    ax.plot([r["claimed"]], [y], "o", color=job_c, ms=7, zorder=3)
+    ax.annotate("its NOTIFY, sent while no\nsession listened", (r["enqueued"], y + 0.38),
+                xytext=(14, 0), textcoords="offset points", va="center")
+    ax.annotate(f"the safety-net poll, {safety_ms / 1000:g} s\nafter the new LISTEN",
+                (r["claimed"], y), xytext=(14, -30), textcoords="offset points", va="center")
+    labels.append("a restarted\nlistener")
+    ax.set_yticks([2, 1, 0])
+    ax.set_yticklabels(labels)
+    ax.set_ylim(-0.9, 2.6)
+    end = max([j[2] for lane, _, _ in lanes for j in lane["jobs"]] + [r["claimed"] + 1.1])
+    ax.set_xlim(-0.05, end + 0.1)
+    ax.set_xlabel("seconds on the server's clock, from the first enqueue (the restart: from "
+                  "its old session's end)")
+    ax.set_title("When each worker notices a job")
+    ax.spines["left"].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+    handles = [Line2D([], [], ls="none", marker="o", mfc="white", mec=job_c, mew=2, ms=11,
+                      label="enqueued"),
+               Line2D([], [], ls="none", marker="o", color=job_c, ms=7, label="claimed"),
+               Line2D([], [], color=wait_c, lw=9, label="the job's wait"),
+               Line2D([], [], ls="none", marker="|", color=idle_c, ms=20, mew=1.5,
+                      label="the worker wakes, claims"),
+               Line2D([], [], ls="none", marker="x", color=lost_c, ms=12, mew=3,
+                      label="a NOTIFY nobody heard")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    return fig
+
+
+# -- a LISTEN worker loop, in full -----------------------------------------------------------
+
+
+def claim_one(conn: psycopg.Connection, worker: str = "listener") -> int | None:
+    """Claim the most urgent due job (production.sql "claim": SKIP LOCKED, a lease), run it
+    (here there is nothing to run) and mark it done; its id, or None when nothing is due."""
+    with conn.transaction():
+        row = conn.execute(query("production.sql", "claim").sql,
+                           {"worker": worker, "lease_s": LEASE_S}).fetchone()
+    if row is None:
+        return None
+    job_id, version = row[0], row[5]
+    conn.execute(query("production.sql", "complete").sql,
+                 {"id": job_id, "claim_version": version})
+    return job_id
+
+
+class ListenWorker:
+    """A worker woken by NOTIFY that loses no job:
+
+    * its own autocommit connection (never through a transaction pooler): LISTEN first, then
+      a sweep of the table, so that a job committed before the LISTEN is found by the sweep
+      and one committed after it is announced;
+    * on every wake-up, a notification or ``safety_poll_s`` without one, it claims until
+      nothing is due: a notification may stand for several jobs, and one that never came
+      costs a safety poll's delay, never a job;
+    * a connection that dies (a restart, a network cut, pg_terminate_backend) is replaced
+      after ``retry_s``; the new one LISTENs and sweeps again;
+    * stop() ends it within ``tick_s``, once the job in hand is done.
+
+    ``connect()`` opens a new autocommit connection; ``claim(conn)`` claims, runs and
+    completes one job and returns its id, or None.  ``log``: (seconds since start, what
+    happened, job id or None)."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection], channel: str,
+                 claim: Callable[[psycopg.Connection], int | None], *,
+                 safety_poll_s: float = 5.0, retry_s: float = 1.0, tick_s: float = 0.1):
+        self.connect, self.channel, self.claim = connect, channel, claim
+        self.safety_poll_s, self.retry_s, self.tick_s = safety_poll_s, retry_s, tick_s
+        self.stopping = threading.Event()
+        self.log: list[tuple[float, str, int | None]] = []
+        self.started = time.monotonic()
+
+    def note(self, what: str, job: int | None = None) -> None:
+        self.log.append((round(time.monotonic() - self.started, 3), what, job))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        """Serve until stop(); a connection that dies, or cannot be opened, is tried again."""
+        while not self.stopping.is_set():
+            try:
+                conn = self.connect()
+            except psycopg.OperationalError:            # the server is away: try again soon
+                self.note("connect failed")
+                self.stopping.wait(self.retry_s)
+                continue
+            try:
+                with conn:
+                    self.serve(conn)
+            except psycopg.OperationalError:            # the connection died under us
+                self.note("connection lost")
+                self.stopping.wait(self.retry_s)
+        self.note("stopped")
+
+    def serve(self, conn: psycopg.Connection) -> None:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        self.note("LISTEN")
+        self.drain(conn, "sweep")                   # what was committed while nobody listened
+        while not self.stopping.is_set():
+            woken = self.wait(conn)
+            self.drain(conn, "notify" if woken else "safety poll")
+
+    def wait(self, conn: psycopg.Connection) -> bool:
+        """True when a notification came, False after safety_poll_s without one (or on stop)."""
+        deadline = time.monotonic() + self.safety_poll_s
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if list(conn.notifies(timeout=min(left, self.tick_s), stop_after=1)):
+                return True
+        return False
+
+    def drain(self, conn: psycopg.Connection, why: str) -> None:
+        """Claim until nothing is due (or stop())."""
+        while not self.stopping.is_set():
+            job = self.claim(conn)
+            if job is None:
+                return
+            self.note(why, job)
+
+
+def _until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise LabkitError(f"The LISTEN worker did not {what} within {timeout_s:g} s.",
+                              "check the server's load with `labkit doctor` and run again.")
+        time.sleep(0.01)
+
+
+def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
+    """A :class:`ListenWorker` in a thread of this process, and a scripted producer:
+
+    1. three jobs enqueued with their NOTIFY (two of them in one transaction);
+    2. a job inserted with no NOTIFY (a wake-up that never came): the safety poll claims it;
+    3. the worker's connection ended with pg_terminate_backend, and the server made to
+       refuse its reconnects for a moment (scripted, in its ``connect``); meanwhile a job
+       and its NOTIFY are committed, which no session hears;
+    4. the server answers again: the worker LISTENs on a new connection and its sweep
+       claims that job; one more job with its NOTIFY; then stop().
+
+    Each step waits for the worker's answer, read from its log.  Returns ``rows`` (what
+    happened, what the worker did), ``claimed`` ({job id: what woke the worker}),
+    ``claims`` (how many times each job was claimed, from the table), ``jobs``,
+    ``safety_poll_after_s`` (step 2's insert to its claim), ``listens`` (connections that
+    LISTENed), ``stopped_in_s``, ``log`` and ``table`` (the rows as text)."""
+    number("safety_poll_s", safety_poll_s, low=0.05, high=30, unit=" s", example=1)
+    create_table(lab)
+    ch = channel(lab)
+    app = session_name(lab.schema, "listen-worker")
+    server_up = threading.Event()
+    server_up.set()
+
+    def connect() -> psycopg.Connection:
+        if not server_up.is_set():
+            raise psycopg.OperationalError("the server refuses connections (scripted)")
+        return lab.connect(role="listen-worker")
+
+    worker = ListenWorker(connect, ch, claim_one, safety_poll_s=safety_poll_s, retry_s=0.2)
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:                # reported to the script below
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve, name="listen-worker", daemon=True)
+    producer = lab.connect(role="wake-enqueue")
+    rows: list[tuple[str, str]] = []
+    seen = 0
+
+    def claimed() -> dict[int, str]:
+        return {job: why for _, why, job in worker.log if job is not None}
+
+    def step(what: str, wait_for: Callable[[], bool] | None, timeout_s: float = 10,
+             settle_s: float = 0.0) -> None:
+        """One row: what the script did, then what the worker did about it (once it has;
+        ``settle_s`` more for a second notification of the same commit to be served)."""
+        nonlocal seen
+        if wait_for is not None:
+            _until(lambda: wait_for() or bool(failed), timeout_s, f"answer: {what}")
+            if failed:
+                raise failed[0]
+            time.sleep(settle_s)
+        now = len(worker.log)
+        # the refused reconnects are said once, in their own row
+        rows.append((what, _did(worker.log[seen:now], skip=() if "refuses" in what
+                                                       else ("connect failed",))
+                     if wait_for is not None else "-"))
+        seen = now
+
+    def notified(n: int = 1) -> list[int]:
+        with producer.transaction():
+            return [producer.execute(_q("enqueue_and_notify"), {"channel": ch}).fetchone()[0]
+                    for _ in range(n)]
+
+    def logged(what: str) -> bool:
+        return any(w == what for _, w, _ in worker.log[seen:])
+
+    try:
+        thread.start()
+        step("the worker starts", lambda: logged("LISTEN"))
+        first = notified()
+        step(f"job {first[0]} enqueued: its NOTIFY comes at commit",
+             lambda: first[0] in claimed())
+        pair = notified(2)
+        step(f"jobs {pair[0]}, {pair[1]} in one transaction, a NOTIFY each",
+             lambda: set(pair) <= set(claimed()), settle_s=0.2)
+        quiet = producer.execute(_q("enqueue")).fetchone()[0]
+        t_quiet = time.monotonic()
+        step(f"job {quiet} inserted with no NOTIFY (a lost wake-up)",
+             lambda: quiet in claimed(), timeout_s=safety_poll_s + 10)
+        quiet_after = time.monotonic() - t_quiet
+        server_up.clear()
+        producer.execute(_q("terminate"), {"app": app})
+        step("its connection ended by pg_terminate_backend", lambda: logged("connection lost"))
+        step("the server refuses connections (scripted)", lambda: logged("connect failed"))
+        _until(lambda: not producer.execute(_q("backends_of"), {"app": app}).fetchall(), 10,
+               "let go of its connection")
+        away = notified()
+        step(f"job {away[0]} enqueued with its NOTIFY: nobody listens", None)
+        server_up.set()
+        step("the server takes connections again", lambda: away[0] in claimed())
+        last = notified()
+        step(f"job {last[0]} enqueued: its NOTIFY comes at commit",
+             lambda: last[0] in claimed())
+        t_stop = time.monotonic()
+        worker.stop()
+        thread.join(10)
+        stopped_in = time.monotonic() - t_stop
+        step("stop()", lambda: not thread.is_alive())
+        if failed:
+            raise failed[0]
+    finally:
+        worker.stop()
+        server_up.set()
+        thread.join(10)
+        _close(producer)
+    claims = dict(lab.execute("SELECT id, attempts FROM job ORDER BY id"))
+    table = text_table(["what happened", "what the worker did"], [list(r) for r in rows])
+    return {"rows": rows, "claimed": claimed(), "claims": claims, "jobs": len(claims),
+            "quiet_job": quiet, "away_job": away[0],
+            "safety_poll_after_s": round(quiet_after, 2),
+            "listens": sum(1 for _, w, _ in worker.log if w == "LISTEN"),
+            "stopped_in_s": round(stopped_in, 2), "log": list(worker.log), "table": table}
+
+
+def _did(log: list[tuple[float, str, int | None]], skip: tuple[str, ...] = ()) -> str:
+    """A stretch of the worker's log in words: the jobs each kind of wake-up claimed, and
+    repeats said once."""
+    parts: list[str] = []
+    for _, what, job in log:
+        if what in skip:
+            continue
+        if job is None:
+            if not parts or parts[-1] != what:
+                parts.append(what)
+        elif parts and parts[-1].startswith(f"{what}: claimed job"):
+            parts[-1] = parts[-1].replace("claimed job ", "claimed jobs ", 1) + f", {job}"
+        else:
+            parts.append(f"{what}: claimed job {job}")
+    return "; ".join(parts) or "-"
 
 
 # -- command line: labkit notify ------------------------------------------------------------------

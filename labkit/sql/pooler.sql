@@ -133,6 +133,10 @@ SELECT %(n)s::int AS a;
 -- Another client's query, run again and again.
 SELECT %(n)s::int * 2 AS b;
 
+-- name: prepared_names
+-- The prepared statements of this client's server session, by name.
+SELECT name FROM pg_prepared_statements ORDER BY name;
+
 -- name: deallocate
 -- Drop every prepared statement of the server session.
 DEALLOCATE ALL;

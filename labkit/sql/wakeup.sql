@@ -39,3 +39,26 @@ SELECT (extract(epoch FROM clock_timestamp() - enqueued_at) * 1000)::float8 AS l
 -- The share (0 to 1) of the notification queue's maximum size (8 GB by default) that holds
 -- notifications some listening session has not read yet.
 SELECT pg_notification_queue_usage();
+
+-- name: clock
+-- The server's clock, in seconds since 1970: when a worker woke, on the same clock as the
+-- jobs' enqueued_at.
+SELECT extract(epoch FROM clock_timestamp())::float8 AS at;
+
+-- name: enqueued_times
+-- Each job's enqueue, on the server's clock (seconds since 1970), for the run's timeline.
+SELECT id, extract(epoch FROM enqueued_at)::float8 AS enqueued
+  FROM job
+ ORDER BY id;
+
+-- name: backends_of
+-- The server backends of one application_name (a worker's connections).
+SELECT pid
+  FROM pg_stat_activity
+ WHERE application_name = %(app)s;
+
+-- name: terminate
+-- End a worker's connection from outside, as a restart or a network cut would.
+SELECT pg_terminate_backend(pid)
+  FROM pg_stat_activity
+ WHERE application_name = %(app)s;
