@@ -82,6 +82,47 @@ def test_a_frozen_zombie_s_heartbeat_matches_no_row_and_it_stops_its_handler(lab
     _nothing_left(db, lab.schema, before)
 
 
+def test_the_lease_timeline_is_drawn_from_the_runs_own_events(lab):
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+
+    without = lc.heartbeat_trace(lab, lease_s=0.5, job_s=1.2, heartbeat=False)
+    beating = lc.heartbeat_trace(lab, lease_s=0.5, job_s=1.2, heartbeat=True)
+    # the first claim outlives its lease: a reaper takes the job back, worker 2 claims v2,
+    # and worker 1's complete is refused; with a heartbeat the one lease never runs out
+    first, second = lc.lease_spans(without)
+    assert (first["worker"], first["claim_version"], first["outcome"], first["expired"]) == \
+        ("worker 1", 1, "refused", True)
+    assert first["lease_end"] == pytest.approx(0.5, abs=0.01)
+    assert first["lease_end"] <= first["reaped"] <= second["claimed"] < first["ended"]
+    assert (second["worker"], second["claim_version"], second["outcome"]) == ("worker 2", 2, "landed")
+    [only] = lc.lease_spans(beating)
+    assert (only["outcome"], only["expired"], len(only["heartbeats"])) == ("landed", False, beating["heartbeats"])
+    assert only["lease_end"] > only["ended"]
+    fig = lc.plot_leases(without, beating)
+    top, bottom = fig.axes
+    marks = lambda ax, m: [x for line in ax.get_lines() if line.get_marker() == m for x in line.get_xdata()]
+    assert marks(top, "X") == [first["ended"]] and marks(top, "o") == [second["ended"]]
+    assert marks(top, "v") == [first["reaped"]] and marks(top, "|") == []
+    assert marks(bottom, "|") == only["heartbeats"] and marks(bottom, "X") == []
+    assert "ran twice" in top.get_title(loc="left") and "ran once" in bottom.get_title(loc="left")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    width, height = (int.from_bytes(buf.getvalue()[16:20], "big"), int.from_bytes(buf.getvalue()[20:24], "big"))
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
+    with pytest.raises(LabkitError, match="Fix:"):
+        lc.plot_leases({"runs": 2})
+    with pytest.raises(LabkitError, match="Fix:"):
+        lc.plot_leases(without, beating, without)
+
+
 def test_the_heartbeat_is_fenced_by_claim_version(lab):
     """The SQL on its own: an older claim's heartbeat (and release) touch nothing."""
     lc._setup(lab, 1)

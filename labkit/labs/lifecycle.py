@@ -37,6 +37,10 @@ Choices, each visible in ``lifecycle.sql``:
   toward the dead letter without running them) and **keeps** it for a job stopped mid-run
   (its handler did start, and may have had effects).
 
+:func:`plot_leases` draws the heartbeat runs as a timeline, one lane per worker: the lease
+each claim held, the handler, the heartbeats, the reaper and each completion, landed or
+refused by the fence (:func:`lease_spans` is the same, as numbers).
+
 Each trace scripts who claims first (the workers wait at a start gate) and returns counts and
 an ordered event list of ``(worker, event, claim_version)``: the order is reproducible, the
 times are not (they are real).
@@ -374,6 +378,29 @@ def _count(w: Worker, kind: str, **match: Any) -> int:
     return sum(1 for e in w.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items()))
 
 
+TIMELINE_KINDS = ("claimed", "started", "heartbeat", "reaped", "completed", "handler_stopped",
+                  "idle", "signal")
+
+
+def _timeline(workers: list[Worker], parent: list[dict]) -> list[dict]:
+    """The run's events as plain records for a drawing: ``worker``, ``kind``, ``t`` (seconds
+    since worker 1's first claim, on the machine's monotonic clock), ``claim_version``,
+    ``rows`` (heartbeats and completions) and ``signal``; in the order they happened."""
+    every = sorted([{**e, "name": w.name} for w in workers for e in w.events] + parent,
+                   key=lambda e: e["t"])
+    every = [e for e in every if e["kind"] in TIMELINE_KINDS]
+    t0 = next((e["t"] for e in every if e["kind"] == "claimed"), every[0]["t"] if every else 0.0)
+
+    def version(e: dict) -> int | None:
+        if e["kind"] == "claimed" and len(set(e["claim_versions"])) == 1:
+            return e["claim_versions"][0]
+        return e.get("claim_version")
+
+    return [{"worker": e["to"] if e["kind"] == "signal" else e["name"], "kind": e["kind"],
+             "t": round(e["t"] - t0, 4), "claim_version": version(e),
+             "rows": e.get("rows"), "signal": e.get("signal")} for e in every]
+
+
 def _timeout(*seconds: float) -> float:
     return 30 + 2 * sum(seconds)
 
@@ -391,7 +418,8 @@ def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S,
 
     Returns ``heartbeat``, ``runs`` (rows in the runs log), ``claims`` (the job's
     claim_version at the end), ``completes_landed``, ``completes_refused``, ``heartbeats``
-    (successful ones, all workers), ``final_status``, ``exit_codes`` and ``events``."""
+    (successful ones, all workers), ``final_status``, ``exit_codes``, ``events`` (described,
+    for print) and ``timeline`` (timed records, for :func:`plot_leases`)."""
     check_heartbeat(lease_s=lease_s, job_s=job_s)
     _setup(lab, 1)
     timeout = _timeout(lease_s, job_s)
@@ -420,6 +448,7 @@ def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S,
         "completes_refused": sum(_count(w, "completed", rows=0) for w in ws),
         "heartbeats": sum(_count(w, "heartbeat", rows=1) for w in ws),
         "final_status": status, "exit_codes": codes, "events": events,
+        "timeline": _timeline(ws, [p for p in parent if p["to"] != w2.name]),
     }
 
 
@@ -432,7 +461,8 @@ def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) ->
 
     Returns ``zombie_heartbeat_rows`` (0), ``zombie_stopped`` (True), ``zombie_completes``
     (0: the zombie wrote no outcome), ``zombie_claim_version``, ``owner_claim_version``,
-    ``runs`` (2: both started), ``final_status``, ``exit_codes`` and ``events``."""
+    ``runs`` (2: both started), ``final_status``, ``exit_codes``, ``events`` and ``timeline``
+    (as :func:`heartbeat_trace`'s)."""
     check_heartbeat(lease_s=lease_s, job_s=job_s)
     _setup(lab, 1)
     timeout = _timeout(lease_s, job_s)
@@ -458,7 +488,126 @@ def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) ->
         "zombie_claim_version": beat["claim_version"], "owner_claim_version": int(version),
         "runs": _statuses(lab)["runs"], "final_status": status, "exit_codes": codes,
         "events": _events(ws, parent, lease_s, keep=lambda e: e["kind"] != "exiting"),
+        "timeline": _timeline(ws, parent),
     }
+
+
+def lease_spans(run: dict) -> list[dict]:
+    """Each claim of a :func:`heartbeat_trace` (or :func:`zombie_trace`) run, from its
+    ``timeline``: ``worker``, ``claim_version``, ``claimed``, ``started`` and ``ended`` (the
+    handler's start and end), ``heartbeats`` (the times of those that matched a row),
+    ``lease_end`` (the last extension plus the lease), ``expired`` (the lease ran out before
+    the claim ended: completed, or taken back by a reaper), ``reaped`` (when a reaper took
+    it back, or None) and ``outcome``: ``"landed"`` or ``"refused"`` (the complete matched 1 row
+    or 0), ``"stopped"`` (a heartbeat matched 0 rows and the handler stopped), or None."""
+    lease_s, events = run["lease_s"], run["timeline"]
+    spans = []
+    for c in (e for e in events if e["kind"] == "claimed"):
+        mine = [e for e in events if e["worker"] == c["worker"] and e["claim_version"] == c["claim_version"]
+                and e["t"] >= c["t"]]
+        beats = [e["t"] for e in mine if e["kind"] == "heartbeat" and e["rows"]]
+        started = next((e["t"] for e in mine if e["kind"] == "started"), None)
+        end = next((e for e in mine if e["kind"] in ("completed", "handler_stopped")), None)
+        reaped = next((e["t"] for e in events if e["kind"] == "reaped" and e["t"] >= c["t"]
+                       and e["claim_version"] == c["claim_version"]), None)
+        lease_end = max([c["t"], *beats]) + lease_s
+        outcome = None if end is None else (
+            "stopped" if end["kind"] == "handler_stopped" else "landed" if end["rows"] else "refused")
+        held_until = reaped if reaped is not None else end["t"] if outcome == "landed" else None
+        spans.append({
+            "worker": c["worker"], "claim_version": c["claim_version"], "claimed": c["t"],
+            "started": started, "ended": None if end is None else end["t"], "heartbeats": beats,
+            "lease_end": lease_end, "expired": held_until is None or lease_end < held_until,
+            "reaped": reaped, "outcome": outcome})
+    return spans
+
+
+def plot_leases(*runs: dict, titles: list[str] | None = None):
+    """A timeline of each run (one panel per run, :func:`heartbeat_trace`'s or
+    :func:`zombie_trace`'s result), one lane per worker: the lease each claim held (from the
+    claim to its last extension plus the lease), the handler running (in another colour once
+    its lease has run out), each heartbeat, the reaper taking the job back, and each
+    completion, landed or refused by the fence.  Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from ..core.plots import PALETTE, setup_matplotlib
+
+    if not runs or not all(isinstance(r, dict) and "timeline" in r and "lease_s" in r for r in runs):
+        raise LabkitError("plot_leases draws the results of heartbeat_trace or zombie_trace.",
+                          "pass what they returned, e.g. plot_leases(without, beating).")
+    if titles is not None and len(titles) != len(runs):
+        raise LabkitError(f"{len(titles)} titles for {len(runs)} runs.", "pass one title per run, or none.")
+    setup_matplotlib()
+    lease_c, work_c, late_c, done_c = PALETTE[5], PALETTE[0], PALETTE[2], PALETTE[3]
+    if len(runs) > 2:
+        raise LabkitError(f"{len(runs)} runs: a slide has room for two panels.",
+                          "pass one or two runs, e.g. plot_leases(without, beating).")
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11.5, 1.6 + 2.1 * len(runs)), sharex=True, squeeze=False)
+    frozen = False
+    for ax, run, n in zip(axes[:, 0], runs, range(len(runs))):
+        names = sorted({e["worker"] for e in run["timeline"] if e["worker"].startswith("worker")})
+        lane = {w: len(names) - 1 - i for i, w in enumerate(names)}
+        for sp in lease_spans(run):
+            y = lane[sp["worker"]]
+            held_to = sp["lease_end"] if sp["expired"] else (sp["reaped"] if sp["reaped"] is not None
+                                                             else sp["ended"])
+            ax.barh(y, held_to - sp["claimed"], left=sp["claimed"], height=0.7, color=lease_c, alpha=0.45)
+            ax.annotate(f"claim v{sp['claim_version']}", (sp["claimed"], y + 0.36), xytext=(2, 2),
+                        textcoords="offset points", va="bottom")
+            if sp["started"] is not None and sp["ended"] is not None:
+                cut = min(max(sp["lease_end"], sp["started"]), sp["ended"]) if sp["expired"] else sp["ended"]
+                ax.barh(y, cut - sp["started"], left=sp["started"], height=0.3, color=work_c)
+                if cut < sp["ended"]:
+                    ax.barh(y, sp["ended"] - cut, left=cut, height=0.3, color=late_c)
+            if sp["expired"]:
+                ax.plot([sp["lease_end"]] * 2, [y - 0.35, y + 0.35], color="black", ls="--", lw=2)
+            if sp["heartbeats"]:
+                ax.plot(sp["heartbeats"], [y] * len(sp["heartbeats"]), "|", color="black", ms=26, mew=2.5)
+            if sp["reaped"] is not None:
+                reaper = next(e["worker"] for e in run["timeline"]
+                              if e["kind"] == "reaped" and e["t"] == sp["reaped"])
+                ax.plot(sp["reaped"], lane[reaper], "v", color="black", ms=14)
+            if sp["outcome"] == "landed":
+                ax.plot(sp["ended"], y, "o", color=done_c, ms=16, mec="black")
+            elif sp["outcome"] in ("refused", "stopped"):
+                ax.plot(sp["ended"], y, "X", color=late_c, ms=18, mec="black")
+                ax.annotate("0 rows: fenced", (sp["ended"], y - 0.36), xytext=(4, -2),
+                            textcoords="offset points", va="top", color=late_c)
+        stops = [e for e in run["timeline"] if e["kind"] == "signal" and e["signal"] == "SIGSTOP"]
+        for stop in stops:
+            cont = next((e["t"] for e in run["timeline"] if e["kind"] == "signal"
+                         and e["signal"] == "SIGCONT" and e["t"] > stop["t"]), None)
+            if cont is not None and stop["worker"] in lane:
+                ax.barh(lane[stop["worker"]], cont - stop["t"], left=stop["t"], height=0.3, color="white",
+                        edgecolor="black", hatch="//", lw=0)
+                frozen = True
+        if not [sp for sp in lease_spans(run) if sp["worker"] != names[0]] and len(names) > 1:
+            ax.text(0.5, lane[names[1]], f"{names[1]}: nothing to claim, the lease never ran out",
+                    transform=ax.get_yaxis_transform(), ha="center", va="center")
+        ax.set_yticks(list(lane.values()), list(lane))
+        ax.set_ylim(-0.7, len(names) - 0.15)
+        ax.spines["left"].set_visible(False)
+        ax.tick_params(axis="y", length=0)
+        runs_word = {1: "once", 2: "twice"}.get(run.get("runs"), f"{run.get('runs')} times")
+        default = (f"{'with' if run.get('heartbeat', True) else 'without'} a heartbeat: "
+                   f"lease {run['lease_s']:g} s, job {run['job_s']:g} s, the handler ran {runs_word}")
+        ax.set_title(titles[n] if titles else default, loc="left")
+    axes[-1, 0].set_xlabel("seconds since worker 1 claimed the job")
+    handles = [Patch(color=lease_c, alpha=0.45, label="lease held"),
+               Patch(color=work_c, label="handler running"),
+               Patch(color=late_c, label="running, lease run out"),
+               Line2D([], [], ls="none", marker="|", color="black", ms=18, mew=2.5, label="heartbeat"),
+               Line2D([], [], ls="--", color="black", lw=2, label="lease runs out"),
+               Line2D([], [], ls="none", marker="v", color="black", ms=12, label="reaper takes it back"),
+               Line2D([], [], ls="none", marker="o", color=done_c, mec="black", ms=13, label="complete: 1 row"),
+               Line2D([], [], ls="none", marker="X", color=late_c, mec="black", ms=14,
+                      label="0 rows: the fence refuses")]
+    if frozen:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="frozen (SIGSTOP)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    return fig
 
 
 def heartbeat_command(*, open_lab: Callable[[], Lab], lease_s: float = LEASE_S, job_s: float = JOB_S,
