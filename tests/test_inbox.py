@@ -1,8 +1,10 @@
 """The consumer side: in-memory dedup, the inbox, and the inbox in separate transactions,
 each consumer a real process SIGKILLed mid-stream and restarted, on the real server."""
 
+import io
 import json
 import math
+import struct
 import time
 
 import pytest
@@ -171,3 +173,39 @@ def test_ctrl_c_mid_command_drops_its_lab(db):
     assert backends_gone(db, f"labkit:{schema}:%") == []
     with db.connect() as conn:
         assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchall() == []
+
+
+def test_the_picture_draws_this_runs_effects(lab):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+
+    t = ib.consumer_trace(lab, events=8, duplicates=2, kill_after=4)
+    fig = ib.plot_effects(t)
+    ax = fig.axes[0]
+    ev = relay.event_id
+    # the grid is the run's effects, read back from the server: a row per consumer
+    drawn = ax.images[0].get_array().tolist()
+    assert drawn == [[t["consumers"][c]["effects"][ev(i)] for i in range(1, 9)] for c in ib.CONSUMERS]
+    assert drawn[0] == [2, 2, 1, 2, 1, 1, 1, 1] and drawn[3][3] == 0      # the set; record first
+    assert [x.get_text() for x in ax.texts][:8] == [str(v) for v in drawn[0]]
+    assert [x.get_text() for x in ax.get_yticklabels()] == list(ib.SHORT_NAMES.values())
+    tops = [x.get_text() for a in ax.child_axes for x in a.get_xticklabels()]
+    assert tops == ["1–2 redelivered", "killed here"]
+    tally = [x.get_text() for a in ax.child_axes for x in a.get_yticklabels()]
+    assert tally == ["3 twice", "all once", "1 twice", "1 lost"]
+    frame = [p for p in ax.patches if not p.get_fill()]
+    assert len(frame) == 1 and frame[0].get_x() == 4 - 1.5                # event 4, in flight at the kill
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    width, height = struct.unpack(">II", buf.getvalue()[16:24])
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX, (width, height)
+
+
+def test_the_picture_refuses_what_is_not_a_trace():
+    with pytest.raises(LabkitError, match="consumer_trace"):
+        ib.plot_effects({"events": 3})

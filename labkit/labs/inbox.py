@@ -41,8 +41,9 @@ event forever unless pruned, and pruning is safe only past the longest delay aft
 a copy can still arrive: the trace prunes the rows applied before the restart and shows a
 late copy of one of them applied again.
 
-``labkit trace consumer [--events N] [--duplicates D] [--kill-after K] [--json]`` prints it
-(:func:`consumer_command`).
+:func:`plot_effects` draws a trace's effects: a row per consumer, a column per event, each
+cell once, twice or never.  ``labkit trace consumer [--events N] [--duplicates D]
+[--kill-after K] [--json]`` prints it (:func:`consumer_command`).
 """
 
 from __future__ import annotations
@@ -292,6 +293,79 @@ def consumer_trace(lab: Lab, *, events: int = EVENTS, duplicates: int = DUPLICAT
                         for c, r in runs.items()}
     out["inbox"] = hygiene
     return out
+
+
+# -- the picture: which events each consumer applied once, twice or never -------------------------
+
+# The consumers' names on the picture, shortest first said.
+SHORT_NAMES = {"in_memory": "in memory", "inbox": "inbox, one transaction",
+               "separate_tx_effect_first": "effect, then record",
+               "separate_tx_record_first": "record, then effect"}
+
+
+def plot_effects(t: dict, ax=None):
+    """The effects of :func:`consumer_trace`'s run, ``t``, as a grid: a row per consumer, a
+    column per event, each cell the labels printed for that event (read back from
+    ``shop_order``): once, twice or never, in three colours.  The event in flight at the kill
+    is framed; the top axis marks it and the events redelivered on both sides of the restart;
+    the right axis tallies each row.  ``ax``: a matplotlib axes to draw on (None: a new
+    figure).  Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch, Rectangle
+
+    from ..core.plots import PALETTE, setup_matplotlib
+
+    if not isinstance(t, dict) or "consumers" not in t or "events" not in t:
+        raise LabkitError("plot_effects draws the result of consumer_trace().",
+                          "pass t = inbox.consumer_trace(lab).")
+    setup_matplotlib()
+    consumers = list(t["consumers"])
+    n, k, d = t["events"], t["kill_after"], t["duplicates"]
+    events = [event_id(i) for i in range(1, n + 1)]
+    grid = [[min(t["consumers"][c]["effects"].get(e, 0), 3) for e in events] for c in consumers]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * len(consumers)))
+    else:
+        fig = ax.figure
+    # never, once, twice, three times or more
+    colours = [PALETTE[7], PALETTE[5], PALETTE[2], PALETTE[4]]
+    ax.imshow(grid, cmap=ListedColormap(colours), norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5, 3.5], 4),
+              aspect="auto")
+    for row, values in enumerate(grid):
+        for col, v in enumerate(values):
+            ax.text(col, row, str(v), ha="center", va="center",
+                    color="black" if v == 1 else "white", fontweight="bold")
+    ax.add_patch(Rectangle((k - 1.5, -0.5), 1, len(consumers), fill=False, lw=3, ec=PALETTE[1],
+                           clip_on=False))
+    ax.set_xticks(range(n), [str(i) if i in (1, n) or i % 5 == 0 or i == k else "" for i in range(1, n + 1)])
+    ax.set_xlabel("event (evt-0001 ...): labels printed for its order")
+    ax.set_yticks(range(len(consumers)), [SHORT_NAMES.get(c, c) for c in consumers])
+    ax.set_xticks([x - 0.5 for x in range(n + 1)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(len(consumers) + 1)], minor=True)
+    ax.grid(which="minor", color="white", lw=2)
+    ax.tick_params(which="minor", length=0)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    top = ax.secondary_xaxis("top")
+    marks = [(k - 1, "killed here")]
+    if d:
+        marks.insert(0, ((d - 1) / 2, f"1–{d} redelivered" if d > 1 else "1 redelivered"))
+    top.set_xticks([x for x, _ in marks], [label for _, label in marks])
+    top.tick_params(length=0)
+    top.spines["top"].set_visible(False)
+    right = ax.secondary_yaxis("right")
+    tally = []
+    for c in consumers:
+        r = t["consumers"][c]
+        said = [f"{len(r['twice'])} twice"] * bool(r["twice"]) + [f"{len(r['lost'])} lost"] * bool(r["lost"])
+        tally.append(", ".join(said) or "all once")
+    right.set_yticks(range(len(consumers)), tally)
+    right.tick_params(length=0)
+    right.spines["right"].set_visible(False)
+    fig.legend([Patch(color=colours[i]) for i in (1, 2, 0)], ["applied once", "twice", "never (lost)"],
+               loc="outside lower center", ncol=3, frameon=False)
+    return fig
 
 
 # -- command line --------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""The inbox exercise's checker, on the real server: the workbook's record step passes, and
+each typical wrong one fails with the finding that names what broke."""
+
+import os
+
+import pytest
+from conftest import backends_gone
+
+from labkit.core.errors import LabkitError
+from labkit.core.queries import query
+from labkit.tools.exercises import inbox as ex
+
+RIGHT = query("inbox.sql", "record").text
+
+# The notebook's starting point: it records the id, and says "new" from a check that reads
+# the inbox -- which sees only what had committed when the statement began.
+CHECK_THEN_INSERT = """
+WITH recorded AS (
+    INSERT INTO inbox (event_id) VALUES (%(event_id)s)
+    ON CONFLICT (event_id) DO NOTHING
+)
+SELECT %(event_id)s AS event_id
+ WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)
+"""
+
+
+def _wrong(check) -> str:
+    return "\n".join(text for ok, text in check.findings if not ok)
+
+
+def test_the_workbooks_record_step_passes(lab):
+    result = ex.check_record(lab, RIGHT)
+    assert result.passed, str(result)
+    said = "\n".join(text for _, text in result.findings)
+    assert "B's waited for A's transaction, then came back empty" in said
+    assert "labels printed per order: 1, 1, 1, 1" in said and "hint" not in str(result)
+
+
+def test_the_same_statement_in_one_line_passes(lab):
+    assert ex.check_record(lab, "insert into inbox values (%(event_id)s) on conflict do nothing "
+                                "returning 1").passed
+
+
+def test_check_then_insert_lets_the_simultaneous_copies_both_through(lab):
+    result = ex.check_record(lab, CHECK_THEN_INSERT)
+    assert not result.passed
+    wrong = _wrong(result)
+    # it passes everything that does not run two copies at once ...
+    assert "later copy" not in wrong and "first delivery" not in wrong and "inbox holds" not in wrong
+    # ... and B's check, made before A committed, said "new" even though B then waited for A
+    assert "B's (after waiting for A's COMMIT) with a row, so both were applied" in wrong
+    assert "1, 1, 1, 2 (evt-0004 twice)" in wrong
+    assert str(result).startswith("FAIL") and "hint" in str(result)
+
+
+@pytest.mark.parametrize("sql_text, findings", [
+    # a copy raises instead of coming back empty: the effect stays once, the consumer fails
+    ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) RETURNING event_id",
+     ["not fail", "23505", "later copy of evt-0001 came back with an error"]),
+    # never a row: nothing applied
+    ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) ON CONFLICT DO NOTHING",
+     ["never applied", "0, 0, 0, 0", "neither was applied"]),
+    # a check that records nothing: every copy is new
+    ("SELECT %(event_id)s WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)",
+     ["label was printed again", "nothing was recorded", "2, 1, 1, 2"]),
+    # a row for every copy
+    ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) "
+     "ON CONFLICT (event_id) DO UPDATE SET applied_at = now() RETURNING event_id",
+     ["label was printed again", "both were applied", "2, 1, 1, 2"]),
+    # the check inside the INSERT: the simultaneous copy hits the key and fails
+    ("INSERT INTO inbox (event_id) SELECT %(event_id)s "
+     "WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s) RETURNING event_id",
+     ["evt-0004 in session B: ERROR 23505", "with an error"]),
+    ("INSRT INTO inbox VALUES (%(event_id)s)", ["failed on the first delivery", "42601"]),
+])
+def test_wrong_record_steps_fail_with_their_finding(lab, sql_text, findings):
+    result = ex.check_record(lab, sql_text)
+    assert not result.passed
+    wrong = _wrong(result)
+    for finding in findings:
+        assert finding in wrong, str(result)
+
+
+def test_the_checker_leaves_nothing_behind(lab, db):
+    ex.check_record(lab, CHECK_THEN_INSERT)
+    ex.check_record(lab, "INSERT INTO inbox (event_id) VALUES (%(event_id)s) RETURNING event_id")
+    mine = f"lab_drill_check_{os.getpid()}_%"
+    assert backends_gone(db, f"labkit:{mine}") == []
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE %s",
+                            (mine,)).fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("sql_text, match", [
+    ("", "empty"), ("   \n", "empty"), (None, "string"), (42, "string"),
+    ("INSERT INTO inbox VALUES (%(order_id)s) RETURNING 1", r"%\(event_id\)s"),
+    ("SELECT 1 WHERE 'evt' LIKE 'e%' AND %(event_id)s IS NOT NULL", "%%"),
+])
+def test_bad_input_is_refused_with_the_fix(lab, sql_text, match):
+    with pytest.raises(LabkitError, match=match) as err:
+        ex.check_record(lab, sql_text)
+    assert "Fix:" in str(err.value)
