@@ -214,6 +214,60 @@ def test_the_outbox_read_from_the_wal_in_commit_order_and_what_the_slot_costs(lo
     assert s["a_missed"] == 4 and s["b_missed"] == 4
     # and the slot is gone
     assert r["slot_left"] is False and _slots(db, "lab_cdc_full") == []
+    _the_series_and_its_picture(r)
+
+
+def _the_series_and_its_picture(r: dict) -> None:
+    """What the slot kept after each step: a sawtooth while the consumer reads and confirms,
+    every byte while it is down, nothing much once it is back; and the figure draws that."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from test_figures import figure_png, png_size
+
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+
+    pts = r["retained_series"]
+    chunk = 2 * MB // cdc.DOWN_CHUNKS
+    assert [p["phase"] for p in pts] == (["reading"] * (3 + 2 * cdc.READING_CHUNKS)
+                                         + ["down"] * (1 + cdc.DOWN_CHUNKS) + ["back"] * 2)
+    written = [p["written_bytes"] for p in pts]
+    assert written == sorted(written) and written[-1] >= 3 * MB
+    confirmed = [p for p in pts if p["step"] == "confirmed"]
+    assert len(confirmed) == cdc.READING_CHUNKS and all(p["retained_bytes"] < chunk // 4 for p in confirmed)
+    assert r["reading_wal_bytes"] >= cdc.READING_CHUNKS * chunk
+    down = [p for p in pts if p["phase"] == "down"]
+    for a, b in zip(down, down[1:]):            # while down, the slot keeps every byte written
+        assert b["retained_bytes"] - a["retained_bytes"] == b["written_bytes"] - a["written_bytes"] > 0
+    assert down[-1]["retained_bytes"] >= 2 * MB and pts[-1]["retained_bytes"] < chunk // 4
+    fig = cdc.plot_retained(r)
+    [line] = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("WAL the slot keeps")]
+    assert list(line.get_ydata()) == [p["retained_bytes"] / MB for p in pts]
+    assert list(line.get_xdata()) == [p["written_bytes"] / MB for p in pts]
+    width, height = png_size(figure_png(fig))
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX, (width, height)
+    plt.close("all")
+    with pytest.raises(LabkitError, match="cdc_trace"):
+        cdc.plot_retained({"events": 3})
+
+
+def test_a_failover_slot_says_so_and_is_dropped(logical_server):
+    """PostgreSQL 17 and later: a slot created with failover => true reads failover true and
+    synced false on the primary, and is gone afterwards; before 17 nothing is created."""
+    lab = Lab.open(logical_server, "cdc_failover")
+    try:
+        f = cdc.failover_slot(lab)
+        assert _slots(logical_server, lab.schema) == []
+    finally:
+        lab.drop()
+    assert f["server_version_num"] == logical_server.version_num
+    if logical_server.version_num < cdc.FAILOVER_FROM:
+        assert f["ran"] is False
+        return
+    assert f["ran"] is True and f["failover"] is True and f["synced"] is False
+    assert f["temporary"] is False and f["in_recovery"] is False and f["slot_left"] is False
+    assert f["sync_replication_slots"] == "off" and f["synchronized_standby_slots"] == ""
 
 
 def test_a_reader_that_asks_for_streaming_gets_an_open_transaction_that_then_aborts(logical_server):

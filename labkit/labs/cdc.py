@@ -23,9 +23,12 @@ What it shows (:func:`cdc_trace`, every figure read back from the server or the 
   ``max_slot_wal_keep_size`` (PostgreSQL 13+) or ``idle_replication_slot_timeout`` (18+)
   gives up the slot first.
 
-:func:`streaming_trace` shows the exception to "whole transactions, at their commit": a
-reader that asks for streaming of in-progress transactions (PostgreSQL 14 and later) gets a
-large open transaction's changes before its end -- here one that then rolls back.
+:func:`plot_retained` draws the slot's retained WAL after each step of the trace (the
+consumer reading and confirming, down, back).  :func:`streaming_trace` shows the exception
+to "whole transactions, at their commit": a reader that asks for streaming of in-progress
+transactions (PostgreSQL 14 and later) gets a large open transaction's changes before its
+end -- here one that then rolls back.  :func:`failover_slot` creates a slot with PostgreSQL
+17's ``failover => true`` and reads what pg_replication_slots says of it.
 
 The slot is named after the lab's schema and dropped at the end of every run, also on an
 error or an interrupt: a forgotten slot keeps WAL for ever.
@@ -62,7 +65,10 @@ MAX_PRODUCERS = 8
 MAX_DOWN_BYTES = 256 * 1024 * 1024
 DEFAULT_DOWN_BYTES = 4 * 1024 * 1024
 SPLIT_ROUNDS = 4                 # two consumers on one slot: four reads, two events each
+DOWN_CHUNKS = 4                  # the unrelated WAL written while the consumer is down, in parts
+READING_CHUNKS = 2               # ... and that many parts of the same size while it reads
 SLOT_WAIT_S = 15                 # creating a slot waits for running transactions this long
+LET_GO_S = 5                     # a confirmed slot's restart_lsn is given this long to move on
 READ_GUARDS = Guards(lock_timeout="10s", statement_timeout="60s")
 
 
@@ -165,28 +171,43 @@ def drop_slot(lab: Lab, timeout_s: float = 10.0) -> bool:
             time.sleep(0.05)
 
 
-def _create_slot(lab: Lab) -> str:
-    """Create the lab's slot; returns the LSN its stream starts at."""
-    name = slot_name(lab)
-    with lab.connect(role="cdc-slot", guards=Guards(statement_timeout=f"{SLOT_WAIT_S}s")) as c:
-        try:
-            return c.execute(_q("create_slot"), {"slot": name}).fetchone()[0]
-        except psycopg.errors.QueryCanceled:
-            with lab.db.connect(role="cdc-look") as look:
-                writers = look.execute(_q("writers")).fetchall()
-            who = ", ".join(f"pid {p} ({a}, open {s} s)" for p, a, s in writers) or "none left now"
-            raise LabkitError(f"Creating the replication slot waited {SLOT_WAIT_S} s for the "
-                              f"transactions already running to end, and they did not ({who}).",
-                              "end those transactions (`labkit doctor` lists them, `labkit clean` "
-                              "ends yours), then run this again.") from None
-        except psycopg.errors.UndefinedFile:
-            raise LabkitError(f"This server has no {PLUGIN} output plugin (a contrib module).",
-                              "install the server's contrib modules (on Debian and Ubuntu they "
-                              "ship with postgresql-NN; elsewhere postgresqlNN-contrib), or use the "
-                              "embedded server.") from None
-        except psycopg.errors.ObjectNotInPrerequisiteState as exc:
-            raise LabkitError(f"The server refused a logical slot: {str(exc).strip()}.",
-                              "set wal_level = logical (ALTER SYSTEM) and restart the server.") from None
+@contextmanager
+def slot_errors(lab: Lab) -> Iterator[None]:
+    """Around the creation of a logical slot: the server's refusals as LabkitErrors that
+    name the fix (running transactions it waited for, no test_decoding, no logical
+    decoding, no free slot).  The statement must run under a statement_timeout of
+    :data:`SLOT_WAIT_S` for the first."""
+    try:
+        yield
+    except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable):
+        with lab.db.connect(role="cdc-look") as look:
+            writers = look.execute(_q("writers")).fetchall()
+        who = ", ".join(f"pid {p} ({a}, open {s} s)" for p, a, s in writers) or "none left now"
+        raise LabkitError(f"Creating the replication slot waited {SLOT_WAIT_S} s for the "
+                          f"transactions already running to end, and they did not ({who}).",
+                          "end those transactions (`labkit doctor` lists them, `labkit clean` "
+                          "ends yours), then run this again.") from None
+    except psycopg.errors.UndefinedFile:
+        raise LabkitError(f"This server has no {PLUGIN} output plugin (a contrib module).",
+                          "install the server's contrib modules (on Debian and Ubuntu they "
+                          "ship with postgresql-NN; elsewhere postgresqlNN-contrib), or use the "
+                          "embedded server.") from None
+    except psycopg.errors.ObjectNotInPrerequisiteState as exc:
+        raise LabkitError(f"The server refused a logical slot: {str(exc).strip()}.",
+                          "set wal_level = logical (ALTER SYSTEM) and restart the server.") from None
+    except psycopg.errors.ConfigurationLimitExceeded as exc:
+        raise LabkitError(f"The server has no free replication slot: {str(exc).strip()}.",
+                          "drop a slot nobody reads any more (SELECT slot_name, active FROM "
+                          "pg_replication_slots), or raise max_replication_slots and restart.") from None
+
+
+def _create_slot(lab: Lab, name: str | None = None, how: str = "create_slot") -> str:
+    """Create the lab's slot (or the slot ``name``, with cdc.sql's query ``how``); returns
+    the LSN its stream starts at."""
+    name = name or slot_name(lab)
+    with lab.connect(role="cdc-slot", guards=Guards(statement_timeout=f"{SLOT_WAIT_S}s")) as c, \
+            slot_errors(lab):
+        return c.execute(_q(how), {"slot": name}).fetchone()[0]
 
 
 @contextmanager
@@ -388,20 +409,24 @@ class _Producers:
             c.close()
 
 
-def _unrelated_wal(lab: Lab, nbytes: int) -> int:
-    """Write at least ``nbytes`` of WAL into a table that is not the outbox; returns the
-    bytes of WAL the server wrote meanwhile."""
+def unrelated_table(lab: Lab) -> None:
+    """The lab's table that is not the outbox, made afresh (empty)."""
     for stmt in query(SQL, "unrelated_table").statements:
         lab.execute(stmt)
+
+
+def unrelated_wal(lab: Lab, nbytes: int) -> int:
+    """Write at least ``nbytes`` of WAL into the table that is not the outbox (made by
+    :func:`unrelated_table`); returns the bytes of WAL the server wrote meanwhile."""
     start = lab.execute(_q("current_lsn"))[0][0]
-    rows, written = 2000, 0
+    rows, written = min(2000, max(200, nbytes // 400)), 0
     for _ in range(100):
         if written >= nbytes:
             break
         lab.execute(_q("unrelated_rows"), {"n": rows})
         before, written = written, lab.execute(_q("wal_since"), {"lsn": start})[0][0]
         per_row = max(1.0, (written - before) / rows)
-        rows = int(min(50_000, max(500, math.ceil((nbytes - written) / per_row * 1.05))))
+        rows = int(min(50_000, max(200, math.ceil((nbytes - written) / per_row * 1.05))))
     return int(written)
 
 
@@ -455,18 +480,27 @@ def _slot_state(lab: Lab, slot: str) -> dict:
     return dict(zip(keys, row))
 
 
-def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str, tries: int = 3) -> tuple[dict, int]:
+def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str,
+                   wait_s: float = LET_GO_S) -> tuple[dict, int]:
     """After the consumer confirmed: move the slot's restart_lsn past ``past``.  Decoding
     moves restart_lsn only at a record of the running transactions that it has read and the
     consumer has confirmed; the background writer logs one every 15 s when the server is
     busy.  Here one is logged at once (PostgreSQL 16+: pg_log_standby_snapshot, flushed by a
-    heartbeat's commit; before: CHECKPOINT) and confirmed.  Returns the slot's state and how
-    many rounds it took."""
+    heartbeat's commit; before: CHECKPOINT) and confirmed.  A transaction of another session
+    that was running at that record holds restart_lsn before its start: the round is
+    repeated (three times at once, then every 50 ms for up to ``wait_s`` seconds) until such
+    transactions have ended.  Returns the slot's state and how many rounds it took."""
     version = consumer.conn.info.server_version
-    for n in range(1, tries + 1):
+    deadline = time.monotonic() + wait_s
+    n = 0
+    while True:
         state = _slot_state(lab, slot)
         if lab.execute(_q("lsn_reached"), {"a": state["restart_lsn"], "b": past})[0][0]:
-            return state, n - 1
+            return state, n
+        if n >= 3:
+            if time.monotonic() > deadline:
+                return state, n
+            time.sleep(0.05)
         try:
             if version >= 160000:
                 upto = consumer.conn.execute(_q("log_running_xacts")).fetchone()[0]
@@ -475,11 +509,11 @@ def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str, tries: in
                 consumer.conn.execute("CHECKPOINT")
                 upto = consumer.conn.execute(_q("current_lsn")).fetchone()[0]
         except psycopg.errors.InsufficientPrivilege:
-            return state, n - 1
+            return state, n
         if consumer.read():                       # nothing of ours may be skipped by the confirm
-            return state, n - 1
+            return state, n
         consumer.confirm(upto)
-    return _slot_state(lab, slot), tries
+        n += 1
 
 
 def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
@@ -492,8 +526,11 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
        commit in the reverse of their id order; a poller's query after the first commit of
        the first round shows what an id watermark would skip.  The consumer peeks, publishes
        to the broker (the lab's own when ``broker`` is None), confirms.
+       While it is up, rows worth half of ``down_bytes`` go into another table in two parts,
+       the consumer confirming after each (as a CDC tool's heartbeat does).
     2. The consumer is down: ``down_events`` more events (default ``events``) and
-       ``down_bytes`` of unrelated WAL (rows in another table); the slot's retained WAL grows.
+       ``down_bytes`` of unrelated WAL (rows in another table, in four parts); the slot's
+       retained WAL grows.
     3. The consumer reads and confirms: the retained WAL falls.
     4. Two consumers read one slot in turns: each gets part of the stream.
     5. The polling relay over the same rows, for comparison: its scans and UPDATEs.
@@ -505,7 +542,10 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
     ``consumer_outbox_scans`` / ``consumer_rows_updated`` / ``rows_marked_published``,
     ``wal_retained_bytes_before_down`` / ``_after_read``, ``wal_released_bytes_after_read``
     (how far the slot's restart_lsn moved once the consumer was back),
-    ``consumer_behind_bytes_while_down``, ``unrelated_wal_bytes``, ``restart_lsn_nudges``,
+    ``consumer_behind_bytes_while_down``, ``unrelated_wal_bytes`` (written while it was down),
+    ``reading_wal_bytes`` (written while it read), ``retained_series`` (the slot's retained
+    WAL after each step: ``phase`` reading/down/back, ``step``, ``written_bytes`` since the
+    run began, ``retained_bytes``; :func:`plot_retained` draws it), ``restart_lsn_nudges``,
     ``wal_status_while_down``, ``safe_wal_size_while_down``, ``guards``,
     ``two_consumers_one_slot``, ``relay``, ``slot``, ``slot_left`` (False: dropped), ``seconds``."""
     down_events = events if down_events is None else down_events
@@ -526,12 +566,33 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
     return result
 
 
+class _Series:
+    """The slot's retained WAL sampled through the run: one point per step, with the WAL
+    the server has written since the run began (the x of :func:`plot_retained`)."""
+
+    def __init__(self, lab: Lab, slot: str):
+        self.lab, self.slot = lab, slot
+        self.start = lab.execute(_q("current_lsn"))[0][0]
+        self.points: list[dict] = []
+
+    def sample(self, phase: str, step: str, state: dict | None = None) -> dict:
+        state = state or _slot_state(self.lab, self.slot)
+        written = self.lab.execute(_q("wal_between"), {"before": self.start,
+                                                       "after": state["current_lsn"]})[0][0]
+        self.points.append({"phase": phase, "step": step, "written_bytes": int(written),
+                            "retained_bytes": int(state["retained_bytes"])})
+        return state
+
+
 def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_bytes: int,
            producers: int) -> dict:
     prod = _Producers(lab, producers)
     consumer = Consumer(lab, slot)
+    series = _Series(lab, slot)
+    chunk = down_bytes // DOWN_CHUNKS
     try:
         # 1. interleaved producers; a poller's view after the first commit
+        series.sample("reading", "slot created")
         seen: list[int] = []
         prod.write(events, lambda: seen.extend(r[0] for r in _outbox_read(lab, _q("committed_ids"),
                                                                           {"after": 0})))
@@ -541,22 +602,39 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
         # (id > watermark) does not return them, and no later one will
         skipped = sorted(i for i, _ in prod.committed[:events]
                          if i < watermark and i not in seen and i not in later)
+        series.sample("reading", f"{events} events written")
         before = _activity(lab)
         txns = consumer.deliver(bk)
         first_round = [line for t in txns[:producers] for line in t.lines]
+        series.sample("reading", "read and confirmed")
+        # while the consumer is up, other tables are written too; it confirms as it goes
+        # (a heartbeat, as CDC tools send one, lets the slot move past WAL it has no use for)
+        unrelated_table(lab)
+        reading_wal = 0
+        for _ in range(READING_CHUNKS if chunk else 0):
+            reading_wal += unrelated_wal(lab, chunk)
+            series.sample("reading", "another table written")
+            state, _n = _let_go_of_wal(lab, consumer, slot, lab.execute(_q("current_lsn"))[0][0])
+            series.sample("reading", "confirmed", state)
         before_down = _slot_state(lab, slot)
 
         # 2. the consumer is down
         prod.write(down_events)
-        unrelated = _unrelated_wal(lab, down_bytes) if down_bytes else 0
+        series.sample("down", f"{down_events} events written")
+        unrelated = 0
+        for _ in range(DOWN_CHUNKS if chunk else 0):
+            unrelated += unrelated_wal(lab, chunk)
+            series.sample("down", "another table written")
         down = _slot_state(lab, slot)
         past = down["current_lsn"]
 
         # 3. the consumer is back
         txns += consumer.deliver(bk)
+        series.sample("back", "read and confirmed")
         _flush_stats(consumer.conn)
         scans, updated = _delta(_activity(lab), before)
         after, nudges = _let_go_of_wal(lab, consumer, slot, past)
+        series.sample("back", "slot let go", after)
         marked = _outbox_read(lab, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")[0][0]
         delivered = bk.take_all()
 
@@ -597,6 +675,8 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
         "wal_retained_bytes_before_down": int(before_down["retained_bytes"]),
         "consumer_behind_bytes_while_down": int(down["behind_bytes"]),
         "unrelated_wal_bytes": unrelated,
+        "reading_wal_bytes": reading_wal,
+        "retained_series": series.points,
         "wal_retained_bytes_after_read": int(after["retained_bytes"]),
         # how far restart_lsn moved between "down" and "after read": unlike the retained bytes
         # after the read, not inflated by WAL other sessions write while the consumer reads
@@ -718,6 +798,90 @@ def subscription_streaming_default(lab: Lab) -> str | None:
             return None
         finally:
             conn.rollback()
+
+
+# -- the picture: what the slot keeps ---------------------------------------------------------------
+
+PHASES = {"reading": "consumer reading, confirming as it goes", "down": "consumer down",
+          "back": "consumer back: read and confirmed"}
+
+
+def plot_retained(r: dict, ax=None):
+    """The slot's retained WAL through :func:`cdc_trace`'s run (``r["retained_series"]``), on
+    linear axes: across, the WAL the server wrote since the run began; up, the WAL the slot
+    keeps (``pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)``).  The background says what
+    the consumer was doing.  ``ax``: the axes to draw on (None: a new figure).  Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    from ..core.plots import PALETTE, legend_below, setup_matplotlib
+
+    series = r.get("retained_series") if isinstance(r, dict) else None
+    if not series or not all(isinstance(p, dict) and p.get("phase") in PHASES for p in series):
+        raise LabkitError("That is not a result of cdc.cdc_trace with its retained_series.",
+                          "pass what cdc.cdc_trace(lab) returned.")
+    setup_matplotlib()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(11, 5.6))
+    else:
+        fig = ax.figure
+    mb = 1024 * 1024
+    x = [p["written_bytes"] / mb for p in series]
+    y = [p["retained_bytes"] / mb for p in series]
+    last_reading = max(i for i, p in enumerate(series) if p["phase"] == "reading")
+    ax.axvspan(0, x[last_reading], color=PALETTE[3], alpha=0.15, lw=0, label=PHASES["reading"])
+    ax.axvspan(x[last_reading], max(x), color=PALETTE[1], alpha=0.2, lw=0, label=PHASES["down"])
+    ax.plot(x, y, marker="o", ms=7, lw=3, color=PALETTE[0],
+            label="WAL the slot keeps (pg_replication_slots)")
+    back = [i for i, p in enumerate(series) if p["phase"] == "back"]
+    if back:
+        end, low = x[back[-1]], 0.3 * max(y)
+        ax.annotate("back: it reads and confirms,\nthe slot lets go", xy=(end, low),
+                    xytext=(end - 0.05 * max(x), low), ha="right", va="center",
+                    arrowprops={"arrowstyle": "->", "color": PALETTE[7], "lw": 2})
+    ax.set_xlim(0, max(x) * 1.02)
+    ax.set_ylim(0, max(max(y) * 1.1, 0.1))
+    ax.set_xlabel("WAL the server wrote since the run began (MB)")
+    ax.set_ylabel("WAL the slot keeps (MB)")
+    ax.set_title("A slot keeps every byte written since its consumer last confirmed")
+    legend_below(fig, ax, ncol=2)
+    return fig
+
+
+# -- failover: a logical slot lives on one server ---------------------------------------------------
+
+FAILOVER_FROM = 170000
+
+
+def failover_slot(lab: Lab) -> dict:
+    """PostgreSQL 17 and later: create a logical slot with ``failover => true`` (one a
+    standby running ``sync_replication_slots`` would copy), read its ``failover`` and
+    ``synced`` columns and the two settings slot synchronization uses, and drop it.
+    Before 17 nothing is created: ``ran`` is False.
+
+    Returns ``server_version_num``, ``ran``, and when it ran ``slot``, ``failover``,
+    ``synced``, ``temporary``, ``sync_replication_slots`` (read on a standby),
+    ``synchronized_standby_slots`` (read on the primary), ``in_recovery`` and
+    ``slot_left`` (False: dropped)."""
+    version = lab.admin.info.server_version
+    out: dict[str, Any] = {"server_version_num": version, "ran": False}
+    if version < FAILOVER_FROM:
+        return out
+    check_available(lab)
+    name = slot_name(lab)[:59] + "_fo"
+    try:
+        lab.execute(_q("drop_slot_if_there"), {"slot": name})     # a killed run's, if any
+        _create_slot(lab, name, "create_failover_slot")
+        slot, failover, synced, temporary = lab.execute(_q("failover_state"), {"slot": name})[0]
+        sync, standby_slots, recovery = lab.execute(_q("failover_settings"))[0]
+    finally:
+        lab.execute(_q("drop_slot_if_there"), {"slot": name})
+    left = lab.execute(_q("slot_holder"), {"slot": name}) != []
+    out.update({"ran": True, "slot": slot, "failover": failover, "synced": synced,
+                "temporary": temporary, "sync_replication_slots": sync,
+                "synchronized_standby_slots": standby_slots, "in_recovery": recovery,
+                "slot_left": left})
+    return out
 
 
 # -- command line: labkit trace cdc ------------------------------------------------------------------

@@ -241,3 +241,60 @@ CREATE SUBSCRIPTION {name} CONNECTION 'dbname=labkit_none' PUBLICATION labkit_no
 -- (pg_subscription.substream: f off, t on, p parallel; a boolean before PostgreSQL 16).
 SELECT substream::text FROM pg_subscription WHERE subname = %(name)s;
 
+
+-- name: drop_slot_if_there
+-- Drop the slot %(slot)s if it exists and nobody uses it (a slot in use is left alone).
+SELECT pg_drop_replication_slot(slot_name)
+  FROM pg_replication_slots
+ WHERE slot_name = %(slot)s AND NOT active;
+
+-- name: create_failover_slot
+-- PostgreSQL 17 and later: a logical slot enabled to be synced to the standbys
+-- (failover => true), so that its consumer can go on reading from a promoted standby. A
+-- standby copies it only if it runs sync_replication_slots = on (with primary_slot_name,
+-- hot_standby_feedback = on and a dbname in primary_conninfo).
+SELECT lsn::text
+  FROM pg_create_logical_replication_slot(%(slot)s, 'test_decoding', failover => true);
+
+-- name: failover_state
+-- The slot as pg_replication_slots shows it: failover (this slot is to be copied to the
+-- standbys) and synced (this slot IS such a copy: true only on a standby, or on a standby
+-- that was promoted).
+SELECT slot_name::text, failover, synced, temporary
+  FROM pg_replication_slots
+ WHERE slot_name = %(slot)s;
+
+-- name: failover_settings
+-- The two settings of slot synchronization: sync_replication_slots (read on a standby: copy
+-- the primary's failover slots) and synchronized_standby_slots (read on the primary: the
+-- standbys' physical slots that must have the WAL before a failover slot's consumer gets
+-- it); and whether this server is a standby.
+SELECT current_setting('sync_replication_slots'),
+       current_setting('synchronized_standby_slots'),
+       pg_is_in_recovery();
+
+-- The alert exercise (labkit.tools.exercises.cdc): the checker's scene and its own measure.
+
+-- name: alert_pin
+-- A transaction that holds a transaction id (it writes a row) and stays open while the
+-- lagging consumer confirms: decoding may not move the slot's restart_lsn past its start.
+INSERT INTO unrelated (pad) VALUES ('held open');
+
+-- name: alert_create_temporary
+-- A temporary logical slot: it belongs to the session that creates it (active, with that
+-- session's pid) and is dropped when the session ends.
+SELECT lsn::text
+  FROM pg_create_logical_replication_slot(%(slot)s, 'test_decoding', true);
+
+-- name: alert_truth
+-- The checker's own measure of each of its slots: whether a session holds it, and the WAL
+-- from its restart_lsn (what it keeps) and from its confirmed_flush_lsn (how far its consumer
+-- is behind) to the WAL written so far (pg_current_wal_lsn) and inserted so far
+-- (pg_current_wal_insert_lsn, at or past it): a lower and an upper bound.
+SELECT slot_name::text, active,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), restart_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+       pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint
+  FROM pg_replication_slots
+ WHERE slot_name = ANY(%(slots)s);

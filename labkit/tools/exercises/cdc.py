@@ -1,0 +1,244 @@
+"""Notebook 14's exercise the server checks: the alert on replication slots.
+
+The learner writes the query an alert runs: for each replication slot, its name, whether a
+consumer is connected, and the WAL it keeps, in bytes.  :func:`check_slot_alert` builds a
+scene on the server with two logical slots of its own and runs the query there:
+
+* the **lagging** slot, which nobody reads: its consumer confirmed everything up to a
+  moment when a transaction was still open, so its ``restart_lsn`` (where the WAL it keeps
+  begins) stayed behind its ``confirmed_flush_lsn`` (how far the consumer confirmed); at
+  least :data:`LAG_BYTES` lie between them;
+* the **connected** slot, a temporary slot a session of the checker holds (``active``).
+
+Then it measures the truth itself (``pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)``
+just before the query, and from the WAL inserted just after it: anything written in
+between, by anyone, is allowed for) and compares.  Both slots are dropped however the check
+ends: a forgotten slot fills the disk of a shared server.  It needs a server that can
+decode (wal_level = logical, as the embedded server runs); elsewhere it raises the
+LabkitError that says why and what to do.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from numbers import Real
+
+from ...core.db import Guards
+from ...core.errors import LabkitError
+from ...core.lab import Lab
+from ...core.queries import query as named_query
+from ...labs import cdc
+from . import Check, Solo, bind, scratch
+
+SQL = "cdc.sql"
+LAG_BYTES = 1024 * 1024          # WAL the lagging slot keeps past what its consumer confirmed
+CONNECTED_BYTES = 128 * 1024     # WAL written after both slots exist
+SLACK_BYTES = 16 * 1024          # a reading of the WAL written a moment earlier (flushed, say)
+
+ALERT_HINT = ("Read pg_replication_slots: slot_name, active, and pg_wal_lsn_diff("
+              "pg_current_wal_lsn(), restart_lsn) in bytes. The WAL a slot keeps begins at its "
+              "restart_lsn; confirmed_flush_lsn is only how far its consumer confirmed. Leave "
+              "pg_size_pretty to whoever reads the alert.")
+
+# pg_size_pretty's output: a whole number and a unit (bytes below 10 kB, then kB below 10 MB ...)
+_PRETTY = re.compile(r"^\s*(-?\d+)\s*(bytes|kB|MB|GB|TB|PB)\s*$")
+_UNIT = {"bytes": 1, "kB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "TB": 1024 ** 4, "PB": 1024 ** 5}
+
+
+def _q(name: str) -> str:
+    return named_query(SQL, name).sql
+
+
+def slot_names(lab: Lab) -> tuple[str, str]:
+    """The checker's two slots for ``lab``: (the lagging one, the connected one).  Named after
+    the lab, so that a run killed half-way leaves a slot the next run drops first."""
+    return f"{lab.schema}_alert_lagging", f"{lab.schema}_alert_connected"
+
+
+def _pretty_bytes(text: str) -> tuple[int, int] | None:
+    """The range of byte counts a pg_size_pretty text stands for, or None if it is not one."""
+    m = _PRETTY.match(text)
+    if not m:
+        return None
+    unit = _UNIT[m.group(2)]
+    value = int(m.group(1)) * unit
+    return value - unit // 2, value + unit // 2
+
+
+def _as_range(value) -> tuple[int, int] | None:
+    """The byte counts a cell of the WAL column stands for: a number, or pg_size_pretty's text."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, Decimal)) or isinstance(value, Real):
+        return int(value), int(value)
+    if isinstance(value, str):
+        return _pretty_bytes(value)
+    return None
+
+
+def _confirm_all(conn, slot: str) -> None:
+    """The lagging consumer confirms everything written so far: a record of the running
+    transactions is written (decoding moves restart_lsn only at one) and flushed, then the
+    slot is advanced to the current WAL position."""
+    import psycopg
+
+    try:
+        if conn.info.server_version >= 160000:
+            conn.execute(named_query(SQL, "log_running_xacts").sql)
+            conn.execute(named_query(SQL, "heartbeat").sql)
+        else:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        raise LabkitError("The checker may not write a record of the running transactions "
+                          "(pg_log_standby_snapshot, or CHECKPOINT before PostgreSQL 16), which "
+                          "its scene needs.",
+                          "run the check as a superuser, or on the embedded server.") from None
+    upto = conn.execute(_q("current_lsn")).fetchone()[0]
+    conn.execute(_q("confirm"), {"slot": slot, "upto": upto})
+
+
+def _truth(lab: Lab, slots: tuple[str, str]) -> dict[str, tuple]:
+    """{slot: (active, kept_low, kept_high, behind_low, behind_high)} read now."""
+    return {r[0]: r[1:] for r in lab.execute(_q("alert_truth"), {"slots": list(slots)})}
+
+
+def check_slot_alert(lab: Lab, query: str) -> Check:
+    """Run the learner's alert ``query`` (no parameters) over two slots of the checker's
+    own, one lagging and nobody's, one held by a session.  It passes when the query returns
+    three columns, every slot once: its name, whether a consumer is connected (a boolean),
+    and the WAL it keeps in bytes (a number within what the server kept before and after the
+    query ran).  Both slots are dropped however the check ends."""
+    import psycopg
+
+    text = bind(lab, query, {})
+    cdc.check_available(lab)
+    lagging, connected = slot_names(lab)
+    check = Check("an alert on replication slots: one a session reads, one nobody reads",
+                  hint=ALERT_HINT)
+    for name in (lagging, connected):
+        lab.execute(_q("drop_slot_if_there"), {"slot": name})      # a killed run's, if any
+    s = scratch(lab)
+    wait = Guards(statement_timeout=f"{cdc.SLOT_WAIT_S}s")
+    opened: list[psycopg.Connection] = []
+    try:
+        cdc.unrelated_table(s)
+        consumer = s.connect(role="alert-lagging", guards=wait)
+        holder = s.connect(role="alert-reading", guards=wait)
+        pin = s.connect(role="alert-pin", autocommit=False)
+        opened += [consumer, holder, pin]
+        with cdc.slot_errors(s):
+            consumer.execute(_q("create_slot"), {"slot": lagging})
+        # a transaction stays open while the lagging consumer confirms everything
+        pin.execute(_q("alert_pin"))
+        cdc.unrelated_wal(s, LAG_BYTES)
+        _confirm_all(consumer, lagging)
+        pin.commit()
+        with cdc.slot_errors(s):
+            holder.execute(_q("alert_create_temporary"), {"slot": connected})
+        cdc.unrelated_wal(s, CONNECTED_BYTES)
+        before = _truth(s, (lagging, connected))
+        if (set(before) != {lagging, connected} or before[lagging][1] < LAG_BYTES
+                or before[lagging][3] >= LAG_BYTES):
+            raise LabkitError("The checker could not build its scene: its lagging slot does not "
+                              "keep more WAL than its consumer confirmed.",
+                              "run the cell again; if it fails again, run `labkit doctor`.")
+        with Solo(s, role="alert") as conn:
+            try:
+                cur = conn.execute(text)
+                rows = cur.fetchall() if cur.description else []
+                width = len(cur.description or [])
+            except Exception as exc:  # noqa: BLE001 - the learner's SQL may fail in any way
+                check.add(False, f"the query failed: {type(exc).__name__}: "
+                                 f"{str(exc).strip().splitlines()[0]}")
+                return check
+        after = _truth(s, (lagging, connected))
+        _judge(check, rows, width, lagging, connected, before, after)
+        return check
+    finally:
+        for conn in opened:                    # the temporary slot goes with its session
+            conn.close()
+        try:
+            for name in (lagging, connected):
+                lab.execute(_q("drop_slot_if_there"), {"slot": name})
+        finally:
+            s.drop()
+
+
+def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected: str,
+           before: dict, after: dict) -> None:
+    if width != 3:
+        check.add(False, f"it returns {width} column(s); the alert needs three: the slot's name, "
+                         "whether a consumer is connected, and the WAL it keeps in bytes")
+        return
+    ours = {lagging, connected}
+    name_col = next((c for c in range(3) if any(isinstance(r[c], str) and r[c] in ours
+                                                 for r in rows)), None)
+    if name_col is None:
+        check.add(False, "neither of the checker's two slots is in the result: an alert lists "
+                         "every slot, by its name (slot_name)")
+        return
+    seen = {name: [r for r in rows if r[name_col] == name] for name in (lagging, connected)}
+    missing = [what for name, what in ((lagging, "the one nobody reads"),
+                                       (connected, "the one a session reads")) if not seen[name]]
+    twice = [name for name in seen if len(seen[name]) > 1]
+    check.add(not missing and not twice,
+              "every slot is listed once, by its name" if not missing and not twice else
+              f"a slot is missing ({', '.join(missing)}): an alert lists every slot, and a "
+              "WHERE clause hid it" if missing else
+              "a slot is listed more than once: one row per slot")
+    row = {name: found[0] for name, found in seen.items() if found}
+    others = [c for c in range(3) if c != name_col]
+    flags = [c for c in others if all(isinstance(r[c], bool) for r in row.values())]
+    if len(flags) != 1:
+        check.add(False, "no column says true or false whether a consumer is connected "
+                         "(pg_replication_slots.active)")
+        return
+    flag = flags[0]
+    says = {name: r[flag] for name, r in row.items()}
+    right = (says.get(lagging, False) is False) and (says.get(connected, True) is True)
+    check.add(right, "the connected column is true for the slot a session reads and false for "
+                     "the one nobody reads" if right else
+              "the connected column is wrong: it should be true for the slot a session reads and "
+              "false for the one nobody reads (active)")
+    wal = next(c for c in others if c != flag)
+    cells = {name: r[wal] for name, r in row.items()}
+    texts = [v for v in cells.values() if isinstance(v, str)]
+    if texts:
+        check.add(False, "the WAL column is text, as pg_size_pretty gives: an alert compares "
+                         "numbers, and as text '9 MB' sorts above '10 GB'. Keep the bytes")
+    elif not all(isinstance(v, Real) or isinstance(v, Decimal) for v in cells.values()):
+        check.add(False, "the WAL column is not a number of bytes (NULL, or not a number)")
+        return
+    _judge_bytes(check, cells, lagging, connected, before, after)
+
+
+def _judge_bytes(check: Check, cells: dict, lagging: str, connected: str, before: dict,
+                 after: dict) -> None:
+    def within(value, low: int, high: int) -> bool:
+        span = _as_range(value)
+        return span is not None and span[1] >= low - SLACK_BYTES and span[0] <= high
+
+    kept = {name: (before[name][1], after[name][2]) for name in cells}
+    behind = {name: (before[name][3], after[name][4]) for name in cells}
+    wrong = []
+    for name, value in cells.items():
+        if within(value, *kept[name]):
+            continue
+        who = "nobody reads" if name == lagging else "a session reads"
+        if name == lagging and within(value, *behind[name]):
+            wrong.append(f"for the slot nobody reads it gives how far its consumer is behind "
+                         f"(from confirmed_flush_lsn), under {LAG_BYTES // (1024 * 1024)} MB; the "
+                         f"slot keeps more than {LAG_BYTES // (1024 * 1024)} MB, from its "
+                         "restart_lsn, which a transaction open at the confirm held back")
+        elif _as_range(value) is None:
+            wrong.append(f"for the slot {who} it gives no number of bytes ({value!r})")
+        else:
+            low, high = kept[name]
+            wrong.append(f"for the slot {who} it gives {value} bytes; the slot kept from "
+                         f"{low:,} to {high:,} bytes while the query ran")
+    if not wrong:
+        check.add(True, "for each slot it gives the WAL the slot keeps (from its restart_lsn), "
+                        "as the checker measured it before and after the query")
+    for text in wrong:
+        check.add(False, text)
