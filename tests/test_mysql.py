@@ -202,6 +202,86 @@ def test_under_repeatable_read_finishing_one_job_waits_for_the_worker_of_another
     assert not rc.waited and rc.results[-1].command == "UPDATE 1"
 
 
+@pytest.mark.needs_mysql
+def test_probes_find_next_key_locks_under_repeatable_read_and_record_locks_under_read_committed(mylab):
+    rr = engines.probe_locks(mylab, "REPEATABLE READ")
+    rc = engines.probe_locks(mylab, "READ COMMITTED")
+    assert rr.attrs["claims"] == rc.attrs["claims"] == {"A": 1, "B": 2}
+    # in index order: a gap, then each entry followed by the gap in front of the next one
+    assert list(rr["place"]) == ["before job 1", "job 1", "jobs 1-2", "job 2", "jobs 2-5", "job 5",
+                                 "jobs 5-9", "job 9", "after job 9"]
+    assert list(rr["kind"]) == ["gap", "entry"] * 4 + ["gap"]
+    # each claim's entry and the gap in front of it (a next-key lock); nothing past them
+    assert list(rr["waits_for"]) == ["A", "A", "B", "B", "", "", "", "", ""]
+    assert list(rc["waits_for"]) == ["", "A", "", "B", "", "", "", "", ""]
+    gaps = rr[(rr["kind"] == "gap") & (rr["waits_for"] != "")]
+    assert all("X,GAP" in lock and "job_pending" in lock for lock in gaps["lock"])
+    assert list(rr.loc[rr["kind"] == "entry", "claimed_by"]) == ["A", "B", "", ""]
+    # every probe was rolled back: the table is as make_jobs left it
+    assert mylab.execute("SELECT id, status FROM job ORDER BY id") == [
+        (1, "PENDING"), (2, "PENDING"), (5, "PENDING"), (9, "PENDING")]
+    with pytest.raises(Exception, match="not one of the levels"):
+        engines.probe_locks(mylab, "SERIALIZABLE")
+
+
+@pytest.mark.needs_mysql
+def test_the_lock_map_is_drawn_from_a_real_run_and_fits_a_slide(mylab):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.patches import Rectangle
+
+    from labkit.core.plots import PALETTE, setup_matplotlib
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+    from test_figures import figure_png, png_size
+
+    setup_matplotlib()
+    maps = {level: engines.probe_locks(mylab, level) for level in engines.LEVELS}
+    fig = engines.plot_locks(maps)
+    boxes = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    assert len(boxes) == sum(len(df) for df in maps.values())
+    colour = {"A": PALETTE[0], "B": PALETTE[1], "": "white"}
+    drawn = [matplotlib.colors.to_hex(b.get_facecolor()) for b in boxes]
+    probed = [matplotlib.colors.to_hex(colour[w]) for df in maps.values() for w in df["waits_for"]]
+    assert drawn == probed                       # each box is its probe's outcome
+    words = [t.get_text() for t in fig.axes[0].texts]
+    assert "A: next-key lock" in words and "A: record lock" in words
+    assert sum("waits for" in w for w in words) == 2          # the two inserts that waited
+    width, height = png_size(figure_png(fig))
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
+    with pytest.raises(Exception, match="at least one probed level"):
+        engines.plot_locks({})
+
+
+@pytest.mark.needs_mysql
+def test_the_side_by_side_chart_shows_jobs_per_second_beside_efficiency(mylab):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import labkit as lk
+    from labkit.core.plots import setup_matplotlib
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+    from test_figures import figure_png, png_size
+
+    setup_matplotlib()
+    pg = lk.lab("pytest_mysql_side", quiet=True)
+    try:
+        side = engines.convoy_side_by_side(pg, mylab, workers=(1, 4), policies=("wait", "skip"),
+                                           job_ms=20, seconds=0.3)
+    finally:
+        pg.drop()
+    fig = engines.plot_side_by_side(side)
+    top, bottom = fig.axes[:3], fig.axes[3:]
+    assert len(fig.axes) == 6 and all(ax.get_yscale() == "log" for ax in top)
+    for ax, name in zip(top, side["engine"].unique()):
+        part = side[side["engine"] == name]
+        skip = [line for line in ax.get_lines() if line.get_label() == "SKIP LOCKED, this run"][0]
+        assert list(skip.get_ydata()) == list(part[part["policy"] == "skip"]["jobs_per_s"])
+    assert all(ax.get_yscale() == "linear" for ax in bottom)
+    width, height = png_size(figure_png(fig))
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
+
+
 # -- the convoy, the specs, the server going away ---------------------------------------------
 
 @pytest.mark.needs_mysql

@@ -5,10 +5,15 @@ The scenes script :class:`~labkit.core.mysessions.MySessions` on a lab database
 
 * :func:`gap_scene` -- two SKIP LOCKED claims and a producer adding a job, with or without
   the claim's index, under REPEATABLE READ or READ COMMITTED;
+* :func:`probe_locks` -- the same two claims, then one probe per index entry and per gap
+  of the claim's index, each a real statement with a one-second lock wait: which of them
+  wait, and for whom, is the claims' lock set as the server enforces it;
+  :func:`plot_locks` draws it;
 * :func:`finish_scene` -- two workers holding different jobs, one finishing first;
 * :func:`convoy_side_by_side` -- the convoy sweep on PostgreSQL and on the MySQL-compatible
   server under both isolation levels, in one run, as one table; :func:`convoy_point` -- one
-  of its points measured again (a timed shape's second look).
+  of its points measured again (a timed shape's second look); :func:`plot_side_by_side`
+  draws its jobs per second beside its efficiency.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LabkitError
+from ..core.plots import PALETTE, plain_log_ticks
 from ..core.mysessions import MySessions
 from ..core.mysql import MyLab
 from ..core.queries import queries
@@ -23,6 +29,7 @@ from . import convoy
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
     from ..core.lab import Lab
 
@@ -63,6 +70,168 @@ def gap_scene(lab: MyLab, isolation: str, *, indexed: bool) -> dict[str, Any]:
     return {"a": a, "b": b, "insert": insert, "transcript": text}
 
 
+PROBE_WAIT_S = 1          # how long a probe waits for a lock before InnoDB gives up on it
+HOLDERS = ("A", "B")
+
+
+def _literal_sql(lab: MyLab, text: str, params: dict) -> str:
+    """``text`` with ``params`` written in as the server's literals (a scripted step takes
+    no parameters)."""
+    return lab.admin.raw.cursor().mogrify(text, params)
+
+
+def _probes(lab: MyLab) -> list[dict[str, Any]]:
+    """One probe per entry of the claim's index and per gap around them, in key order,
+    from the rows the table holds now: the entry's own locking read, or an insert whose
+    entry sorts into the gap."""
+    from datetime import timedelta
+
+    entries = lab.execute(queries(SQL)["index_entries"].sql)
+    if not entries:
+        raise LabkitError("The job table is empty: there is no index entry to probe.",
+                          "call engines.make_jobs(lab) first (probe_locks does).")
+    new_id = max(row[0] for row in entries) + 1
+    probes: list[dict[str, Any]] = []
+
+    def gap(place: str, status: str, created_at, what: str) -> None:
+        nonlocal new_id
+        params = {"id": new_id, "status": status, "created_at": created_at}
+        probes.append({"kind": "gap", "place": place, "probe": what,
+                       "sql": _literal_sql(lab, queries(SQL)["probe_gap"].sql, params)})
+        new_id += 1
+
+    first = entries[0]
+    # 'DONE' sorts before 'PENDING': the gap in front of the first entry is where a finished
+    # (or marked) job's new entry lands
+    gap(f"before job {first[0]}", "DONE", first[2], "insert a DONE row")
+    for k, (job, status, created_at) in enumerate(entries):
+        probes.append({"kind": "entry", "place": f"job {job}", "probe": f"lock job {job}'s entry",
+                       "sql": _literal_sql(lab, queries(SQL)["probe_entry"].sql,
+                                           {"status": status, "created_at": created_at})})
+        if k + 1 < len(entries):
+            later = entries[k + 1]
+            middle = created_at + (later[2] - created_at) / 2
+            gap(f"jobs {job}-{later[0]}", status, middle,
+                f"insert at {middle:%H:%M:%S}.{middle.microsecond // 100_000}")
+        else:
+            after = created_at + timedelta(seconds=1)
+            gap(f"after job {job}", status, after, f"insert at {after:%H:%M:%S}")
+    return probes
+
+
+def probe_locks(lab: MyLab, isolation: str) -> pd.DataFrame:
+    """What two SKIP LOCKED claims lock on the claim's index, asked of the server.
+
+    On jobs 1, 2, 5 and 9 (with the index), A and B claim under ``isolation`` and keep their
+    transactions open.  Then session P probes the index in key order: every entry with a
+    locking read of that entry alone, every gap with an insert whose entry sorts into it,
+    each probe in a transaction of its own, rolled back, with a lock wait of
+    ``PROBE_WAIT_S`` s.  A probe that waits shows a lock; the server names who holds it
+    (``INNODB_LOCK_WAITS``) and the lock the probe asked for.
+
+    One row per probe, in index order: ``place`` (an entry, ``job 1``, or a gap,
+    ``jobs 1-2``), ``kind`` (entry or gap), ``probe`` (what P ran), ``waits_for`` (A, B,
+    or empty), ``lock`` (the lock P asked for, in InnoDB's words), ``claimed_by`` (the
+    session whose claim returned that job, for an entry).  ``df.attrs`` holds ``claims``
+    ({session: job}) and ``isolation``."""
+    import pandas as pd
+
+    if isolation not in LEVELS:
+        raise LabkitError(f"isolation={isolation!r} is not one of the levels the appendix compares.",
+                          f"pass one of {', '.join(LEVELS)}.")
+    make_jobs(lab)
+    probes = _probes(lab)
+    rows = []
+    with MySessions(lab, *HOLDERS, "P", isolation=isolation, lock_wait_timeout_s=PROBE_WAIT_S) as run:
+        claims = {}
+        for name in HOLDERS:
+            run.step(name, "BEGIN")
+            got = run.step(name, CLAIM, label="claim").rows
+            claims[name] = got[0][0] if got else None
+        for probe in probes:
+            run.P("BEGIN")
+            step = run.P(probe["sql"], label=probe["probe"])
+            if step.waited:
+                run.wait("P")                  # its lock wait runs out: error 1205
+            run.P("ROLLBACK")
+            rows.append({"place": probe["place"], "kind": probe["kind"], "probe": probe["probe"],
+                         "waits_for": ", ".join(step.blocked_by) if step.waited else "",
+                         "lock": (step.wait_event or "") if step.waited else ""})
+        for name in HOLDERS:
+            run.step(name, "COMMIT")
+    df = pd.DataFrame(rows)
+    owner = {f"job {job}": name for name, job in claims.items() if job is not None}
+    df["claimed_by"] = [owner.get(place, "") for place in df["place"]]
+    df.attrs.update(claims=claims, isolation=isolation)
+    return df
+
+
+def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
+    """The claim's index in key order, one row per isolation level (``maps``: level ->
+    :func:`probe_locks`): each entry (a box) and each gap (a hatched slot in front of the
+    next entry) coloured by the session whose lock made its probe wait, white where the
+    probe went through.  Above a row, what each session holds: a *next-key* lock where its
+    entry and the gap in front of it both stopped a probe, a *record* lock where only the
+    entry did.  Below it, the inserts that waited."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    if not maps:
+        raise LabkitError("plot_locks needs at least one probed level.",
+                          "pass {level: engines.probe_locks(lab, level)} for one or more levels.")
+    colour = {name: PALETTE[k] for k, name in enumerate(HOLDERS)}
+    width = {"entry": 1.0, "gap": 0.7}
+    levels = list(maps)
+    step_y = 3.0                       # a row, its locks above and its waiting inserts below
+    fig, ax = plt.subplots(figsize=(12, 0.6 + 2.4 * len(levels)))
+    for row, level in enumerate(levels):
+        y = (len(levels) - 1 - row) * step_y
+        x = 0.0
+        probes = list(maps[level].itertuples())
+        spans = []                     # (x, width, holder, what) of each lock above the row
+        inserts: list[float] = []      # where an insert waited
+        for k, probe in enumerate(probes):
+            who = probe.waits_for.split(", ")[0] if probe.waits_for else ""
+            ax.add_patch(Rectangle((x, y - 0.35), width[probe.kind], 0.7,
+                                   facecolor=colour.get(who, "white"), edgecolor="0.25", lw=1.5,
+                                   hatch="//" if probe.kind == "gap" else None))
+            if probe.kind == "entry":
+                ax.text(x + 0.5, y, probe.place, ha="center", va="center",
+                        color="white" if who == HOLDERS[0] else "black")
+                if who:
+                    before = probes[k - 1] if k else None
+                    if before is not None and before.kind == "gap" and before.waits_for == probe.waits_for:
+                        spans.append((x - width["gap"], width["gap"] + 1.0, who, "next-key"))
+                    else:
+                        spans.append((x, 1.0, who, "record"))
+            elif who:                  # texts to the left and right in turn, so two never meet
+                side = len(inserts) % 2
+                inserts.append(x)
+                middle = x + width["gap"] / 2
+                ax.annotate(f"{probe.probe}:\nwaits for {who}", (middle, y - 0.4),
+                            xytext=(middle + (0.25 if side else -0.25), y - 1.0),
+                            ha="left" if side else "right", va="top",
+                            arrowprops={"arrowstyle": "->", "lw": 1.5})
+            x += width[probe.kind]
+        for left, span, who, what in spans:
+            ax.plot([left + 0.05, left + span - 0.05], [y + 0.5, y + 0.5], color=colour[who], lw=4,
+                    solid_capstyle="butt")
+            ax.text(left + span / 2, y + 0.6, f"{who}: {what} lock", ha="center", va="bottom")
+        ax.text(-0.15, y, level, ha="right", va="center")
+    ax.set_xlim(-0.1, x + 0.1)
+    ax.set_ylim(-2.0 if inserts else -0.5, (len(levels) - 1) * step_y + 1.1)
+    ax.set_axis_off()
+    ax.set_title("The claim's index (status, created_at), in key order:\n"
+                 "what each probe waited for")
+    claims = maps[levels[0]].attrs.get("claims", {})
+    handles = [Patch(facecolor=colour[name], edgecolor="0.25",
+                     label=f"{name}'s lock ({name} claimed job {claims.get(name)})") for name in HOLDERS]
+    handles += [Patch(facecolor="white", edgecolor="0.25", label="no lock: the probe went through"),
+                Patch(facecolor="white", edgecolor="0.25", hatch="//", label="a gap between entries")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
+    return fig
+
+
 def finish_scene(lab: MyLab, isolation: str) -> dict[str, Any]:
     """A and B each claim a job with SKIP LOCKED; B finishes first (its UPDATE moves job 2's
     entry in the index on status), then A commits.  Returns B's finishing step and the
@@ -99,6 +268,45 @@ def convoy_side_by_side(pg: Lab, my: MyLab, workers=(1, 4, 16), policies=("wait"
     finally:
         my.isolation = saved
     return pd.concat(parts, ignore_index=True)
+
+
+def plot_side_by_side(side: pd.DataFrame) -> Figure:
+    """:func:`convoy_side_by_side` drawn one engine per column: jobs per second on top (log,
+    with the models' lines), efficiency (measured over the model) below.  Efficiency alone
+    makes three policies that each reach their own model look alike; the row above shows
+    that SKIP LOCKED's model is N times the others'."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import LogLocator
+
+    if side is None or len(side) == 0 or "engine" not in side:
+        raise LabkitError("plot_side_by_side needs the table convoy_side_by_side returns.",
+                          "pass engines.convoy_side_by_side(pg, my, ...).")
+    names = list(side["engine"].unique())
+    fig, axes = plt.subplots(2, len(names), figsize=(12, 6.4), sharex=True, sharey="row",
+                             squeeze=False)
+    for col, name in enumerate(names):
+        part = side[side["engine"] == name]
+        top, bottom = axes[0][col], axes[1][col]
+        convoy.plot_throughput(part, ax=top, title=name.replace(", ", "\n"))
+        convoy.plot_efficiency(part, ax=bottom)
+        bottom.set_title("")
+        top.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        plain_log_ticks(top.yaxis)
+        for ax in (top, bottom):
+            if ax.get_legend():
+                ax.get_legend().remove()
+            ax.set_xlabel("")
+            ax.set_ylabel("")
+        bottom.set_xlabel("workers N")
+    axes[0][0].set_ylabel("jobs per second")
+    axes[1][0].set_ylabel("measured / model")
+    handles = [Line2D([], [], color=PALETTE[convoy.POLICY_COLOURS[p]], marker="o", lw=2,
+                      label=convoy.POLICY_NAMES[p]) for p in convoy.POLICIES if p in set(side["policy"])]
+    handles += [Line2D([], [], color="black", ls="--", lw=1.3, label="model: 1/d (top), 1 (below)"),
+                Line2D([], [], color="black", ls=":", lw=1.3, label="model N/d")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    return fig
 
 
 def convoy_point(lab: Lab | MyLab, policy: str, workers: int, *, isolation: str | None = None,

@@ -33,3 +33,18 @@ INSERT INTO job (id, status, created_at, payload) VALUES (%s, %s, %s, %s);
 
 -- name: empty
 TRUNCATE TABLE job;
+
+-- name: index_entries
+-- The claim's index in key order: (status, created_at), and the id every entry carries.
+SELECT id, status, created_at FROM job FORCE INDEX (job_pending) ORDER BY status, created_at, id;
+
+-- name: probe_entry
+-- A probe of one index entry: a locking read of that entry alone. It waits only if
+-- another transaction holds a lock on the entry itself.
+SELECT id FROM job FORCE INDEX (job_pending)
+ WHERE status = %(status)s AND created_at = %(created_at)s FOR UPDATE;
+
+-- name: probe_gap
+-- A probe of one gap: a new row whose index entry sorts into it. Before inserting, InnoDB
+-- asks for an insert intention lock on the gap, which waits for anyone's gap lock there.
+INSERT INTO job (id, status, created_at) VALUES (%(id)s, %(status)s, %(created_at)s);
