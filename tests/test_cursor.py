@@ -218,3 +218,44 @@ def test_an_interrupt_mid_script_leaves_no_session_and_no_lab(db, monkeypatch):
     with db.connect() as conn:
         assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None
     assert backends_gone(db, f"labkit:{schema}:%") == []
+
+
+def test_the_timeline_is_read_from_the_server_and_drawn(lab):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    high, safe = cg.cursor_gap(lab), cg.safe_cursor_gap(lab)
+    n, hw, sc = high["p1_event"], high["timeline"], safe["timeline"]
+    assert hw["order"] == sc["order"] == [1, 2, n, n + 1, n + 2, n + 3]
+    assert (hw["order_by"], sc["order_by"]) == ("id", "(xid, id)")
+    rows = {r["id"]: r for r in hw["rows"]}
+    # P1's row: inserted at step 2, committed at step 9 (its COMMIT), never published; the
+    # cursor moved from 2 to n + 3 at step 8, between the two
+    assert (rows[n]["inserted"], rows[n]["committed"], rows[n]["published"]) == (2, 9, None)
+    assert hw["cursor"] == [(0, cg.PRELOAD), (8, n + 3)]
+    assert [(p["step"], p["ids"]) for p in hw["polls"]] == [(6, [n + 1, n + 2, n + 3]), (10, [])]
+    assert all(rows[i]["inserted"] == rows[i]["committed"] < rows[i]["published"] == 7 for i in (n + 1, n + 2, n + 3))
+    # the safe cursor: its first read stops below P1's row (2 rows below the bound), the
+    # second, after P1's COMMIT, has all six below it and returns n...n+3
+    assert [(p["step"], p["ids"], p["below_bound"]) for p in sc["polls"]] == [
+        (6, [], 2), (9, [n, n + 1, n + 2, n + 3], 6), (12, [], 6)]
+    assert {r["id"]: r["published"] for r in sc["rows"]}[n] == 10
+    assert sc["cursor"] == [(0, cg.PRELOAD), (11, n + 3)]
+    assert not re.search(r"\d{4,}", json.dumps([hw, sc]))          # no transaction id in it
+    fig = cg.plot_cursors(high, safe)
+    left, right = fig.axes[:2]
+    lost = [line for line in left.get_lines() if line.get_label() == "committed, never published"]
+    assert len(lost) == 1 and set(lost[0].get_ydata()) == {hw["order"].index(n) + 1}
+    assert not [line for line in right.get_lines() if line.get_label() == "committed, never published"]
+    assert [t.get_text() for t in left.get_yticklabels()] == [f"id {i}" for i in hw["order"]]
+    assert any("oldest open writer" in line.get_label() for line in right.get_lines())
+    fig.canvas.draw()
+    width, height = fig.canvas.get_width_height()
+    assert width <= 1224 and height <= 664
+    plt.close(fig)
+    with pytest.raises(LabkitError, match="safe cursor's"):
+        cg.plot_cursors(safe, high)
+    with pytest.raises(LabkitError, match="timeline"):
+        cg.plot_cursors({}, safe)

@@ -31,7 +31,9 @@ it reproduces exactly), all on the outbox of ``relay.create_outbox``, in ``curso
   (:func:`open_writer_stall`).
 
 The broker is a table here (``published``): a scripted session sends only SQL.  Every number
-returned is read back from the server.  ``labkit trace cursor-gap`` prints
+returned is read back from the server, and so is each run's ``timeline`` (when each row was
+inserted, committed and published, where the cursor stood at each read), which
+:func:`plot_cursors` draws.  ``labkit trace cursor-gap`` prints
 :func:`cursor_gap_trace` (:func:`cursor_gap_command`).
 """
 
@@ -129,15 +131,22 @@ def _story(run: Sessions, notes: dict[int | str, str]) -> str:
 StepFn = Callable[[str, str], list[tuple]]      # (sql text, label) -> rows of the last result
 
 
+def place_parts(lab: Lab, order_id: int) -> tuple[str, str]:
+    """The seed's producer (outbox_produce.sql) for one order, as two texts a scripted session
+    sends: its shop_order row (the transaction's first write, which gives the transaction its
+    xid), then its outbox row with the id the sequence gave it read back."""
+    params = {"order_id": order_id, "item": rl.ITEMS[order_id % len(rl.ITEMS)],
+              "event_id": rl.event_id(order_id)}
+    order, event = (fencing.bind(lab, s, **params).rstrip().rstrip(";") for s in rl.PRODUCE)
+    placed = fencing.bind(lab, _sql("placed"), event_id=params["event_id"]).rstrip().rstrip(";")
+    return order, f"{event};\n{placed}"
+
+
 def place_text(lab: Lab, order_id: int) -> str:
     """The seed's producer (outbox_produce.sql) for one order, with the id the sequence gave
     its outbox row read back in the same transaction: the text a scripted session sends.  In
     autocommit the three statements of one message are one transaction."""
-    params = {"order_id": order_id, "item": rl.ITEMS[order_id % len(rl.ITEMS)],
-              "event_id": rl.event_id(order_id)}
-    parts = [fencing.bind(lab, s, **params) for s in rl.PRODUCE]
-    parts.append(fencing.bind(lab, _sql("placed"), event_id=params["event_id"]))
-    return ";\n".join(p.rstrip().rstrip(";") for p in parts)
+    return ";\n".join(place_parts(lab, order_id))
 
 
 def tick(lab: Lab, relay: str, step: StepFn, *, settle: Callable[[], None] | None = None) -> list[int]:
@@ -241,6 +250,58 @@ def create_cursor_outbox(lab: Lab, relay: str, *, wait_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+# -- what the server showed at every step: the figure's data ------------------------------------
+
+
+class _Timeline:
+    """Sampled from the server after every step of a run: when each outbox row was inserted
+    (the producer's step that returned its id), when another session could first see it
+    (committed), when the broker got it, where the relay's cursor stood, and at each poll
+    what it returned and, for the safe cursor, how many rows lay below the oldest open writer.
+    Steps are numbered as in the transcript; rows placed before the script are at step 0."""
+
+    def __init__(self, lab: Lab, relay: str) -> None:
+        self.lab, self.relay = lab, relay
+        before = [r[0] for r in lab.execute("SELECT id FROM outbox ORDER BY id")]
+        self.inserted = {i: 0 for i in before}
+        self.committed = {i: 0 for i in before}
+        self.published = {i: 0 for i in publish_order(lab, relay)}
+        self.cursor = [(0, cursor_position(lab, relay))] if relay != "flag" else []
+        self.polls: list[dict] = []
+
+    def after(self, run: Sessions) -> None:
+        k, st = len(run.steps), run.steps[-1]
+        if st.session != "relay" and st.label.startswith("place order"):
+            self.inserted.update({int(r[0]): k for r in st.rows})
+        for (i,) in self.lab.execute("SELECT id FROM outbox ORDER BY id"):
+            self.committed.setdefault(i, k)
+        for i in publish_order(self.lab, self.relay):
+            self.published.setdefault(i, k)
+        if self.relay != "flag":
+            at = cursor_position(self.lab, self.relay)
+            if at != self.cursor[-1][1]:
+                self.cursor.append((k, at))
+        if st.session == "relay" and st.label.startswith(("read", "BEGIN; claim")):
+            bound = self.lab.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")[0][0]
+            self.polls.append({"step": k, "ids": [int(r[0]) for r in st.rows], "bound": int(bound)})
+
+    def result(self, steps: int) -> dict:
+        """The timeline, with no transaction id in it (they differ on every run): rows in the
+        relay's read order ("id", or "(xid, id)" for the safe cursor) and, per poll of the safe
+        cursor, how many of them lay below the oldest open writer."""
+        xids = {i: int(x) for i, x in self.lab.execute("SELECT id, xid::text FROM outbox")}
+        key = (lambda i: (xids[i], i)) if self.relay == "safe" else (lambda i: i)
+        order = sorted(xids, key=key)
+        polls = [{"step": p["step"], "ids": p["ids"],
+                  "below_bound": sum(xids[i] < p["bound"] for i in order) if self.relay == "safe" else None}
+                 for p in self.polls]
+        return {"relay": self.relay, "steps": steps,
+                "order": order, "order_by": "(xid, id)" if self.relay == "safe" else "id",
+                "rows": [{"id": i, "inserted": self.inserted.get(i), "committed": self.committed.get(i),
+                          "published": self.published.get(i)} for i in order],
+                "cursor": self.cursor, "polls": polls}
+
+
 # -- the interleaving --------------------------------------------------------------------------
 
 
@@ -252,9 +313,15 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
     newer = list(range(n + 1, n + later + 1))
     notes: dict[int | str, str] = {}
     holder = None
+    timeline = _Timeline(lab, relay)
     with Sessions(lab, "P1", "P2", "relay") as run:
+        def do(session: str, text: str, label: str | None = None):
+            st = run.step(session, text, label=label)
+            timeline.after(run)
+            return st
+
         def step(text: str, label: str) -> list[tuple]:
-            return run.relay(text, label=label).rows
+            return do("relay", text, label).rows
 
         def at() -> int:
             return len(run.steps)
@@ -262,15 +329,15 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
         def settle() -> None:
             settle_other_writers(lab, run, wait_s)
 
-        run.P1("BEGIN")
-        placed = run.P1(place_text(lab, n), label=f"place order {n}")
+        do("P1", "BEGIN")
+        placed = do("P1", place_text(lab, n), label=f"place order {n}")
         if placed.rows != [(n, rl.event_id(n))]:
             raise LabkitError(f"P1's outbox row got id {placed.rows}, not {n}: the outbox was not new.",
                               "run it on a lab of its own (lab.reset() first).")
         if relay == "cursor":                           # the same for every relay: said once
             notes[at()] = f"P1's INSERT took id {n}; P1 has not committed, so no other session sees row {n}"
         for k in newer:
-            run.P2(place_text(lab, k), label=f"place order {k}")
+            do("P2", place_text(lab, k), label=f"place order {k}")
         if relay == "cursor":
             notes[at()] = (f"P2's {'orders are' if later > 1 else 'order is'} committed: "
                            f"row{'s' if later > 1 else ''} {_ids(newer)}")
@@ -278,8 +345,8 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
         sent_open = tick(lab, relay, step, settle=settle)
         if relay == "safe":
             settle()
-            holder_rows = run.relay(fencing.bind(lab, _sql("oldest_writer")),
-                                    label="oldest open writer?").rows
+            holder_rows = do("relay", fencing.bind(lab, _sql("oldest_writer")),
+                             label="oldest open writer?").rows
             holder = holder_rows[0][0] if holder_rows else None
         held_open = unpublished(lab, relay)             # committed, not published: P1's row is not committed
         if relay == "cursor":
@@ -293,7 +360,7 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
         else:
             notes[first] = (f"P1 is the oldest open writer: rows {_ids(newer)} have newer writers, "
                             "so they are held back")
-        run.P1("COMMIT")
+        do("P1", "COMMIT")
         if relay == "cursor":
             notes[at()] = f"row {n} is committed now"
         after = at() + 1
@@ -329,6 +396,7 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
             "cursor_at_end": cursor,
             "oldest_writer": holder,
             "transcript": _story(run, dict(sorted(notes.items()))),
+            "timeline": timeline.result(len(run.steps)),
             "run": run}
 
 
@@ -352,7 +420,8 @@ def cursor_gap(lab: Lab, *, later: int = 3) -> dict:
     Returns ``cursor_lost_events`` (outbox ids: [n]), ``lost_event_ids``, ``p1_event`` (n),
     ``newer_events``, ``published_while_open``, ``held_back_while_open``,
     ``published_after_commit``, ``publish_order``, ``cursor_at_end``, ``transcript`` (the run
-    as text, with notes) and ``run`` (the Sessions run: ``fencing.story(run)`` prints it)."""
+    as text, with notes), ``timeline`` (sampled from the server after every step, for
+    :func:`plot_cursors`) and ``run`` (the Sessions run: ``fencing.story(run)`` prints it)."""
     return _gap(lab, "cursor", later, 0.0, "cursor_lost_events")
 
 
@@ -435,6 +504,90 @@ def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> dict:
             "safe_cursor_lost_events": lost,
             "transcript": _story(run, notes),
             "run": run}
+
+
+# -- the figure ----------------------------------------------------------------------------------
+
+
+LEGEND_ORDER = ["inserted, not committed (no one else sees it)", "committed, waiting", "published",
+                "committed, never published", "the relay's cursor: rows below it count as published",
+                "a poll (the read)", "oldest open writer: the read stays below it"]
+
+
+def _draw_timeline(ax, tl: dict, title: str) -> None:
+    """One run's timeline on ``ax``: a row per outbox id (in the relay's read order, the first
+    read at the bottom), x the transcript's step; each row dotted while it is inserted but not
+    committed, solid while committed and waiting, a dot when the broker got it, a cross at the
+    end if it never did; the cursor as a step line between rows, a triangle at each poll; for
+    the safe cursor, the oldest open writer's bound as a dashed line."""
+    from ..core.plots import PALETTE
+
+    end = tl["steps"] + 0.6
+    rank = {row["id"]: y for y, row in enumerate(tl["rows"], start=1)}
+    for y, row in enumerate(tl["rows"], start=1):
+        ins, com, pub = row["inserted"], row["committed"], row["published"]
+        if com is not None and com > ins:
+            ax.plot([ins, com], [y, y], ls=":", lw=3, color=PALETTE[7],
+                    label="inserted, not committed (no one else sees it)")
+        if pub is None:
+            ax.plot([com, end], [y, y], lw=4, color=PALETTE[2], label="committed, never published")
+            ax.plot([end], [y], "X", ms=16, color=PALETTE[2])
+        else:
+            if pub > com:
+                ax.plot([com, pub], [y, y], lw=4, color=PALETTE[5], label="committed, waiting")
+            ax.plot([pub], [y], "o", ms=12, color=PALETTE[3], label="published")
+    xs = [k for k, _ in tl["cursor"]] + [end]
+    ys = [rank[i] + 0.5 for _, i in tl["cursor"]]
+    ax.step(xs, ys + ys[-1:], where="post", lw=3, color=PALETTE[0],
+            label="the relay's cursor: rows below it count as published")
+    level = dict(zip(xs, ys))
+    for poll in tl["polls"]:
+        at = max(k for k in level if k <= poll["step"])
+        ax.plot([poll["step"]], [level[at]], "v", ms=14, color=PALETTE[0], label="a poll (the read)")
+    if tl["order_by"] == "(xid, id)":
+        steps = [p["step"] for p in tl["polls"]]
+        below = [p["below_bound"] + 0.5 for p in tl["polls"]]
+        ax.fill_between(steps + [end], 0.4, below + below[-1:], step="post", color=PALETTE[1],
+                        alpha=0.15, lw=0)
+        ax.step(steps + [end], below + below[-1:], where="post", ls="--", lw=3, color=PALETTE[1],
+                label="oldest open writer: the read stays below it")
+    ax.set_yticks(list(rank.values()), [f"id {i}" for i in rank])
+    ax.set_ylim(0.4, len(rank) + 0.9)
+    ax.set_xlim(-0.4, end + 0.4)
+    ax.set_xticks(range(0, tl["steps"] + 1, 2))
+    ax.set_xlabel("step of the transcript")
+    ax.set_title(title)
+
+
+def plot_cursors(high_water: dict, safe: dict):
+    """The high-water mark (left) and the transaction-id cursor (right) in the same script,
+    from :func:`cursor_gap`'s and :func:`safe_cursor_gap`'s ``timeline``: each outbox row from
+    its INSERT to its COMMIT and to the broker, the cursor at each poll, and the row the
+    high-water mark passed.  Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from ..core.plots import setup_matplotlib
+
+    for name, r in (("high_water", high_water), ("safe", safe)):
+        if not isinstance(r, dict) or "timeline" not in r:
+            raise LabkitError(f"{name} is not a run with a timeline.",
+                              "pass the results of cursor.cursor_gap(lab) and cursor.safe_cursor_gap(lab).")
+    if high_water["timeline"]["relay"] != "cursor" or safe["timeline"]["relay"] != "safe":
+        raise LabkitError("plot_cursors takes the high-water mark's run, then the safe cursor's.",
+                          "pass cursor.cursor_gap(lab), then cursor.safe_cursor_gap(lab).")
+    setup_matplotlib()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.3))
+    _draw_timeline(left, high_water["timeline"], "id > cursor")
+    _draw_timeline(right, safe["timeline"], "(xid, id) below the oldest writer")
+    left.set_ylabel("outbox row, in read order")
+    handles = {}
+    for ax in (left, right):
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    order = sorted(handles, key=lambda label: LEGEND_ORDER.index(label))
+    fig.legend([handles[label] for label in order], order, loc="outside lower center", ncol=2,
+               frameon=False)
+    return fig
 
 
 # -- the trace and its command -------------------------------------------------------------------

@@ -1,0 +1,227 @@
+"""Notebook 13's exercises the server checks: a relay's read that keeps its place with a
+cursor and loses nothing (:func:`check_safe_read`), and a claim that two relays run without
+reordering an order's events (:func:`check_aggregate_claim`).
+
+:func:`check_safe_read` plays three producers in a scripted order on the outbox of
+:mod:`labkit.labs.cursor` (with its ``xid`` column): P1 inserts first and commits late, P2
+commits in between, and P3's transaction writes first (its order row) but gets its outbox
+id after P2's, so ids and transaction ids are handed out in different orders.  Between
+their steps the relay runs the learner's read five times, the checker moving the cursor
+(``%(last_xid)s``, ``%(last_id)s``) to the last row each read returned.  What each read
+returned is compared with what the database held committed at that moment.
+
+:func:`check_aggregate_claim` runs the learner's claim in two relays at once over the
+outbox of :mod:`labkit.labs.ordering` (a version per order), the second relay publishing
+first, round after round, and reads the broker's order back from what it recorded.
+"""
+
+from __future__ import annotations
+
+from ...core.errors import LabkitError
+from ...core.lab import Lab
+from ...core.limits import number
+from ...core.queries import query as named_query
+from ...core.sessions import Sessions
+from ...labs import cursor as cg
+from ...labs import fencing
+from ...labs import ordering as od
+from ...labs import relay as rl
+from . import Check, bind, scratch
+
+POLLS = 5
+BATCH = 100
+SAFE_READ = """\
+SELECT id, event_id
+  FROM outbox
+ WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+   AND (xid, id) > (%(last_xid)s::xid8, %(last_id)s)
+ ORDER BY xid, id
+ LIMIT %(batch)s
+"""
+SAFE_READ_HINT = ("Read only rows whose writer has ended, with nothing older still open: xid < "
+                  "pg_snapshot_xmin(pg_current_snapshot()); past the cursor on both columns, "
+                  "(xid, id) > (%(last_xid)s::xid8, %(last_id)s); and ORDER BY xid, id, so "
+                  "that the last row returned is the furthest one.")
+
+
+def _params(last_xid: str, last_id: int) -> dict:
+    return {"last_xid": last_xid, "last_id": last_id, "batch": BATCH}
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids)) or "none"
+
+
+def check_safe_read(lab: Lab, query: str, *, wait_s: float = 10.0) -> Check:
+    """Run ``query`` -- the relay's read, one statement taking ``%(last_xid)s`` (text, cast it
+    with ``::xid8``), ``%(last_id)s`` and, if it likes, ``%(batch)s`` (100), returning outbox
+    ids in its first column -- five times between scripted producers' steps, moving the
+    cursor to (xid, id) of the last row each read returned.  It passes when every committed
+    event was returned, none twice, and none before it had committed.  ``wait_s``: how long
+    to wait for other sessions' older transactions, which would hold any safe read back."""
+    number("wait_s", wait_s, high=cg.MAX_WAIT_S, unit=" s", example=10)
+    bind(lab, query, _params("0", 0))                      # empty SQL or unknown parameters
+    check = Check(f"a relay reads {POLLS} times while three producers commit out of order",
+                  hint=SAFE_READ_HINT)
+    box = scratch(lab)
+    try:
+        rl.create_outbox(box)
+        for stmt in named_query("cursor.sql", "tables").statements:
+            box.execute(stmt)
+        return _run_safe_read(box, query, check, wait_s)
+    finally:
+        box.drop()
+
+
+def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
+    cursor = ("0", 0)
+    polls: list[list[int]] = []
+    early: list[str] = []
+    story: dict[int, str] = {}
+    with Sessions(box, "P1", "P2", "P3", "relay") as run:
+        def placed(step) -> int:
+            if step.error or not step.rows:
+                raise LabkitError(f"A producer's step failed in the checker's scene ({step.outcome()}).",
+                                  "run the check again; if it fails again, the scene's tables are broken.")
+            return int(step.rows[-1][0])
+
+        def poll() -> bool:
+            nonlocal cursor
+            cg.settle_other_writers(box, run, wait_s)
+            st = run.relay(bind(box, query, _params(*cursor)), label=f"read {len(polls) + 1}")
+            if st.error:
+                check.add(False, f"read {len(polls) + 1} failed: {st.error.short()}")
+                return False
+            try:
+                got = [int(r[0]) for r in st.rows]
+            except (TypeError, ValueError, IndexError):
+                check.add(False, f"read {len(polls) + 1} returned {st.rows[:3]}: its first column "
+                          "should be the outbox id")
+                return False
+            committed = {int(i): x for i, x in box.execute("SELECT id, xid::text FROM outbox")}
+            early.extend(f"{i} (read {len(polls) + 1})" for i in got if i not in committed)
+            polls.append(got)
+            if got and got[-1] in committed:
+                cursor = (committed[got[-1]], got[-1])
+            return True
+
+        run.P1("BEGIN")
+        p1 = placed(run.P1(cg.place_text(box, 1)))
+        story[p1] = "P1's: inserted first, committed after read 1"
+        p2 = placed(run.P2(cg.place_text(box, 2)))
+        story[p2] = "P2's: committed at once"
+        ok = poll()
+        run.P1("COMMIT")
+        ok = ok and poll()
+        order3, event3 = cg.place_parts(box, 3)
+        run.P3("BEGIN")
+        run.P3(order3)                                     # P3's first write: its xid
+        run.P2("BEGIN")
+        p4 = placed(run.P2(cg.place_text(box, 4)))         # a newer xid, an older id
+        p3 = placed(run.P3(event3))
+        run.P3("COMMIT")
+        story[p3] = "P3's: its transaction began writing before P2's second, committed before read 3"
+        story[p4] = "P2's second: a lower id than P3's row, a newer xid, committed after read 3"
+        ok = ok and poll()
+        run.P2("COMMIT")
+        while ok and len(polls) < POLLS:
+            ok = poll()
+    if not ok:
+        return check
+    every = [int(i) for (i,) in box.execute("SELECT id FROM outbox ORDER BY id")]
+    returned = [i for got in polls for i in got]
+    shown = "; ".join(_ids(got) for got in polls)
+    lost = [i for i in every if i not in returned]
+    check.add(not lost, f"every committed event was returned (the reads, in turn: {shown})" if not lost else
+              f"the reads returned, in turn: {shown}. " + "; ".join(
+                  f"{'Row' if k == 0 else 'row'} {i} ({story.get(i, 'a producer')}) was never returned"
+                  for k, i in enumerate(lost)))
+    twice = sorted({i for i in returned if returned.count(i) > 1})
+    check.add(not twice, "no event was returned twice" if not twice else
+              f"row(s) {_ids(twice)} returned more than once: the cursor did not move past them")
+    check.add(not early, "every row a read returned had committed before that read" if not early
+              else f"returned rows that were not committed outbox rows at that moment: {', '.join(early)}")
+    return check
+
+
+# -- two relays, one claim ----------------------------------------------------------------------
+
+ROUNDS = 12
+AGGREGATE_CLAIM_HINT = ("Claim an event only when no older event of its order is still unpublished: "
+                        "WHERE published_at IS NULL AND NOT EXISTS (SELECT 1 FROM outbox older WHERE "
+                        "older.aggregate = o.aggregate AND older.published_at IS NULL AND older.version "
+                        "< o.version), ORDER BY created_at, id, LIMIT %(batch)s, FOR UPDATE SKIP LOCKED.")
+# order-1 ... order-3, versions interleaved as a busy shop writes them
+SCENE = ["order-1", "order-1", "order-2", "order-1", "order-3", "order-2", "order-3", "order-1",
+         "order-2", "order-3"]
+
+
+def check_aggregate_claim(lab: Lab, query: str, *, batch: int = 2) -> Check:
+    """Run ``query`` -- the relay's claim, one statement taking ``%(batch)s`` and returning
+    outbox ids in its first column, locking what it returns -- in two relays at once over ten
+    events of three orders (versions 1, 2, 3... per order), round after round: relay A claims,
+    relay B claims, B publishes and marks its batch and commits, then A does.  It passes when
+    every event reaches the broker exactly once, no order has events held by both relays at
+    once, and each order's events reach the broker in version order."""
+    number("batch", batch, low=1, high=len(SCENE), whole=True, example=2)
+    bind(lab, query, {"batch": batch})
+    check = Check(f"two relays claim {len(SCENE)} events of {len(set(SCENE))} orders, "
+                  "the second one publishing first", hint=AGGREGATE_CLAIM_HINT)
+    box = scratch(lab)
+    try:
+        od.create_ordered_outbox(box)
+        for agg in SCENE:
+            box.execute(named_query(od.SQL, "produce").sql, {"aggregate": agg})
+        return _run_aggregate_claim(box, query, batch, check)
+    finally:
+        box.drop()
+
+
+def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Check:
+    text = bind(box, query, {"batch": batch})
+    version = {i: (a, v) for i, a, v in box.execute("SELECT id, aggregate, version FROM outbox")}
+    broker: list[int] = []
+    shared: list[str] = []
+    with Sessions(box, "A", "B", lock_timeout="3s") as run:
+        for _ in range(ROUNDS):
+            claimed = {}
+            for relay in ("A", "B"):
+                run.step(relay, "BEGIN")
+                st = run.step(relay, text, label="claim")
+                if st.error or st.waited:
+                    why = st.error.short() if st.error else "it waited for the other relay's lock"
+                    check.add(False, f"relay {relay}'s claim failed: {why}")
+                    return check
+                try:
+                    claimed[relay] = [int(r[0]) for r in st.rows]
+                except (TypeError, ValueError, IndexError):
+                    check.add(False, f"relay {relay}'s claim returned {st.rows[:3]}: its first column "
+                              "should be the outbox id")
+                    return check
+                if any(i not in version for i in claimed[relay]):
+                    check.add(False, f"relay {relay}'s claim returned ids that are not outbox rows")
+                    return check
+            both = {version[i][0] for i in claimed["A"]} & {version[i][0] for i in claimed["B"]}
+            shared += sorted(both - set(shared))
+            for relay in ("B", "A"):                       # the second claimer publishes first
+                broker += claimed[relay]
+                if claimed[relay]:
+                    run.step(relay, fencing.bind(box, rl.MARK, ids=claimed[relay]), label="mark")
+                run.step(relay, "COMMIT")
+            if not claimed["A"] and not claimed["B"]:
+                break
+    left = [i for (i,) in box.execute("SELECT id FROM outbox WHERE published_at IS NULL")]
+    once = sorted(set(broker)) == sorted(version) and len(broker) == len(version)
+    twice = sorted({i for i in broker if broker.count(i) > 1})
+    wrong = ([f"{len(left)} of {len(version)} events never reached the broker"] if left else []) + \
+            ([f"{len(twice)} reached it more than once"] if twice else [])
+    check.add(once, f"every event reached the broker exactly once ({len(broker)} messages)" if once else
+              "; ".join(wrong) or "the broker got other messages than the outbox's events")
+    check.add(not shared, "no order had events held by both relays at once" if not shared else
+              f"order(s) {', '.join(shared)} had events held by both relays at once")
+    inv = od.count_inversions([version[i] for i in broker])
+    check.add(inv["per_aggregate_inversions"] == 0,
+              "each order reached the broker in version order" if inv["per_aggregate_inversions"] == 0
+              else "; ".join(f"{s['aggregate']}: v{s['published_first']} reached the broker before "
+                             f"v{s['then']}" for s in inv["inversions"][:3]))
+    return check
