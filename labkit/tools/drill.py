@@ -1242,10 +1242,9 @@ def _jobs_newest_first(scratch: Lab, n: int) -> None:
     scratch.execute(named_query("drill.sql", "jobs_newest_first").sql, {"n": n})
 
 
-CLAIM_HINT = ("A claim that works in parallel locks the oldest pending job with FOR UPDATE SKIP "
-              "LOCKED (ORDER BY created_at LIMIT 1) and marks it in the same statement: WITH "
-              "picked AS (SELECT ...) UPDATE job SET status = 'IN_PROGRESS', worker_id = "
-              "%(worker_id)s, claimed_at = now() FROM picked WHERE job.id = picked.id RETURNING job.id.")
+CLAIM_HINT = ("A claim that works in parallel must not wait for rows other workers hold, must take "
+              "the oldest pending job, and must mark it as its own in the same statement, so that "
+              "once the sessions commit nothing is left for the next claim to take again.")
 
 
 def check_claim(lab: Lab, query: str, *, workers: int = 3) -> Check:
@@ -1300,9 +1299,8 @@ def check_claim(lab: Lab, query: str, *, workers: int = 3) -> Check:
         scratch.drop()
 
 
-COUNT_HINT = ("A report reads with a plain SELECT: SELECT count(*) FROM job WHERE status = 'PENDING'. "
-              "It never waits for row locks and counts the last committed state; SKIP LOCKED would "
-              "leave out the rows in flight.")
+COUNT_HINT = ("A report wants the last committed state, and must neither wait behind a worker's row "
+              "locks nor leave out the rows a worker holds: which kind of read takes no row lock at all?")
 
 
 def check_report_count(lab: Lab, query: str) -> Check:
@@ -1338,9 +1336,8 @@ def check_report_count(lab: Lab, query: str) -> Check:
         scratch.drop()
 
 
-REAPER_HINT = ("Only stale claims go back: WHERE status = 'IN_PROGRESS' AND claimed_at < now() - "
-               "%(lease)s::interval, and clear worker_id and claimed_at so the row reads like a "
-               "fresh pending job.")
+REAPER_HINT = ("Only claims older than the lease are stale. Hand those back so that each row reads like "
+               "a fresh pending job again, and leave a claim younger than the lease to its worker.")
 
 
 def check_reaper(lab: Lab, query: str, *, lease: str = "5 minutes") -> Check:
