@@ -8,7 +8,9 @@
   grows while the consumer is down and falls once it has read, two consumers on one slot
   split the stream, and the slot is gone afterwards -- also after Ctrl-C, including
   Ctrl-C in the middle of a read that holds the slot.  A reader that asks for streaming
-  of in-progress transactions gets a large open transaction's changes before its end.
+  of in-progress transactions gets a large open transaction's changes before its end, in
+  blocks, the last changes still held back.  A transaction open at the consumer's confirm
+  holds the slot's restart_lsn back: the slot keeps more than the consumer is behind.
 """
 
 import json
@@ -242,9 +244,21 @@ def _the_series_and_its_picture(r: dict) -> None:
         assert b["retained_bytes"] - a["retained_bytes"] == b["written_bytes"] - a["written_bytes"] > 0
     assert down[-1]["retained_bytes"] >= 2 * MB and pts[-1]["retained_bytes"] < chunk // 4
     fig = cdc.plot_retained(r)
-    [line] = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("WAL the slot keeps")]
+    ax = fig.axes[0]
+    [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("WAL the slot keeps")]
     assert list(line.get_ydata()) == [p["retained_bytes"] / MB for p in pts]
     assert list(line.get_xdata()) == [p["written_bytes"] / MB for p in pts]
+    assert "restart_lsn" in ax.get_title()
+    # a band per phase, side by side: "down" ends where "back" begins, at the last point down
+    spans = {}
+    for b in ax.patches:       # axvspan: a Rectangle (matplotlib 3.9+) or a Polygon before
+        xs = ([b.get_x(), b.get_x() + b.get_width()] if hasattr(b, "get_width")
+              else [v[0] for v in b.get_xy()])
+        spans[b.get_label()] = (min(xs), max(xs))
+    assert set(spans) >= set(cdc.PHASES.values()), spans
+    last_down = max(p["written_bytes"] for p in pts if p["phase"] == "down") / MB
+    assert spans[cdc.PHASES["down"]][1] == spans[cdc.PHASES["back"]][0] == last_down
+    assert spans[cdc.PHASES["back"]][1] > max(p["written_bytes"] for p in pts) / MB
     width, height = png_size(figure_png(fig))
     assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX, (width, height)
     plt.close("all")
@@ -283,11 +297,36 @@ def test_a_reader_that_asks_for_streaming_gets_an_open_transaction_that_then_abo
     s = r["streamed_while_open"]
     assert s["opening"] >= 1 and s["opening"] == s["closing"] and s["other"] == 0
     assert 0 < s["change"] <= r["events"]
+    # each block is what the decoder held when the transaction passed logical_decoding_work_mem:
+    # the changes after the last block, fewer than one block, are still held
+    blocks = r["streamed_blocks"]
+    assert len(blocks) == s["opening"] and sum(blocks) == s["change"] and min(blocks) > 0
+    assert r["events"] - sum(blocks) < max(blocks)
     assert all(f"TXN {r['xid']}" in line for line in r["streamed_sample"])
     assert r["status"] == "aborted" and r["work_mem"] == "64kB"
     # what a new subscription asks pgoutput for: streaming by default from PostgreSQL 18
     v = logical_server.version_num
     assert r["subscription_streaming_default"] == ("p" if v >= 180000 else "f" if v >= 160000 else "false")
+
+
+def test_a_transaction_open_at_the_confirm_holds_restart_lsn_back(logical_server):
+    """The consumer confirms everything while another session's transaction is open: the slot's
+    confirmed_flush_lsn moves on, its restart_lsn stays before that transaction's start, so the
+    slot keeps more than its consumer is behind; once it has ended and the consumer confirmed
+    again, restart_lsn moves on past all of it."""
+    lab = Lab.open(logical_server, "cdc_held")
+    try:
+        r = cdc.held_back_trace(lab, nbytes=MB)
+        assert _slots(logical_server, lab.schema) == [] and r["slot_left"] is False
+        with pytest.raises(LabkitError, match="nbytes"):
+            cdc.held_back_trace(lab, nbytes=0)
+    finally:
+        lab.drop()
+    o, e = r["open"], r["ended"]
+    assert r["written_bytes"] >= MB
+    assert o["behind_bytes"] < MB <= r["written_bytes"] <= o["retained_bytes"]
+    assert o["restart_lsn"] != o["confirmed_flush_lsn"]
+    assert r["moved_bytes"] >= r["written_bytes"] and e["retained_bytes"] < MB
 
 
 class _CtrlC(cdc.ListBroker):

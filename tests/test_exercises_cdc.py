@@ -2,9 +2,11 @@
 
 The reference answer passes; each typical wrong answer fails with the finding that names its
 mistake (confirmed_flush_lsn instead of restart_lsn, pg_size_pretty's text, a WHERE that
-hides a slot, active_pid for active, a missing column, SQL that fails); bad input is refused
-with a LabkitError naming the fix; a server that cannot decode is refused before anything is
-created.  After every check, failed or passed, no slot of the checker is left, nor its
+hides a slot, active_pid for active, a missing column, SQL that fails), and no finding says
+`ok` of a slot the result left out; the hint says what to look at, never the query; bad input
+is refused
+with a LabkitError naming the fix; a server that cannot decode is refused before anything
+is created.  After every check, failed or passed, no slot of the checker is left, nor its
 scratch schema -- also when a killed run left a slot behind.
 """
 
@@ -36,6 +38,7 @@ CONFIRMED = ("SELECT slot_name, active, pg_wal_lsn_diff(pg_current_wal_lsn(), co
 PRETTY = ("SELECT slot_name, active, pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)) "
           "FROM pg_replication_slots")
 ONLY_ACTIVE = REFERENCE + " WHERE active"
+NOT_ACTIVE = REFERENCE + " WHERE NOT active"
 ACTIVE_PID = ("SELECT slot_name, active_pid, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) "
               "FROM pg_replication_slots")
 TWO_COLUMNS = "SELECT slot_name, active FROM pg_replication_slots"
@@ -77,7 +80,8 @@ def test_the_reference_passes_and_each_wrong_answer_fails_for_its_reason(logical
                     (alert.slot_names(lab)[0],))
         results = {}
         for name, sql in [("reference", REFERENCE), ("start", START), ("confirmed", CONFIRMED),
-                          ("pretty", PRETTY), ("only_active", ONLY_ACTIVE), ("active_pid", ACTIVE_PID),
+                          ("pretty", PRETTY), ("only_active", ONLY_ACTIVE), ("not_active", NOT_ACTIVE),
+                          ("active_pid", ACTIVE_PID),
                           ("two_columns", TWO_COLUMNS), ("fails", FAILS), ("reordered", REORDERED)]:
             results[name] = alert.check_slot_alert(lab, sql)
             assert _left(db, lab) == ([], []), name
@@ -97,17 +101,34 @@ def test_the_reference_passes_and_each_wrong_answer_fails_for_its_reason(logical
     assert [t for good, t in start.findings if good][0].startswith("every slot is listed once")
 
     [confirmed] = _wrong(results["confirmed"])
-    assert "confirmed_flush_lsn" in confirmed and "restart_lsn" in confirmed
+    # what it measured and why that is short, not the column to use instead
+    assert "confirmed_flush_lsn" in confirmed and "held back" in confirmed
+    assert "restart_lsn" not in confirmed
     [pretty] = _wrong(results["pretty"])
     assert "is text" in pretty and "pg_size_pretty" in pretty
-    [hidden] = _wrong(results["only_active"])
-    assert "missing (the one nobody reads)" in hidden and "WHERE" in hidden
+    # a slot the WHERE hid: said missing, and no `ok` line speaks for it
+    for name, hidden_slot, shown_slot in [("only_active", "the slot nobody reads",
+                                           "the slot a session reads"),
+                                          ("not_active", "the slot a session reads",
+                                           "the slot nobody reads")]:
+        c = results[name]
+        [hidden] = _wrong(c)
+        assert f"missing ({hidden_slot})" in hidden and "WHERE" in hidden, name
+        oks = [t for good, t in c.findings if good]
+        assert len(oks) == 2, (name, str(c))
+        assert all(hidden_slot not in t and "each slot" not in t for t in oks), (name, str(c))
+        assert all(shown_slot in t and "the one slot listed" in t for t in oks), (name, str(c))
     [pid] = _wrong(results["active_pid"])
     assert "true or false" in pid and "active" in pid
     [two] = _wrong(results["two_columns"])
     assert "2 column(s)" in two and "three" in two
     [fails] = _wrong(results["fails"])
     assert fails.startswith("the query failed: UndefinedColumn")
+    # the hint says where to look, and gives no SQL: not the columns, the function or a query
+    assert all(word not in alert.ALERT_HINT
+               for word in ("restart_lsn", "confirmed_flush_lsn", "pg_wal_lsn_diff", "SELECT",
+                            "active,", "pg_current_wal_lsn"))
+    assert "pg_replication_slots" in alert.ALERT_HINT
     # every output line fits the notebook's width
     assert all(len(line) <= 96 for c in results.values() for line in str(c).splitlines())
 

@@ -27,7 +27,9 @@ What it shows (:func:`cdc_trace`, every figure read back from the server or the 
 consumer reading and confirming, down, back).  :func:`streaming_trace` shows the exception
 to "whole transactions, at their commit": a reader that asks for streaming of in-progress
 transactions (PostgreSQL 14 and later) gets a large open transaction's changes before its
-end -- here one that then rolls back.  :func:`failover_slot` creates a slot with PostgreSQL
+end -- here one that then rolls back.  :func:`held_back_trace` shows where the kept WAL
+begins: at ``restart_lsn``, which a transaction open at the consumer's confirm holds behind
+``confirmed_flush_lsn``.  :func:`failover_slot` creates a slot with PostgreSQL
 17's ``failover => true`` and reads what pg_replication_slots says of it.
 
 The slot is named after the lab's schema and dropped at the end of every run, also on an
@@ -745,7 +747,10 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
     Returns ``events``, ``xid`` (the producer's), ``whole_while_open`` (lines of its
     transaction the plain read returned while it was open), ``streamed_while_open`` (lines
     the streaming read returned, counted by kind: ``opening``, ``change``, ``closing``,
-    ``other``), ``whole_after_rollback``, ``status`` (pg_xact_status at the end) and
+    ``other``), ``streamed_blocks`` (the changes in each streamed block, in order: the decoder
+    streams what it holds each time the transaction's decoded changes pass
+    ``logical_decoding_work_mem``, so the changes after the last time stay in memory),
+    ``whole_after_rollback``, ``status`` (pg_xact_status at the end) and
     ``subscription_streaming_default`` (:func:`subscription_streaming_default`)."""
     number("events", events, low=1, high=10_000, whole=True, example=STREAM_EVENTS)
     relay.create_outbox(lab)
@@ -772,13 +777,19 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
             whole_after = [r[0] for r in consumer.execute(_q("peek_xid"), at).fetchall()]
             status = consumer.execute(_q("xact_status"), {"xid": xid}).fetchone()[0]
     kinds = {"opening": 0, "change": 0, "closing": 0, "other": 0}
+    blocks: list[int] = []
     for line in streamed:
         kind = ("opening" if line.startswith("opening a streamed block") else
                 "change" if line.startswith("streaming change") else
                 "closing" if line.startswith("closing a streamed block") else "other")
         kinds[kind] += 1
+        if kind == "opening":
+            blocks.append(0)
+        elif kind == "change" and blocks:
+            blocks[-1] += 1
     return {"events": events, "xid": xid, "work_mem": STREAM_WORK_MEM,
             "whole_while_open": len(whole_open), "streamed_while_open": kinds,
+            "streamed_blocks": blocks,
             "streamed_sample": streamed[:2] + streamed[-1:],
             "whole_after_rollback": len(whole_after), "status": status,
             "subscription_streaming_default": subscription_streaming_default(lab)}
@@ -798,6 +809,73 @@ def subscription_streaming_default(lab: Lab) -> str | None:
             return None
         finally:
             conn.rollback()
+
+
+# -- where the kept WAL begins: restart_lsn, not the consumer's confirm ------------------------------
+
+HELD_BACK_BYTES = 1024 * 1024    # WAL written while another session's transaction stays open
+
+
+def _confirm_everything(consumer: Consumer) -> str:
+    """The consumer confirms everything written so far: a record of the running transactions
+    is logged (decoding moves restart_lsn only at one; PostgreSQL 16+ pg_log_standby_snapshot,
+    flushed by a heartbeat's commit; before, a CHECKPOINT logs one), then the slot is advanced
+    to the current WAL position, which is returned."""
+    conn = consumer.conn
+    try:
+        if conn.info.server_version >= 160000:
+            conn.execute(_q("log_running_xacts"))
+            conn.execute(_q("heartbeat"))
+        else:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        raise LabkitError("This user may not write a record of the running transactions "
+                          "(pg_log_standby_snapshot, or CHECKPOINT before PostgreSQL 16), which "
+                          "the slot needs before it can move its restart_lsn.",
+                          "run it as a superuser, or on the embedded server.") from None
+    upto = conn.execute(_q("current_lsn")).fetchone()[0]
+    consumer.confirm(upto)
+    return upto
+
+
+def held_back_trace(lab: Lab, *, nbytes: int = HELD_BACK_BYTES) -> dict:
+    """Where the WAL a slot keeps begins: at its ``restart_lsn``, which a transaction open at
+    the consumer's confirm holds back, not at ``confirmed_flush_lsn``.  With the lab's slot
+    made afresh, another session opens a transaction and writes a row (so it has a
+    transaction id); ``nbytes`` of WAL go into the lab's other table; the consumer confirms
+    everything written so far, and the slot is read (``open``).  Then the transaction
+    commits, the consumer confirms again until restart_lsn has moved past the first reading
+    (:func:`_let_go_of_wal`), and the slot is read once more (``ended``).
+
+    Returns ``written_bytes`` (WAL written while the transaction was open), ``open`` and
+    ``ended`` (each: ``restart_lsn``, ``confirmed_flush_lsn``, ``retained_bytes`` from
+    restart_lsn to the current WAL position, ``behind_bytes`` from confirmed_flush_lsn),
+    ``moved_bytes`` (how far restart_lsn moved once the transaction had ended) and
+    ``slot_left`` (False: the slot was dropped)."""
+    number("nbytes", nbytes, low=1, high=MAX_DOWN_BYTES, whole=True, unit=" bytes",
+           example=HELD_BACK_BYTES)
+    check_available(lab)
+    unrelated_table(lab)
+    keys = ("restart_lsn", "confirmed_flush_lsn", "retained_bytes", "behind_bytes")
+    with lab_slot(lab) as slot:
+        consumer = Consumer(lab, slot)
+        held = lab.connect(role="cdc-open", autocommit=False)
+        try:
+            held.execute(_q("alert_pin"))
+            written = unrelated_wal(lab, nbytes)
+            _confirm_everything(consumer)
+            opened = _slot_state(lab, slot)
+            held.commit()
+            ended, _n = _let_go_of_wal(lab, consumer, slot, opened["current_lsn"])
+        finally:
+            held.close()
+            consumer.close()
+    moved = lab.execute(_q("wal_between"), {"before": opened["restart_lsn"],
+                                            "after": ended["restart_lsn"]})[0][0]
+    return {"written_bytes": written,
+            "open": {k: opened[k] for k in keys}, "ended": {k: ended[k] for k in keys},
+            "moved_bytes": int(moved),
+            "slot_left": lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != []}
 
 
 # -- the picture: what the slot keeps ---------------------------------------------------------------
@@ -829,21 +907,24 @@ def plot_retained(r: dict, ax=None):
     x = [p["written_bytes"] / mb for p in series]
     y = [p["retained_bytes"] / mb for p in series]
     last_reading = max(i for i, p in enumerate(series) if p["phase"] == "reading")
+    last_down = max((i for i, p in enumerate(series) if p["phase"] == "down"), default=last_reading)
+    right = max(x) * 1.04            # a margin, so that the "back" phase has a band to show
     ax.axvspan(0, x[last_reading], color=PALETTE[3], alpha=0.15, lw=0, label=PHASES["reading"])
-    ax.axvspan(x[last_reading], max(x), color=PALETTE[1], alpha=0.2, lw=0, label=PHASES["down"])
+    ax.axvspan(x[last_reading], x[last_down], color=PALETTE[1], alpha=0.2, lw=0, label=PHASES["down"])
+    ax.axvspan(x[last_down], right, color=PALETTE[4], alpha=0.25, lw=0, label=PHASES["back"])
     ax.plot(x, y, marker="o", ms=7, lw=3, color=PALETTE[0],
             label="WAL the slot keeps (pg_replication_slots)")
     back = [i for i, p in enumerate(series) if p["phase"] == "back"]
     if back:
         end, low = x[back[-1]], 0.3 * max(y)
-        ax.annotate("back: it reads and confirms,\nthe slot lets go", xy=(end, low),
+        ax.annotate("the slot lets go once\nits restart_lsn moves", xy=(end, low),
                     xytext=(end - 0.05 * max(x), low), ha="right", va="center",
                     arrowprops={"arrowstyle": "->", "color": PALETTE[7], "lw": 2})
-    ax.set_xlim(0, max(x) * 1.02)
+    ax.set_xlim(0, right)
     ax.set_ylim(0, max(max(y) * 1.1, 0.1))
     ax.set_xlabel("WAL the server wrote since the run began (MB)")
     ax.set_ylabel("WAL the slot keeps (MB)")
-    ax.set_title("A slot keeps every byte written since its consumer last confirmed")
+    ax.set_title("A slot keeps every byte written since its restart_lsn")
     legend_below(fig, ax, ncol=2)
     return fig
 

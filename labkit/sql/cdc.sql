@@ -40,9 +40,7 @@ SELECT pid, coalesce(nullif(application_name, ''), usename::text),
 -- name: peek
 -- The consumer reads what the slot holds WITHOUT consuming it: the changes of every
 -- transaction that inserted into the lab's outbox (%(prefix)s is "table <schema>.outbox:
--- INSERT:"), with their BEGIN and COMMIT lines, in the order the plugin returned them --
--- commit order. Not ORDER BY lsn: the lsn of a change line is where the change was written,
--- not where its transaction committed.
+-- INSERT:"), with their BEGIN and COMMIT lines, in the order the plugin returned them (n).
 WITH stream AS MATERIALIZED (
     SELECT n, lsn, xid, data
       FROM pg_logical_slot_peek_changes(%(slot)s, NULL, NULL,
@@ -276,8 +274,8 @@ SELECT current_setting('sync_replication_slots'),
 -- The alert exercise (labkit.tools.exercises.cdc): the checker's scene and its own measure.
 
 -- name: alert_pin
--- A transaction that holds a transaction id (it writes a row) and stays open while the
--- lagging consumer confirms: decoding may not move the slot's restart_lsn past its start.
+-- A transaction that holds a transaction id (it writes a row) and stays open while a
+-- consumer confirms: decoding may not move the slot's restart_lsn past its start.
 INSERT INTO unrelated (pad) VALUES ('held open');
 
 -- name: alert_create_temporary

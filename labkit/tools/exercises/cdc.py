@@ -36,10 +36,13 @@ LAG_BYTES = 1024 * 1024          # WAL the lagging slot keeps past what its cons
 CONNECTED_BYTES = 128 * 1024     # WAL written after both slots exist
 SLACK_BYTES = 16 * 1024          # a reading of the WAL written a moment earlier (flushed, say)
 
-ALERT_HINT = ("Read pg_replication_slots: slot_name, active, and pg_wal_lsn_diff("
-              "pg_current_wal_lsn(), restart_lsn) in bytes. The WAL a slot keeps begins at its "
-              "restart_lsn; confirmed_flush_lsn is only how far its consumer confirmed. Leave "
-              "pg_size_pretty to whoever reads the alert.")
+# What to look at, not the query: which column of pg_replication_slots says a consumer holds
+# the slot, and which of the slot's two positions the WAL it keeps begins at.
+ALERT_HINT = ("Look at what pg_replication_slots gives for each slot: the column that says "
+              "whether a session is reading it, and its two positions in the WAL (notebook 14's "
+              "\"Where the kept WAL begins\" compared them). Measure from the one where the kept "
+              "WAL begins to the current WAL position, keep the bytes a number, and list every "
+              "slot.")
 
 # pg_size_pretty's output: a whole number and a unit (bytes below 10 kB, then kB below 10 MB ...)
 _PRETTY = re.compile(r"^\s*(-?\d+)\s*(bytes|kB|MB|GB|TB|PB)\s*$")
@@ -179,15 +182,18 @@ def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected:
                          "every slot, by its name (slot_name)")
         return
     seen = {name: [r for r in rows if r[name_col] == name] for name in (lagging, connected)}
-    missing = [what for name, what in ((lagging, "the one nobody reads"),
-                                       (connected, "the one a session reads")) if not seen[name]]
+    who = {lagging: "the slot nobody reads", connected: "the slot a session reads"}
+    missing = [name for name in (lagging, connected) if not seen[name]]
     twice = [name for name in seen if len(seen[name]) > 1]
     check.add(not missing and not twice,
               "every slot is listed once, by its name" if not missing and not twice else
-              f"a slot is missing ({', '.join(missing)}): an alert lists every slot, and a "
-              "WHERE clause hid it" if missing else
+              f"a slot is missing ({' and '.join(who[n] for n in missing)}): an alert lists "
+              "every slot, and a WHERE clause hid it" if missing else
               "a slot is listed more than once: one row per slot")
     row = {name: found[0] for name, found in seen.items() if found}
+    # what the findings below can say: only of the slots the result lists
+    only = "" if not missing else " (the one slot listed)"
+    listed = "each slot" if not missing else f"{' and '.join(who[n] for n in row)}{only}"
     others = [c for c in range(3) if c != name_col]
     flags = [c for c in others if all(isinstance(r[c], bool) for r in row.values())]
     if len(flags) != 1:
@@ -195,10 +201,11 @@ def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected:
                          "(pg_replication_slots.active)")
         return
     flag = flags[0]
+    expected = {lagging: False, connected: True}
     says = {name: r[flag] for name, r in row.items()}
-    right = (says.get(lagging, False) is False) and (says.get(connected, True) is True)
-    check.add(right, "the connected column is true for the slot a session reads and false for "
-                     "the one nobody reads" if right else
+    right = all(says[name] is expected[name] for name in says)
+    said = " and ".join(f"{'true' if expected[n] else 'false'} for {who[n]}" for n in says)
+    check.add(right, f"the connected column is {said}{only}" if right else
               "the connected column is wrong: it should be true for the slot a session reads and "
               "false for the one nobody reads (active)")
     wal = next(c for c in others if c != flag)
@@ -210,11 +217,11 @@ def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected:
     elif not all(isinstance(v, Real) or isinstance(v, Decimal) for v in cells.values()):
         check.add(False, "the WAL column is not a number of bytes (NULL, or not a number)")
         return
-    _judge_bytes(check, cells, lagging, connected, before, after)
+    _judge_bytes(check, cells, lagging, connected, before, after, listed)
 
 
 def _judge_bytes(check: Check, cells: dict, lagging: str, connected: str, before: dict,
-                 after: dict) -> None:
+                 after: dict, listed: str = "each slot") -> None:
     def within(value, low: int, high: int) -> bool:
         span = _as_range(value)
         return span is not None and span[1] >= low - SLACK_BYTES and span[0] <= high
@@ -227,10 +234,11 @@ def _judge_bytes(check: Check, cells: dict, lagging: str, connected: str, before
             continue
         who = "nobody reads" if name == lagging else "a session reads"
         if name == lagging and within(value, *behind[name]):
-            wrong.append(f"for the slot nobody reads it gives how far its consumer is behind "
-                         f"(from confirmed_flush_lsn), under {LAG_BYTES // (1024 * 1024)} MB; the "
-                         f"slot keeps more than {LAG_BYTES // (1024 * 1024)} MB, from its "
-                         "restart_lsn, which a transaction open at the confirm held back")
+            wrong.append(f"for the slot nobody reads it gives under {LAG_BYTES // (1024 * 1024)} "
+                         "MB, how far its consumer is behind what it confirmed "
+                         f"(confirmed_flush_lsn); the slot keeps more than "
+                         f"{LAG_BYTES // (1024 * 1024)} MB: a transaction open at the confirm "
+                         "held back where its kept WAL begins")
         elif _as_range(value) is None:
             wrong.append(f"for the slot {who} it gives no number of bytes ({value!r})")
         else:
@@ -238,7 +246,7 @@ def _judge_bytes(check: Check, cells: dict, lagging: str, connected: str, before
             wrong.append(f"for the slot {who} it gives {value} bytes; the slot kept from "
                          f"{low:,} to {high:,} bytes while the query ran")
     if not wrong:
-        check.add(True, "for each slot it gives the WAL the slot keeps (from its restart_lsn), "
+        check.add(True, f"for {listed} it gives the WAL the slot keeps (from its restart_lsn), "
                         "as the checker measured it before and after the query")
     for text in wrong:
         check.add(False, text)
