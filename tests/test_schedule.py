@@ -24,6 +24,8 @@ def test_the_lab_claims_with_production_claim_on_its_own_clock():
     claim = _flat(query("production.sql", "claim").sql)
     assert _flat(query("schedule.sql", "claim_search").sql) in claim
     assert _flat(query("schedule.sql", "claim_at").sql) == claim.replace("now()", "%(now)s")
+    assert _flat(query("schedule.sql", "claim_search_read").sql) + " FOR UPDATE SKIP LOCKED" == \
+        _flat(query("schedule.sql", "claim_search").sql).rstrip(";").replace(" ;", "")
     oldest = _flat(query("schedule.sql", "claim_oldest").sql)
     assert oldest == _flat(query("schedule.sql", "claim_at").sql).replace(
         "ORDER BY priority, run_at", "ORDER BY run_at, id")
@@ -40,6 +42,10 @@ def test_with_the_index_the_claim_reads_its_front_without_it_the_whole_table(lab
     assert wo["buffers"] >= 10 * w["buffers"] and p["buffer_ratio"] >= 10
     assert p["due"] == 800                                    # one pending job in five is scheduled
     assert "Index Scan using job_due_idx on job" in w["text"] and "Seq Scan on job" in wo["text"]
+    # FOR UPDATE keeps the partial index's predicate as a Filter; the plain search has none
+    r = p["without_lock"]
+    assert "Filter: (status = 'PENDING'::text)" in w["text"]
+    assert r["index"] == "job_due_idx" and "LockRows" not in r["nodes"] and "Filter" not in r["text"]
     # the rolled-back DROP INDEX left the index in place
     assert lab.execute("SELECT to_regclass('job_due_idx') IS NOT NULL")[0][0]
     assert sc.explain_claim(lab)["index"] == "job_due_idx"

@@ -525,8 +525,9 @@ def lease_spans(run: dict) -> list[dict]:
 def plot_leases(*runs: dict, titles: list[str] | None = None):
     """A timeline of each run (one panel per run, :func:`heartbeat_trace`'s or
     :func:`zombie_trace`'s result), one lane per worker: the lease each claim held (from the
-    claim to its last extension plus the lease), the handler running (in another colour once
-    its lease has run out), each heartbeat, the reaper taking the job back, and each
+    claim to its last extension plus the lease; dotted where it was still ahead when the
+    handler ended), the handler running (in another colour once its lease has run out), each
+    heartbeat, the reaper taking the job back, and each
     completion, landed or refused by the fence.  Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -545,7 +546,7 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
         raise LabkitError(f"{len(runs)} runs: a slide has room for two panels.",
                           "pass one or two runs, e.g. plot_leases(without, beating).")
     fig, axes = plt.subplots(len(runs), 1, figsize=(11.5, 1.6 + 2.1 * len(runs)), sharex=True, squeeze=False)
-    frozen = False
+    frozen = ahead = False
     for ax, run, n in zip(axes[:, 0], runs, range(len(runs))):
         names = sorted({e["worker"] for e in run["timeline"] if e["worker"].startswith("worker")})
         lane = {w: len(names) - 1 - i for i, w in enumerate(names)}
@@ -554,6 +555,11 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
             held_to = sp["lease_end"] if sp["expired"] else (sp["reaped"] if sp["reaped"] is not None
                                                              else sp["ended"])
             ax.barh(y, held_to - sp["claimed"], left=sp["claimed"], height=0.7, color=lease_c, alpha=0.45)
+            if not sp["expired"] and sp["ended"] is not None and sp["lease_end"] > sp["ended"]:
+                # the lease the last heartbeat gave, still ahead when the handler ended
+                ax.barh(y, sp["lease_end"] - sp["ended"], left=sp["ended"], height=0.7, fill=False,
+                        edgecolor=lease_c, ls=":", lw=2.5)
+                ahead = True
             ax.annotate(f"claim v{sp['claim_version']}", (sp["claimed"], y + 0.36), xytext=(2, 2),
                         textcoords="offset points", va="bottom")
             if sp["started"] is not None and sp["ended"] is not None:
@@ -573,8 +579,8 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
                 ax.plot(sp["ended"], y, "o", color=done_c, ms=16, mec="black")
             elif sp["outcome"] in ("refused", "stopped"):
                 ax.plot(sp["ended"], y, "X", color=late_c, ms=18, mec="black")
-                ax.annotate("0 rows: fenced", (sp["ended"], y - 0.36), xytext=(4, -2),
-                            textcoords="offset points", va="top", color=late_c)
+                ax.annotate("0 rows: fenced", (sp["ended"], y), xytext=(16, 0),
+                            textcoords="offset points", va="center", color=late_c)
         stops = [e for e in run["timeline"] if e["kind"] == "signal" and e["signal"] == "SIGSTOP"]
         for stop in stops:
             cont = next((e["t"] for e in run["timeline"] if e["kind"] == "signal"
@@ -604,6 +610,9 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
                Line2D([], [], ls="none", marker="o", color=done_c, mec="black", ms=13, label="complete: 1 row"),
                Line2D([], [], ls="none", marker="X", color=late_c, mec="black", ms=14,
                       label="0 rows: the fence refuses")]
+    if ahead:
+        handles.insert(1, Patch(facecolor="none", edgecolor=lease_c, ls=":", lw=2.5,
+                                label="lease still ahead at the end"))
     if frozen:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="frozen (SIGSTOP)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)

@@ -432,7 +432,8 @@ class Life:
     params: dict = field(default_factory=dict)
 
     ATTEMPT_COLUMNS = ("job", "script", "attempt", "claimed_at", "error", "error_is", "next")
-    JOB_COLUMNS = ("job", "script", "status", "attempts", "max_attempts", "last_error", "effects")
+    # max_attempts is the same for every job: the table's first line says it
+    JOB_COLUMNS = ("job", "script", "status", "attempts", "last_error", "effects")
 
     def attempts_df(self) -> "pd.DataFrame":
         import pandas as pd
@@ -577,7 +578,7 @@ def retry_waits(lab: Lab, *, base_s: float = BASE_S, early_s: float = 0.5) -> Tr
         w = RetryWorker(conn, "worker 1", base_s=base_s, cap_s=base_s)
         job = w.claim()
         a = w.run(job, scripted_handler({jid: ["timeout", "ok"]}))
-        tr.add("worker 1", f"job {jid} attempt 1 at T: handler raised {a.error}", _why(a),
+        tr.add("worker 1", f"job {jid}, attempt 1 at T, raised {a.error}", _why(a),
                {"status": a.status, "run_at": _at(a.wait_s or 0)}, kind="error")
         first = base_s - early_s
         clock.advance(first)

@@ -130,10 +130,11 @@ def _render(node: dict, depth: int = 0) -> list[str]:
     return lines
 
 
-def explain_claim(lab: Lab, *, drop_index: str | None = None) -> dict[str, Any]:
+def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) the claim's search (schedule.sql
     ``claim_search``, production.sql's claim without its UPDATE) in a transaction that is rolled
-    back, so its row lock goes.  ``drop_index`` drops that index first in the same transaction:
+    back, so its row lock goes; with ``lock=False`` the same search without FOR UPDATE SKIP
+    LOCKED (``claim_search_read``).  ``drop_index`` drops that index first in the same transaction:
     the planner plans without it, and the ROLLBACK puts it back as it was.  (DROP INDEX holds an
     ACCESS EXCLUSIVE lock on the table until then: a lab's move, never a live queue's.)
 
@@ -145,7 +146,8 @@ def explain_claim(lab: Lab, *, drop_index: str | None = None) -> dict[str, Any]:
         with conn.transaction(force_rollback=True):
             if drop_index:
                 conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(drop_index)))
-            doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _sql("claim_search")).fetchone()[0]
+            search = _sql("claim_search" if lock else "claim_search_read")
+            doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + search).fetchone()[0]
     if isinstance(doc, str):
         doc = _json.loads(doc)
     top = doc[0]
@@ -182,8 +184,10 @@ def plans(lab: Lab, *, history: int = 200_000, pending: int = 1_000) -> dict[str
 
     Returns ``history``, ``pending``, ``due`` (pending jobs due now), ``table_pages``,
     ``index_pages`` (job_due_idx), ``with_index`` and ``without_index`` (each what
-    :func:`explain_claim` returns), ``buffer_ratio`` (buffers without / with) and ``fill_s``
-    (seconds the fill, VACUUM and ANALYZE took)."""
+    :func:`explain_claim` returns), ``without_lock`` (the search with the index but without
+    FOR UPDATE SKIP LOCKED: no LockRows, and no Filter repeating the index's predicate),
+    ``buffer_ratio`` (buffers without / with) and ``fill_s`` (seconds the fill, VACUUM and
+    ANALYZE took)."""
     import time
 
     _check_plans(history, pending)
@@ -196,10 +200,11 @@ def plans(lab: Lab, *, history: int = 200_000, pending: int = 1_000) -> dict[str
     fill_s = time.perf_counter() - t0
     with_index = explain_claim(lab)
     without_index = explain_claim(lab, drop_index=DUE_INDEX)
+    without_lock = explain_claim(lab, lock=False)
     due = lab.execute(_sql("due_now"))[0][0]
     return {"history": history, "pending": pending, "due": int(due),
             "table_pages": _pages(lab, "job"), "index_pages": _pages(lab, DUE_INDEX),
-            "with_index": with_index, "without_index": without_index,
+            "with_index": with_index, "without_index": without_index, "without_lock": without_lock,
             "buffer_ratio": round(without_index["buffers"] / max(1, with_index["buffers"]), 1),
             "fill_s": round(fill_s, 2)}
 

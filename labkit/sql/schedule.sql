@@ -39,6 +39,14 @@ SELECT id FROM job
               LIMIT 1
               FOR UPDATE SKIP LOCKED;
 
+-- name: claim_search_read
+-- The same search without FOR UPDATE SKIP LOCKED: it reads and locks nothing
+-- (its plan shows what the lock adds to the claim's).
+SELECT id FROM job
+              WHERE status = 'PENDING' AND run_at <= now()
+              ORDER BY priority, run_at
+              LIMIT 1;
+
 -- name: enqueue_at
 -- %(n)s jobs of one kind and priority, arriving one a second from %(at)s;
 -- due at arrival, or at %(run_at)s when it is given (a scheduled job).
