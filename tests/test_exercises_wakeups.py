@@ -39,7 +39,28 @@ def test_a_plain_set_works_inside_and_leaks_to_the_next_client(lab, leaky):
     [finding] = wrong(check)
     assert "starts with lock_timeout 2s: A's setting leaked to another client" in finding
     assert check.findings[0][0] is True and "gave up with a lock timeout" in check.findings[0][1]
-    assert "hint" in str(check) and "SET LOCAL" in str(check)
+    assert check.hint == wakeups.HINTS["leaked"] and "hint" in str(check)
+    assert "LOCAL" not in str(check) and "set_config" not in str(check)   # the way, not the answer
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("SET LOCAL statement_timeout = '2s'", "inside"),
+    ("SET LOCAL lock_timeout = 'soon'", "failed"),
+    ("SET LOCAL lock_timeout = '2s'; COMMIT", "ended"),
+    ("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '1s'", "gave_up"),
+])
+def test_each_mistake_gets_the_hint_that_says_where_to_look(lab, answer, why):
+    check = wakeups.check_lock_timeout(lab, answer)
+    assert not check.passed and check.hint == wakeups.HINTS[why], str(check)
+    for hint in wakeups.HINTS.values():
+        assert "LOCAL" not in hint and "set_config" not in hint and "'2s'" not in hint
+
+
+def test_another_setting_that_stops_the_update_first_is_wrong_not_a_crash(lab):
+    check = wakeups.check_lock_timeout(
+        lab, "SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = '1s'")
+    [finding] = wrong(check)
+    assert "ended with QueryCanceled" in finding and "after about 2 s" not in finding
 
 
 def test_the_wrong_setting_never_applies_inside(lab):

@@ -301,9 +301,12 @@ def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, 
     s = r["set"]
     assert s["leaked"] and s["b_sees"] == "4321ms" != s["server_default"]
     assert not s["tracked"]["leaked"] and s["tracked"]["kept_for_a"]
-    assert s["set_local_inside"] == "4321ms" and not s["set_local_leaked"]
     b_rows = [row.text for row in r["set"]["transcript"].rows if row.session == "B"]
     assert "SHOW statement_timeout  → 4321ms" in b_rows
+    story = s["story"]                      # what the picture draws: one backend, A's value on it
+    assert [(d["client"], d["statement_timeout"]) for d in story] == [
+        ("B", s["server_default"]), ("A", "4321ms"), ("B", "4321ms"), ("B", s["server_default"])]
+    assert {d["backend_pid"] for d in story} == set(r["backend_pids"])
 
     a = r["advisory"]
     assert a["misbehaved"] and a["other_session_try"] is False and a["b_unlocks"] == [True, True]
@@ -316,13 +319,45 @@ def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, 
     p = r["prepared"]
     if pooler.version_tuple(r["pgbouncer_version"]) < (1, 21):
         assert p["broke"] and p["sqlstate"] == "42P05" and p["b_sees"] == [("_pg3_0",)]
+    first = r["prepared"]["transcript"].rows[0]
+    assert "n = 1, 2, 3, 4, 5" in first.text and "five runs" in first.note
     assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
+    _shared_session_picture(s, r["backend_pids"])
     with db.connect() as conn:                      # no advisory lock of the lab is left held
         key = pooler._key(lab)
         assert conn.execute("SELECT pg_try_advisory_lock(%s), pg_try_advisory_lock(%s)",
                             (key, key + 1)).fetchone() == (True, True)
     assert len(launched) == 1 and running(launched[0]) == [] and not pooler._live
     assert backends_gone(db, f"labkit:{lab.schema}:pooler%") == []
+
+
+def _shared_session_picture(s: dict, pids: list[int]) -> None:
+    """The set run's picture: every step drawn, the backend named, and it fits a slide."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.core.plots import setup_matplotlib
+    from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
+
+    setup_matplotlib()
+    fig = pooler.plot_shared_session(s)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts if t.get_text()]      # the arrows have none
+    assert [d["sent"] for d in s["story"]] == texts[0::2]
+    assert [d["statement_timeout"] for d in s["story"]] == texts[1::2]
+    assert f"backend {pids[0]}" in ax.get_yticklabels()[2].get_text()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    png = buf.getvalue()
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
+    with pytest.raises(LabkitError, match="transcripts"):
+        pooler.plot_shared_session({"leaked": True})
 
 
 def test_clients_refuse_a_name_they_do_not_have():

@@ -46,6 +46,40 @@ def test_a_notification_sent_while_no_one_listens_is_gone_and_the_poll_finds_the
     assert lab.execute("SELECT id, status FROM job") == [(r["job_id"], "DONE")]
 
 
+def test_every_listener_wakes_and_one_claim_finds_the_job(lab, db):
+    r = wk.every_listener_wakes(lab, listeners=3)
+    assert r["woke"] == 3 and r["jobs"] == 1
+    assert sorted(r["found"]) == [0, 0, 1]
+    assert r["claim_queries"] == 4                 # the finder's second claim finds nothing
+    assert lab.execute("SELECT status, attempts FROM job") == [("DONE", 1)]
+    assert backends_gone(db, f"labkit:{lab.schema}:wake-listen-%") == []
+    with pytest.raises(LabkitError, match="listeners"):
+        wk.every_listener_wakes(lab, listeners=1)
+
+
+def test_the_limits_of_notify_are_read_from_the_server(lab):
+    r = wk.notify_limits(lab)
+    page = int(lab.execute("SHOW block_size")[0][0])
+    assert r["page_bytes"] == page
+    version = lab.execute("SHOW server_version_num")[0][0]
+    if int(version) >= 170000:
+        pages = int(lab.execute("SHOW max_notify_queue_pages")[0][0])
+        assert r["queue_pages"] == pages and r["queue_bytes"] == pages * page
+    else:
+        assert r["queue_pages"] is None and r["queue_bytes"] is None
+    assert 0 <= r["queue_usage"] < 1
+    # the longest payload goes through; one byte more is refused, when pg_notify is called
+    assert 0 < r["longest_payload"] < page
+    assert r["too_long"] == {"sqlstate": "22023", "message": "payload string too long"}
+    with lab.connect(role="wake-check", autocommit=False) as conn:
+        sent = query("wakeup.sql", "notify_payload_of_length").sql
+        conn.execute(sent, {"channel": wk.channel(lab), "n": r["longest_payload"]})
+        conn.rollback()
+        with pytest.raises(Exception, match="payload string too long"):
+            conn.execute(sent, {"channel": wk.channel(lab), "n": r["longest_payload"] + 1})
+        conn.rollback()
+
+
 def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
     t = time.monotonic()
     r = wk.notify_trace(lab, jobs=12, poll_ms=400, safety_poll_ms=500)
@@ -56,6 +90,9 @@ def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
     assert r["claims_from_notify"] + r["claims_from_poll"] == 12
     assert r["claims_from_notify"] >= 11               # each job woke the worker itself
     assert r["missed_notifications_caught_by_poll"] == 1
+    # a claim per job plus an empty one per wake-up and the first sweep: no fewer than polling's
+    assert r["notify_claim_queries"] >= 2 * 12 + 1 and \
+        r["notify_claim_queries"] >= r["poll_claim_queries"]
     assert 0 <= r["notification_queue_usage"] < 0.01    # every listener read its notifications
     assert backends_gone(db, f"labkit:{lab.schema}:wake-%") == []
 
@@ -77,7 +114,9 @@ def test_the_worker_claims_every_job_from_the_table_in_both_modes(lab):
         if mode == "poll":
             assert r["claims_from_notify"] == 0 == r["notifications_received"]
         else:
-            assert r["notifications_received"] == 5 and r["claims_from_notify"] >= 4
+            # a job that came while the worker was claiming the one before is claimed in that
+            # drain, and the worker may stop before the last NOTIFY reaches it
+            assert 4 <= r["notifications_received"] <= 5 and r["claims_from_notify"] >= 4
 
 
 BAD = [
@@ -190,7 +229,20 @@ def test_the_picture_draws_a_real_run_and_fits_a_slide(lab):
     for mode in ("poll", "notify"):
         for _, enq, claimed, _ in r["timeline"][mode]["jobs"]:
             assert {round(enq, 4), round(claimed, 4)} <= drawn       # every enqueue and claim
-    assert round(r["timeline"]["restart"]["claimed"], 4) in drawn
+    restart = r["timeline"]["restart"]
+    assert {round(restart[k], 4) for k in ("enqueued", "listening", "claimed")} <= drawn
+    # overlapping waits of one lane are drawn on different sub-rows
+    for mode in ("poll", "notify"):
+        jobs = r["timeline"][mode]["jobs"]
+        rows = wk._sub_rows(jobs, 0.0)
+        for (_, e1, c1, _), r1 in zip(jobs, rows):
+            for (_, e2, c2, _), r2 in zip(jobs, rows):
+                if (e1, c1) != (e2, c2) and e1 <= e2 <= c1:
+                    assert r1 != r2
+    assert wk._sub_rows([(1, 0.0, 0.5, "poll"), (2, 0.2, 0.5, "poll"), (3, 0.6, 0.7, "poll")],
+                        0.05) == [0, 1, 0]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "a new LISTEN" in legend
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert f"median wait {r['poll_latency_ms_p50']:.3g} ms" in labels[0]
     buf = io.BytesIO()
@@ -328,7 +380,8 @@ def test_the_scripted_run_the_notebook_shows(lab, db):
     assert did["the server refuses connections (scripted)"] == "connect failed"
     assert did["the server takes connections again"] == "LISTEN; sweep: claimed job 5"
     assert did["stop()"] == "stopped"
-    assert 0.3 <= r["safety_poll_after_s"] <= 3 and r["stopped_in_s"] < 1
+    # the safety poll's window opened when jobs 2 and 3 were served, 0.2 s before the insert
+    assert 0.15 <= r["safety_poll_after_s"] <= 3 and r["stopped_in_s"] < 1
     assert max(len(line) for line in r["table"].splitlines()) <= 96
     for role in ("listen-worker", "wake-enqueue"):
         assert backends_gone(db, f"labkit:{lab.schema}:{role}") == []

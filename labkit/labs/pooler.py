@@ -1044,28 +1044,93 @@ def _claims_run(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.
 
 
 def _set_run(a: psycopg.Connection, b: psycopg.Connection) -> dict:
-    """A plain SET leaks to B, a tracked one does not, SET LOCAL ends with A's transaction."""
+    """A plain SET leaks to B; a parameter PgBouncer tracks does not.  After each of the
+    first four steps (A's SET and B's looks at it) the server backend that ran it is read,
+    outside the transcript, for :func:`plot_shared_session`."""
     run = Clients(A=a, B=b)
+    story: list[dict] = []
+
+    def told(client: str, conn: psycopg.Connection, sent: str, value: str) -> None:
+        story.append({"client": client, "sent": sent, "statement_timeout": value,
+                      "backend_pid": _pid(conn)})
+
     default = run("B", _q("show"), note="the server's default").rows[0][0]
+    told("B", b, f"SHOW → {default}", default)
     run("A", _q("session_set"))
+    told("A", a, f"SET …\n= '{SETTING}'", SETTING)
     b_sees = run("B", _q("show"), note="A's setting, in B's session").rows[0][0]
+    told("B", b, f"SHOW → {b_sees}", b_sees)
     run("B", _q("reset"), note="B puts it back: for every client")
+    told("B", b, "RESET", _one(b, "show"))
     run("A", _q("session_set_tracked"), note="a parameter PgBouncer tracks")
     b_tz = run("B", _q("show_tracked"), note="PgBouncer set B's own value back").rows[0][0]
     a_tz = run("A", _q("show_tracked"), note="and A's, when A came back").rows[0][0]
     run("A", _q("reset_tracked"))
-    run("A", "BEGIN")
-    run("A", _q("set_local"))
-    inside = run("A", _q("show"), note="inside A's transaction").rows[0][0]
-    run("A", "COMMIT")
-    after_local = run("B", _q("show"), note="SET LOCAL ended with A's transaction").rows[0][0]
     return {"server_default": default, "a_set": SETTING, "b_sees": b_sees,
             "leaked": b_sees == SETTING,
             "tracked": {"parameter": "TimeZone", "a_set": TRACKED_SETTING, "b_sees": b_tz,
                         "a_sees_after_b": a_tz, "leaked": b_tz == TRACKED_SETTING,
                         "kept_for_a": a_tz == TRACKED_SETTING},
-            "set_local_inside": inside, "b_sees_after_set_local": after_local,
-            "set_local_leaked": after_local == SETTING, "transcript": run.transcript()}
+            "story": story, "transcript": run.transcript()}
+
+
+def plot_shared_session(s: dict):
+    """The first four steps of :func:`transcripts`' ``set`` run drawn: client A's and
+    client B's statements, each going down through PgBouncer to the server backend that ran
+    it (its pid, read after each step), and that backend's ``statement_timeout`` after the
+    step.  One backend serves both clients in turn, so A's SET is still on it when B's
+    transaction runs.  Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import FancyBboxPatch
+
+    from ..core.plots import PALETTE
+
+    try:
+        story, default = s["story"], s["server_default"]
+        steps = [(d["client"], d["sent"], d["statement_timeout"], d["backend_pid"]) for d in story]
+    except (KeyError, TypeError):
+        raise LabkitError("plot_shared_session draws the 'set' run of pooler.transcripts.",
+                          "pass pooler.transcripts(lab)['set'].") from None
+    if not steps:
+        raise LabkitError("The run has no steps to draw.", "pass pooler.transcripts(lab)['set'].")
+    colour = {"A": PALETTE[0], "B": PALETTE[4]}
+    leaked_c, plain_c = PALETTE[1], "#eeeeee"
+    lane = {"A": 2.0, "B": 1.0}
+    server_y = 0.0
+    fig, ax = plt.subplots(figsize=(12, 4.6))
+    for x, (client, sent, value, pid) in enumerate(steps, start=1):
+        y = lane[client]
+        ax.add_patch(FancyBboxPatch((x - 0.42, y - 0.3), 0.84, 0.6,
+                                    boxstyle="round,pad=0.02", fc="white", ec=colour[client],
+                                    lw=2.5))
+        ax.text(x, y, sent, ha="center", va="center")
+        ax.annotate("", (x, server_y + 0.32), (x, y - 0.32),
+                    arrowprops=dict(arrowstyle="-|>", color=colour[client], lw=2))
+        mine = client == "A" or value == default
+        ax.add_patch(FancyBboxPatch((x - 0.42, server_y - 0.3), 0.84, 0.6,
+                                    boxstyle="round,pad=0.02",
+                                    fc=plain_c if mine else leaked_c, ec="#555555", lw=1))
+        ax.text(x, server_y, value, ha="center", va="center")
+    pids = sorted({p for *_, p in steps})
+    who = "backend " + ", ".join(map(str, pids))
+    ax.set_yticks([2, 1, server_y])
+    ax.set_yticklabels(["client A", "client B",
+                        f"the server session\n({who})\nstatement_timeout"])
+    ax.set_xticks(range(1, len(steps) + 1))
+    ax.set_xticklabels([f"step {i}" for i in range(1, len(steps) + 1)])
+    ax.set_xlim(0.45, len(steps) + 0.55)
+    ax.set_ylim(-0.45, 2.45)
+    for side in ("left", "right", "top", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    ax.set_title("Two clients of PgBouncer, one server session: A's SET stays on it")
+    handles = [Line2D([], [], color=colour["A"], lw=3, label="A's statement"),
+               Line2D([], [], color=colour["B"], lw=3, label="B's statement"),
+               Line2D([], [], ls="none", marker="s", ms=14, mfc=leaked_c, mec="#555555",
+                      label="what B's transaction ran with: A's value")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    return fig
 
 
 def _advisory_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
@@ -1141,13 +1206,13 @@ def _prepared_run(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
     p2 = bouncer.connect(application_name=name, prepare_threshold=5)
     run = Clients(A=p1, B=p2)
     try:
-        run("A", _q("prepared_a"), label="SELECT %(n)s::int AS a, runs 1 to 5",
-            runs=[{"n": n} for n in range(1, 6)])
-        run("A", _q("prepared_a"), {"n": 6}, label="run 6",
+        run("A", _q("prepared_a"), label="SELECT %(n)s::int AS a with n = 1, 2, 3, 4, 5",
+            runs=[{"n": n} for n in range(1, 6)], note="five runs; the last one's answer")
+        run("A", _q("prepared_a"), {"n": 6}, label="the same, n = 6",
             note="psycopg prepares it on the server session")
         seen = run("B", _q("prepared_names"), label="SELECT name FROM pg_prepared_statements",
                    note="A's prepared statement, in B's session").rows
-        b_step = run("B", _q("prepared_b"), label="SELECT %(n)s::int * 2 AS b, runs 1 to 6",
+        b_step = run("B", _q("prepared_b"), label="SELECT %(n)s::int * 2 AS b with n = 1 to 6",
                      runs=[{"n": n} for n in range(1, 7)])
     finally:
         p1.close()
@@ -1169,8 +1234,8 @@ def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict
     Returns ``pgbouncer_version``, ``backend_pids`` and ``same_backend`` (every statement of
     A and B on one server backend), and per story a dict with its ``transcript`` and what
     it found: ``claims`` (``ok``: every job claimed once and done; ``b_waited_in_pooler``),
-    ``set`` (``leaked``; ``tracked``; ``set_local_leaked``), ``advisory`` (``misbehaved``;
-    ``xact``), ``listen`` (``broken``: A heard nothing, B heard what it never asked for) and
+    ``set`` (``leaked``; ``tracked``; ``story``: what :func:`plot_shared_session` draws),
+    ``advisory`` (``misbehaved``; ``xact``), ``listen`` (``broken``: A heard nothing, B heard what it never asked for) and
     ``prepared`` (``broke``, ``sqlstate``)."""
     check_params(jobs=jobs, listen_wait_s=listen_wait_s)
     bouncer = PgBouncer()
@@ -1186,7 +1251,8 @@ def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict
             advisory = _advisory_run(a, b, direct, _key(lab))
             listen = _listen_run(a, b, direct, f"{lab.schema}_pooler", listen_wait_s)
             prepared = _prepared_run(bouncer, lab, a)
-            pids |= {_pid(a), _pid(b)} | set(claims["backend_pids"])
+            pids |= ({_pid(a), _pid(b)} | set(claims["backend_pids"])
+                     | {d["backend_pid"] for d in setting["story"]})
         finally:
             for conn in (a, b, direct):
                 conn.close()

@@ -15,6 +15,9 @@ never the job.  What the server guarantees about NOTIFY, shown here on a real se
   (the worker is restarting) is gone: LISTEN does not replay the past.  Only a poll of the
   table finds that job, which is why a notified worker keeps a safety-net poll (and sweeps
   the table right after its LISTEN).
+* :func:`every_listener_wakes` -- every listening session receives every notification: N
+  listeners, one job, N wake-ups and one claim that finds it.  :func:`notify_limits` -- the
+  notification queue's size and use, and the longest payload the server takes.
 * :func:`latency` / :func:`notify_trace` -- a real worker process, enqueue-to-claim latency
   on the server's clock, polling against notification (``labkit notify``:
   :func:`notify_command`); :func:`saves` -- the shape the notebook asserts of it;
@@ -29,8 +32,7 @@ What this lab does not measure, for the notebook's prose (checked against the Po
 documentation and source, not measured here):
 
 * The notification queue holds what has been sent but not yet read by every listening
-  session: 8 GB in a standard installation (``max_notify_queue_pages`` from PostgreSQL 17,
-  1,048,576 pages of 8 kB).  It is cleaned up only as far as the slowest listener has read:
+  session (its size: :func:`notify_limits`).  It is cleaned up only as far as the slowest listener has read:
   a session that LISTENs and then sits in a long transaction holds it back; the log warns
   from half full; once full, every transaction that calls NOTIFY fails at commit.
   ``pg_notification_queue_usage()`` reports the share in use.
@@ -223,6 +225,82 @@ def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
         got = _received(a, wait_ms / 1000)
         return {"channel": ch, "notified": 1, "received": len(got), "waited_ms": wait_ms,
                 "jobs_in_table": lab.execute("SELECT count(*) FROM job")[0][0]}
+
+
+def every_listener_wakes(lab: Lab, *, listeners: int = 3) -> dict:
+    """``listeners`` sessions LISTEN on the lab's channel; a producer enqueues one job with its
+    NOTIFY.  Each listener waits for its notification and then, as a notified worker does,
+    claims until nothing is due (production.sql "claim"), one listener after the other.
+
+    Returns ``listeners``, ``jobs`` (1), ``woke`` (listeners that received the notification),
+    ``found`` (jobs each listener's claims found, in turn) and ``claim_queries`` (all of
+    them, the empty ones included)."""
+    number("listeners", listeners, low=2, high=20, whole=True, example=3)
+    create_table(lab)
+    ch = channel(lab)
+    conns: list[psycopg.Connection] = []
+    try:
+        for i in range(listeners):
+            conns.append(lab.connect(role=f"wake-listen-{i + 1}"))
+            listen(conns[-1], ch)
+        lab.execute(_q("enqueue_and_notify"), {"channel": ch})
+        got = [_received(c, DELIVERY_TIMEOUT_S, stop_after=1) for c in conns]
+        found, queries = [], 0
+        for i, conn in enumerate(conns):
+            n = 0
+            while True:
+                queries += 1
+                if _claim(conn, f"listener-{i + 1}", LEASE_S) is None:
+                    break
+                n += 1
+            found.append(n)
+        return {"channel": ch, "listeners": listeners, "jobs": 1,
+                "woke": sum(1 for g in got if g), "found": found, "claim_queries": queries}
+    finally:
+        _close(*conns)
+
+
+def notify_limits(lab: Lab) -> dict:
+    """Two limits of NOTIFY, read from the server: the notification queue's maximum size
+    (``max_notify_queue_pages`` pages of ``block_size`` bytes; the setting exists from
+    PostgreSQL 17) and how full it is now (``pg_notification_queue_usage()``); and the
+    longest payload ``pg_notify`` accepts, found by trying lengths in transactions that are
+    rolled back, with the error one byte more gives.
+
+    Returns ``queue_pages`` (None before 17), ``page_bytes``, ``queue_bytes`` (None before
+    17), ``queue_usage`` (0 to 1), ``longest_payload`` (bytes) and ``too_long`` (the error's
+    SQLSTATE and message)."""
+    ch = channel(lab)
+    with lab.connect(role="wake-limits", autocommit=False) as conn:
+        pages, page_bytes = conn.execute(_q("queue_size")).fetchone()
+        usage = conn.execute(_q("queue_usage")).fetchone()[0]
+        conn.rollback()
+
+        def error_at(n: int) -> psycopg.Error | None:
+            try:
+                conn.execute(_q("notify_payload_of_length"), {"channel": ch, "n": n})
+                return None
+            except psycopg.errors.InvalidParameterValue as exc:
+                return exc
+            finally:
+                conn.rollback()                   # nothing is ever delivered
+
+        low, high = 1, 1 << 20                    # accepted, refused
+        if error_at(low) is not None or error_at(high) is None:
+            raise LabkitError("pg_notify did not refuse a payload of a mebibyte, or refused one "
+                              "of a byte.", "check the server with `labkit doctor`.")
+        while high - low > 1:
+            mid = (low + high) // 2
+            if error_at(mid) is None:
+                low = mid
+            else:
+                high = mid
+        exc = error_at(high)
+    return {"queue_pages": pages, "page_bytes": page_bytes,
+            "queue_bytes": pages * page_bytes if pages is not None else None,
+            "queue_usage": usage, "longest_payload": low,
+            "too_long": {"sqlstate": exc.sqlstate,
+                         "message": (exc.diag.message_primary or str(exc)).strip()}}
 
 
 def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, float] | None:
@@ -476,13 +554,30 @@ def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_
 # -- the picture: when jobs arrive, and when each worker notices them ------------------------
 
 
+def _sub_rows(jobs: list, margin: float) -> list[int]:
+    """A sub-row for each job (in the order given) so that no two waits on one sub-row
+    overlap, nor come within ``margin`` of each other: the first sub-row that is free."""
+    ends: list[float] = []
+    rows = []
+    for _, enq, claimed, _ in jobs:
+        row = next((k for k, e in enumerate(ends) if e + margin < enq), len(ends))
+        if row == len(ends):
+            ends.append(claimed)
+        else:
+            ends[row] = claimed
+        rows.append(row)
+    return rows
+
+
 def plot_wakeups(t: dict):
     """:func:`notify_trace`'s ``timeline`` drawn, one lane per worker, on the server's clock:
-    each job's enqueue (open circle) and claim (filled), the wait between them (a bar), and
-    each time the worker woke and claimed (a tick).  The polling worker's jobs wait for its
-    next poll; the notified worker's are claimed as their NOTIFY arrives at commit; the
-    restarted worker (its own run, from the moment its old session went) never hears the
-    NOTIFY sent while it was away, and its safety-net poll finds the job.  Returns the figure."""
+    each job's enqueue (open circle) and claim (filled), the wait between them (a bar; waits
+    that overlap go on sub-rows of their lane, one above the other), and each time the worker
+    woke and claimed (a tick).  The polling worker's jobs wait for its next poll; the
+    notified worker's are claimed as their NOTIFY arrives at commit; the restarted worker
+    (its own run, from the moment its old session went) never hears the NOTIFY sent while it
+    was away, LISTENs again with no sweep after it, and its safety-net poll finds the job.
+    Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -493,40 +588,52 @@ def plot_wakeups(t: dict):
         lanes = [(tl["poll"], f"polling every\n{poll_ms:g} ms", t["poll_latency_ms_p50"]),
                  (tl["notify"], "LISTEN, woken\nby NOTIFY", t["notify_latency_ms_p50"])]
         restart = tl["restart"]
+        r = {k: restart[k] for k in ("enqueued", "listening", "claimed")}
     except (KeyError, TypeError):
         raise LabkitError("plot_wakeups draws what notify_trace returns.",
                           "pass t = wakeup.notify_trace(lab, ...).") from None
-    wait_c, job_c, idle_c, lost_c = PALETTE[1], PALETTE[0], PALETTE[7], PALETTE[2]
-    fig, ax = plt.subplots(figsize=(12, 5.6))
-    labels = []
+    wait_c, job_c, idle_c, lost_c, listen_c = (PALETTE[1], PALETTE[0], PALETTE[7], PALETTE[2],
+                                               PALETTE[3])
+    end = max([j[2] for lane, _, _ in lanes for j in lane["jobs"]] + [r["claimed"] + 1.1])
+    margin = 0.025 * (end + 0.15)           # about a marker's width, in seconds
+    step = 0.26                             # between the sub-rows of a lane
+    fig, ax = plt.subplots(figsize=(12, 6.2))
+    labels, ys = [], []
     for row, (lane, name, median) in enumerate(lanes):
-        y = 2 - row
-        for _, enq, claimed, _ in lane["jobs"]:
-            ax.plot([enq, claimed], [y, y], color=wait_c, lw=9, solid_capstyle="butt", zorder=1)
-        ax.plot([j[1] for j in lane["jobs"]], [y] * len(lane["jobs"]), "o", mfc="white",
-                mec=job_c, mew=2, ms=11, zorder=2)
-        ax.plot([j[2] for j in lane["jobs"]], [y] * len(lane["jobs"]), "o", color=job_c,
-                ms=7, zorder=3)
-        woke = [at for at, _, _ in lane["wakeups"] if at >= -0.05]
-        ax.plot(woke, [y] * len(woke), "|", color=idle_c, ms=30, mew=1.5, zorder=0)
+        y = 2.1 - row * 1.05
+        ys.append(y)
+        sub = _sub_rows(lane["jobs"], margin)
+        n = max(sub, default=0) + 1
+        at = [y + (n - 1) / 2 * step - k * step for k in sub]
+        for (_, enq, claimed, _), yy in zip(lane["jobs"], at):
+            ax.plot([enq, claimed], [yy, yy], color=wait_c, lw=9, solid_capstyle="butt", zorder=1)
+        ax.plot([j[1] for j in lane["jobs"]], at, "o", mfc="white", mec=job_c, mew=2, ms=11,
+                ls="none", zorder=2)
+        ax.plot([j[2] for j in lane["jobs"]], at, "o", color=job_c, ms=7, ls="none", zorder=3)
+        woke = [w for w, _, _ in lane["wakeups"] if w >= -0.05]
+        half = max(0.2, (n - 1) / 2 * step + 0.14)
+        ax.vlines(woke, y - half, y + half, color=idle_c, lw=1.5, zorder=0)
         labels.append(f"{name}\nmedian wait {median:.3g} ms")
     # the restart: the job and its NOTIFY commit after the old session went, before the new
-    # LISTEN; the new session's first claim is its safety-net poll
-    y, r = 0, restart
+    # LISTEN; no sweep follows that LISTEN here, so the first claim is the safety-net poll
+    y = 0
+    ys.append(y)
     ax.plot([r["enqueued"], r["claimed"]], [y, y], color=wait_c, lw=9, solid_capstyle="butt")
     ax.plot([r["enqueued"]], [y], "o", mfc="white", mec=job_c, mew=2, ms=11, zorder=2)
-    ax.plot([r["enqueued"]], [y + 0.38], "x", color=lost_c, ms=14, mew=3)
-    ax.plot([r["claimed"]], [y], "|", color=idle_c, ms=30, mew=1.5, zorder=0)
+    ax.plot([r["enqueued"]], [y + 0.36], "x", color=lost_c, ms=14, mew=3)
+    ax.plot([r["listening"]], [y - 0.36], "^", color=listen_c, ms=13)
+    ax.vlines([r["claimed"]], y - 0.2, y + 0.2, color=idle_c, lw=1.5, zorder=0)
     ax.plot([r["claimed"]], [y], "o", color=job_c, ms=7, zorder=3)
-    ax.annotate("its NOTIFY, sent while no\nsession listened", (r["enqueued"], y + 0.38),
+    ax.annotate("its NOTIFY, sent while no session listened", (r["enqueued"], y + 0.36),
                 xytext=(14, 0), textcoords="offset points", va="center")
-    ax.annotate(f"the safety-net poll, {safety_ms / 1000:g} s\nafter the new LISTEN",
-                (r["claimed"], y), xytext=(14, -30), textcoords="offset points", va="center")
+    ax.annotate("the new LISTEN, and no sweep after it (on purpose)", (r["listening"], y - 0.36),
+                xytext=(14, 0), textcoords="offset points", va="center")
+    ax.annotate(f"the safety-net poll, {safety_ms / 1000:g} s after the LISTEN",
+                (r["claimed"], y), xytext=(14, 0), textcoords="offset points", va="center")
     labels.append("a restarted\nlistener")
-    ax.set_yticks([2, 1, 0])
+    ax.set_yticks(ys)
     ax.set_yticklabels(labels)
-    ax.set_ylim(-0.9, 2.6)
-    end = max([j[2] for lane, _, _ in lanes for j in lane["jobs"]] + [r["claimed"] + 1.1])
+    ax.set_ylim(-0.6, 2.75)
     ax.set_xlim(-0.05, end + 0.1)
     ax.set_xlabel("seconds on the server's clock, from the first enqueue (the restart: from "
                   "its old session's end)")
@@ -540,7 +647,8 @@ def plot_wakeups(t: dict):
                Line2D([], [], ls="none", marker="|", color=idle_c, ms=20, mew=1.5,
                       label="the worker wakes, claims"),
                Line2D([], [], ls="none", marker="x", color=lost_c, ms=12, mew=3,
-                      label="a NOTIFY nobody heard")]
+                      label="a NOTIFY nobody heard"),
+               Line2D([], [], ls="none", marker="^", color=listen_c, ms=12, label="a new LISTEN")]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
     return fig
 

@@ -36,9 +36,20 @@ SELECT (extract(epoch FROM clock_timestamp() - enqueued_at) * 1000)::float8 AS l
  WHERE id = %(id)s;
 
 -- name: queue_usage
--- The share (0 to 1) of the notification queue's maximum size (8 GB by default) that holds
--- notifications some listening session has not read yet.
+-- The share (0 to 1) of the notification queue's maximum size that holds notifications some
+-- listening session has not read yet.
 SELECT pg_notification_queue_usage();
+
+-- name: queue_size
+-- The notification queue's maximum size: max_notify_queue_pages (PostgreSQL 17 and later;
+-- NULL before) pages of block_size bytes.
+SELECT current_setting('max_notify_queue_pages', true)::bigint AS pages,
+       current_setting('block_size')::int AS page_bytes;
+
+-- name: notify_payload_of_length
+-- A notification whose payload is n bytes long (run in a transaction that is rolled back:
+-- nothing is delivered).  Too long a payload fails here, when pg_notify is called.
+SELECT pg_notify(%(channel)s, repeat('x', %(n)s));
 
 -- name: clock
 -- The server's clock, in seconds since 1970: when a worker woke, on the same clock as the

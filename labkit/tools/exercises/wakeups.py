@@ -23,11 +23,22 @@ from ...core.queries import query
 from . import Check, bind, scratch
 
 WANT = "2s"                 # the lock_timeout client A wants for its one transaction
-HINT = ("Write SET LOCAL lock_timeout = '2s' (or SELECT set_config('lock_timeout', '2s', "
-        "true)): it lasts until the transaction ends, so the next client the pooler hands "
-        "this server connection to starts from the default.")
-
-
+# What to look at, by what went wrong first (never the statement itself).
+HINTS = {
+    "failed": "Read the server's error above: the SQL runs as client A's first statement, "
+              "inside A's transaction, with no parameters.",
+    "ended": "Send only the setting: A's update comes after it, in the same transaction, so "
+             "the SQL must not COMMIT or ROLLBACK.",
+    "inside": "Look at which parameter and value the SQL sets: A wants lock_timeout to be 2 s "
+              "while its transaction runs.",
+    "gave_up": "Look at what else the SQL sets: only lock_timeout should decide how long A's "
+               "update waits for the row.",
+    "stored": "A role's or a database's setting reaches every new session; A wants the value "
+              "for one transaction only.",
+    "leaked": "A plain SET belongs to the server session, which outlives the transaction. Look "
+              "in the reference page of SET for a form whose value ends when the current "
+              "transaction ends, commit or rollback alike.",
+}
 def _q(name: str) -> str:
     return query("wakeups.sql", name).sql
 
@@ -54,7 +65,13 @@ def check_lock_timeout(lab: Lab, setting_sql: str) -> Check:
         raise LabkitError("The SQL to check is empty.",
                           "write the statement that sets lock_timeout for A's transaction only, "
                           "and run the cell again.")
-    check = Check("a lock_timeout of 2 s for client A's transaction only", hint=HINT)
+    check = Check("a lock_timeout of 2 s for client A's transaction only")
+
+    def wrong(why: str, text: str) -> None:
+        """A finding that is wrong, and the hint for the first one."""
+        check.add(False, text)
+        check.hint = check.hint or HINTS[why]
+
     box = scratch(lab)
     held = pooled = None
     try:
@@ -72,13 +89,14 @@ def check_lock_timeout(lab: Lab, setting_sql: str) -> Check:
         try:
             pooled.execute(text)
         except psycopg.Error as exc:
-            check.add(False, f"the SQL failed: {_first_line(exc)}")
+            wrong("failed", f"the SQL failed: {_first_line(exc)}")
             return check
         in_tx = pooled.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         if not in_tx:
-            check.add(False, "the SQL ended client A's transaction: A's update would run in a "
-                             "transaction of its own, without the setting")
+            wrong("ended", "the SQL ended client A's transaction: A's update would run in a "
+                           "transaction of its own, without the setting")
             pooled.execute("BEGIN")
+        where = "inside client A's transaction" if in_tx else "in the transaction begun after it"
         inside = _one(pooled, "lock_timeout")
         if inside == WANT:
             pooled.execute("SAVEPOINT attempt")
@@ -88,33 +106,40 @@ def check_lock_timeout(lab: Lab, setting_sql: str) -> Check:
                 outcome, gave_up = "succeeded", False
             except psycopg.errors.LockNotAvailable:
                 outcome, gave_up = "gave up with a lock timeout", True
+            except psycopg.Error as exc:                       # another setting stopped it
+                outcome, gave_up = f"ended with {_first_line(exc)}", False
             waited = time.monotonic() - t0
             pooled.execute("ROLLBACK TO SAVEPOINT attempt")
             on_time = 1.5 <= waited <= 10                      # about 2 s, on a busy machine too
-            check.add(gave_up and in_tx and on_time,
-                      f"inside client A's transaction lock_timeout is {inside}: its update of a "
-                      f"row another session holds {outcome}"
-                      + (" after about 2 s" if on_time else f" after {waited:.1f} s"))
+            said = (f"{where} lock_timeout is {inside}: its update of a row another session "
+                    f"holds {outcome}"
+                    + (" after about 2 s" if on_time else f" after {waited:.1f} s"))
+            if gave_up and on_time:
+                check.add(True, said)
+            else:
+                wrong("gave_up", said)
         else:
-            check.add(False, f"inside client A's transaction lock_timeout is {inside}, not "
-                             f"{WANT}: its update of a locked row would wait "
-                             + ("for ever" if inside in ("0", "0ms") else f"{inside}"))
+            wrong("inside", f"{where} lock_timeout is {inside}, not {WANT}: its update of a "
+                            f"locked row would wait "
+                            + ("for ever" if inside in ("0", "0ms") else f"{inside}"))
         changed = pooled.execute(_q("stored_settings")).fetchall() != stored
         if changed:
             pooled.execute("ROLLBACK")                         # undone: no role keeps it
-            check.add(False, "the SQL changed a role's or a database's settings: every new "
-                             "session would start with it, not only A's transaction (undone)")
+            wrong("stored", "the SQL changed a role's or a database's settings: every new "
+                            "session would start with it, not only A's transaction (undone)")
         else:
             pooled.execute("COMMIT")                           # A is done; the pooler moves on
 
         pooled.execute("BEGIN")                                # client B, same server connection
         after = _one(pooled, "lock_timeout")
         pooled.execute("COMMIT")
-        check.add(after == default,
-                  f"client B's transaction, next on the same server connection, starts with "
-                  f"lock_timeout {after}, the connection's default" if after == default else
-                  f"client B's transaction, next on the same server connection, starts with "
-                  f"lock_timeout {after}: A's setting leaked to another client")
+        if after == default:
+            check.add(True, f"client B's transaction, next on the same server connection, starts "
+                            f"with lock_timeout {after}, the connection's default")
+        else:
+            wrong("leaked", f"client B's transaction, next on the same server connection, "
+                            f"starts with lock_timeout {after}: A's setting leaked to another "
+                            f"client")
         return check
     finally:
         for conn in (pooled, held):
