@@ -87,6 +87,27 @@ def test_the_three_relays_differ_only_in_their_read(lab):
     assert out["safe"]["held_back_while_open"] == 1
 
 
+def test_the_id_alone_under_the_bound_loses_a_row_the_xid_id_cursor_publishes(lab, db):
+    r = cg.id_cursor_gap(lab)
+    n = cg.PRELOAD + 1
+    assert r["xid_order"] == [n + 1, n]                    # ids and xids in different orders
+    assert r["id_cursor_lost_events"] == [n] and r["lost_event_ids"] == [rl.event_id(n)]
+    assert r["safe_cursor_lost_events"] == []
+    assert r["publish_order"] == {"bounded": [n + 1], "safe": [n + 1, n]}
+    # the id cursor stands past row n, which is committed, and its read will never return it
+    assert cg.cursor_position(lab, "bounded") == n + 1
+    assert lab.execute(query("cursor.sql", "bounded_read").sql, {"batch": 100}) == []
+    _clean(r["run"])
+    labels = [(st.session, st.label) for st in r["run"].steps]
+    assert labels[:4] == [("P1", f"BEGIN; order {n + 1}"), ("P2", f"BEGIN; place order {n}"),
+                          ("P1", f"order {n + 1}'s event"), ("P1", "COMMIT")]
+    assert labels.index(("P2", "COMMIT")) > labels.index(("relay", f"B cursor := row {n + 1}"))
+    assert f"{rl.event_id(n)} is lost" in r["transcript"]
+    assert r["transcript"] == cg.id_cursor_gap(lab)["transcript"]        # reproduces exactly
+    assert max(map(len, r["transcript"].splitlines())) <= 96
+    _no_sessions_left(db, lab.schema)
+
+
 def test_a_writer_anywhere_holds_the_safe_cursor_back_a_reader_does_not(lab, db):
     r = cg.open_writer_stall(lab)
     assert r["held_back_by_open_reader"] == 0 and r["published_while_reader_open"] == 1
@@ -159,6 +180,8 @@ def test_bad_input_to_the_lab_functions(lab):
         cg.safe_cursor_gap(lab, later=MAX_PLUS_ONE)
     with pytest.raises(LabkitError, match="wait_s"):
         cg.open_writer_stall(lab, wait_s=-1)
+    with pytest.raises(LabkitError, match="wait_s"):
+        cg.id_cursor_gap(lab, wait_s=601)
     with pytest.raises(LabkitError, match="No relay"):
         cg.create_cursor_outbox(lab, "offset")
     with pytest.raises(LabkitError, match="No relay"):
@@ -243,6 +266,10 @@ def test_the_timeline_is_read_from_the_server_and_drawn(lab):
         (6, [], 2), (9, [n, n + 1, n + 2, n + 3], 6), (12, [], 6)]
     assert {r["id"]: r["published"] for r in sc["rows"]}[n] == 10
     assert sc["cursor"] == [(0, cg.PRELOAD), (11, n + 3)]
+    # the bound after every step: two rows below it until P1's COMMIT (step 8), all six after
+    assert sc["bound"] == [(k, 2 if k < 8 else 6) for k in range(1, sc["steps"] + 1)]
+    assert rows[n]["committed"] == 9 and {r["id"]: r for r in sc["rows"]}[n]["committed"] == 8
+    assert hw["bound"] == []
     assert not re.search(r"\d{4,}", json.dumps([hw, sc]))          # no transaction id in it
     fig = cg.plot_cursors(high, safe)
     left, right = fig.axes[:2]
@@ -250,7 +277,8 @@ def test_the_timeline_is_read_from_the_server_and_drawn(lab):
     assert len(lost) == 1 and set(lost[0].get_ydata()) == {hw["order"].index(n) + 1}
     assert not [line for line in right.get_lines() if line.get_label() == "committed, never published"]
     assert [t.get_text() for t in left.get_yticklabels()] == [f"id {i}" for i in hw["order"]]
-    assert any("oldest open writer" in line.get_label() for line in right.get_lines())
+    bound = [line for line in right.get_lines() if "oldest open writer" in line.get_label()]
+    assert len(bound) == 1 and not right.collections           # a dashed line, nothing shaded
     fig.canvas.draw()
     width, height = fig.canvas.get_width_height()
     assert width <= 1224 and height <= 664

@@ -18,6 +18,11 @@ XID_FILTER_ID_CURSOR = ("SELECT id FROM outbox WHERE xid < pg_snapshot_xmin(pg_c
 # (xid, id) without the bound: P1's row, committed late, sorts below a cursor already past it
 NO_BOUND = "SELECT id FROM outbox WHERE (xid, id) > (%(last_xid)s::xid8, %(last_id)s) ORDER BY xid, id"
 INCLUSIVE = ex.SAFE_READ.replace("(xid, id) >", "(xid, id) >=")
+# the bound and the (xid, id) cursor, but not read in the cursor's order
+BY_ID = ex.SAFE_READ.replace("ORDER BY xid, id", "ORDER BY id")
+UNORDERED = ex.SAFE_READ.replace(" ORDER BY xid, id\n", "")
+BY_ID_NO_LIMIT = BY_ID.replace(" LIMIT %(batch)s\n", "")
+assert BY_ID != ex.SAFE_READ and "ORDER" not in UNORDERED and "LIMIT" not in BY_ID_NO_LIMIT
 
 PLAIN_CLAIM = lk.read_sql("outbox_claim.sql")
 PER_AGGREGATE = query("ordering.sql", "claim_per_aggregate").text
@@ -26,6 +31,8 @@ NO_LOCK = "SELECT id FROM outbox WHERE published_at IS NULL ORDER BY created_at,
 ANY_OLDER = ("SELECT id FROM outbox o WHERE published_at IS NULL AND NOT EXISTS (SELECT 1 FROM outbox "
              "older WHERE older.aggregate = o.aggregate AND older.version < o.version) "
              "ORDER BY created_at, id LIMIT %(batch)s FOR UPDATE SKIP LOCKED")
+# a lock both relays can hold at once: the second relay's mark waits for the first one
+SHARED = PLAIN_CLAIM.replace("FOR UPDATE SKIP LOCKED", "FOR SHARE SKIP LOCKED")
 
 
 def _failures(result) -> str:
@@ -35,7 +42,7 @@ def _failures(result) -> str:
 def test_the_safe_read_passes_and_shows_what_each_read_returned(lab):
     result = ex.check_safe_read(lab, ex.SAFE_READ)
     assert result.passed, str(result)
-    assert "the reads, in turn: none; 1, 2; 4; 3; none" in result.findings[0][1]
+    assert "the reads, in turn: none; 1, 2; 4; 3; 7, 5; 6; none" in result.findings[0][1]
     assert str(result).startswith("PASS") and "hint" not in str(result)
 
 
@@ -52,12 +59,14 @@ def test_the_lab_safe_read_with_its_cursor_as_parameters_passes(lab):
     (HIGH_WATER, [1, 3], ["Row 1 (P1's", "row 3 (P2's second"]),
     (XID_FILTER_ID_CURSOR, [3], ["Row 3 (P2's second: a lower id than P3's row, a newer xid"]),
     (NO_BOUND, [1], ["Row 1 (P1's: inserted first"]),
+    (BY_ID, [7], ["Row 7 (P1's second: its transaction wrote before rows 5 and 6", "5, 6; none"]),
+    (UNORDERED, [7], ["Row 7 (P1's second"]),
 ])
 def test_a_read_that_passes_a_row_behind_its_cursor_loses_it(lab, sql, lost, wrong):
     result = ex.check_safe_read(lab, sql)
-    assert not result.passed and "\n  hint  Read only rows" in str(result)
+    assert not result.passed and "\n  hint  Which rows can still commit behind" in str(result)
     failed = _failures(result)
-    for k in (1, 2, 3, 4):
+    for k in range(1, 8):
         assert (f"ow {k} (" in failed) == (k in lost), str(result)
     for text in wrong:
         assert text in failed, str(result)
@@ -65,11 +74,29 @@ def test_a_read_that_passes_a_row_behind_its_cursor_loses_it(lab, sql, lost, wro
     assert [ok for ok, _ in result.findings] == [False, True, True]
 
 
-def test_a_read_that_does_not_move_past_its_cursor_returns_rows_twice(lab):
-    result = ex.check_safe_read(lab, INCLUSIVE)
+@pytest.mark.parametrize("sql, twice", [(INCLUSIVE, "2, 3, 4, 5, 7"), (BY_ID_NO_LIMIT, "5, 6")])
+def test_a_read_that_does_not_move_past_its_cursor_returns_rows_twice(lab, sql, twice):
+    result = ex.check_safe_read(lab, sql)
     assert not result.passed
     assert [ok for ok, _ in result.findings] == [True, False, True]
-    assert "returned more than once: the cursor did not move past them" in _failures(result)
+    assert f"row(s) {twice} returned more than once: the cursor did not move past them" in _failures(result)
+
+
+def test_a_read_in_the_cursors_order_passes_with_or_without_a_limit(lab):
+    assert ex.check_safe_read(lab, ex.SAFE_READ.replace(" LIMIT %(batch)s\n", "")).passed
+
+
+def test_the_hints_point_at_what_to_look_at_not_at_the_answer():
+    for hint in (ex.SAFE_READ_HINT, ex.AGGREGATE_CLAIM_HINT):
+        for answer in ("pg_snapshot_xmin", "ORDER BY", "NOT EXISTS", "published_at IS NULL", "xid8",
+                       "SKIP LOCKED", "older.version"):
+            assert answer not in hint
+
+
+def test_a_read_that_returns_nothing_gets_one_finding_not_empty_oks(lab):
+    result = ex.check_safe_read(lab, "SELECT id FROM outbox WHERE false AND id > %(last_id)s")
+    assert [ok for ok, _ in result.findings] == [False]
+    assert "the reads returned no row at all" in _failures(result) and "while 7 were committed" in str(result)
 
 
 def test_a_broken_read_is_a_finding_not_a_crash(lab):
@@ -115,8 +142,12 @@ def test_the_plain_skip_locked_claim_reorders_an_order(lab):
 
 
 @pytest.mark.parametrize("sql, wrong", [
-    (NO_LOCK, "reached it more than once"),
-    (ANY_OLDER, "events never reached the broker"),
+    (NO_LOCK, "10 of 10 events reached the broker more than once: both relays claimed 1, 2, 3"),
+    (NO_LOCK, "in the same round: nothing kept the second claim from returning rows the first one held"),
+    (ANY_OLDER, "7 of 10 events never reached the broker: both claims came back empty while no "
+                "relay held anything, though in each order the oldest of them had no older event "
+                "left unpublished"),
+    (SHARED, "relay B's mark failed: it waited for the other relay's lock on rows both relays had"),
     ("SELECT id FROM outbx LIMIT %(batch)s", "relay A's claim failed"),
 ])
 def test_wrong_claims_fail_with_their_finding(lab, sql, wrong):

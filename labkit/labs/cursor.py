@@ -30,6 +30,11 @@ it reproduces exactly), all on the outbox of ``relay.create_outbox``, in ``curso
   anything, on any table of any database of the server, holds it back the same way
   (:func:`open_writer_stall`).
 
+Why the transaction-id cursor keeps (xid, id) and not the id alone: a transaction's xid comes
+from its first write and an outbox row's id from its INSERT, so the two orders can differ.
+:func:`id_cursor_gap` runs the bound with an id cursor (``bounded_read``) beside the (xid, id)
+cursor in one script: the id cursor passes a row whose writer is newer, for good.
+
 The broker is a table here (``published``): a scripted session sends only SQL.  Every number
 returned is read back from the server, and so is each run's ``timeline`` (when each row was
 inserted, committed and published, where the cursor stood at each read), which
@@ -56,7 +61,7 @@ BATCH = 100          # rows one relay read takes at most
 PRELOAD = 2          # orders placed and published before the script starts
 MAX_LATER = 20
 MAX_WAIT_S = 600
-RELAYS = ("cursor", "flag", "safe")
+RELAYS = ("cursor", "flag", "safe", "bounded")
 SESSION_ROLES = ("P1", "P2", "relay", "batch", "monitor", "relay-setup", "producer")
 
 
@@ -149,14 +154,18 @@ def place_text(lab: Lab, order_id: int) -> str:
     return ";\n".join(place_parts(lab, order_id))
 
 
-def tick(lab: Lab, relay: str, step: StepFn, *, settle: Callable[[], None] | None = None) -> list[int]:
-    """One round of ``relay`` ("cursor", "flag" or "safe"), each statement sent through
-    ``step(sql, label)``; returns the outbox ids it published, in order.  ``settle()``, when
-    given, runs before the safe cursor's read (see :func:`settle_other_writers`).
+def tick(lab: Lab, relay: str, step: StepFn, *, settle: Callable[[], None] | None = None,
+         tag: str = "") -> list[int]:
+    """One round of ``relay`` ("cursor", "flag", "safe" or "bounded"), each statement sent
+    through ``step(sql, label)``; returns the outbox ids it published, in order.  ``settle()``,
+    when given, runs before a read below the bound (see :func:`settle_other_writers`).
+    ``tag``, when given, starts each label (``A read``, ``A cursor := 4``) and the cursor's
+    move names the row it moves to.
 
-    cursor: read ``id > cursor``; publish; cursor := last id read.
-    flag:   BEGIN; the seed's claim (SKIP LOCKED); publish; mark published_at; COMMIT.
-    safe:   read below the oldest open writer past (xid, id); publish; cursor := (xid, id) of the last."""
+    cursor:  read ``id > cursor``; publish; cursor := last id read.
+    flag:    BEGIN; the seed's claim (SKIP LOCKED); publish; mark published_at; COMMIT.
+    safe:    read below the oldest open writer past (xid, id); publish; cursor := (xid, id) of the last.
+    bounded: read below the oldest open writer past the last id, by id; publish; cursor := last id."""
     if relay not in RELAYS:
         raise LabkitError(f"No relay {relay!r}.", f"use one of {', '.join(RELAYS)}.")
     if relay == "flag":
@@ -166,17 +175,19 @@ def tick(lab: Lab, relay: str, step: StepFn, *, settle: Callable[[], None] | Non
             step(fencing.bind(lab, rl.MARK, ids=ids), f"mark {_ids(ids)} published")
         step("COMMIT", "COMMIT")
         return ids
-    if relay == "safe" and settle is not None:
+    if relay in ("safe", "bounded") and settle is not None:
         settle()
-    read = "cursor_read" if relay == "cursor" else "safe_read"
-    label = (f"read id > {cursor_position(lab, relay)}" if relay == "cursor"
-             else "read below oldest writer")
-    ids = [r[0] for r in step(fencing.bind(lab, _sql(read), batch=BATCH), label)]
+    pre = f"{tag} " if tag else ""
+    read = {"cursor": "cursor_read", "safe": "safe_read", "bounded": "bounded_read"}[relay]
+    label = (f"read id > {cursor_position(lab, relay)}" if relay == "cursor" and not tag
+             else "read" if tag else "read below oldest writer")
+    ids = [r[0] for r in step(fencing.bind(lab, _sql(read), batch=BATCH), pre + label)]
     if ids:
-        step(fencing.bind(lab, _sql("publish"), relay=relay, ids=ids), f"publish {_ids(ids)}")
-        advance = "cursor_advance" if relay == "cursor" else "safe_advance"
-        to = f"{ids[-1]}" if relay == "cursor" else f"(xid of {ids[-1]}, {ids[-1]})"
-        step(fencing.bind(lab, _sql(advance), id=ids[-1]), f"cursor := {to}")
+        step(fencing.bind(lab, _sql("publish"), relay=relay, ids=ids), f"{pre}publish {_ids(ids)}")
+        advance = {"cursor": "cursor_advance", "safe": "safe_advance", "bounded": "bounded_advance"}[relay]
+        to = (f"row {ids[-1]}" if relay == "safe" and tag else
+              f"(xid of {ids[-1]}, {ids[-1]})" if relay == "safe" else f"{ids[-1]}")
+        step(fencing.bind(lab, _sql(advance), id=ids[-1]), f"{pre}cursor := {to}")
     return ids
 
 
@@ -233,6 +244,11 @@ def create_cursor_outbox(lab: Lab, relay: str, *, wait_s: float = 10.0) -> None:
     for stmt in query("cursor.sql", "tables").statements:
         lab.execute(stmt)
     rl.place_orders(lab, PRELOAD)
+    _publish_all(lab, relay, wait_s)
+
+
+def _publish_all(lab: Lab, relay: str, wait_s: float) -> None:
+    """``relay`` publishes every committed outbox row, over a connection of its own."""
     with lab.connect(role="relay-setup") as conn:
         def step(text: str, label: str) -> list[tuple]:
             rows: list[tuple] = []
@@ -257,11 +273,14 @@ class _Timeline:
     """Sampled from the server after every step of a run: when each outbox row was inserted
     (the producer's step that returned its id), when another session could first see it
     (committed), when the broker got it, where the relay's cursor stood, and at each poll
-    what it returned and, for the safe cursor, how many rows lay below the oldest open writer.
-    Steps are numbered as in the transcript; rows placed before the script are at step 0."""
+    what it returned and, for the safe cursor, where the oldest open writer stood after every
+    step (read as the relay's next read would see it: ``settle()`` first waits out older
+    writers of other sessions, as before each read).  Steps are numbered as in the transcript;
+    rows placed before the script are at step 0."""
 
-    def __init__(self, lab: Lab, relay: str) -> None:
-        self.lab, self.relay = lab, relay
+    def __init__(self, lab: Lab, relay: str, settle: Callable[[], None] | None = None) -> None:
+        self.lab, self.relay, self.settle = lab, relay, settle
+        self.bounds: list[tuple[int, int]] = []
         before = [r[0] for r in lab.execute("SELECT id FROM outbox ORDER BY id")]
         self.inserted = {i: 0 for i in before}
         self.committed = {i: 0 for i in before}
@@ -281,21 +300,28 @@ class _Timeline:
             at = cursor_position(self.lab, self.relay)
             if at != self.cursor[-1][1]:
                 self.cursor.append((k, at))
+        bound = None
+        if self.relay == "safe":
+            if self.settle is not None:
+                self.settle()
+            bound = int(self.lab.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")[0][0])
+            self.bounds.append((k, bound))
         if st.session == "relay" and st.label.startswith(("read", "BEGIN; claim")):
-            bound = self.lab.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")[0][0]
-            self.polls.append({"step": k, "ids": [int(r[0]) for r in st.rows], "bound": int(bound)})
+            self.polls.append({"step": k, "ids": [int(r[0]) for r in st.rows], "bound": bound})
 
     def result(self, steps: int) -> dict:
         """The timeline, with no transaction id in it (they differ on every run): rows in the
         relay's read order ("id", or "(xid, id)" for the safe cursor) and, per poll of the safe
-        cursor, how many of them lay below the oldest open writer."""
+        cursor, how many of them lay below the oldest open writer; ``bound``: that count after
+        every step, as (step, rows below)."""
         xids = {i: int(x) for i, x in self.lab.execute("SELECT id, xid::text FROM outbox")}
         key = (lambda i: (xids[i], i)) if self.relay == "safe" else (lambda i: i)
         order = sorted(xids, key=key)
         polls = [{"step": p["step"], "ids": p["ids"],
                   "below_bound": sum(xids[i] < p["bound"] for i in order) if self.relay == "safe" else None}
                  for p in self.polls]
-        return {"relay": self.relay, "steps": steps,
+        bound = [(k, sum(xids[i] < b for i in order)) for k, b in self.bounds]
+        return {"relay": self.relay, "steps": steps, "bound": bound,
                 "order": order, "order_by": "(xid, id)" if self.relay == "safe" else "id",
                 "rows": [{"id": i, "inserted": self.inserted.get(i), "committed": self.committed.get(i),
                           "published": self.published.get(i)} for i in order],
@@ -313,7 +339,12 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
     newer = list(range(n + 1, n + later + 1))
     notes: dict[int | str, str] = {}
     holder = None
-    timeline = _Timeline(lab, relay)
+    run: Sessions | None = None
+
+    def settle() -> None:
+        settle_other_writers(lab, run, wait_s)
+
+    timeline = _Timeline(lab, relay, settle if relay == "safe" else None)
     with Sessions(lab, "P1", "P2", "relay") as run:
         def do(session: str, text: str, label: str | None = None):
             st = run.step(session, text, label=label)
@@ -325,9 +356,6 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
 
         def at() -> int:
             return len(run.steps)
-
-        def settle() -> None:
-            settle_other_writers(lab, run, wait_s)
 
         do("P1", "BEGIN")
         placed = do("P1", place_text(lab, n), label=f"place order {n}")
@@ -443,6 +471,82 @@ def safe_cursor_gap(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
     return _gap(lab, "safe", later, wait_s, "safe_cursor_lost_events")
 
 
+# -- why the cursor is (xid, id), not the id alone -----------------------------------------------
+
+
+def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> dict:
+    """Ids and transaction ids in different orders: the bound with the id alone as the cursor
+    (relay A, ``bounded_read``) loses a row that the (xid, id) cursor (relay B, ``safe_read``)
+    publishes, in one script.  P1 writes its order row first (so its transaction gets the
+    older xid); P2 begins, places order n and takes outbox id n; P1 writes its outbox row,
+    id n+1, and commits.  With P2 still open both relays read: row n+1 is below the bound
+    (its writer is older than P2 and has ended), so both publish it.  A's cursor is now n+1,
+    B's is (xid, id) of row n+1.  P2 commits: ``id > n+1`` never returns row n, while row n
+    sorts after B's cursor, its writer being newer.
+
+    Returns ``id_cursor_lost_events`` ([n]), ``safe_cursor_lost_events`` ([]),
+    ``lost_event_ids`` (A's, as event ids), ``xid_order`` (the two rows' ids in their writers'
+    xid order: [n+1, n]), ``publish_order`` (per relay, "bounded" and "safe", after the
+    preload), ``transcript`` and ``run``.  ``wait_s``: how long to wait for older transactions
+    of other sessions, before the script and before each read (:func:`settle_other_writers`)."""
+    check_params(wait_s=wait_s)
+    create_cursor_outbox(lab, "safe", wait_s=wait_s)
+    _publish_all(lab, "bounded", wait_s)
+    n = PRELOAD + 1
+    notes: dict[int | str, str] = {}
+    with Sessions(lab, "P1", "P2", "relay") as run:
+        def step(text: str, label: str) -> list[tuple]:
+            return run.relay(text, label=label).rows
+
+        def at() -> int:
+            return len(run.steps)
+
+        def settle() -> None:
+            settle_other_writers(lab, run, wait_s)
+
+        order, event = place_parts(lab, n + 1)
+        run.P1(f"BEGIN;\n{order}", label=f"BEGIN; order {n + 1}")
+        notes[at()] = f"P1's first write, order {n + 1}'s row, gives its transaction an xid"
+        placed = run.P2(f"BEGIN;\n{place_text(lab, n)}", label=f"BEGIN; place order {n}")
+        notes[at()] = f"P2's transaction gets a newer xid, but its outbox row takes id {n} first"
+        got = run.P1(event, label=f"order {n + 1}'s event")
+        if placed.rows != [(n, rl.event_id(n))] or got.rows != [(n + 1, rl.event_id(n + 1))]:
+            raise LabkitError(f"The outbox rows got ids {placed.rows} and {got.rows}, not {n} and {n + 1}: "
+                              "the outbox was not new.", "run it on a lab of its own (lab.reset() first).")
+        notes[at()] = f"P1's outbox row takes id {n + 1}: by xid, row {n + 1} comes before row {n}"
+        run.P1("COMMIT")
+        read_at = at() + 1
+        tick(lab, "bounded", step, settle=settle, tag="A")
+        notes[read_at] = (f"P2 is the oldest open writer; row {n + 1}'s writer, P1, is older and "
+                          "has ended")
+        notes[at()] = f"A's cursor moves to {n + 1}: every id up to {n + 1} counts as published"
+        tick(lab, "safe", step, settle=settle, tag="B")
+        notes[at()] = f"B's cursor is row {n + 1}'s (xid, id); row {n}'s writer is newer"
+        run.P2("COMMIT")
+        notes[at()] = f"row {n} is committed now"
+        read_at = at() + 1
+        tick(lab, "bounded", step, settle=settle, tag="A")
+        notes[read_at] = f"id > {n + 1} never returns row {n}: {rl.event_id(n)} is lost"
+        read_at = at() + 1
+        for _ in range(3):
+            if not tick(lab, "safe", step, settle=settle, tag="B"):
+                break
+        notes[read_at] = f"row {n} sorts after B's cursor: B publishes it"
+    lost = unpublished(lab, "bounded")
+    safe_lost = unpublished(lab, "safe")
+    if safe_lost and (who := _older_writers(lab, "safe")):
+        raise _held_back_error(who, "one began while the script ran")
+    xid_order = [i for (i,) in lab.execute("SELECT id FROM outbox WHERE id = ANY(%s) ORDER BY xid",
+                                           ([n, n + 1],))]
+    return {"id_cursor_lost_events": lost,
+            "safe_cursor_lost_events": safe_lost,
+            "lost_event_ids": [rl.event_id(i) for i in lost],
+            "xid_order": xid_order,
+            "publish_order": {r: publish_order(lab, r)[PRELOAD:] for r in ("bounded", "safe")},
+            "transcript": _story(run, dict(sorted(notes.items()))),
+            "run": run}
+
+
 # -- what holds the safe cursor back -----------------------------------------------------------
 
 
@@ -519,7 +623,7 @@ def _draw_timeline(ax, tl: dict, title: str) -> None:
     read at the bottom), x the transcript's step; each row dotted while it is inserted but not
     committed, solid while committed and waiting, a dot when the broker got it, a cross at the
     end if it never did; the cursor as a step line between rows, a triangle at each poll; for
-    the safe cursor, the oldest open writer's bound as a dashed line."""
+    the safe cursor, the oldest open writer's bound after every step as a dashed line."""
     from ..core.plots import PALETTE
 
     end = tl["steps"] + 0.6
@@ -544,11 +648,9 @@ def _draw_timeline(ax, tl: dict, title: str) -> None:
     for poll in tl["polls"]:
         at = max(k for k in level if k <= poll["step"])
         ax.plot([poll["step"]], [level[at]], "v", ms=14, color=PALETTE[0], label="a poll (the read)")
-    if tl["order_by"] == "(xid, id)":
-        steps = [p["step"] for p in tl["polls"]]
-        below = [p["below_bound"] + 0.5 for p in tl["polls"]]
-        ax.fill_between(steps + [end], 0.4, below + below[-1:], step="post", color=PALETTE[1],
-                        alpha=0.15, lw=0)
+    if tl["order_by"] == "(xid, id)" and tl["bound"]:
+        steps = [k for k, _ in tl["bound"]]
+        below = [b + 0.5 for _, b in tl["bound"]]
         ax.step(steps + [end], below + below[-1:], where="post", ls="--", lw=3, color=PALETTE[1],
                 label="oldest open writer: the read stays below it")
     ax.set_yticks(list(rank.values()), [f"id {i}" for i in rank])

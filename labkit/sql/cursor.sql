@@ -12,9 +12,9 @@ CREATE INDEX outbox_xid_idx ON outbox (xid, id);                -- the safe curs
 CREATE TABLE relay_cursor (
     relay     text   PRIMARY KEY,
     last_xid  xid8   NOT NULL DEFAULT '0',    -- the safe cursor: (last_xid, last_id)
-    last_id   bigint NOT NULL DEFAULT 0       -- the high-water mark: last_id alone
+    last_id   bigint NOT NULL DEFAULT 0       -- the id cursors: last_id alone
 );
-INSERT INTO relay_cursor (relay) VALUES ('cursor'), ('safe');
+INSERT INTO relay_cursor (relay) VALUES ('cursor'), ('safe'), ('bounded');
 
 -- A scripted session sends only SQL: the broker is a table here, one row per message sent.
 CREATE TABLE published (
@@ -75,6 +75,22 @@ UPDATE relay_cursor c
    SET last_xid = o.xid, last_id = o.id
   FROM outbox o
  WHERE c.relay = 'safe' AND o.id = %(id)s;
+
+-- name: bounded_read
+-- The bound with the id alone as the cursor: rows whose writer
+-- is older than the oldest open writer, past the last id, in id order.
+SELECT id, event_id
+  FROM outbox
+ WHERE xid < pg_snapshot_xmin(pg_current_snapshot())
+   AND id > (SELECT last_id FROM relay_cursor WHERE relay = 'bounded')
+ ORDER BY id
+ LIMIT %(batch)s;
+
+-- name: bounded_advance
+-- The bounded id cursor, after publishing: the last id it read.
+UPDATE relay_cursor
+   SET last_id = %(id)s
+ WHERE relay = 'bounded';
 
 -- name: publish
 -- The broker's stand-in: the relay sends the rows it read, in the order it read them.

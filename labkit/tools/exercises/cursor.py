@@ -3,10 +3,12 @@ cursor and loses nothing (:func:`check_safe_read`), and a claim that two relays 
 reordering an order's events (:func:`check_aggregate_claim`).
 
 :func:`check_safe_read` plays three producers in a scripted order on the outbox of
-:mod:`labkit.labs.cursor` (with its ``xid`` column): P1 inserts first and commits late, P2
-commits in between, and P3's transaction writes first (its order row) but gets its outbox
-id after P2's, so ids and transaction ids are handed out in different orders.  Between
-their steps the relay runs the learner's read five times, the checker moving the cursor
+:mod:`labkit.labs.cursor` (with its ``xid`` column), in three acts.  P1 inserts first and
+commits late, P2 commits in between.  P3's transaction writes first (its order row) but gets
+its outbox id after P2's second, and commits while P2 is still open.  Then P1 writes an order
+row, P2 and P3 each commit an order, and P1 writes its outbox row last and commits: three
+committed rows whose id order and xid order differ, for one read with a batch of 2.  Between
+the steps the relay runs the learner's read seven times, the checker moving the cursor
 (``%(last_xid)s``, ``%(last_id)s``) to the last row each read returned.  What each read
 returned is compared with what the database held committed at that moment.
 
@@ -28,8 +30,8 @@ from ...labs import ordering as od
 from ...labs import relay as rl
 from . import Check, bind, scratch
 
-POLLS = 5
-BATCH = 100
+POLLS = 7
+BATCH = 2
 SAFE_READ = """\
 SELECT id, event_id
   FROM outbox
@@ -38,10 +40,10 @@ SELECT id, event_id
  ORDER BY xid, id
  LIMIT %(batch)s
 """
-SAFE_READ_HINT = ("Read only rows whose writer has ended, with nothing older still open: xid < "
-                  "pg_snapshot_xmin(pg_current_snapshot()); past the cursor on both columns, "
-                  "(xid, id) > (%(last_xid)s::xid8, %(last_id)s); and ORDER BY xid, id, so "
-                  "that the last row returned is the furthest one.")
+SAFE_READ_HINT = ("Which rows can still commit behind your cursor? For each row a finding names, "
+                  "compare when its transaction first wrote, when it committed, and where the "
+                  "cursor stood then; and remember that the cursor moves to the last row a read "
+                  "returns.")
 
 
 def _params(last_xid: str, last_id: int) -> dict:
@@ -54,8 +56,8 @@ def _ids(ids: list[int]) -> str:
 
 def check_safe_read(lab: Lab, query: str, *, wait_s: float = 10.0) -> Check:
     """Run ``query`` -- the relay's read, one statement taking ``%(last_xid)s`` (text, cast it
-    with ``::xid8``), ``%(last_id)s`` and, if it likes, ``%(batch)s`` (100), returning outbox
-    ids in its first column -- five times between scripted producers' steps, moving the
+    with ``::xid8``), ``%(last_id)s`` and, if it likes, ``%(batch)s`` (2), returning outbox
+    ids in its first column -- seven times between scripted producers' steps, moving the
     cursor to (xid, id) of the last row each read returned.  It passes when every committed
     event was returned, none twice, and none before it had committed.  ``wait_s``: how long
     to wait for other sessions' older transactions, which would hold any safe read back."""
@@ -124,6 +126,17 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
         story[p4] = "P2's second: a lower id than P3's row, a newer xid, committed after read 3"
         ok = ok and poll()
         run.P2("COMMIT")
+        ok = ok and poll()
+        order5, event5 = cg.place_parts(box, 5)
+        run.P1("BEGIN")
+        run.P1(order5)                                     # P1's first write: the oldest xid of the act
+        p5 = placed(run.P2(cg.place_text(box, 6)))
+        p6 = placed(run.P3(cg.place_text(box, 7)))
+        p7 = placed(run.P1(event5))                        # the oldest xid, the highest id
+        run.P1("COMMIT")
+        story[p5] = story[p6] = "committed at once, a newer xid than row 7's"
+        story[p7] = ("P1's second: its transaction wrote before rows 5 and 6, its outbox row came "
+                     "last, all three committed before read 5")
         while ok and len(polls) < POLLS:
             ok = poll()
     if not ok:
@@ -131,6 +144,9 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
     every = [int(i) for (i,) in box.execute("SELECT id FROM outbox ORDER BY id")]
     returned = [i for got in polls for i in got]
     shown = "; ".join(_ids(got) for got in polls)
+    if not returned:
+        check.add(False, f"the reads returned no row at all ({shown}), while {len(every)} were committed")
+        return check
     lost = [i for i in every if i not in returned]
     check.add(not lost, f"every committed event was returned (the reads, in turn: {shown})" if not lost else
               f"the reads returned, in turn: {shown}. " + "; ".join(
@@ -147,10 +163,10 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
 # -- two relays, one claim ----------------------------------------------------------------------
 
 ROUNDS = 12
-AGGREGATE_CLAIM_HINT = ("Claim an event only when no older event of its order is still unpublished: "
-                        "WHERE published_at IS NULL AND NOT EXISTS (SELECT 1 FROM outbox older WHERE "
-                        "older.aggregate = o.aggregate AND older.published_at IS NULL AND older.version "
-                        "< o.version), ORDER BY created_at, id, LIMIT %(batch)s, FOR UPDATE SKIP LOCKED.")
+AGGREGATE_CLAIM_HINT = ("While relay A holds an order's event, what must relay B's claim see in "
+                        "order not to take a later event of that order? B cannot see A's claim "
+                        "until A commits, but it can see every row of the outbox as it was "
+                        "committed.")
 # order-1 ... order-3, versions interleaved as a busy shop writes them
 SCENE = ["order-1", "order-1", "order-2", "order-1", "order-3", "order-2", "order-3", "order-1",
          "order-2", "order-3"]
@@ -182,6 +198,8 @@ def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Chec
     version = {i: (a, v) for i, a, v in box.execute("SELECT id, aggregate, version FROM outbox")}
     broker: list[int] = []
     shared: list[str] = []
+    by_both: set[int] = set()          # events both relays claimed in one round
+    stalled = False                    # a round where both claims came back empty
     with Sessions(box, "A", "B", lock_timeout="3s") as run:
         for _ in range(ROUNDS):
             claimed = {}
@@ -201,20 +219,42 @@ def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Chec
                 if any(i not in version for i in claimed[relay]):
                     check.add(False, f"relay {relay}'s claim returned ids that are not outbox rows")
                     return check
+            by_both |= set(claimed["A"]) & set(claimed["B"])
             both = {version[i][0] for i in claimed["A"]} & {version[i][0] for i in claimed["B"]}
             shared += sorted(both - set(shared))
             for relay in ("B", "A"):                       # the second claimer publishes first
                 broker += claimed[relay]
                 if claimed[relay]:
-                    run.step(relay, fencing.bind(box, rl.MARK, ids=claimed[relay]), label="mark")
+                    st = run.step(relay, fencing.bind(box, rl.MARK, ids=claimed[relay]), label="mark")
+                    if st.error or st.waited:
+                        why = (st.error.short() if st.error else
+                               "it waited for the other relay's lock on rows both relays had claimed")
+                        check.add(False, f"relay {relay}'s mark failed: {why}")
+                        return check
                 run.step(relay, "COMMIT")
             if not claimed["A"] and not claimed["B"]:
+                stalled = True
                 break
     left = [i for (i,) in box.execute("SELECT id FROM outbox WHERE published_at IS NULL")]
     once = sorted(set(broker)) == sorted(version) and len(broker) == len(version)
     twice = sorted({i for i in broker if broker.count(i) > 1})
-    wrong = ([f"{len(left)} of {len(version)} events never reached the broker"] if left else []) + \
-            ([f"{len(twice)} reached it more than once"] if twice else [])
+    wrong = []
+    if left:
+        oldest = {}                                         # per order, its oldest event left
+        for i in left:
+            agg, v = version[i]
+            oldest[agg] = min(oldest.get(agg, v), v)
+        free = all(j not in left for j, (agg, v) in version.items() if agg in oldest and v < oldest[agg])
+        why = ("" if not stalled else
+               ": both claims came back empty while no relay held anything" +
+               (", though in each order the oldest of them had no older event left unpublished"
+                if free else ""))
+        wrong.append(f"{len(left)} of {len(version)} events never reached the broker{why}")
+    if twice:
+        how = (f"both relays claimed {_ids(sorted(by_both))} in the same round: nothing kept the "
+               "second claim from returning rows the first one held" if by_both
+               else "a claim returned events already published")
+        wrong.append(f"{len(twice)} of {len(version)} events reached the broker more than once: {how}")
     check.add(once, f"every event reached the broker exactly once ({len(broker)} messages)" if once else
               "; ".join(wrong) or "the broker got other messages than the outbox's events")
     check.add(not shared, "no order had events held by both relays at once" if not shared else
