@@ -12,8 +12,16 @@ from labkit.tools.exercises import inbox as ex
 
 RIGHT = query("inbox.sql", "record").text
 
-# The notebook's starting point: it records the id, and says "new" from a check that reads
-# the inbox -- which sees only what had committed when the statement began.
+# The notebook's starting point: it inserts the id when a check finds it missing from the
+# inbox -- a check that sees only what had committed when the statement began.
+STARTING_POINT = """
+INSERT INTO inbox (event_id)
+SELECT %(event_id)s
+ WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)
+RETURNING event_id
+"""
+
+# The same check deciding only what to return, the insert beside it never failing.
 CHECK_THEN_INSERT = """
 WITH recorded AS (
     INSERT INTO inbox (event_id) VALUES (%(event_id)s)
@@ -41,6 +49,21 @@ def test_the_same_statement_in_one_line_passes(lab):
                                 "returning 1").passed
 
 
+def test_the_starting_point_fails_only_on_the_simultaneous_copy_and_the_hint_says_why(lab):
+    result = ex.check_record(lab, STARTING_POINT)
+    assert not result.passed
+    wrong = _wrong(result)
+    assert "later copy" not in wrong and "first delivery" not in wrong and "labels" not in wrong
+    assert "evt-0004 in session B: ERROR 23505" in wrong
+    assert "B's (after waiting for A's COMMIT) with an error" in wrong
+    assert result.hint == ex.HINT_RACE_FAILED
+    # the hint says what went wrong and where to look, never the statement
+    assert "ON CONFLICT" not in result.hint and "RETURNING" not in result.hint
+    # with the insert's own outcome deciding, the same statement passes
+    assert ex.check_record(lab, STARTING_POINT.replace(
+        "RETURNING", "ON CONFLICT (event_id) DO NOTHING\nRETURNING")).passed
+
+
 def test_check_then_insert_lets_the_simultaneous_copies_both_through(lab):
     result = ex.check_record(lab, CHECK_THEN_INSERT)
     assert not result.passed
@@ -51,34 +74,34 @@ def test_check_then_insert_lets_the_simultaneous_copies_both_through(lab):
     assert "B's (after waiting for A's COMMIT) with a row, so both were applied" in wrong
     assert "1, 1, 1, 2 (evt-0004 twice)" in wrong
     assert str(result).startswith("FAIL") and "hint" in str(result)
+    assert result.hint == ex.HINT_RACE_BOTH
 
 
-@pytest.mark.parametrize("sql_text, findings", [
+@pytest.mark.parametrize("sql_text, findings, hint", [
     # a copy raises instead of coming back empty: the effect stays once, the consumer fails
     ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) RETURNING event_id",
-     ["not fail", "23505", "later copy of evt-0001 came back with an error"]),
+     ["not fail", "23505", "later copy of evt-0001 came back with an error"], "HINT_KEY_FAILED"),
     # never a row: nothing applied
     ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) ON CONFLICT DO NOTHING",
-     ["never applied", "0, 0, 0, 0", "neither was applied"]),
+     ["never applied", "0, 0, 0, 0", "neither was applied"], "HINT_NEVER_A_ROW"),
     # a check that records nothing: every copy is new
     ("SELECT %(event_id)s WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)",
-     ["label was printed again", "nothing was recorded", "2, 1, 1, 2"]),
+     ["label was printed again", "nothing was recorded", "2, 1, 1, 2"], "HINT_NOTHING_RECORDED"),
     # a row for every copy
     ("INSERT INTO inbox (event_id) VALUES (%(event_id)s) "
      "ON CONFLICT (event_id) DO UPDATE SET applied_at = now() RETURNING event_id",
-     ["label was printed again", "both were applied", "2, 1, 1, 2"]),
-    # the check inside the INSERT: the simultaneous copy hits the key and fails
-    ("INSERT INTO inbox (event_id) SELECT %(event_id)s "
-     "WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s) RETURNING event_id",
-     ["evt-0004 in session B: ERROR 23505", "with an error"]),
-    ("INSRT INTO inbox VALUES (%(event_id)s)", ["failed on the first delivery", "42601"]),
+     ["label was printed again", "both were applied", "2, 1, 1, 2"], "HINT_COPY_ROW"),
+    ("INSRT INTO inbox VALUES (%(event_id)s)", ["failed on the first delivery", "42601"],
+     "HINT_FIRST_FAILED"),
 ])
-def test_wrong_record_steps_fail_with_their_finding(lab, sql_text, findings):
+def test_wrong_record_steps_fail_with_their_finding_and_hint(lab, sql_text, findings, hint):
     result = ex.check_record(lab, sql_text)
     assert not result.passed
     wrong = _wrong(result)
     for finding in findings:
         assert finding in wrong, str(result)
+    assert result.hint == getattr(ex, hint), result.hint
+    assert "INSERT INTO" not in result.hint and "RETURNING" not in result.hint
 
 
 def test_the_checker_leaves_nothing_behind(lab, db):
@@ -95,6 +118,12 @@ def test_the_checker_leaves_nothing_behind(lab, db):
     ("", "empty"), ("   \n", "empty"), (None, "string"), (42, "string"),
     ("INSERT INTO inbox VALUES (%(order_id)s) RETURNING 1", r"%\(event_id\)s"),
     ("SELECT 1 WHERE 'evt' LIKE 'e%' AND %(event_id)s IS NOT NULL", "%%"),
+    # the same statement for every event: the checker would learn nothing about copies
+    ("INSERT INTO inbox VALUES ('evt-0001') ON CONFLICT DO NOTHING RETURNING 1",
+     r"does not use %\(event_id\)s"),
+    # two statements: the brief asks for one (the server's extended protocol refuses two)
+    ("INSERT INTO inbox VALUES (%(event_id)s) ON CONFLICT DO NOTHING; SELECT %(event_id)s",
+     "one statement"),
 ])
 def test_bad_input_is_refused_with_the_fix(lab, sql_text, match):
     with pytest.raises(LabkitError, match=match) as err:

@@ -194,11 +194,15 @@ def test_the_picture_draws_this_runs_effects(lab):
     assert [x.get_text() for x in ax.texts][:8] == [str(v) for v in drawn[0]]
     assert [x.get_text() for x in ax.get_yticklabels()] == list(ib.SHORT_NAMES.values())
     tops = [x.get_text() for a in ax.child_axes for x in a.get_xticklabels()]
-    assert tops == ["1–2 redelivered", "killed here"]
+    assert tops == ["1–2: copies to every consumer", "killed here"]
     tally = [x.get_text() for a in ax.child_axes for x in a.get_yticklabels()]
     assert tally == ["3 twice", "all once", "1 twice", "1 lost"]
-    frame = [p for p in ax.patches if not p.get_fill()]
+    frame = [p for p in ax.patches if not p.get_fill() and p.get_linestyle() == "solid"]
     assert len(frame) == 1 and frame[0].get_x() == 4 - 1.5                # event 4, in flight at the kill
+    copies = [p for p in ax.patches if not p.get_fill() and p.get_linestyle() == "--"]
+    # events 1 and 2, redelivered to every consumer: the frame spans every row
+    assert len(copies) == 1 and (copies[0].get_x(), copies[0].get_width()) == (-0.5, 2)
+    assert copies[0].get_height() == len(ib.CONSUMERS)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)

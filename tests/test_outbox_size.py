@@ -158,10 +158,25 @@ def test_dropping_an_attached_partition_stalls_the_relays_detach_concurrently_do
     assert d["remover_waited"] and d["remover_blocked_by"] == ["relay1"]
     assert d["relay2_waited"] and d["relay2_blocked_by"] == ["remover"]
     assert d["remover_error"] is None and d["partition_gone"]
+    # the DROP queues for the outbox's strongest lock, behind relay 1's claim
+    assert d["remover_asked"] == [("outbox", "AccessExclusiveLock")]
+    assert d["remover_waits_for"] == [("relation", "AccessExclusiveLock", ["relay1"])]
+    assert not d["detach_pending"] and d["relay2_locked_old"] == 0    # relay 2 had not planned yet
     c = r["detach"]
     assert c["remover_waited"] and c["remover_blocked_by"] == ["relay1"]
     assert not c["relay2_waited"] and c["relay2_claimed"] == 2
     assert c["remover_error"] is None and c["detached"]
+    # while it waits, the DETACH holds no table lock: it waits for relay 1's transaction to
+    # end; the partition is marked, and a claim planned meanwhile leaves it out
+    assert c["remover_held"] == [] and c["remover_asked"] == []
+    assert c["remover_waits_for"] == [("virtualxid", "ShareLock", ["relay1"])]
+    assert c["detach_pending"]
+    assert c["old_relations"] == 3 and c["relay1_locked_old"] == 3 and c["relay2_locked_old"] == 0
+    # the partitions' limits, in the server's words
+    assert r["no_partition_refused"].startswith("23514: no partition of relation")
+    assert r["default_refused"].startswith("55000: ") and "default partition" in r["default_refused"]
+    assert not lab.execute("SELECT 1 FROM pg_class WHERE relname = 'outbox_default' "
+                           "AND relnamespace = %s::regnamespace", (lab.schema,))
     assert _own_sessions_gone(db, lab.schema) == []
 
 

@@ -307,8 +307,9 @@ def plot_effects(t: dict, ax=None):
     """The effects of :func:`consumer_trace`'s run, ``t``, as a grid: a row per consumer, a
     column per event, each cell the labels printed for that event (read back from
     ``shop_order``): once, twice or never, in three colours.  The event in flight at the kill
-    is framed; the top axis marks it and the events redelivered on both sides of the restart;
-    the right axis tallies each row.  ``ax``: a matplotlib axes to draw on (None: a new
+    is framed; so, dashed across every row, are the events redelivered on both sides of the
+    restart (each consumer got the same copies); the top axis names both frames; the right
+    axis tallies each row.  ``ax``: a matplotlib axes to draw on (None: a new
     figure).  Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -338,6 +339,9 @@ def plot_effects(t: dict, ax=None):
                     color="black" if v == 1 else "white", fontweight="bold")
     ax.add_patch(Rectangle((k - 1.5, -0.5), 1, len(consumers), fill=False, lw=3, ec=PALETTE[1],
                            clip_on=False))
+    if d:   # the copies went to every consumer alike: frame their columns across every row
+        ax.add_patch(Rectangle((-0.5, -0.5), d, len(consumers), fill=False, lw=2.5, ls="--",
+                               ec=PALETTE[7], clip_on=False))
     ax.set_xticks(range(n), [str(i) if i in (1, n) or i % 5 == 0 or i == k else "" for i in range(1, n + 1)])
     ax.set_xlabel("event (evt-0001 ...): labels printed for its order")
     ax.set_yticks(range(len(consumers)), [SHORT_NAMES.get(c, c) for c in consumers])
@@ -350,7 +354,7 @@ def plot_effects(t: dict, ax=None):
     top = ax.secondary_xaxis("top")
     marks = [(k - 1, "killed here")]
     if d:
-        marks.insert(0, ((d - 1) / 2, f"1–{d} redelivered" if d > 1 else "1 redelivered"))
+        marks.insert(0, ((d - 1) / 2, f"{'1' if d == 1 else f'1–{d}'}: copies to every consumer"))
     top.set_xticks([x for x, _ in marks], [label for _, label in marks])
     top.tick_params(length=0)
     top.spines["top"].set_visible(False)

@@ -109,13 +109,37 @@ def _lsn(conn: psycopg.Connection) -> str:
     return conn.execute(_q("wal_position")).fetchone()[0]
 
 
-def _wal_since(conn: psycopg.Connection, before: str) -> int:
-    return int(conn.execute(_q("wal_bytes"), {"after": _lsn(conn), "before": before}).fetchone()[0])
+OWN_WAL_FROM = 180000    # pg_stat_get_backend_wal: a session's own WAL, PostgreSQL 18 and later
+
+
+def wal_scope(conn: psycopg.Connection) -> str:
+    """Whose WAL :func:`_wal_since` counts on this server: "this session" (PostgreSQL 18 and
+    later) or "the whole server" (before 18: the WAL position moved by every session)."""
+    return "this session" if conn.info.server_version >= OWN_WAL_FROM else "the whole server"
+
+
+def _wal_mark(conn: psycopg.Connection) -> int | str:
+    """Where ``conn``'s WAL count stands: from PostgreSQL 18 on, the bytes this session has
+    written (its pending statistics flushed first); before 18, the server's WAL position."""
+    if conn.info.server_version >= OWN_WAL_FROM:
+        conn.execute(_q("flush_own_stats"))
+        return int(conn.execute(_q("own_wal_bytes")).fetchone()[0])
+    return _lsn(conn)
+
+
+def _wal_since(conn: psycopg.Connection, mark: int | str) -> int:
+    """The WAL written since ``mark`` (a :func:`_wal_mark`): by ``conn``'s session alone
+    from PostgreSQL 18 on, by the whole server before (an autocommit ``conn``)."""
+    if isinstance(mark, int):
+        return _wal_mark(conn) - mark
+    return int(conn.execute(_q("wal_bytes"), {"after": _lsn(conn), "before": mark}).fetchone()[0])
 
 
 def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
     """Wait until no other session of this database holds a snapshot or transaction that
-    began before now, so that VACUUM may remove what this lab just made dead.  (Unlike
+    began before now, and no transaction of any database (a session's, a prepared one, a
+    replication slot's xmin) is older than now -- a new snapshot here would count it as
+    running -- so that VACUUM may remove what this lab just made dead.  (Unlike
     :func:`labkit.labs.claims.wait_for_horizon` it takes no transaction id: a commit that
     took an id and wrote nothing is flushed lazily, and until it is, VACUUM may not mark
     the pages of other transactions near it all-visible.)"""
@@ -123,7 +147,7 @@ def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while held := lab.execute(_q("older_snapshots"), {"x": x}):
         if time.monotonic() > deadline:
-            who = ", ".join(f"pid {p} ({a or 'no name'})" for p, a in held[:5])
+            who = ", ".join(f"pid {p} ({a or 'no name'})" if p else a for p, a in held[:5])
             raise LabkitError(f"Other sessions ({who}) still see row versions this lab has just "
                               f"replaced or deleted, so VACUUM cannot remove them; waited {timeout:.0f} s.",
                               "end those transactions (`labkit doctor` lists them, `labkit clean` ends "
@@ -322,7 +346,8 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     hours) and a few unpublished ones: the cleanup (outbox_size.sql ``cleanup_batch``)
     deletes every published row older than the current hour, ``batch`` rows a
     transaction, until a batch deletes nothing; then VACUUM.  Returns ``delete_rows``,
-    ``delete_batches``, ``delete_ms``, ``delete_wal_bytes`` (server-wide WAL over the loop),
+    ``delete_batches``, ``delete_ms``, ``delete_wal_bytes`` (the WAL the cleanup's session
+    wrote; before PostgreSQL 18, the whole server's over the loop: ``wal_scope`` says which),
     ``delete_dead_tuples`` (dead row versions VACUUM found afterwards: one per deleted
     row), ``vacuum_ms``, ``vacuum_wal_bytes``, ``vacuum_index_scans``,
     ``table_bytes_before``/``after`` (the heap: it does not shrink -- VACUUM gives back
@@ -340,7 +365,8 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     locks = claim_cost(lab)["locks"]
     deleted = batches = 0
     with lab.connect(role="cleanup") as conn:
-        lsn = _lsn(conn)
+        lsn = _wal_mark(conn)
+        scope = wal_scope(conn)
         t0 = time.perf_counter()
         while True:
             n = conn.execute(_q("cleanup_batch"), {"n": batch, "older_than": cutoff}).rowcount
@@ -353,7 +379,7 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     vac = vacuum(lab)
     after = disk_sizes(lab)
     return {"delete_rows": deleted, "delete_batches": batches, "delete_ms": round(ms, 1),
-            "delete_wal_bytes": wal, "delete_dead_tuples": vac["dead_items"],
+            "delete_wal_bytes": wal, "wal_scope": scope, "delete_dead_tuples": vac["dead_items"],
             "vacuum_removed": vac["removed"],
             "vacuum_ms": vac["ms"], "vacuum_wal_bytes": vac["wal_bytes"],
             "vacuum_index_scans": vac["index_scans"],
@@ -420,7 +446,7 @@ def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
     """Way out B on the same history as :func:`delete_way`, in hourly partitions: every
     partition older than the current hour is removed (:func:`remove_partition`), then
     VACUUM.  Returns ``drop_partitions``, ``drop_rows``, ``drop_ms``, ``drop_wal_bytes``
-    (server-wide WAL over the removals), ``drop_dead_tuples`` (what VACUUM found
+    (the removing session's WAL, or the whole server's before PostgreSQL 18: ``wal_scope``), ``drop_dead_tuples`` (what VACUUM found
     afterwards: none), ``table_bytes_before``/``after`` and ``total_bytes_before``/``after``
     (they do shrink: the files are gone), ``claim_buffers``, ``claim_locks`` (the claim
     locks every partition and its index: no partition can be pruned by created_at) and
@@ -438,7 +464,8 @@ def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
     old = names[:hours]
     rows = int(lab.execute("SELECT count(*) FROM outbox WHERE created_at < %s", (cutoff,))[0][0])
     with lab.connect(role="cleanup") as conn:
-        lsn = _lsn(conn)
+        lsn = _wal_mark(conn)
+        scope = wal_scope(conn)
         t0 = time.perf_counter()
         for name in old:
             remove_partition(lab, name, conn)
@@ -447,7 +474,7 @@ def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
     vac = vacuum(lab)
     after = disk_sizes(lab)
     return {"drop_partitions": len(old), "drop_rows": rows, "drop_ms": round(ms, 1),
-            "drop_wal_bytes": wal, "drop_dead_tuples": vac["dead_items"],
+            "drop_wal_bytes": wal, "wal_scope": scope, "drop_dead_tuples": vac["dead_items"],
             "table_bytes_before": before["table_bytes"], "table_bytes_after": after["table_bytes"],
             "total_bytes_before": before["total_bytes"], "total_bytes_after": after["total_bytes"],
             "claim_buffers": claim["buffers"], "claim_locks": claim["locks"],
@@ -595,15 +622,38 @@ def _locks_while(lab: Lab, statement: sql.Composable) -> dict[str, str]:
     return held
 
 
-def _one_removal(lab: Lab, remover: sql.Composable, label: str) -> dict:
-    """relay 1 claims and keeps its transaction open; ``remover`` runs; relay 2 claims;
-    relay 1 commits; relay 2 commits."""
+def _table_locks(lab: Lab, pid: int) -> list[tuple[str, str, bool]]:
+    """(relation, mode, granted) for each lock session ``pid`` holds or waits for on the
+    outbox's tables and indexes, read from ``lab.admin``."""
+    return [tuple(r) for r in lab.admin.execute(_q("table_locks_of"), {"pid": pid}).fetchall()]
+
+
+def _one_removal(lab: Lab, remover: sql.Composable, label: str, old: str) -> dict:
+    """relay 1 claims two events and keeps its transaction open (its tick, still running);
+    ``remover`` runs; relay 2 claims; then, while relay 1 is still open, another session reads
+    what the remover holds and waits for, whether ``old`` is marked as being detached, and
+    which of ``old``'s relations relay 2's claim locked; relay 1 commits (it marked nothing:
+    the claim alone is the point); relay 2 commits."""
+    old_relations = {old, *(r[0] for r in lab.execute(
+        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass",
+        (sql.Identifier(old).as_string(lab.admin),)))}
     with Sessions(lab, "relay1", "remover", "relay2") as run:
         run.relay1(_claim_step(2), label="claim 2, SKIP LOCKED")
         r = run.remover(remover.as_string(lab.admin), label=label)
         r2 = run.relay2(_claim_step(2), label="claim 2, SKIP LOCKED")
         r2_claimed_at_once = not r2.waited
-        c1 = run.relay1("COMMIT")
+        names = {session.pid: name for name, session in run.sessions.items()}
+        remover_pid = run.sessions["remover"].pid
+        remover_locks = _table_locks(lab, remover_pid)
+        waits = lab.admin.execute(_q("waits_for"), {"pid": remover_pid}).fetchall()
+        relay1_pid = run.sessions["relay1"].pid
+        pending = lab.admin.execute(_q("detach_pending"),
+                                    {"partition": sql.Identifier(old).as_string(lab.admin)}).fetchall()
+        relay2_on_old = sorted(n for n, _, granted in _table_locks(lab, run.sessions["relay2"].pid)
+                               if granted and n in old_relations)
+        relay1_on_old = sorted(n for n, _, granted in _table_locks(lab, relay1_pid)
+                               if granted and n in old_relations)
+        c1 = run.relay1("COMMIT", label="COMMIT: nothing marked")
         run.relay2("COMMIT")
         if not r.done:
             run.wait("remover")
@@ -614,7 +664,24 @@ def _one_removal(lab: Lab, remover: sql.Composable, label: str) -> dict:
             "relay2_claimed_at_once": r2_claimed_at_once,
             "relay2_claimed": _claimed(r2),
             "remover_done_after_relay1_commit": r.completed_after == c1.index,
+            "remover_held": [(n, m) for n, m, granted in remover_locks if granted],
+            "remover_asked": [(n, m) for n, m, granted in remover_locks if not granted],
+            "remover_waits_for": [(kind, mode, [names.get(p, p) for p in pids or []])
+                                  for kind, mode, pids in waits],
+            "detach_pending": bool(pending and pending[0][0]),
+            "old_relations": len(old_relations), "relay1_locked_old": len(relay1_on_old),
+            "relay2_locked_old": len(relay2_on_old),
             "transcript": transcript}
+
+
+def _refused(lab: Lab, statement: sql.Composable | str, params: Any = None) -> str | None:
+    """The server's error for ``statement`` (run in autocommit: DETACH ... CONCURRENTLY
+    cannot run in a transaction block) as "SQLSTATE: message", or None if it ran."""
+    try:
+        lab.admin.execute(statement, params)
+    except psycopg.Error as exc:
+        return f"{exc.sqlstate}: {str(exc).strip().splitlines()[0]}"
+    return None
 
 
 def partition_locks(lab: Lab) -> dict:
@@ -629,7 +696,16 @@ def partition_locks(lab: Lab) -> dict:
     ``relay2_blocked_by``): the relays stall until relay 1 ends; ``detach`` -- DETACH
     PARTITION ... CONCURRENTLY also waits for relay 1, but relay 2 claims at once, and the
     detach completes when relay 1 commits.  Each run has its ``transcript`` (the old
-    partition appears there as ``<old>``, so that it reads the same every hour)."""
+    partition appears there as ``<old>``, so that it reads the same every hour), and what
+    another session read while relay 1 was still open: ``remover_held`` / ``remover_asked``
+    (its table locks, granted or waited for), ``remover_waits_for`` ((lock type, mode,
+    sessions) of what it waits for), ``detach_pending`` (pg_inherits' mark on ``<old>``),
+    ``old_relations`` (``<old>`` and its indexes) and how many of them relay 1's and relay 2's
+    claims locked (``relay1_locked_old``, ``relay2_locked_old``).
+
+    Last, the partitions' own limits, as the server states them: ``no_partition_refused``,
+    its error for an event created after the last partition ends; ``default_refused``, its
+    error for DETACH ... CONCURRENTLY once the outbox has a DEFAULT partition."""
     hour = _this_hour(lab)
     first = hour - timedelta(hours=1)
     names = create_partitioned(lab, first=first, hours=1)
@@ -646,19 +722,27 @@ def partition_locks(lab: Lab) -> dict:
     with lab.admin.transaction(force_rollback=True):
         lab.admin.execute(claim_text(2))
         claim_locks = sorted({r[0] for r in lab.admin.execute(_q("own_locks")).fetchall()})
-    dropped = _one_removal(lab, _ddl("drop", partition=old), "DROP TABLE <old>")
+    dropped = _one_removal(lab, _ddl("drop", partition=old), "DROP TABLE <old>", old)
     gone = not lab.execute("SELECT 1 FROM pg_class WHERE relname = %s AND relnamespace = "
                            "%s::regnamespace", (old, lab.schema))
     lab.execute(_ddl("partition", partition=old, start=first, stop=hour))
     fill_old()
-    detached = _one_removal(lab, _ddl("detach", partition=old), "DETACH <old> CONCURRENTLY")
+    detached = _one_removal(lab, _ddl("detach", partition=old), "DETACH <old> CONCURRENTLY", old)
     still_attached = bool(lab.execute("SELECT 1 FROM pg_inherits WHERE inhrelid = %s::regclass",
                                       (sql.Identifier(old).as_string(lab.admin),)))
     if not still_attached:
         lab.execute(_ddl("drop", partition=old))
+    # the partitions' limits: an event past the last partition, and a DEFAULT partition
+    late = _refused(lab, "INSERT INTO outbox (event_id, aggregate, payload, created_at) "
+                         "VALUES ('evt-late', 'shop_order:0', '{}', %s)",
+                    (hour + timedelta(hours=2),))    # the next hour's partition ends at hour + 2
+    lab.execute(_ddl("default_partition", partition="outbox_default"))
+    default = _refused(lab, _ddl("detach", partition=names[1]))
+    lab.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("outbox_default")))
     return {"partition": old, "drop_locks": drop_locks, "detach_locks": detach_locks,
             "claim_locks": claim_locks, "drop": {**dropped, "partition_gone": gone},
-            "detach": {**detached, "detached": not still_attached}}
+            "detach": {**detached, "detached": not still_attached},
+            "no_partition_refused": late, "default_refused": default}
 
 
 # -- command line ------------------------------------------------------------------------------------

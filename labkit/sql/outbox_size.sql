@@ -47,12 +47,24 @@ SELECT coalesce(sum(pg_relation_size(l.relid)), 0)::bigint        AS table_bytes
 SELECT pg_snapshot_xmax(pg_current_snapshot())::text;
 
 -- name: older_snapshots
--- Other sessions of this database whose snapshot or transaction began before transaction
--- %(x)s: VACUUM must keep every row version they may still see.
+-- What keeps VACUUM from removing the row versions that died before transaction %(x)s:
+-- other sessions of this database whose snapshot or transaction began before it; and, in
+-- any database, a transaction id older than it (a session's, or a prepared transaction's)
+-- or a replication slot's xmin -- a snapshot taken here meanwhile counts such a
+-- transaction as running, and so keeps what it may see.
 SELECT pid, application_name
   FROM pg_stat_activity
- WHERE datname = current_database() AND pid <> pg_backend_pid()
-   AND (age(backend_xmin) > age(xid(%(x)s::xid8)) OR age(backend_xid) > age(xid(%(x)s::xid8)));
+ WHERE pid <> pg_backend_pid()
+   AND ((datname = current_database() AND age(backend_xmin) > age(xid(%(x)s::xid8)))
+        OR age(backend_xid) > age(xid(%(x)s::xid8)))
+UNION ALL
+SELECT NULL, 'prepared transaction ' || gid
+  FROM pg_prepared_xacts
+ WHERE age(transaction) > age(xid(%(x)s::xid8))
+UNION ALL
+SELECT active_pid, 'replication slot ' || slot_name
+  FROM pg_replication_slots
+ WHERE age(xmin) > age(xid(%(x)s::xid8));
 
 -- name: visible_pages
 -- The outbox's pages, and how many of them the visibility map marks all-visible (as the
@@ -79,9 +91,7 @@ SELECT (current_setting('autovacuum_vacuum_threshold')::float8
 -- (now() - the retention, 7 days say), oldest first. SKIP LOCKED: a row another session
 -- holds locked -- an overlapping run of the same cleanup, say -- is left for the next
 -- batch instead of waited for. Run it in a loop until it deletes nothing; each batch is
--- a short transaction of its own. Each row costs WAL (its row lock, then its delete), and
--- stays behind as a dead row version, with its entries in the primary key and event_id
--- indexes, until VACUUM removes them (writing WAL again).
+-- a short transaction of its own.
 DELETE FROM outbox
  WHERE id IN (SELECT id
                 FROM outbox
@@ -129,18 +139,15 @@ ALTER TABLE outbox ADD CONSTRAINT outbox_event_id_key UNIQUE (event_id);
 -- name: partition
 -- One partition: the events created in [{start}, {stop}). A job creates the next ones
 -- ahead of time: an event with no partition for its created_at fails to insert, and
--- with it the producer's business transaction. (No DEFAULT partition: it would catch
--- such rows, but DETACH ... CONCURRENTLY refuses a table that has one.)
+-- with it the producer's business transaction. (A DEFAULT partition would catch such
+-- rows, but DETACH ... CONCURRENTLY refuses a table that has one: see default_partition.)
 CREATE TABLE {partition} PARTITION OF outbox
     FOR VALUES FROM ({start}) TO ({stop})
     WITH (autovacuum_enabled = off);
 
 -- name: detach
--- Take an old partition out of the outbox without blocking the relay (PostgreSQL 14
--- and later; not inside a transaction block). It takes SHARE UPDATE EXCLUSIVE locks,
--- which the relay's claims do not conflict with, marks the partition as being
--- detached (new queries no longer see it), then waits for every transaction already
--- using the outbox to end before it finishes.
+-- Take an old partition out of the outbox while the relays claim (PostgreSQL 14 and
+-- later; it cannot run inside a transaction block).
 ALTER TABLE outbox DETACH PARTITION {partition} CONCURRENTLY;
 
 -- name: unpublished_in
@@ -149,11 +156,7 @@ ALTER TABLE outbox DETACH PARTITION {partition} CONCURRENTLY;
 SELECT count(*) FROM {partition} WHERE published_at IS NULL;
 
 -- name: drop
--- The drop itself: the partition's files go away at commit. No row is deleted, so no
--- dead row version is left and there is nothing for VACUUM to do. (Dropping a partition
--- still attached takes ACCESS EXCLUSIVE locks on it AND on the partitioned table: it
--- waits for every open transaction that used the outbox -- a relay's claim -- and every
--- claim after it queues behind it.)
+-- The drop itself, of the detached table, once the check found nothing unpublished.
 DROP TABLE {partition};
 
 -- name: wal_position
@@ -164,6 +167,17 @@ SELECT pg_current_wal_lsn()::text;
 -- name: wal_bytes
 -- Bytes of WAL between two readings of wal_position.
 SELECT pg_wal_lsn_diff(%(after)s::pg_lsn, %(before)s::pg_lsn)::bigint;
+
+-- name: flush_own_stats
+-- Have this session's pending statistics (its WAL counts among them) flushed as soon as
+-- this statement's transaction ends, so that own_wal_bytes, next, includes everything it
+-- has run so far (PostgreSQL 15 and later).
+SELECT pg_stat_force_next_flush();
+
+-- name: own_wal_bytes
+-- The bytes of WAL this session has written since it began (PostgreSQL 18 and later): the
+-- difference of two readings is this session's own WAL, whatever other sessions write.
+SELECT wal_bytes FROM pg_stat_get_backend_wal(pg_backend_pid());
 
 -- name: own_locks
 -- The table and index locks this session holds on the outbox and its partitions.
@@ -181,6 +195,32 @@ SELECT c.relname, c.relkind::text, l.mode
 SELECT c.oid::bigint, c.relname, c.relkind::text
   FROM pg_class c
  WHERE c.relnamespace = current_schema()::regnamespace AND left(c.relname, 6) = 'outbox';
+
+-- name: default_partition
+-- A DEFAULT partition: it takes every row no other partition's bounds take.
+CREATE TABLE {partition} PARTITION OF outbox DEFAULT;
+
+-- name: detach_pending
+-- Whether a partition is marked as being detached (the first of DETACH ... CONCURRENTLY's
+-- two transactions has committed, the second has not).
+SELECT i.inhdetachpending FROM pg_inherits i WHERE i.inhrelid = %(partition)s::regclass;
+
+-- name: table_locks_of
+-- The table and index locks a session holds or waits for on the outbox and its partitions
+-- (read from another session): name, mode, granted.
+SELECT c.relname, l.mode, l.granted
+  FROM pg_locks l
+  JOIN pg_class c ON c.oid = l.relation
+ WHERE l.pid = %(pid)s AND l.locktype = 'relation'
+   AND c.relnamespace = current_schema()::regnamespace AND left(c.relname, 6) = 'outbox'
+ ORDER BY c.relname, l.mode;
+
+-- name: waits_for
+-- What a session waits for, if anything, and whose: the lock it has asked for and not yet
+-- been granted (a transaction's own virtualxid lock is how one waits for it to end).
+SELECT l.locktype, l.mode, pg_blocking_pids(l.pid)
+  FROM pg_locks l
+ WHERE l.pid = %(pid)s AND NOT l.granted;
 
 -- name: own_locks_on
 -- The locks this session holds on the relations with these oids.

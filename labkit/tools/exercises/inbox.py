@@ -15,11 +15,19 @@ statement; the effect (one more shipping label for the event's order, ``inbox.sq
 It then reads the labels printed per order and the inbox's rows: every effect must have
 happened exactly once, every event must be recorded, and no delivery may fail.  A
 check-then-insert (the inbox read with ``SELECT ... WHERE event_id = ...`` before the
-record is written) passes steps 1 and 2 and lets both copies of step 3 through: B's read
-sees only what had committed when its statement began, and A had not committed yet.
+record is written) passes steps 1 and 2 and fails step 3: B's read sees only what had
+committed when its statement began, and A had not committed yet, so B's insert goes ahead,
+waits for A's and then fails on the primary key (or, where the check only decides what to
+return, both copies come back as new).
+
+The hint names what went wrong, most telling finding first, and what to look at; it never
+gives the statement.  The SQL must be one statement, and must take the event's id as
+``%(event_id)s``: anything else is refused before the checker runs it, with the fix.
 """
 
 from __future__ import annotations
+
+import psycopg
 
 from ...core.errors import LabkitError
 from ...core.lab import Lab
@@ -27,16 +35,35 @@ from ...core.queries import query
 from ...core.sessions import Sessions
 from ...core.steps import Step
 from ...labs.relay import create_outbox, event_id, place_orders
-from . import Check, bind, scratch
+from . import Check, Solo, bind, scratch
 
 EVENTS = 4                     # evt-0001 .. evt-0004, one order each
 LATER_COPY = 1                 # the event delivered again after its first delivery committed
 AT_ONCE = 4                    # the event whose two copies arrive at the same moment
 
-HINT = ("Let the primary key decide, in the statement that records: INSERT INTO inbox (event_id) "
-        "VALUES (%(event_id)s) ON CONFLICT (event_id) DO NOTHING RETURNING event_id. A copy whose "
-        "twin is not yet committed waits for it, then inserts nothing and returns no row. A check "
-        "that reads the inbox first sees only what had committed when it began.")
+UNIQUE_VIOLATION = "23505"
+
+# The hints, one per way of failing, checked in this order (the first that applies is shown).
+HINT_FIRST_FAILED = ("The statement failed on the very first delivery: read the error above, and "
+                     "try the statement alone in a session on one event id.")
+HINT_NEVER_A_ROW = ("The checker applies the effect only when your statement returns a row: have "
+                    "it return the event id when, and only when, it recorded it.")
+HINT_NOTHING_RECORDED = ("A later copy can be recognised only by a row in the inbox: the statement "
+                         "must record the event id there.")
+HINT_RACE_FAILED = ("B's check read a snapshot taken when its statement began, before A committed, so "
+                    "it let B's insert go ahead; that insert waited for A's and then hit the primary "
+                    "key. A check cannot see an uncommitted twin: let the insert's own outcome "
+                    "decide, so that finding the key taken leaves it with no row instead of an "
+                    "error.")
+HINT_KEY_FAILED = ("A copy reached the inbox's primary key and failed there. A copy is a normal "
+                   "event: look at what an INSERT can be told to do when its key is already taken.")
+HINT_RACE_BOTH = ("B's check read a snapshot taken when its statement began, before A committed, so "
+                  "it said new. A check cannot see an uncommitted twin: let the insert's own "
+                  "outcome decide, a row back only when this statement inserted one.")
+HINT_COPY_ROW = ("A copy came back with a row: return a row only when this statement inserted the "
+                 "id, not when it was already there.")
+HINT_OTHER = ("Every effect once: the statement must record the id and return a row exactly when "
+              "this delivery recorded it.")
 
 
 def _labels(lab: Lab) -> dict[int, int]:
@@ -53,6 +80,7 @@ class _Consumers:
     def __init__(self, run: Sessions, texts: dict[str, str], effects: dict[str, str]) -> None:
         self.run, self.texts, self.effects = run, texts, effects
         self.failed: list[str] = []
+        self.sqlstates: list[str] = []
 
     def record(self, session: str, event: str) -> Step:
         """BEGIN, then the learner's statement (it may wait: the script goes on)."""
@@ -66,6 +94,7 @@ class _Consumers:
             self.run.wait(session)
         if step.error:
             self.failed.append(f"{event} in session {session}: {step.error.short()}")
+            self.sqlstates.append(step.error.sqlstate)
             self.run.step(session, "ROLLBACK")
             return None
         applied = bool(step.rows)
@@ -82,6 +111,21 @@ def _said(applied: bool | None) -> str:
     return {True: "a row", False: "no row", None: "an error"}[applied]
 
 
+def _one_statement(scene: Lab, sql_text: str, event: str) -> None:
+    """Refuse SQL that holds more than one statement, with the fix.  The server is the judge:
+    sent with a parameter, a text goes through the extended query protocol, which takes one
+    statement only; EXPLAIN plans it without running it."""
+    with Solo(scene, role="check") as conn:
+        try:
+            conn.execute("EXPLAIN " + sql_text, {"event_id": event})
+        except psycopg.Error as exc:
+            if "multiple commands" in str(exc):
+                raise LabkitError("The record step must be one statement; this SQL holds more than "
+                                  "one.",
+                                  "write it as a single statement (a WITH query can hold several "
+                                  "steps), with no semicolon between parts.") from None
+
+
 def check_record(lab: Lab, sql_text: str) -> Check:
     """Check ``sql_text``, an inbox consumer's record step: one statement taking
     ``%(event_id)s`` that returns a row only when this event was not seen before.  The
@@ -94,12 +138,17 @@ def check_record(lab: Lab, sql_text: str) -> Check:
         raise LabkitError(f"check_record takes the SQL as a string, not {type(sql_text).__name__}.",
                           'write the statement in a string: check_record(lab, """INSERT ...""").')
     ids = [event_id(i) for i in range(1, EVENTS + 1)]
-    bind(lab, sql_text, {"event_id": ids[0]})              # empty SQL, unknown parameters: refused now
-    check = Check("an inbox consumer's record step: 4 events, a later copy, two copies at once",
-                  hint=HINT)
+    # empty SQL, unknown parameters: refused now; so is SQL that never reads the event's id
+    if bind(lab, sql_text, {"event_id": ids[0]}) == bind(lab, sql_text, {"event_id": ids[1]}):
+        raise LabkitError("The statement does not use %(event_id)s, so it does the same for every "
+                          "event.",
+                          "write %(event_id)s wherever the statement needs the event's id: the "
+                          "checker fills in each delivery's id there.")
+    check = Check("an inbox consumer's record step: 4 events, a later copy, two copies at once")
     scene = scratch(lab)
     try:
         create_outbox(scene)
+        _one_statement(scene, sql_text, ids[0])
         place_orders(scene, EVENTS)
         texts = {e: bind(scene, sql_text, {"event_id": e}) for e in ids}
         effect = query("inbox.sql", "effect").text
@@ -110,6 +159,7 @@ def check_record(lab: Lab, sql_text: str) -> Check:
             firsts = {ids[0]: c.deliver("A", ids[0])}
             if firsts[ids[0]] is None:
                 check.add(False, f"the record step failed on the first delivery: {c.failed[0]}")
+                check.hint = HINT_FIRST_FAILED
                 return check
             firsts[ids[1]] = c.deliver("A", ids[1])
             firsts[ids[2]] = c.deliver("B", ids[2])
@@ -125,8 +175,8 @@ def check_record(lab: Lab, sql_text: str) -> Check:
         scene.drop()
 
     check.add(not c.failed, "no delivery failed" if not c.failed else
-              "a copy must come back empty, not fail (a failed delivery is delivered again, and "
-              "fails again): " + "; ".join(c.failed[:2]))
+              "a copy must come back empty, not fail (a consumer reports a failed delivery as an "
+              "error and does not acknowledge it): " + "; ".join(c.failed[:2]))
     new = [e for e, applied in firsts.items() if applied]
     check.add(len(new) == len(firsts), f"the first delivery of {', '.join(firsts)} came back as new"
               if len(new) == len(firsts) else
@@ -153,4 +203,15 @@ def check_record(lab: Lab, sql_text: str) -> Check:
     check.add(recorded == ids, f"the inbox holds all {EVENTS} event ids" if recorded == ids else
               f"the inbox holds {len(recorded)} of the {EVENTS} event ids"
               + (": nothing was recorded, so no later copy can be recognised" if not recorded else ""))
+    key_failed = UNIQUE_VIOLATION in c.sqlstates
+    for applies, hint in ((not any(firsts.values()), HINT_NEVER_A_ROW),
+                          (not recorded, HINT_NOTHING_RECORDED),
+                          (key_failed and later is False, HINT_RACE_FAILED),
+                          (key_failed, HINT_KEY_FAILED),
+                          (a is True and b is True and later is False, HINT_RACE_BOTH),
+                          (later is True or (a is True and b is True), HINT_COPY_ROW),
+                          (True, HINT_OTHER)):
+        if applies:
+            check.hint = hint
+            break
     return check
