@@ -87,47 +87,84 @@ def test_the_postgresql_claim_fails_with_the_servers_syntax_error(mylab):
     [text] = wrong(check)
     assert text.startswith("the statements failed on the server: A: ERROR 1064")
     assert "(and the same for B, C)" in text and "\n" not in text
-    assert "no UPDATE ... RETURNING" in check.hint and "hint" in str(check)
+    assert check.hint == checks.HINTS["failed"] and "where the server's parser stopped" in str(check)
 
 
 @pytest.mark.needs_mysql
 def test_plain_for_update_fails_because_the_workers_wait(mylab):
     check = checks.check_claim_mark(mylab, ANSWER.replace(" SKIP LOCKED", ""))
     [text] = wrong(check)
-    assert text.startswith("worker(s) waited for another one's lock: B for A")
+    assert text.startswith("worker(s) waited for another one's lock: B for A (at statement 2)")
+    assert check.hint == checks.HINTS["waited"]
 
 
 @pytest.mark.needs_mysql
 def test_the_right_statements_under_repeatable_read_wait_in_the_gaps_and_say_so(mylab):
     check = checks.check_claim_mark(mylab, ANSWER, isolation="REPEATABLE READ")
     [text] = wrong(check)
-    assert text == "worker(s) waited for another one's lock: B for A; C for A"
+    assert text == ("worker(s) waited for another one's lock: B for A (at statement 3); C for A "
+                    "(at statement 3)")
     assert check.hint == checks.GAP_HINT
 
 
 @pytest.mark.needs_mysql
 def test_a_claim_that_never_marks_fails_on_the_table_after_commit(mylab):
     claim_only = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-    [text] = wrong(checks.check_claim_mark(mylab, claim_only))
-    assert text.startswith("after COMMIT the jobs are not marked IN_PROGRESS by their workers")
-    assert "A's job 6 reads PENDING/-" in text
+    check = checks.check_claim_mark(mylab, claim_only)
+    [text] = wrong(check)
+    assert text == ("after COMMIT A's job 6, B's job 5, C's job 4 are still PENDING: the next claim "
+                    "takes them again")
+    assert check.hint == checks.HINTS["marked"]
+
+
+@pytest.mark.needs_mysql
+def test_a_mark_without_the_worker_says_the_jobs_are_in_progress_under_no_one(mylab):
+    anonymous = ANSWER.replace("worker_id = %(worker_id)s, ", "")
+    [text] = wrong(checks.check_claim_mark(mylab, anonymous))
+    assert text.startswith("after COMMIT A's job 6, B's job 5, C's job 4 read IN_PROGRESS under "
+                           "no worker_id")
+    assert "takes them again" not in text
 
 
 @pytest.mark.needs_mysql
 def test_a_commit_between_claim_and_mark_is_found_by_a_nowait_probe(mylab):
     early = ANSWER.replace("SKIP LOCKED;", "SKIP LOCKED; COMMIT;")
-    [text] = wrong(checks.check_claim_mark(mylab, early))
-    assert text.startswith("before COMMIT the job of A, B, C was not locked any more")
+    check = checks.check_claim_mark(mylab, early)
+    [text] = wrong(check)
+    assert text.startswith("just before its COMMIT, A, B, C held no lock on the job it took (6, 5, 4)")
+    assert check.hint == checks.HINTS["released"]
+
+
+@pytest.mark.needs_mysql
+def test_a_claim_in_id_order_says_who_took_what_and_that_one_worker_locked_every_job(mylab):
+    by_id = ANSWER.replace("ORDER BY created_at", "ORDER BY id")
+    check = checks.check_claim_mark(mylab, by_id)
+    texts = wrong(check)
+    assert texts[0] == ("B, C read back no job (no row, or NULL) although 5 jobs were still "
+                        "PENDING after every commit")
+    assert texts[1].startswith("the workers took: A job 1 (B, C: none); the oldest, jobs 4, 5, 6")
+    assert texts[2].startswith("A held the locks of jobs 1, 2, 3, 4, 5, 6 until its COMMIT, though "
+                               "it took only job 1")
+    assert len(texts) == 3 and check.hint == checks.HINTS["no_job"]
 
 
 @pytest.mark.needs_mysql
 def test_a_mark_that_reads_back_nothing_or_marks_every_row_fails(mylab):
     silent = ANSWER.replace("SELECT @job AS id;", "")
-    assert "each worker read back the id of its job (read back: A -, B -, C -)" in wrong(
-        checks.check_claim_mark(mylab, silent))
+    check = checks.check_claim_mark(mylab, silent)
+    # one finding, and no others falling with it: the jobs are judged on the rows each marked
+    assert wrong(check) == ["no statement of A, B, C returned rows, so that worker cannot tell "
+                            "which job it holds"]
+    assert check.hint == checks.HINTS["read_back"]
     everything = ANSWER.replace(" WHERE id = @job", "")
     texts = wrong(checks.check_claim_mark(mylab, everything))
     assert texts[0].startswith("worker(s) waited for another one's lock")   # every row: a convoy
+
+
+def test_no_hint_gives_the_answer_away():
+    for hint in [*checks.HINTS.values(), checks.GAP_HINT]:
+        for piece in ("@job", "SELECT id INTO", "SET @", "SKIP LOCKED", "WHERE id ="):
+            assert piece not in hint, (piece, hint)
 
 
 @pytest.mark.needs_mysql

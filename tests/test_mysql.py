@@ -216,6 +216,12 @@ def test_probes_find_next_key_locks_under_repeatable_read_and_record_locks_under
     assert list(rc["waits_for"]) == ["", "A", "", "B", "", "", "", "", ""]
     gaps = rr[(rr["kind"] == "gap") & (rr["waits_for"] != "")]
     assert all("X,GAP" in lock and "job_pending" in lock for lock in gaps["lock"])
+    assert [mode.split(",INSERT")[0] for mode in rr["mode"][:4]] == ["X,GAP", "X", "X,GAP", "X"]
+    # each probe names the key it locks or inserts; the first gap's is job 2's entry once
+    # finished: DONE sorts before PENDING
+    assert list(rr["probe"][:4]) == ["insert (DONE, 09:00:02)", "lock (PENDING, 09:00:01)",
+                                     "insert (PENDING, 09:00:01.5)", "lock (PENDING, 09:00:02)"]
+    assert rr["finishes"][0] == 2 and rr["finishes"][1:].isna().all()
     assert list(rr.loc[rr["kind"] == "entry", "claimed_by"]) == ["A", "B", "", ""]
     # every probe was rolled back: the table is as make_jobs left it
     assert mylab.execute("SELECT id, status FROM job ORDER BY id") == [
@@ -247,6 +253,10 @@ def test_the_lock_map_is_drawn_from_a_real_run_and_fits_a_slide(mylab):
     words = [t.get_text() for t in fig.axes[0].texts]
     assert "A: next-key lock" in words and "A: record lock" in words
     assert sum("waits for" in w for w in words) == 2          # the two inserts that waited
+    assert "B finishing job 2 writes (DONE, 09:00:02)\nhere: waits for A" in words
+    assert "new job (PENDING, 09:00:01.5):\nwaits for B" in words
+    assert "job 1\nPENDING\n09:00:01" in words                 # each entry with its key
+    assert "all 5 inserts went through: no gap is locked" in words      # READ COMMITTED's row
     width, height = png_size(figure_png(fig))
     assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX
     with pytest.raises(Exception, match="at least one probed level"):

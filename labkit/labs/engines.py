@@ -80,10 +80,16 @@ def _literal_sql(lab: MyLab, text: str, params: dict) -> str:
     return lab.admin.raw.cursor().mogrify(text, params)
 
 
+def _clock(t) -> str:
+    """A created_at as the figure and the probe table print it: 09:00:01, or 09:00:01.5."""
+    tenths = f".{t.microsecond // 100_000}" if t.microsecond else ""
+    return f"{t:%H:%M:%S}{tenths}"
+
+
 def _probes(lab: MyLab) -> list[dict[str, Any]]:
     """One probe per entry of the claim's index and per gap around them, in key order,
     from the rows the table holds now: the entry's own locking read, or an insert whose
-    entry sorts into the gap."""
+    entry sorts into the gap.  Each names the key it locks or inserts, (status, created_at)."""
     from datetime import timedelta
 
     entries = lab.execute(queries(SQL)["index_entries"].sql)
@@ -93,29 +99,29 @@ def _probes(lab: MyLab) -> list[dict[str, Any]]:
     new_id = max(row[0] for row in entries) + 1
     probes: list[dict[str, Any]] = []
 
-    def gap(place: str, status: str, created_at, what: str) -> None:
+    def gap(place: str, status: str, created_at, finishes=None) -> None:
         nonlocal new_id
         params = {"id": new_id, "status": status, "created_at": created_at}
-        probes.append({"kind": "gap", "place": place, "probe": what,
+        probes.append({"kind": "gap", "place": place, "probe": f"insert ({status}, {_clock(created_at)})",
+                       "finishes": finishes,
                        "sql": _literal_sql(lab, queries(SQL)["probe_gap"].sql, params)})
         new_id += 1
 
-    first = entries[0]
     # 'DONE' sorts before 'PENDING': the gap in front of the first entry is where a finished
-    # (or marked) job's new entry lands
-    gap(f"before job {first[0]}", "DONE", first[2], "insert a DONE row")
+    # (or marked) job's new entry lands.  The probe writes the entry the second job would get
+    # once finished, (DONE, its created_at): what finish_scene's UPDATE writes.
+    second = entries[1] if len(entries) > 1 else entries[0]
+    gap(f"before job {entries[0][0]}", "DONE", second[2], finishes=second[0])
     for k, (job, status, created_at) in enumerate(entries):
-        probes.append({"kind": "entry", "place": f"job {job}", "probe": f"lock job {job}'s entry",
+        probes.append({"kind": "entry", "place": f"job {job}",
+                       "probe": f"lock ({status}, {_clock(created_at)})", "finishes": None,
                        "sql": _literal_sql(lab, queries(SQL)["probe_entry"].sql,
                                            {"status": status, "created_at": created_at})})
         if k + 1 < len(entries):
             later = entries[k + 1]
-            middle = created_at + (later[2] - created_at) / 2
-            gap(f"jobs {job}-{later[0]}", status, middle,
-                f"insert at {middle:%H:%M:%S}.{middle.microsecond // 100_000}")
+            gap(f"jobs {job}-{later[0]}", status, created_at + (later[2] - created_at) / 2)
         else:
-            after = created_at + timedelta(seconds=1)
-            gap(f"after job {job}", status, after, f"insert at {after:%H:%M:%S}")
+            gap(f"after job {job}", status, created_at + timedelta(seconds=1))
     return probes
 
 
@@ -124,16 +130,19 @@ def probe_locks(lab: MyLab, isolation: str) -> pd.DataFrame:
 
     On jobs 1, 2, 5 and 9 (with the index), A and B claim under ``isolation`` and keep their
     transactions open.  Then session P probes the index in key order: every entry with a
-    locking read of that entry alone, every gap with an insert whose entry sorts into it,
-    each probe in a transaction of its own, rolled back, with a lock wait of
+    locking read of that entry alone, every gap with an insert whose entry sorts into it
+    (in front of the first entry, the entry job 2 gets once finished: (DONE, its
+    created_at)), each probe in a transaction of its own, rolled back, with a lock wait of
     ``PROBE_WAIT_S`` s.  A probe that waits shows a lock; the server names who holds it
     (``INNODB_LOCK_WAITS``) and the lock the probe asked for.
 
     One row per probe, in index order: ``place`` (an entry, ``job 1``, or a gap,
-    ``jobs 1-2``), ``kind`` (entry or gap), ``probe`` (what P ran), ``waits_for`` (A, B,
-    or empty), ``lock`` (the lock P asked for, in InnoDB's words), ``claimed_by`` (the
-    session whose claim returned that job, for an entry).  ``df.attrs`` holds ``claims``
-    ({session: job}) and ``isolation``."""
+    ``jobs 1-2``), ``kind`` (entry or gap), ``probe`` (what P ran, with the key it locks or
+    inserts: ``lock (PENDING, 09:00:01)``, ``insert (PENDING, 09:00:01.5)``), ``waits_for``
+    (A, B, or empty), ``lock`` (the lock P asked for, in InnoDB's words), ``mode`` (its
+    mode alone: ``X`` or ``X,GAP``), ``claimed_by`` (the session whose claim returned that
+    job, for an entry), ``finishes`` (for the first gap's probe, the job whose finished
+    entry it writes).  ``df.attrs`` holds ``claims`` ({session: job}) and ``isolation``."""
     import pandas as pd
 
     if isolation not in LEVELS:
@@ -154,9 +163,10 @@ def probe_locks(lab: MyLab, isolation: str) -> pd.DataFrame:
             if step.waited:
                 run.wait("P")                  # its lock wait runs out: error 1205
             run.P("ROLLBACK")
+            lock = (step.wait_event or "") if step.waited else ""
             rows.append({"place": probe["place"], "kind": probe["kind"], "probe": probe["probe"],
                          "waits_for": ", ".join(step.blocked_by) if step.waited else "",
-                         "lock": (step.wait_event or "") if step.waited else ""})
+                         "lock": lock, "mode": _mode(lock), "finishes": probe["finishes"]})
         for name in HOLDERS:
             run.step(name, "COMMIT")
     df = pd.DataFrame(rows)
@@ -166,13 +176,21 @@ def probe_locks(lab: MyLab, isolation: str) -> pd.DataFrame:
     return df
 
 
+def _mode(lock: str) -> str:
+    """``RECORD X,GAP on job_pending (...)`` -> ``X,GAP`` (MySQL 8 adds ``,INSERT_INTENTION``)."""
+    words = lock.split()
+    return words[1] if len(words) > 1 and words[0] == "RECORD" else ""
+
+
 def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
     """The claim's index in key order, one row per isolation level (``maps``: level ->
-    :func:`probe_locks`): each entry (a box) and each gap (a hatched slot in front of the
-    next entry) coloured by the session whose lock made its probe wait, white where the
-    probe went through.  Above a row, what each session holds: a *next-key* lock where its
-    entry and the gap in front of it both stopped a probe, a *record* lock where only the
-    entry did.  Below it, the inserts that waited."""
+    :func:`probe_locks`): each entry (a box with its key: job, status, created_at) and each
+    gap (a hatched slot in front of the next entry) coloured by the session whose lock made
+    its probe wait, white where the probe went through.  Above a row, what each session
+    holds: a *next-key* lock where its entry and the gap in front of it both stopped a probe,
+    a *record* lock where only the entry did.  Below it, the inserts that waited (the first
+    gap's is where a finished job's entry lands), or a line saying that every insert went
+    through."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
@@ -180,10 +198,13 @@ def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
         raise LabkitError("plot_locks needs at least one probed level.",
                           "pass {level: engines.probe_locks(lab, level)} for one or more levels.")
     colour = {name: PALETTE[k] for k, name in enumerate(HOLDERS)}
-    width = {"entry": 1.0, "gap": 0.7}
+    width = {"entry": 1.2, "gap": 0.7}
     levels = list(maps)
-    step_y = 3.0                       # a row, its locks above and its waiting inserts below
-    fig, ax = plt.subplots(figsize=(12, 0.6 + 2.4 * len(levels)))
+    step_y = 3.9                       # a row, its locks above and its waiting inserts below
+    half = 0.6                         # half an entry box's height: three lines of key
+    claims = maps[levels[0]].attrs.get("claims", {})
+    claimer = {job: name for name, job in claims.items()}
+    fig, ax = plt.subplots(figsize=(12, 0.4 + 3.0 * len(levels)))
     for row, level in enumerate(levels):
         y = (len(levels) - 1 - row) * step_y
         x = 0.0
@@ -192,44 +213,60 @@ def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
         inserts: list[float] = []      # where an insert waited
         for k, probe in enumerate(probes):
             who = probe.waits_for.split(", ")[0] if probe.waits_for else ""
-            ax.add_patch(Rectangle((x, y - 0.35), width[probe.kind], 0.7,
+            ax.add_patch(Rectangle((x, y - half), width[probe.kind], 2 * half,
                                    facecolor=colour.get(who, "white"), edgecolor="0.25", lw=1.5,
                                    hatch="//" if probe.kind == "gap" else None))
             if probe.kind == "entry":
-                ax.text(x + 0.5, y, probe.place, ha="center", va="center",
+                key = probe.probe.split("(", 1)[1].rstrip(")").split(", ")
+                ax.text(x + width["entry"] / 2, y, f"{probe.place}\n" + "\n".join(key),
+                        ha="center", va="center", linespacing=1.15,
                         color="white" if who == HOLDERS[0] else "black")
                 if who:
                     before = probes[k - 1] if k else None
                     if before is not None and before.kind == "gap" and before.waits_for == probe.waits_for:
-                        spans.append((x - width["gap"], width["gap"] + 1.0, who, "next-key"))
+                        spans.append((x - width["gap"], width["gap"] + width["entry"], who, "next-key"))
                     else:
-                        spans.append((x, 1.0, who, "record"))
-            elif who:                  # texts to the left and right in turn, so two never meet
-                side = len(inserts) % 2
+                        spans.append((x, width["entry"], who, "record"))
+            elif who:                  # texts low and high in turn, so two never meet
+                high = len(inserts) % 2
                 inserts.append(x)
                 middle = x + width["gap"] / 2
-                ax.annotate(f"{probe.probe}:\nwaits for {who}", (middle, y - 0.4),
-                            xytext=(middle + (0.25 if side else -0.25), y - 1.0),
-                            ha="left" if side else "right", va="top",
-                            arrowprops={"arrowstyle": "->", "lw": 1.5})
+                finishes = getattr(probe, "finishes", None)
+                key = probe.probe.split(" ", 1)[1]
+                if finishes is not None and not _missing(finishes):
+                    finisher = claimer.get(int(finishes), "its worker")
+                    text = f"{finisher} finishing job {int(finishes)} writes {key}\nhere: waits for {who}"
+                else:
+                    text = f"new job {key}:\nwaits for {who}"
+                ax.annotate(text, (middle, y - half - 0.05),
+                            xytext=(middle + 1.3, y - half - 0.3) if high else (x, y - half - 1.0),
+                            ha="left", va="top", arrowprops={"arrowstyle": "->", "lw": 1.5})
             x += width[probe.kind]
+        if not inserts:
+            gaps = sum(1 for probe in probes if probe.kind == "gap")
+            ax.text(x / 2, y - half - 0.15, f"all {gaps} inserts went through: no gap is locked",
+                    ha="center", va="top")
         for left, span, who, what in spans:
-            ax.plot([left + 0.05, left + span - 0.05], [y + 0.5, y + 0.5], color=colour[who], lw=4,
+            ax.plot([left + 0.05, left + span - 0.05], [y + half + 0.15] * 2, color=colour[who], lw=4,
                     solid_capstyle="butt")
-            ax.text(left + span / 2, y + 0.6, f"{who}: {what} lock", ha="center", va="bottom")
-        ax.text(-0.15, y, level, ha="right", va="center")
+            ax.text(left + span / 2, y + half + 0.25, f"{who}: {what} lock", ha="center", va="bottom")
+        ax.text(-0.15, y, level.replace(" ", "\n", 1), ha="right", va="center")
     ax.set_xlim(-0.1, x + 0.1)
-    ax.set_ylim(-2.0 if inserts else -0.5, (len(levels) - 1) * step_y + 1.1)
+    bottom = -half - (1.9 if inserts else 0.7)
+    ax.set_ylim(bottom, (len(levels) - 1) * step_y + half + 0.8)
     ax.set_axis_off()
-    ax.set_title("The claim's index (status, created_at), in key order:\n"
-                 "what each probe waited for")
-    claims = maps[levels[0]].attrs.get("claims", {})
+    ax.set_title("The claim's index (status, created_at), in key order: what each probe waited for")
     handles = [Patch(facecolor=colour[name], edgecolor="0.25",
                      label=f"{name}'s lock ({name} claimed job {claims.get(name)})") for name in HOLDERS]
     handles += [Patch(facecolor="white", edgecolor="0.25", label="no lock: the probe went through"),
                 Patch(facecolor="white", edgecolor="0.25", hatch="//", label="a gap between entries")]
     fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     return fig
+
+
+def _missing(value) -> bool:
+    """A missing value in a DataFrame column of optional ints (None or NaN)."""
+    return value is None or value != value
 
 
 def finish_scene(lab: MyLab, isolation: str) -> dict[str, Any]:

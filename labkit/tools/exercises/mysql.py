@@ -8,8 +8,9 @@ the worker learns which job it has).  :func:`check_claim_mark` runs them in thre
 at once on the MySQL-compatible server, in scripted sessions
 (:class:`~labkit.core.mysessions.MySessions`) over a scratch database of their own, and
 reads from the server what happened: whether a worker waited, which jobs the workers read
-back, whether each job was still locked by its worker until that worker committed (a
-NOWAIT probe from another session), and what the table holds after the commits.
+back, which jobs each worker held locked until its COMMIT (another session's NOWAIT probes
+of every job, just before and just after it), and what the table holds after the commits.
+Each WRONG line says what happened; the hint, for the first of them, says where to look.
 """
 
 from __future__ import annotations
@@ -32,16 +33,39 @@ LOCK_WAIT_S = 2            # a worker that waits gives up after this long (error
 MAX_STATEMENTS = 8
 BASE = datetime(2026, 1, 1, 9, 0, 0)
 
-CLAIM_MARK_HINT = (
-    "MySQL and MariaDB 10.11 have no UPDATE ... RETURNING, so the claim takes two statements "
-    "in one transaction: a SELECT of the oldest PENDING id with FOR UPDATE SKIP LOCKED, kept "
-    "in a variable (SET @job = NULL, then SELECT id INTO @job ...), then an UPDATE of that one "
-    "row (status, worker_id = %(worker_id)s, claimed_at) WHERE id = @job, and last SELECT @job, "
-    "so the worker reads back its job.")
+# One hint per way an answer goes wrong, for the first finding that is WRONG: each says where
+# to look, never what to write.
+HINTS = {
+    "failed": (
+        "Read where the server's parser stopped: that is a part of the PostgreSQL claim this "
+        "server lacks (the cell before the exercise tried RETURNING on each statement). A worker "
+        "may send several statements in one transaction, and must still learn which job it took."),
+    "waited": (
+        "Look at which statement of each worker waited, and for whom: it asked for a row another "
+        "worker held. Which rows does that statement lock, and what do §1's policies do with a "
+        "locked row?"),
+    "read_back": (
+        "A worker learns its job only from rows its statements return: the last statement that "
+        "returns rows must give the job's id, and nothing else does."),
+    "no_job": (
+        "Run the claim alone and look at which rows it locks, not only at the one it returns: a "
+        "locking read locks every row it reads (§2). EXPLAIN shows whether an index serves its "
+        "ORDER BY, or whether it reads and sorts every PENDING row."),
+    "oldest": (
+        "Look at the order the claim reads the jobs in: the checker numbers them newest first, "
+        "so their ids run the other way from their age."),
+    "released": (
+        "Something ended the worker's transaction between the claim and its COMMIT, and its lock "
+        "with it: look for a statement that commits (COMMIT, or DDL, which commits implicitly)."),
+    "marked": (
+        "Compare the table after the commits with the jobs the workers took: look at which rows "
+        "the UPDATE changes, and to what."),
+}
+# Under REPEATABLE READ, when the statements pass under READ COMMITTED: the waits are on gaps.
 GAP_HINT = (
-    "Under REPEATABLE READ each claim also locks the gap in front of its index entry, and each "
-    "mark moves a job's entry (PENDING to IN_PROGRESS) into the gap in front of the oldest "
-    "claimed job: the workers' sessions need READ COMMITTED.")
+    "The same statements pass under READ COMMITTED; here workers waited although no two took "
+    "the same row. Look at the lock each waiting statement asked for, and at §2's figure: "
+    "where does a marked job's new index entry land, and whose lock covers that gap?")
 
 _ids = itertools.count(1)
 
@@ -110,10 +134,11 @@ def check_claim_mark(lab: mysql.MyLab | None, answer: str | Sequence[str], *,
     everyone's second...); a worker whose statement waits is left waiting while the others
     go on, and a worker that has sent everything commits once no one else can move.  It
     passes when no worker waits or fails, each reads back one job, the jobs differ and are
-    the oldest, each job is still locked by its worker until that worker commits (another
-    session's NOWAIT is refused), and after the commits exactly those jobs read IN_PROGRESS
-    under their workers.  ``lab=None`` finds the server (and says how to get one if there
-    is none)."""
+    the oldest, each worker holds the lock of its own job and of no other until it commits
+    (another session's NOWAIT is refused before the COMMIT and granted after it), and after
+    the commits exactly those jobs read IN_PROGRESS under their workers.  A worker that
+    reads back nothing is judged on the one job it marked as its own.  ``lab=None`` finds
+    the server (and says how to get one if there is none)."""
     if lab is None:
         lab = mysql.MyLab(mysql.find(), "checks")        # NoServer names the fix
     if not isinstance(lab, mysql.MyLab):
@@ -131,28 +156,28 @@ def check_claim_mark(lab: mysql.MyLab | None, answer: str | Sequence[str], *,
     names = [chr(ord("A") + i) for i in range(workers)]
     jobs = workers + 3
     title = f"{workers} workers claim and mark at once ({isolation})"
-    check = Check(title, hint=CLAIM_MARK_HINT)
+    check = Check(title)
     scratch = _scratch(lab)
     try:
         _jobs_newest_first(scratch, jobs)
         texts = {n: [_bind(scratch, part, {"worker_id": n}) for part in parts] for n in names}
         with MySessions(scratch, *names, isolation=isolation, lock_wait_timeout_s=LOCK_WAIT_S) as run:
-            sent, held = _play(run, scratch, names, texts)
+            sent, held = _play(run, scratch, names, texts, jobs)
         return _judge(check, scratch, names, jobs, sent, held, isolation)
     finally:
         scratch.drop()
 
 
 def _play(run: MySessions, scratch: mysql.MyLab, names: list[str],
-          texts: dict[str, list[str]]) -> tuple[dict[str, list[Step]], dict[str, bool | None]]:
+          texts: dict[str, list[str]], jobs: int) -> tuple[dict[str, list[Step]], dict[str, set]]:
     """The workers' statements in turns; each worker commits once it has sent everything
-    and no other worker can move, after a NOWAIT probe of the job it read back.  Returns
-    each worker's steps and whether its job was still locked just before its COMMIT
-    (None: nothing to probe)."""
+    and no other worker can move.  Returns each worker's steps and the jobs whose locks its
+    COMMIT released (another session's NOWAIT probe of every job, just before and just after
+    the COMMIT): the jobs it held until then."""
     sent: dict[str, list[Step]] = {n: [] for n in names}
     todo = {n: list(texts[n]) for n in names}
     ended: set[str] = set()            # committed, or rolled back after an error
-    held: dict[str, bool | None] = {}
+    held: dict[str, set] = {}
     for n in names:
         run.step(n, "BEGIN")
 
@@ -167,8 +192,9 @@ def _play(run: MySessions, scratch: mysql.MyLab, names: list[str],
         if failed(n):
             run.step(n, "ROLLBACK")
             return
-        held[n] = _still_locked(scratch, _claimed(sent[n]))
+        before = _locked_jobs(scratch, jobs)
         run.step(n, "COMMIT")
+        held[n] = before - _locked_jobs(scratch, jobs)
 
     while len(ended) < len(names):
         moved = False
@@ -188,6 +214,11 @@ def _play(run: MySessions, scratch: mysql.MyLab, names: list[str],
     return sent, held
 
 
+def _returned_rows(steps: list[Step]) -> bool:
+    """Did any of the worker's statements return a result set (even an empty one)?"""
+    return any(r.columns for step in steps for r in step.results)
+
+
 def _claimed(steps: list[Step]):
     """The job a worker read back: the first value of the last statement that returned rows
     (None if none did, or it returned no row)."""
@@ -198,79 +229,160 @@ def _claimed(steps: list[Step]):
     return None
 
 
-def _still_locked(scratch: mysql.MyLab, job) -> bool | None:
-    """Is ``job`` locked by someone right now?  Another session asks for it with NOWAIT."""
-    if job is None:
-        return None
+def _locked_jobs(scratch: mysql.MyLab, jobs: int) -> set:
+    """The jobs someone holds locked right now: another session asks for each with NOWAIT
+    (and rolls back what it got)."""
+    locked = set()
     conn = scratch.connect(role="probe", lock_wait_timeout_s=1)
     try:
-        conn.execute("SELECT id FROM job WHERE id = %s FOR UPDATE NOWAIT", (job,))
-        return False
-    except mysql.LockNotAvailable:
-        return True
+        for job in range(1, jobs + 1):
+            try:
+                conn.execute("SELECT id FROM job WHERE id = %s FOR UPDATE NOWAIT", (job,))
+            except mysql.LockNotAvailable:
+                locked.add(job)
     finally:
         conn.rollback()
         conn.close()
+    return locked
+
+
+def _jobs(ids) -> str:
+    """Job ids as the findings name them: "job 4" or "jobs 1, 2, 3"."""
+    ids = sorted(ids)
+    return f"job{'s' if len(ids) != 1 else ''} {', '.join(map(str, ids))}"
+
+
+def _who(names) -> str:
+    return ", ".join(names)
 
 
 def _judge(check: Check, scratch: mysql.MyLab, names: list[str], jobs: int,
-           sent: dict[str, list[Step]], held: dict[str, bool | None], isolation: str) -> Check:
-    """The findings, from what the server did and what the table holds."""
+           sent: dict[str, list[Step]], held: dict[str, set], isolation: str) -> Check:
+    """The findings, from what the server did and what the table holds; the hint is the one
+    for the first finding that is WRONG."""
+    hints: list[str] = []
+
+    def add(ok: bool, text: str, why: str) -> None:
+        check.add(ok, text)
+        if not ok:
+            hints.append(HINTS[why])
+
     errors = {n: s.error for n in names for s in sent[n] if s.error}
     other = {n: e for n, e in errors.items() if e.kind not in ("lock_timeout", "deadlock")}
     if other:
         first = next(iter(other))
         more = [n for n in other if n != first]
-        check.add(False, f"the statements failed on the server: {first}: {_short(other[first])}"
-                  + (f" (and the same for {', '.join(more)})" if more and all(
-                      other[m].sqlstate == other[first].sqlstate for m in more) else ""))
+        add(False, f"the statements failed on the server: {first}: {_short(other[first])}"
+            + (f" (and the same for {_who(more)})" if more and all(
+                other[m].sqlstate == other[first].sqlstate for m in more) else ""), "failed")
+        check.hint = hints[0]
         return check
-    waits = {n: sorted({b for s in sent[n] if s.waited for b in s.blocked_by}) for n in names}
-    waited = {n: who for n, who in waits.items() if who}
-    check.add(not waited, "no worker waited" if not waited else
-              "worker(s) waited for another one's lock: "
-              + "; ".join(f"{n} for {', '.join(who)}" for n, who in waited.items()))
+    waits = {n: [(s.label, sorted(s.blocked_by)) for s in sent[n] if s.waited] for n in names}
+    waited = {n: w for n, w in waits.items() if w}
+    add(not waited, "no worker waited" if not waited else
+        "worker(s) waited for another one's lock: " + "; ".join(
+            f"{n} for {', '.join(sorted({b for _, who in w for b in who}))} "
+            f"(at {', '.join(dict.fromkeys(label for label, _ in w))})" for n, w in waited.items()),
+        "waited")
     for n, e in errors.items():
         what = ("was rolled back as a deadlock victim (1213): its whole transaction is gone"
                 if e.kind == "deadlock" else
                 f"gave up waiting after {LOCK_WAIT_S} s (1205): its statement was rolled back")
-        check.add(False, f"worker {n} {what}")
+        add(False, f"worker {n} {what}", "waited")
     if errors:
+        check.hint = hints[0]
         return check
-    got = {n: _claimed(sent[n]) for n in names}
-    shown = ", ".join(f"{n} {'-' if v is None else v}" for n, v in got.items())
-    check.add(bool(got) and all(v is not None for v in got.values()),
-              f"each worker read back the id of its job (read back: {shown})")
-    ids = [v for v in got.values() if v is not None]
-    check.add(len(ids) == len(set(ids)), "no job was handed to two workers" if len(ids) == len(set(ids))
-              else "a job was handed to more than one worker")
-    oldest = list(range(jobs, jobs - len(names), -1))
-    check.add(sorted(ids) == sorted(oldest),
-              f"the oldest jobs went first (jobs {', '.join(map(str, oldest))}; the checker numbers "
-              "jobs newest first)")
-    probed = {n: h for n, h in held.items() if h is not None}
-    loose = [n for n, h in probed.items() if not h]
-    check.add(bool(probed) and not loose,
-              "until its COMMIT each worker still held its job's lock (another session's NOWAIT "
-              "was refused)" if not loose else
-              f"before COMMIT the job of {', '.join(loose)} was not locked any more: another "
-              "worker could have claimed it between your statements")
+
     rows = {r[0]: (r[1], r[2]) for r in scratch.execute("SELECT id, status, worker_id FROM job")}
-    marked = {n: rows.get(v) == ("IN_PROGRESS", n) for n, v in got.items() if v is not None}
-    others = [j for j, (status, _) in rows.items() if j not in ids and status != "PENDING"]
-    good = bool(marked) and all(marked.values()) and not others
-    if good:
-        text = "after COMMIT each job read back reads IN_PROGRESS with its worker's id; the rest are PENDING"
-    elif others:
-        text = (f"after COMMIT job(s) {', '.join(map(str, sorted(others)))}, which no worker read "
-                "back, are no longer PENDING")
-    else:
-        unmarked = [f"{n}'s job {got[n]} reads "
-                    + "/".join("-" if v is None else str(v) for v in rows.get(got[n], ("missing",)))
-                    for n, ok in marked.items() if not ok]
-        text = ("after COMMIT the jobs are not marked IN_PROGRESS by their workers ("
-                + "; ".join(unmarked) + "): the next claim takes them again")
-    check.add(good, text)
+    pending = sum(1 for status, _ in rows.values() if status == "PENDING")
+    got = {n: _claimed(sent[n]) for n in names}
+    marked = {n: [j for j, (status, w) in rows.items() if w == n and status == "IN_PROGRESS"]
+              for n in names}
+    # the job each worker took: the one it read back, else the one row it marked as its own
+    took = {n: got[n] if got[n] is not None else (marked[n][0] if len(marked[n]) == 1 else None)
+            for n in names}
+
+    # 1. the read-back
+    silent = [n for n in names if not _returned_rows(sent[n])]
+    empty = [n for n in names if n not in silent and got[n] is None]
+    shown = ", ".join(f"{n} {'-' if v is None else v}" for n, v in got.items())
+    if silent:
+        add(False, f"no statement of {_who(silent)} returned rows, so that worker cannot tell "
+            "which job it holds" + (f" (it marked {_jobs(marked[silent[0]])})"
+                                    if len(silent) == 1 and marked[silent[0]] else ""),
+            "read_back")
+    if empty:
+        add(False, f"{_who(empty)} read back no job (no row, or NULL) although "
+            f"{pending} job{'s' if pending != 1 else ''} were still PENDING after every commit",
+            "no_job")
+    if not silent and not empty:
+        add(True, f"each worker read back the id of its job (read back: {shown})", "read_back")
+
+    # 2. one job, one worker
+    ids = [v for v in took.values() if v is not None]
+    twice = sorted({v for v in ids if ids.count(v) > 1})
+    add(not twice, "no job was handed to two workers" if not twice else
+        f"{_jobs(twice)} went to more than one worker", "waited")
+
+    # 3. the oldest first
+    oldest = list(range(jobs, jobs - len(names), -1))
+    if ids:
+        right = sorted(ids) == sorted(oldest)
+        taken = ", ".join(f"{n} job {v}" for n, v in took.items() if v is not None)
+        none = [n for n, v in took.items() if v is None]
+        add(right, f"the oldest jobs went first (taken: {taken}; the checker numbers jobs newest "
+            "first)" if right else
+            f"the workers took: {taken}" + (f" ({_who(none)}: none)" if none else "")
+            + f"; the oldest, {_jobs(oldest)}, should have gone first (the checker numbers jobs "
+            "newest first)", "oldest")
+
+    # 4. each worker's lock, held until its COMMIT, on its own job and no other
+    loose = [n for n in names if took[n] is not None and took[n] not in held.get(n, set())]
+    if loose:
+        add(False, f"just before its COMMIT, {_who(loose)} held no lock on the job it took "
+            f"({', '.join(str(took[n]) for n in loose)}): another session's NOWAIT got it, so "
+            "another worker could have claimed it between your statements", "released")
+    for n in names:
+        locks = held.get(n, set())
+        if locks - {took[n]}:
+            add(False, f"{n} held the locks of {_jobs(locks)} until its COMMIT, "
+                + (f"though it took only job {took[n]}" if took[n] is not None else
+                   "though it took no job")
+                + ": another worker's SKIP LOCKED passed over all of them", "no_job")
+    if ids and not loose and not any(held.get(n, set()) - {took[n]} for n in names):
+        add(True, "until its COMMIT each worker held the lock of its own job and of no other "
+            "(another session's NOWAIT was refused before the COMMIT, granted after it)", "released")
+
+    # 5. the table after the commits
+    wrong: dict[str, list[str]] = {}
+    for n, v in took.items():
+        if v is None:
+            continue
+        status, worker = rows.get(v, ("missing", None))
+        if (status, worker) == ("IN_PROGRESS", n):
+            continue
+        if status == "PENDING":
+            what = "{is} still PENDING: the next claim takes {it} again"
+        elif status == "IN_PROGRESS":
+            what = ("{reads} IN_PROGRESS under "
+                    + (f"worker {worker}" if worker else "no worker_id") + ": nothing says who runs {it}")
+        else:
+            what = "{reads} " + status
+        wrong.setdefault(what, []).append(f"{n}'s job {v}")
+    texts = [f"{', '.join(taken_)} " + what.format(**({"is": "is", "reads": "reads", "it": "it"}
+                                                    if len(taken_) == 1 else
+                                                    {"is": "are", "reads": "read", "it": "them"}))
+             for what, taken_ in wrong.items()]
+    others = sorted(j for j, (status, _) in rows.items() if j not in ids and status != "PENDING")
+    if others:
+        texts.append(f"{_jobs(others)}, which no worker took, "
+                     f"{'is' if len(others) == 1 else 'are'} no longer PENDING")
+    if ids:
+        add(not texts, "after COMMIT each job taken reads IN_PROGRESS with its worker's id; the "
+            "rest are PENDING" if not texts else "after COMMIT " + "; ".join(texts), "marked")
+
+    if hints:
+        check.hint = hints[0]
     rest_ok = all(ok for ok, _ in check.findings[1:])
     if waited and rest_ok and isolation == "REPEATABLE READ":
         check.hint = GAP_HINT          # the statements are right; the isolation level is not
