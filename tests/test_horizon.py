@@ -76,6 +76,12 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
         assert set(series[0]) == {"t", "claim_ms", "claims", "buffers", "select_ms", "dead", "horizon_age"}
     fig = hz.plot(r)
     assert len(fig.axes) == 2 and "fsync=" in fig._suptitle.get_text()
+    # the growth is the point: the buffers are drawn on a linear axis from 0, and the line
+    # with the report open ends higher than it starts
+    buffers = fig.axes[1]
+    assert buffers.get_yscale() == "linear" and buffers.get_ylim()[0] == 0
+    drawn = buffers.get_lines()[1].get_ydata()
+    assert list(drawn) == later and drawn[-1] > drawn[0]
     matplotlib.pyplot.close(fig)
     _lab_sessions_gone(db, lab)
     assert child_pids() - before == set()
@@ -289,3 +295,105 @@ def test_ctrl_c_with_the_writer_open_drops_the_other_database(lab, db):
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.WRITER_ROLE}") == []
     assert child_pids() - before == set()
     _lab_sessions_gone(db, lab)
+
+
+# -- the mechanism, drawn from a run: versions, entries and the horizon -------------------------
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"jobs": 2}, "jobs"), ({"jobs": 21}, "jobs"), ({"before": 0}, "before"), ({"after": 1.5}, "after"),
+    ({"before": 5, "after": 5}, "before"), ({"timeout_s": 0}, "timeout_s"),
+])
+def test_the_scene_refuses_bad_parameters_before_touching_the_table(lab, kw, name):
+    with pytest.raises(LabkitError) as err:
+        hz.versions_scene(lab, **kw)
+    assert name in str(err.value) and "Fix:" in str(err.value)
+    assert lab.execute("SELECT to_regclass('job')")[0][0] is None
+
+
+def test_the_versions_scene_counts_what_its_drawing_shows(lab, db):
+    s = hz.versions_scene(lab, jobs=10, before=3, after=4)
+    phases = [j["phase"] for j in s["jobs"]]
+    assert phases == ["before"] * 3 + ["after"] * 4 + ["pending"] * 3      # the claim's order
+    done = [j for j in s["jobs"] if j["phase"] != "pending"]
+    assert all(s["fill_xid"] < j["claim_xid"] < j["complete_xid"] for j in done)
+    # the horizon sits between the two phases: the report's snapshot came after the first
+    assert max(j["complete_xid"] for j in done if j["phase"] == "before") < s["horizon"]
+    assert s["horizon"] <= min(j["claim_xid"] for j in done if j["phase"] == "after")
+    # two dead versions a job, split by the horizon exactly as VACUUM splits them
+    assert (s["removable"], s["kept"]) == (6, 8)
+    assert (s["vacuum_held"]["removed"], s["vacuum_held"]["not_yet_removable"]) == (6, 8)
+    assert (s["vacuum_after"]["removed"], s["vacuum_after"]["not_yet_removable"]) == (8, 0)
+    # a claim reads one entry when every dead one is marked; with the report open, also each
+    # entry whose version died after the horizon; the first claim after it ends marks them
+    assert (s["skipped"], s["walked_past"]) == (3, 4)
+    assert s["read_clean"] == 1
+    assert s["read_held"] == s["walked_past"] + 1 == 5
+    assert (s["read_released"], s["read_after"]) == (5, 1)
+    assert backends_gone(db, f"labkit:{lab.schema}:{hz.SCENE_ROLE}") == []
+    _lab_sessions_gone(db, lab)
+    fig = hz.plot_versions(s)
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_yticklabels()] == [f"job {j['id']}" for j in s["jobs"]]
+    assert f"{s['horizon']:,}" in [t.get_text() for t in right.get_xticklabels()]
+    # three versions a done job, one a pending one: each a line of its own
+    assert len(right.get_lines()) == 3 * 7 + 3 + 1                         # and the horizon
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "VACUUM may remove (6)" in labels[1] and "VACUUM must keep (8)" in labels[2]
+    assert "(4 a claim)" in labels[5]
+    matplotlib.pyplot.close(fig)
+
+
+# -- after the incident: the index keeps its size until REINDEX CONCURRENTLY ---------------------
+
+
+@pytest.mark.parametrize("kw", [{"backlog": 0}, {"churn": -1}, {"batch": 0.5}, {"timeout_s": 601}])
+def test_index_recovery_refuses_bad_parameters(lab, kw):
+    with pytest.raises(LabkitError) as err:
+        hz.index_recovery(lab, **kw)
+    assert next(iter(kw)) in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_vacuum_keeps_the_index_size_and_reindex_concurrently_gives_it_back(lab, db):
+    r = hz.index_recovery(lab, backlog=200, churn=10_000, batch=500)
+    assert r["pages_held"] > 10 * r["pages_clean"]              # the incident grew the index
+    assert r["buffers_held"] > 10 * r["buffers_clean"]
+    assert r["vacuum"]["removed"] == 2 * 10_000 and r["vacuum"]["not_yet_removable"] == 0
+    assert r["pages_vacuumed"] == r["pages_held"]               # VACUUM: the file keeps its size
+    assert "newly deleted" in r["vacuum"]["index_line"]
+    assert r["buffers_vacuumed"] < r["buffers_held"] / 10       # ... but the claim is quick again
+    assert r["pages_reindexed"] <= r["pages_clean"] + 1         # REINDEX: the space comes back
+    runs = r["reindex"]
+    c = runs["concurrently_steps"]
+    assert c["reindex"].waited and c["reindex"].blocked_by == ["W1"]   # it waits for the claim ...
+    assert not c["W2 claim"].waited and c["W2 claim"].rows            # ... no claim waits for it
+    p = runs["plain_steps"]
+    assert p["W2 claim"].waited and p["W2 claim"].blocked_by == ["R"]  # a plain one blocks claims
+    assert "REINDEX CONCURRENTLY" in str(runs["concurrently"])
+    assert backends_gone(db, f"labkit:{lab.schema}:W%") == []
+    assert backends_gone(db, f"labkit:{lab.schema}:R") == []
+    _lab_sessions_gone(db, lab)
+
+
+def test_an_existing_database_comes_first_when_preferred(lab, db):
+    existing = lab.execute(query("horizon.sql", "other_databases").sql)
+    with hz.another_database(lab, prefer_existing=True) as other:
+        name, created = other.name, other.created
+    if existing:
+        assert (name, created) == (existing[0][0], False)
+        assert name in _databases(db)                      # left as it was
+    else:                                                  # the embedded server: only the lab's
+        assert (name, created) == (hz.throwaway_name(lab), True)
+        assert name not in _databases(db)                  # dropped again
+
+
+def test_a_run_someone_else_held_is_told_from_a_clean_one():
+    def run(*ages):
+        return {"series": [{"t": 0.5 * (i + 1), "horizon_age": a} for i, a in enumerate(ages)]}
+
+    # the workers' own snapshots are a few transactions old; None: no other session held any
+    assert not hz.held_by_someone_else(run(3, 2, None, 4, 2, 3, 2), seconds=4)
+    # someone held it early on only: the samples the figures come from were clean
+    assert not hz.held_by_someone_else(run(1500, 1700, 3, 4, 2, 3, 2), seconds=4)
+    # ... and late in the run, where buffers_per_claim is read: run it again
+    assert hz.held_by_someone_else(run(3, 2, 3, 4, 2, 400, 650), seconds=4)

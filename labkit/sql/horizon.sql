@@ -167,3 +167,91 @@ SELECT max(greatest(CASE WHEN datname = current_database() THEN age(backend_xmin
 -- What each commit waits for on this server.
 SELECT current_setting('fsync') AS fsync,
        current_setting('synchronous_commit') AS synchronous_commit;
+
+-- name: xact_id
+-- The transaction id of this transaction (assigned now if it has none yet), as a 64-bit
+-- number that only grows: what its row versions carry as xmin, and as xmax on the versions
+-- it replaced.
+SELECT pg_current_xact_id()::text;
+
+-- name: snapshot_horizon
+-- The xmin of this transaction's snapshot, as a 64-bit number: every transaction from this
+-- one on counts as still running for it, so no version one of them replaced may go.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text;
+
+-- name: older_than
+-- Who still sees the versions transaction %(x)s replaced: a transaction id older than it,
+-- in any database of the server, a snapshot taken before it ended, in this database, or a
+-- replication slot's xmin (a standby's feedback) older than it.
+SELECT pid, datname, xact_start
+  FROM pg_stat_activity
+ WHERE pid <> pg_backend_pid()
+   AND (age(backend_xid) >= age(xid(%(x)s::xid8))
+        OR (datname = current_database() AND age(backend_xmin) >= age(xid(%(x)s::xid8))))
+UNION ALL
+SELECT active_pid, 'slot ' || slot_name, NULL
+  FROM pg_replication_slots
+ WHERE age(xmin) >= age(xid(%(x)s::xid8))
+ ORDER BY xact_start;
+
+-- name: entries_read
+-- How many entries scans of the index %(index)s have returned in this transaction so far
+-- (one for each entry a scan read, live or dead; an entry already marked dead is skipped
+-- without being returned).
+SELECT pg_stat_get_xact_tuples_returned(%(index)s::regclass);
+
+-- name: claim_order
+-- The jobs in the order the claim takes them (the partial index's order, due jobs first).
+SELECT id, status FROM job ORDER BY priority, run_at, id;
+
+-- name: churn_round
+-- One round of a busy queue: %(n)s new jobs arrive behind the others, and workers claim and
+-- complete as many of the oldest pending ones (set-based: the same dead versions and dead
+-- index entries as one claim and one completion per job).
+INSERT INTO job (run_at, enqueued_at)
+SELECT t, t
+  FROM generate_series(1, %(n)s) AS i,
+       LATERAL (SELECT clock_timestamp() + i * interval '1 microsecond') AS at(t);
+UPDATE job
+   SET status = 'RUNNING', attempts = attempts + 1, claimed_by = 'churn',
+       claim_version = claim_version + 1, lease_until = now() + interval '1 minute'
+ WHERE id IN (SELECT id FROM job WHERE status = 'PENDING'
+               ORDER BY priority, run_at LIMIT %(n)s);
+UPDATE job
+   SET status = 'DONE', finished_at = now(), claimed_by = NULL, lease_until = NULL
+ WHERE status = 'RUNNING';
+
+-- name: index_pages
+-- The claim's index on disk: its size in 8 kB pages (pg_relation_size), the file VACUUM
+-- leaves as it is and REINDEX writes anew.
+SELECT pg_relation_size('job_due_idx') / current_setting('block_size')::int;
+
+-- name: reindex_concurrently
+-- Build the index again beside the old one, then swap them: SHARE UPDATE EXCLUSIVE on the
+-- table and the index (claims go on), but it waits for every transaction that could use the
+-- index. PostgreSQL 12 and later; not inside a transaction block.
+REINDEX INDEX CONCURRENTLY job_due_idx;
+
+-- name: reindex
+-- Build the index again in place: it locks out writes to the table and takes ACCESS
+-- EXCLUSIVE on the index, which every query that plans against the table waits for, until
+-- its transaction ends.
+REINDEX INDEX job_due_idx;
+
+-- name: idle_reader
+-- The checker's innocent reader: a READ COMMITTED transaction that ran one query and sits
+-- idle in it. Its snapshot ended with the statement, and it has written nothing.
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT count(*) FROM job;
+
+-- name: scene_holds
+-- The checker's sessions as the server shows them: whether each holds a snapshot or a
+-- transaction id, and how many transactions old the older of the two is.
+SELECT pid, backend_xmin IS NOT NULL OR backend_xid IS NOT NULL AS holds,
+       greatest(age(backend_xmin), age(backend_xid)) AS age
+  FROM pg_stat_activity
+ WHERE pid = ANY(%(pids)s);
+
+-- name: sessions_left
+-- Which of these sessions the server still shows (a closed session leaves a moment later).
+SELECT pid FROM pg_stat_activity WHERE pid = ANY(%(pids)s);
