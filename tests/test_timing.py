@@ -287,7 +287,8 @@ def test_a_pause_cuts_a_notebook_into_sittings_and_shares_out_the_run_time():
     one, two = timing.sittings(nb)
     assert (one.code_cells, two.code_cells) == (2, 1)
     assert (one.run_seconds, two.run_seconds) == (120, 60)         # shared by code cells
-    assert one.minutes == 15 and two.minutes == 15                 # 10 + 2 + 2 -> 15; 10.1 + 1 + 1 -> 15
+    # 1500 words, 2 code cells, 2 minutes of run; then 1500 + 14 words, 1 code cell, 1 minute
+    assert one.minutes == 20 and two.minutes == 15                 # 12.5 + 2.5 + 2; 12.6 + 1.25 + 1
     assert len(timing.sittings(v4.new_notebook(cells=cells[:3]))) == 1
     lead = v4.new_notebook(cells=[v4.new_markdown_cell(timing.PAUSE), *cells[:2]])
     assert len(timing.sittings(lead)) == 1                          # a pause first cuts nothing off

@@ -40,7 +40,7 @@ def test_student_copies_are_up_to_date():
     assert training.student_copies(check=True) == [], "run `labkit student`"
 
 
-def test_student_copies_hold_no_solutions_and_no_outputs():
+def test_student_copies_hold_no_solutions_and_only_recorded_outputs():
     copies = sorted(training.STUDENT.glob("*.ipynb"))
     assert copies, "the exercise notebooks have student copies"
     for path in copies:
@@ -48,7 +48,12 @@ def test_student_copies_hold_no_solutions_and_no_outputs():
         text = "\n".join(c.source for c in nb.cells)
         assert "<summary>Answer</summary>" not in text
         assert "instructor's copy" in text
-        assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
+        for c in nb.cells:
+            if c.cell_type != "code" or not c.get("outputs"):
+                continue
+            # only a recorded cell keeps its output, under the line that says it was recorded
+            assert "recorded" in c.metadata.get("tags", []), (path.name, c.source[:60])
+            assert c.outputs[0].text.startswith("[recorded when this notebook"), path.name
 
 
 def test_a_stale_student_copy_is_detected(tmp_path, monkeypatch):
