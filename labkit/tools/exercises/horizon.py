@@ -41,11 +41,9 @@ from ...core.queries import query as named_query  # ``query`` is the learner's S
 from ...labs.horizon import another_database, open_report
 from . import Check, Solo, bind, scratch as _scratch
 
-HOLDERS_HINT = ("A session holds the horizon while it has a snapshot (backend_xmin) or a "
-                "transaction id (backend_xid), whatever its state and in any database: WHERE "
-                "backend_xmin IS NOT NULL OR backend_xid IS NOT NULL, without the query's own "
-                "session (pg_backend_pid()), ORDER BY greatest(age(backend_xmin), "
-                "age(backend_xid)) DESC.")
+HOLDERS_HINT = ("A session holds the horizon while it has a snapshot or a transaction id, whatever "
+                "its state and in whichever database it runs: ask pg_stat_activity for both, leave "
+                "your own session out, and put the one held longest first.")
 
 # Every session of the scene ends itself this long after its last statement, should the
 # checker's process die before it closes them.
