@@ -188,3 +188,16 @@ def scratch_server(scratch_root, monkeypatch):
         server.stop()
     except LabkitError:
         pass
+
+
+@pytest.fixture
+def replica_server(scratch_server, monkeypatch):
+    """A scratch embedded cluster started as labkit starts it, but at wal_level = replica."""
+    from labkit.core.server import EmbeddedServer
+
+    options = EmbeddedServer._options
+    monkeypatch.setattr(EmbeddedServer, "_options",
+                        lambda self, port: options(self, port).replace("wal_level=logical",
+                                                                       "wal_level=replica"))
+    scratch_server.start()
+    return labkit.connect(quiet=True)

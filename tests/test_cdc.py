@@ -137,17 +137,6 @@ def test_the_shared_server_runs_the_trace_or_refuses_it_by_its_wal_level(db, cap
         lab.drop()
 
 
-@pytest.fixture
-def replica_server(scratch_server, monkeypatch):
-    """A scratch embedded cluster started as labkit starts it, but at wal_level = replica."""
-    options = EmbeddedServer._options
-    monkeypatch.setattr(EmbeddedServer, "_options",
-                        lambda self, port: options(self, port).replace("wal_level=logical",
-                                                                       "wal_level=replica"))
-    scratch_server.start()
-    return labkit.connect(quiet=True)
-
-
 def test_an_embedded_server_started_at_replica_is_refused_with_the_restart_as_fix(replica_server, capsys):
     db = replica_server
     assert not _decodes(db)

@@ -17,7 +17,6 @@ import pytest
 import labkit
 from labkit import Lab
 from labkit.core.errors import LabkitError
-from labkit.core.server import EmbeddedServer
 from labkit.tools.exercises import cdc as alert
 
 REFERENCE = """
@@ -148,17 +147,6 @@ def test_bad_input_is_refused_with_the_fix_before_anything_is_created(db, sql, m
         assert _left(db, lab) == ([], [])
     finally:
         lab.drop()
-
-
-@pytest.fixture
-def replica_server(scratch_server, monkeypatch):
-    """A scratch embedded cluster started as labkit starts it, but at wal_level = replica."""
-    options = EmbeddedServer._options
-    monkeypatch.setattr(EmbeddedServer, "_options",
-                        lambda self, port: options(self, port).replace("wal_level=logical",
-                                                                       "wal_level=replica"))
-    scratch_server.start()
-    return labkit.connect(quiet=True)
 
 
 def test_a_server_that_cannot_decode_is_refused_with_what_to_do(replica_server):
