@@ -471,6 +471,29 @@ def safe_cursor_gap(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
     return _gap(lab, "safe", later, wait_s, "safe_cursor_lost_events")
 
 
+class _Script:
+    """What a scripted run's steps use: ``step(sql, label)`` sends a statement as session
+    ``relay`` (:func:`tick`'s ``step``) and returns its rows, ``at()`` is the number of steps
+    so far (the transcript's row of the last one), and ``settle()`` waits up to ``wait_s``
+    for older writers of other sessions (:func:`settle_other_writers`)."""
+
+    def __init__(self, lab: Lab, run: Sessions, wait_s: float) -> None:
+        self.lab, self.run, self.wait_s = lab, run, wait_s
+
+    def step(self, text: str, label: str) -> list[tuple]:
+        return self.run.relay(text, label=label).rows
+
+    def at(self) -> int:
+        return len(self.run.steps)
+
+    def settle(self) -> None:
+        settle_other_writers(self.lab, self.run, self.wait_s)
+
+    def tools(self) -> tuple[StepFn, Callable[[], int], Callable[[], None]]:
+        """``step``, ``at`` and ``settle``, to call by those names."""
+        return self.step, self.at, self.settle
+
+
 # -- why the cursor is (xid, id), not the id alone -----------------------------------------------
 
 
@@ -495,14 +518,7 @@ def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> dict:
     n = PRELOAD + 1
     notes: dict[int | str, str] = {}
     with Sessions(lab, "P1", "P2", "relay") as run:
-        def step(text: str, label: str) -> list[tuple]:
-            return run.relay(text, label=label).rows
-
-        def at() -> int:
-            return len(run.steps)
-
-        def settle() -> None:
-            settle_other_writers(lab, run, wait_s)
+        step, at, settle = _Script(lab, run, wait_s).tools()
 
         order, event = place_parts(lab, n + 1)
         run.P1(f"BEGIN;\n{order}", label=f"BEGIN; order {n + 1}")
@@ -564,14 +580,7 @@ def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> dict:
     n = PRELOAD + 1
     notes: dict[int | str, str] = {}
     with Sessions(lab, "batch", "P1", "relay") as run:
-        def step(text: str, label: str) -> list[tuple]:
-            return run.relay(text, label=label).rows
-
-        def at() -> int:
-            return len(run.steps)
-
-        def settle() -> None:
-            settle_other_writers(lab, run, wait_s)
+        step, at, settle = _Script(lab, run, wait_s).tools()
 
         run.batch("BEGIN ISOLATION LEVEL REPEATABLE READ", label="BEGIN REPEATABLE READ")
         run.batch("SELECT count(*) AS orders FROM shop_order", label="read")

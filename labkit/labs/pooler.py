@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -568,6 +568,69 @@ def _holders(direct: psycopg.Connection, key: int) -> list[int]:
     return [pid for pid, _mode, granted in direct.execute(_q("lock_holders"), {"key": key}) if granted]
 
 
+class _Queued(NamedTuple):
+    """What the pool and the server showed once client B queued behind A's open transaction."""
+
+    pool: dict          # the pool's row of SHOW POOLS
+    lock_waits: Any     # the lab's sessions waiting for a lock in the server
+    b_running: bool     # B's claim had not ended (read after the two above)
+
+
+def _b_queues_behind_a(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection,
+                       direct: psycopg.Connection, b_claims: Callable[[], Any],
+                       a_finishes: Callable[[_Queued], Any]) -> tuple[_Queued, Any, Any]:
+    """While A's transaction is open, ``b_claims()`` (client B's claim-mark-commit) runs on a
+    thread of its own and waits for the pool's one server connection, in PgBouncer -- not in
+    the server.  Once SHOW POOLS shows B queued (or B has ended), ``a_finishes(queued)`` ends
+    A's transaction.  A's transaction is rolled back if an error left it open, B's thread is
+    joined and an error of B's raised.  Returns ``queued``, what ``a_finishes`` returned and
+    what ``b_claims`` returned (None if it had not ended)."""
+    outcome: dict = {}
+
+    def b_thread() -> None:
+        try:
+            outcome["b"] = b_claims()
+        except BaseException as exc:          # reported to the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=b_thread, name="pooler-client-B", daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while True:
+            pool = next((p for p in bouncer.pools() if p["database"] == DB_ENTRY), {})
+            if pool.get("cl_waiting", 0) >= 1 or not thread.is_alive():
+                break
+            if time.monotonic() > deadline:
+                raise LabkitError("Client B never queued for the pool's server connection.",
+                                  "read PgBouncer's log; the pool may be bigger than one.")
+            time.sleep(0.01)
+        lock_waits = _one(direct, "lock_waits", {"app": lab.app_name})
+        queued = _Queued(pool, lock_waits, thread.is_alive())
+        a_done = a_finishes(queued)
+    finally:
+        if a.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not a.closed:
+            try:
+                a.execute("ROLLBACK")
+            except psycopg.Error:
+                pass
+        thread.join(30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return queued, a_done, outcome.get("b")
+
+
+def _take_turns(a: psycopg.Connection, b: psycopg.Connection,
+                one: Callable[[psycopg.Connection, str], bool]) -> None:
+    """A and B take turns, ``one(conn, client)`` claim-mark-commit transaction each, until
+    the queue is empty (two turns in a row claim nothing)."""
+    turn, empty = 0, 0
+    while empty < 2:
+        who, conn = (("A", a), ("B", b))[turn % 2]
+        empty = 0 if one(conn, who) else empty + 1
+        turn += 1
+
+
 def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Connection,
             direct: psycopg.Connection, jobs: int) -> dict:
     job = sql.Identifier(lab.schema, "job")
@@ -588,52 +651,22 @@ def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Conn
 
     # 1. A's transaction is open (a job claimed, not yet marked): B's transaction waits for
     #    the pool's one server connection, in PgBouncer -- not in the server.
-    waited: dict = {}
     a.execute("BEGIN")
     row = a.execute(claim, {"worker": "A", "lease_s": LEASE_S}).fetchone()
-    outcome: dict = {}
 
-    def b_claims() -> None:
-        try:
-            outcome["claimed"] = one(b, "B")
-        except BaseException as exc:          # reported to the main thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=b_claims, name="pooler-client-B", daemon=True)
-    try:
-        thread.start()
-        deadline = time.monotonic() + 10
-        while True:
-            pool = next((p for p in bouncer.pools() if p["database"] == DB_ENTRY), {})
-            if pool.get("cl_waiting", 0) >= 1 or not thread.is_alive():
-                break
-            if time.monotonic() > deadline:
-                raise LabkitError("Client B never queued for the pool's server connection.",
-                                  "read PgBouncer's log; the pool may be bigger than one.")
-            time.sleep(0.01)
-        waited = {"cl_waiting": pool.get("cl_waiting"), "sv_active": pool.get("sv_active"),
-                  "server_lock_waits": _one(direct, "lock_waits", {"app": lab.app_name}),
-                  "b_done_before_a_commit": not thread.is_alive()}
+    def a_finishes(queued: _Queued) -> None:
         job_id, version, pid = row
         done = a.execute(complete, {"id": job_id, "claim_version": version}).fetchone()
         a.execute("COMMIT")
         ran.insert(0, {"client": "A", "job": job_id, "backend_pid": pid, "marked": done is not None})
-    finally:
-        if a.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not a.closed:
-            try:
-                a.execute("ROLLBACK")
-            except psycopg.Error:
-                pass
-        thread.join(30)
-    if "error" in outcome:
-        raise outcome["error"]
+
+    queued, _, _ = _b_queues_behind_a(lab, bouncer, a, direct, lambda: one(b, "B"), a_finishes)
+    pool = queued.pool
+    waited = {"cl_waiting": pool.get("cl_waiting"), "sv_active": pool.get("sv_active"),
+              "server_lock_waits": queued.lock_waits, "b_done_before_a_commit": not queued.b_running}
 
     # 2. Then A and B take turns, one claim-mark-commit transaction each, until the queue is empty.
-    turn, empty = 0, 0
-    while empty < 2:
-        who, conn = (("A", a), ("B", b))[turn % 2]
-        empty = 0 if one(conn, who) else empty + 1
-        turn += 1
+    _take_turns(a, b, one)
     total, done, once = lab.execute(sql.SQL(_q("tally")).format(job=job))[0]
     ids = [r["job"] for r in ran]
     pids = sorted({r["backend_pid"] for r in ran})
@@ -986,52 +1019,25 @@ def _claims_run(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.
     run.say("2", shown=f"job {a_job}", note="A's open transaction holds the server connection")
     b_step = run.did("B", "BEGIN; claim; mark; COMMIT", "")
     b_step.finished = None
-    outcome: dict = {}
 
-    def b_claims() -> None:
-        try:
-            outcome["job"] = one(b, "B")
-        except BaseException as exc:              # reported below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=b_claims, name="pooler-client-B", daemon=True)
-    try:
-        thread.start()
-        deadline = time.monotonic() + 10
-        while True:
-            pool = next((p for p in bouncer.pools() if p["database"] == DB_ENTRY), {})
-            if pool.get("cl_waiting", 0) >= 1 or not thread.is_alive():
-                break
-            if time.monotonic() > deadline:
-                raise LabkitError("Client B never queued for the pool's server connection.",
-                                  "read PgBouncer's log; the pool may be bigger than one.")
-            time.sleep(0.01)
-        lock_waits = _one(direct, "lock_waits", {"app": lab.app_name})
-        b_waited = pool.get("cl_waiting", 0) >= 1 and thread.is_alive()
-        b_step.waited = b_waited
+    def a_finishes(queued: _Queued) -> Step:
+        b_step.waited = queued.pool.get("cl_waiting", 0) >= 1 and queued.b_running
         run.say("3", note=f"waits in PgBouncer, not in the server (SHOW POOLS: cl_waiting "
-                          f"{pool.get('cl_waiting')}; lock waits in the server: {lock_waits})")
+                          f"{queued.pool.get('cl_waiting')}; lock waits in the server: "
+                          f"{queued.lock_waits})")
         done = run("A", complete, {"id": a_job, "claim_version": a_version}, label="mark done",
                    shown=f"job {a_job} done")
         run("A", "COMMIT")
         ran.insert(0, ("A", a_job, a_pid))
-    finally:
-        if a.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not a.closed:
-            try:
-                a.execute("ROLLBACK")
-            except psycopg.Error:
-                pass
-        thread.join(30)
-    if "error" in outcome:
-        raise outcome["error"]
+        return done
+
+    queued, done, b_job = _b_queues_behind_a(lab, bouncer, a, direct, lambda: one(b, "B"),
+                                             a_finishes)
+    pool, lock_waits, b_waited = queued.pool, queued.lock_waits, b_step.waited
     b_step.finished = time.perf_counter()
     b_step.completed_after = len(run.steps) - 1
-    run.say("3'", shown=f"job {outcome['job']}, done")
-    turn, empty = 0, 0                     # then they take turns until the queue is empty
-    while empty < 2:
-        who, conn = (("A", a), ("B", b))[turn % 2]
-        empty = 0 if one(conn, who) is not None else empty + 1
-        turn += 1
+    run.say("3'", shown=f"job {b_job}, done")
+    _take_turns(a, b, lambda conn, who: one(conn, who) is not None)   # until the queue is empty
     total, finished, once = lab.execute(sql.SQL(_q("tally")).format(job=job))[0]
     ids = [j for _, j, _ in ran]
     ok = (total == finished == once == jobs == len(ids) == len(set(ids))

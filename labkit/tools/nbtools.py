@@ -25,6 +25,15 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 PAUSE = "**A good place to pause.**"
 
 
+def is_pause(cell: dict) -> bool:
+    """Whether ``cell`` (a notebook's cell, as nbformat or json reads it) is a pause cell: a
+    markdown cell whose text starts with :data:`PAUSE`."""
+    if cell.get("cell_type") != "markdown":
+        return False
+    source = cell.get("source", "")
+    return ("".join(source) if isinstance(source, list) else str(source)).lstrip().startswith(PAUSE)
+
+
 def slide_type(cell: NotebookNode) -> str:
     """Where a cell goes in the slide deck: headings start slides, the interview box and
     exercises get a slide of their own, everything else follows on the current slide."""
@@ -258,8 +267,7 @@ def workbook_map(folder: Path = NOTEBOOKS) -> str:
     for p in sorted(folder.glob("[0-9]*.ipynb")):
         nb = json.loads(p.read_text())
         meta = nb.get("metadata", {}).get("claimlab", {})
-        pauses = sum(1 for c in nb.get("cells", []) if c.get("cell_type") == "markdown"
-                     and "".join(c.get("source", "")).lstrip().startswith(PAUSE))
+        pauses = sum(1 for c in nb.get("cells", []) if is_pause(c))
         teaches = meta.get("teaches", "")
         if pauses:
             teaches = f"({pauses + 1} sittings) {teaches}"

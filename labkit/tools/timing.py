@@ -47,7 +47,7 @@ from typing import Any
 
 from ..core.errors import LabkitError
 from ..core.text import fill, table
-from .nbtools import NOTEBOOKS, PAUSE, jupyter_text
+from .nbtools import NOTEBOOKS, PAUSE, is_pause, jupyter_text  # noqa: F401 (tests read timing.PAUSE)
 
 # Half the pace of reading a novel (about 250): each claim is weighed against the cell after it.
 WORDS_PER_MINUTE = 120
@@ -257,8 +257,7 @@ def sittings(nb: Any) -> list[Estimate]:
     if isinstance(nb, (str, Path)):
         nb = read(Path(nb))
     cells = _cells(nb)
-    cuts = [i for i, c in enumerate(cells)
-            if i and c.get("cell_type") == "markdown" and _source(c).lstrip().startswith(PAUSE)]
+    cuts = [i for i, c in enumerate(cells) if i and is_pause(c)]
     total_code = code_cells(nb) or 1
     seconds = run_seconds(nb)
     parts = []

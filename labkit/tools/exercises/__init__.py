@@ -8,8 +8,9 @@ real sessions, in a scripted order where the order is the point, and returns a
 wrong. It reads what happened from the database, never from the learner's SQL text.
 
 The pieces every checker shares are here: :class:`Check`, :func:`scratch` (the throw-away
-schema), :func:`bind` (the learner's parameters written in, with an error that says which
-ones are allowed) and :class:`Solo` (one autocommit session). The interview drill's
+schema; :func:`scratch_name` names a throw-away database on another engine), :func:`bind`
+(the learner's parameters written in, with an error that says which ones are allowed;
+:func:`fill_in` does it with another engine's driver) and :class:`Solo` (one autocommit session). The interview drill's
 checkers (the claim, the dashboard count, the reaper) are in :mod:`labkit.tools.drill`;
 each later notebook's checkers are in a module of this package named after it.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -62,9 +64,30 @@ class Check:
         return str(self)
 
 
+def scratch_name(prefix: str = "drill_check") -> str:
+    """A name for a throw-away schema or database that no other of this process has."""
+    return f"{prefix}_{os.getpid()}_{next(_scratch_ids)}"
+
+
 def scratch(lab: Lab) -> Lab:
     """A throw-away lab schema next to ``lab``'s (the caller drops it, in a ``finally``)."""
-    return Lab.open(lab.db, f"drill_check_{os.getpid()}_{next(_scratch_ids)}")
+    return Lab.open(lab.db, scratch_name())
+
+
+def fill_in(mogrify: Callable[[str, dict], str], query: str, params: dict,
+            errors: tuple[type[Exception], ...] = (KeyError, TypeError, ValueError), *,
+            name_error: bool = False) -> str:
+    """``query`` with ``params`` written in as literals by ``mogrify(query, params)`` (a
+    driver's client-side cursor's).  One of ``errors`` from it becomes a LabkitError that
+    says which parameters are allowed (naming the error's type too with ``name_error``)."""
+    try:
+        return mogrify(query, params)
+    except errors as exc:
+        allowed = (f"use only {', '.join(f'%({k})s' for k in params)}" if params
+                   else "this statement takes no parameters")
+        detail = f"{type(exc).__name__}: {exc}" if name_error else str(exc)
+        raise LabkitError(f"The SQL's parameters could not be filled in ({detail}).",
+                          f"{allowed}, and write a literal % as %%.") from None
 
 
 def bind(lab: Lab, query: str, params: dict) -> str:
@@ -73,14 +96,8 @@ def bind(lab: Lab, query: str, params: dict) -> str:
 
     if not isinstance(query, str) or not query.strip():
         raise LabkitError("The SQL to check is empty.", "write your statement in the string and run the cell again.")
-    try:
-        text = psycopg.ClientCursor(lab.admin).mogrify(query, params)
-    except (psycopg.ProgrammingError, KeyError, TypeError, ValueError) as exc:
-        allowed = (f"use only {', '.join(f'%({k})s' for k in params)}" if params
-                   else "this statement takes no parameters")
-        raise LabkitError(f"The SQL's parameters could not be filled in ({exc}).",
-                          f"{allowed}, and write a literal % as %%.") from None
-    return text
+    return fill_in(lambda q, p: psycopg.ClientCursor(lab.admin).mogrify(q, p), query, params,
+                   (psycopg.ProgrammingError, KeyError, TypeError, ValueError))
 
 
 class Solo:

@@ -15,8 +15,6 @@ Each WRONG line says what happened; the hint, for the first of them, says where 
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -25,7 +23,7 @@ from ...core.errors import LabkitError
 from ...core.mysessions import MySessions
 from ...core.queries import queries, statements
 from ...core.steps import Step
-from . import Check
+from . import Check, fill_in, scratch_name
 
 SQL = "mysql_jobs.sql"
 LEVELS = ("READ COMMITTED", "REPEATABLE READ")
@@ -67,8 +65,6 @@ GAP_HINT = (
     "the same row. Look at the lock each waiting statement asked for, and at §2's figure: "
     "where does a marked job's new index entry land, and whose lock covers that gap?")
 
-_ids = itertools.count(1)
-
 
 def _statements(answer: str | Sequence[str]) -> list[str]:
     """The learner's statements, one per item; bad input named with its fix."""
@@ -91,17 +87,12 @@ def _statements(answer: str | Sequence[str]) -> list[str]:
 
 def _bind(lab: mysql.MyLab, text: str, params: dict) -> str:
     """One statement with its parameters written in as the server's literals."""
-    try:
-        return lab.admin.raw.cursor().mogrify(text, params)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LabkitError(f"The SQL's parameters could not be filled in ({type(exc).__name__}: {exc}).",
-                          f"use only {', '.join(f'%({k})s' for k in params)}, and write a literal % "
-                          "as %%.") from None
+    return fill_in(lambda q, p: lab.admin.raw.cursor().mogrify(q, p), text, params, name_error=True)
 
 
 def _scratch(lab: mysql.MyLab) -> mysql.MyLab:
     """A throw-away database next to ``lab``'s (the caller drops it, in a ``finally``)."""
-    return mysql.MyLab.open(lab.server, f"check_{os.getpid()}_{next(_ids)}")
+    return mysql.MyLab.open(lab.server, scratch_name("check"))
 
 
 def _jobs_newest_first(lab: mysql.MyLab, n: int) -> None:
