@@ -23,7 +23,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -32,6 +32,10 @@ from ..core.db import WORKER_GUARDS, open_connection, redact
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.queries import query
+from ._checked import one_row
+
+if TYPE_CHECKING:
+    from pika.adapters.blocking_connection import BlockingChannel
 
 AMQP_ENV = "LABKIT_AMQP_URL"
 
@@ -67,7 +71,7 @@ class Broker:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def reset(self) -> "Broker":
+    def reset(self) -> Broker:
         """Start empty and switched on."""
         raise NotImplementedError
 
@@ -77,7 +81,7 @@ class Broker:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Broker":
+    def __enter__(self) -> Broker:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -98,10 +102,10 @@ class RecordingBroker(Broker):
         self.conn = open_connection(dsn, schema=schema, role=role, guards=WORKER_GUARDS)
 
     @classmethod
-    def for_lab(cls, lab: Lab) -> "RecordingBroker":
+    def for_lab(cls, lab: Lab) -> RecordingBroker:
         return cls(lab.db.dsn, lab.schema)
 
-    def reset(self) -> "RecordingBroker":
+    def reset(self) -> RecordingBroker:
         # the lab's own tables only, never a namesake further along the search_path
         self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {s}.broker_message, {s}.broker_switch")
                           .format(s=sql.Identifier(self.schema)))
@@ -115,7 +119,7 @@ class RecordingBroker(Broker):
             raise BrokerDown(f"recording broker is down: {event_id} not accepted")
 
     def depth(self) -> int:
-        return self.conn.execute(query(self.SQL, "depth").sql).fetchone()[0]
+        return one_row(self.conn.execute(query(self.SQL, "depth").sql), f"{self.SQL}'s depth")[0]
 
     def take_all(self) -> list[tuple[str, dict]]:
         rows = self.conn.execute(query(self.SQL, "take_all").sql).fetchall()
@@ -165,7 +169,7 @@ class RabbitBroker(Broker):
                               "or unset LABKIT_AMQP_URL to use the recording broker.") from None
 
         self.url, self.queue, self.exchange = url, queue, queue + ".x"
-        self._ch = None
+        self._ch: BlockingChannel | None = None
         try:
             params = pika.URLParameters(url)
         except Exception:  # a URL pika cannot read: its message may quote any part of it
@@ -186,16 +190,16 @@ class RabbitBroker(Broker):
         return f"RabbitBroker({_redact_amqp(self.url)!r}, queue={self.queue!r})"
 
     @classmethod
-    def for_lab(cls, lab: Lab, url: str) -> "RabbitBroker":
+    def for_lab(cls, lab: Lab, url: str) -> RabbitBroker:
         return cls(url, queue_name(lab.schema, lab.db.dsn))
 
-    def _channel(self) -> Any:
+    def _channel(self) -> BlockingChannel:
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()
             self._ch.confirm_delivery()
         return self._ch
 
-    def reset(self) -> "RabbitBroker":
+    def reset(self) -> RabbitBroker:
         ch = self._channel()
         ch.queue_declare(self.queue, durable=False, auto_delete=False)
         ch.queue_purge(self.queue)
@@ -218,7 +222,8 @@ class RabbitBroker(Broker):
         return self._channel().queue_declare(self.queue, passive=True).method.message_count
 
     def take_all(self) -> list[tuple[str, dict]]:
-        ch, out = self._channel(), []
+        ch = self._channel()
+        out: list[tuple[str, dict]] = []
         while True:
             method, props, body = ch.basic_get(self.queue, auto_ack=True)
             if method is None:

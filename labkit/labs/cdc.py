@@ -43,10 +43,10 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import psycopg.sql
@@ -58,6 +58,7 @@ from ..core.limits import number
 from ..core.queries import query
 from . import broker as brokers
 from . import relay
+from ._checked import one_row
 from .broker import Broker
 
 SQL = "cdc.sql"
@@ -209,7 +210,7 @@ def _create_slot(lab: Lab, name: str | None = None, how: str = "create_slot") ->
     name = name or slot_name(lab)
     with lab.connect(role="cdc-slot", guards=Guards(statement_timeout=f"{SLOT_WAIT_S}s")) as c, \
             slot_errors(lab):
-        return c.execute(_q(how), {"slot": name}).fetchone()[0]
+        return one_row(c.execute(_q(how), {"slot": name}), f"{SQL}'s {how}")[0]
 
 
 @contextmanager
@@ -306,7 +307,8 @@ class Consumer:
 
     def confirm(self, lsn: str) -> str:
         """Tell the slot everything up to ``lsn`` is done; returns where it now stands."""
-        return self.conn.execute(_q("confirm"), {"slot": self.slot, "upto": lsn}).fetchone()[0]
+        return one_row(self.conn.execute(_q("confirm"), {"slot": self.slot, "upto": lsn}),
+                       "cdc.sql's confirm")[0]
 
     def deliver(self, broker: Broker) -> list[Txn]:
         """Peek, publish every outbox event to ``broker`` in stream order, then confirm up to
@@ -345,7 +347,7 @@ class ListBroker(Broker):
     def set_up(self, up: bool) -> None:
         pass
 
-    def reset(self) -> "ListBroker":
+    def reset(self) -> ListBroker:
         self.messages = []
         return self
 
@@ -381,7 +383,7 @@ class _Producers:
                           "event_id": relay.event_id(order_id)}
                 for stmt in relay.PRODUCE:
                     c.execute(stmt, params)
-                oid, xid = c.execute(_q("producer_position")).fetchone()
+                oid, xid = one_row(c.execute(_q("producer_position")), "cdc.sql's producer_position")
                 position[i] = (int(oid), int(xid))
             for j, i in enumerate(reversed(range(k))):
                 conns[i].execute("COMMIT")
@@ -505,11 +507,11 @@ def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str,
             time.sleep(0.05)
         try:
             if version >= 160000:
-                upto = consumer.conn.execute(_q("log_running_xacts")).fetchone()[0]
+                upto = one_row(consumer.conn.execute(_q("log_running_xacts")), "cdc.sql's log_running_xacts")[0]
                 consumer.conn.execute(_q("heartbeat"))
             else:
                 consumer.conn.execute("CHECKPOINT")
-                upto = consumer.conn.execute(_q("current_lsn")).fetchone()[0]
+                upto = one_row(consumer.conn.execute(_q("current_lsn")), "cdc.sql's current_lsn")[0]
         except psycopg.errors.InsufficientPrivilege:
             return state, n
         if consumer.read():                       # nothing of ours may be skipped by the confirm
@@ -760,10 +762,10 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
             consumer.execute(_q("decoding_work_mem"), {"mem": STREAM_WORK_MEM})
             producer.execute("BEGIN")
             producer.execute(_q("bulk_events"), {"n": events})
-            xid, lsn = producer.execute(_q("producer_xid")).fetchone()
+            xid, lsn = one_row(producer.execute(_q("producer_xid")), "cdc.sql's producer_xid")
             consumer.execute(_q("flush_wal"))
             deadline = time.monotonic() + FLUSH_WAIT_S
-            while not consumer.execute(_q("flushed"), {"lsn": lsn}).fetchone()[0]:
+            while not one_row(consumer.execute(_q("flushed"), {"lsn": lsn}), "cdc.sql's flushed")[0]:
                 if time.monotonic() > deadline:
                     raise LabkitError(f"The server did not flush the producer's WAL to disk within "
                                       f"{FLUSH_WAIT_S} s of a commit, so the slot could not decode it.",
@@ -775,7 +777,7 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
             streamed = [r[0] for r in consumer.execute(_q("peek_streaming"), at).fetchall()]
             producer.execute("ROLLBACK")
             whole_after = [r[0] for r in consumer.execute(_q("peek_xid"), at).fetchall()]
-            status = consumer.execute(_q("xact_status"), {"xid": xid}).fetchone()[0]
+            status = one_row(consumer.execute(_q("xact_status"), {"xid": xid}), "cdc.sql's xact_status")[0]
     kinds = {"opening": 0, "change": 0, "closing": 0, "other": 0}
     blocks: list[int] = []
     for line in streamed:
@@ -804,7 +806,8 @@ def subscription_streaming_default(lab: Lab) -> str | None:
     with lab.connect(role="cdc-probe", autocommit=False) as conn:
         try:
             conn.execute(psycopg.sql.SQL(_q("subscription_probe")).format(name=psycopg.sql.Identifier(name)))
-            return conn.execute(_q("subscription_streaming"), {"name": name}).fetchone()[0]
+            return one_row(conn.execute(_q("subscription_streaming"), {"name": name}),
+                           "cdc.sql's subscription_streaming")[0]
         except psycopg.errors.InsufficientPrivilege:
             return None
         finally:
@@ -833,7 +836,7 @@ def _confirm_everything(consumer: Consumer) -> str:
                           "(pg_log_standby_snapshot, or CHECKPOINT before PostgreSQL 16), which "
                           "the slot needs before it can move its restart_lsn.",
                           "run it as a superuser, or on the embedded server.") from None
-    upto = conn.execute(_q("current_lsn")).fetchone()[0]
+    upto = one_row(conn.execute(_q("current_lsn")), "cdc.sql's current_lsn")[0]
     consumer.confirm(upto)
     return upto
 

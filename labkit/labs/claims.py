@@ -34,6 +34,7 @@ from ..core.lab import FIRST_JOB, Lab
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ._checked import one_row
 
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
 HOLD_OPEN_SQL = read_sql("claim_hold_open.sql")
@@ -99,7 +100,7 @@ def inline(sql_text: str, **params: Any) -> str:
         marker = f"%({name})s"
         if marker not in out:
             raise LabkitError(f"The SQL has no parameter %({name})s.",
-                              f"pass only the parameters it names, for example worker_id='A'.")
+                              "pass only the parameters it names, for example worker_id='A'.")
         out = out.replace(marker, sql.Literal(value).as_string(None))
     if "%(" in out:
         left = out[out.index("%("):].split(")s", 1)[0] + ")s"
@@ -265,8 +266,9 @@ def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str 
             for job_id in ids:
                 if job_id in poison:
                     os.kill(os.getpid(), signal.SIGKILL)   # the handler takes the worker down
-                for kind in effects:
-                    _write_effect(fx, kind, job_id, worker_id)
+                if fx is not None:              # opened exactly when there are effects
+                    for kind in effects:
+                        _write_effect(fx, kind, job_id, worker_id)
                 ms = job_duration_ms(job_id, job_ms, jitter)
                 if ms:
                     time.sleep(ms / 1000)
@@ -652,7 +654,7 @@ def plan_of(lab: Lab, query: str, params: dict[str, Any] | None = None, *,
     opts = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
     with lab.connect(role="explain") as conn:
         with conn.transaction(force_rollback=True):
-            doc = conn.execute(f"EXPLAIN ({opts}) {query}", params).fetchone()[0]
+            doc = one_row(conn.execute(f"EXPLAIN ({opts}) {query}", params), "EXPLAIN")[0]
     if isinstance(doc, str):
         doc = json.loads(doc)
     top = doc[0]

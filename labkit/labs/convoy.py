@@ -28,13 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import psycopg
 from psycopg import sql
 
-from ..core.db import WORKER_GUARDS
 from ..core import mysql
+from ..core.db import WORKER_GUARDS
 from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.lab import Lab
@@ -43,9 +43,11 @@ from ..core.plots import PALETTE, legend_beside, plain_log_ticks, setup_matplotl
 from ..core.queries import queries
 from ..core.text import fill
 from ..core.text import table as text_table
+from ._checked import one_row
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -87,6 +89,17 @@ BUSY = (psycopg.errors.LockNotAvailable, mysql.LockNotAvailable)
 # A transaction the server rolled back to break a deadlock (never seen here on PostgreSQL;
 # InnoDB's gap locks make them under REPEATABLE READ): the worker rolls back and goes on.
 DEADLOCKS = (psycopg.errors.DeadlockDetected, mysql.Deadlock)
+
+
+def _execute(conn: psycopg.Connection | mysql.MyConn, statement: sql.Composed | str) -> Any:
+    """``statement`` run on ``conn``, its cursor: a MySQL-compatible connection takes the plain
+    string :func:`claim_sql` makes for its engine."""
+    if isinstance(conn, mysql.MyConn):
+        if not isinstance(statement, str):
+            raise LabkitError("A MySQL-compatible connection was given PostgreSQL's claim statement.",
+                              "make the claim with claim_sql(policy, engine_of(lab)).")
+        return conn.execute(statement)
+    return conn.execute(statement)
 
 
 def engine_of(lab: Any) -> str:
@@ -180,13 +193,14 @@ class ConvoyRun:
         """The jobs that count: done inside the measured window (all of them when draining)."""
         if self.backlog:
             return self.claims
-        return [c for c in self.claims if c.done <= self.seconds]
+        end = _window(self.seconds)
+        return [c for c in self.claims if c.done <= end]
 
     @property
     def window_s(self) -> float:
         if self.backlog:
             return self.makespan_s
-        return float(self.seconds)
+        return float(_window(self.seconds))
 
     @property
     def makespan_s(self) -> float:
@@ -197,7 +211,8 @@ class ConvoyRun:
     def errors(self) -> int:
         if self.backlog:
             return sum(log.errors for log in self.logs)
-        return sum(1 for log in self.logs for t in log.error_times if t <= self.seconds)
+        end = _window(self.seconds)
+        return sum(1 for log in self.logs for t in log.error_times if t <= end)
 
     def events(self) -> pd.DataFrame:
         """One row per claim: worker, job, and the times (ms) it asked, got the row, released
@@ -218,12 +233,13 @@ class ConvoyRun:
         window = self.window_s or float("nan")
         # a worker still waiting when the window closed has waited at least until then: its
         # wait is censored (a lower bound), and so is a percentile that lands among them
-        waits = [(c.claimed - c.asked) * 1e3 for c in counted]
-        censored = []
+        finished = [(c.claimed - c.asked) * 1e3 for c in counted]
+        censored: list[float] = []
         if not self.backlog:
-            censored = [(self.seconds - log.open_ask) * 1e3 for log in self.logs
-                        if log.open_ask is not None and log.open_ask < self.seconds]
-        waits = np.array(waits + censored) if waits or censored else np.array([np.nan])
+            end = _window(self.seconds)
+            censored = [(end - log.open_ask) * 1e3 for log in self.logs
+                        if log.open_ask is not None and log.open_ask < end]
+        waits = np.array(finished + censored) if finished or censored else np.array([np.nan])
         latency = np.array([(c.done - c.asked) * 1e3 for c in counted]) if counted else np.array([np.nan])
         model = model_jobs_per_s(self.policy, self.workers, self.job_ms, self.hold)
         jobs_per_s = len(counted) / window if counted else 0.0
@@ -311,6 +327,14 @@ def _validate(policy, workers, job_ms, seconds, backlog) -> None:
         number("backlog", backlog, low=1, high=MAX_JOBS, whole=True, unit=" jobs", example=100)
 
 
+def _window(seconds: float | None) -> float:
+    """A timed run's window, ``seconds``: a run with no backlog to drain needs one."""
+    if seconds is None:
+        raise LabkitError("A timed run needs a positive duration, not seconds=None.",
+                          "pass seconds=1 (or drain a backlog with backlog=M).")
+    return seconds
+
+
 def jobs_needed(workers: int, job_ms: float, seconds: float) -> int:
     """Enough pending jobs that no policy can run out in ``seconds``."""
     return int(math.ceil(workers * seconds * 1000.0 / job_ms * 1.3)) + 2 * workers + 16
@@ -319,11 +343,11 @@ def jobs_needed(workers: int, job_ms: float, seconds: float) -> int:
 class WorkerPool:
     """Worker connections, opened once and reused across the points of a sweep."""
 
-    def __init__(self, lab: Lab):
+    def __init__(self, lab: Lab | mysql.MyLab):
         self.lab = lab
-        self.conns: list[psycopg.Connection] = []
+        self.conns: list[psycopg.Connection | mysql.MyConn] = []
 
-    def get(self, n: int) -> list[psycopg.Connection]:
+    def get(self, n: int) -> list[psycopg.Connection | mysql.MyConn]:
         self.conns = [c for c in self.conns if not c.closed and not c.broken]
         while len(self.conns) < n:
             # the guards: a worker never hangs a notebook, whatever goes wrong
@@ -346,14 +370,14 @@ class WorkerPool:
                 pass
         self.conns = []
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def prepare_queue(lab: Lab, n: int) -> None:
+def prepare_queue(lab: Lab | mysql.MyLab, n: int) -> None:
     """Create the job table if needed and fill it with ``n`` fresh pending jobs."""
     if n > MAX_JOBS:
         raise LabkitError(f"This run would need {n} pending jobs (more than {MAX_JOBS}).",
@@ -400,14 +424,14 @@ def _backend_cpu_s(pids: list[int]) -> float | None:
     return total
 
 
-def _is_local(lab: Lab) -> bool:
+def _is_local(lab: Lab | mysql.MyLab) -> bool:
     if isinstance(lab, mysql.MyLab):
         return False             # one server process, its sessions are threads: no per-session CPU
     dsn = lab.db.dsn
     return any(h in dsn for h in ("127.0.0.1", "localhost", "host=/", "%2F")) or "@/" in dsn
 
 
-def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
+def run(lab: Lab | mysql.MyLab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
         hold: bool = True, backoff: bool = False, backlog: int | None = None,
         backoff_base_ms: float = 1.0, backoff_cap_ms: float | None = None,
         pool: WorkerPool | None = None, seed: int = 2026, commit_delay_ms: float = 0.0) -> ConvoyRun:
@@ -435,14 +459,14 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
         raise LabkitError("Backoff times must be positive.", "pass backoff_base_ms=1, backoff_cap_ms=20.")
     number("backoff_base_ms", backoff_base_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=1)
     number("backoff_cap_ms", backoff_cap_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=20)
-    n_jobs = backlog if backlog else jobs_needed(workers, job_ms, seconds)
+    n_jobs = backlog if backlog else jobs_needed(workers, job_ms, _window(seconds))
     prepare_queue(lab, n_jobs)
     own_pool = pool is None
     pool = pool or WorkerPool(lab)
     stmts = {name: queries(WORKER_SQL)[name].sql for name in ("finish_holding", "mark", "finish")}
     claim = claim_sql(policy, engine_of(lab))
     d = job_ms / 1000.0
-    deadline = float("inf") if backlog else float(seconds)
+    deadline = float("inf") if backlog else float(_window(seconds))
     stop = threading.Event()
     logs = [WorkerLog(w) for w in range(workers)]
     # Each worker says it has finished through its own event.  The caller waits on these,
@@ -457,7 +481,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
 
     barrier = threading.Barrier(workers + 1, action=go)
 
-    def work(w: int, conn: psycopg.Connection) -> None:
+    def work(w: int, conn: psycopg.Connection | mysql.MyConn) -> None:
         log = logs[w]
         rng = random.Random(seed * 1000 + w)
         me = f"w{w}"
@@ -470,7 +494,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
                 asked, errors, attempt, row, answered = now(), 0, 0, None, False
                 while not stop.is_set():
                     try:
-                        row = conn.execute(claim).fetchone()
+                        row = _execute(conn, claim).fetchone()
                         answered = True
                         break
                     except DEADLOCKS:              # InnoDB under REPEATABLE READ: retry
@@ -587,7 +611,7 @@ def run(lab: Lab, policy: str = "skip", workers: int = 4, job_ms: float = 20, se
     if not backlog and any(log.ran_dry for log in logs):
         raise LabkitError("The queue ran dry during a timed run, so the figures would be wrong.",
                           "this is a labkit bug (jobs_needed); report it, or use a longer job_ms.")
-    return ConvoyRun(policy, workers, float(job_ms), None if backlog else float(seconds), hold, backoff,
+    return ConvoyRun(policy, workers, float(job_ms), None if backlog else float(_window(seconds)), hold, backoff,
                      backlog, logs, wall, cpu_client,
                      (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None,
                      float(commit_delay_ms))
@@ -602,8 +626,9 @@ def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:
     try:
         # an ordinary table: a temporary one writes no WAL, and its commit flushes nothing
         conn.execute("CREATE TABLE IF NOT EXISTS commit_cost (n int)")
-        out = {"fsync": conn.execute("SHOW fsync").fetchone()[0],
-               "synchronous_commit": conn.execute("SHOW synchronous_commit").fetchone()[0]}
+        out = {"fsync": one_row(conn.execute("SHOW fsync"), "SHOW fsync")[0],
+               "synchronous_commit": one_row(conn.execute("SHOW synchronous_commit"),
+                                             "SHOW synchronous_commit")[0]}
         for mode in ("on", "off"):
             conn.execute("SELECT set_config('synchronous_commit', %s, false)", (mode,))
             t0 = time.perf_counter()
@@ -617,10 +642,17 @@ def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:
         conn.close()
 
 
-def _commit_delay(lab: Lab, conns: list[psycopg.Connection], delay_ms: float) -> None:
-    """Set (or, with 0, reset) commit_delay on the worker connections."""
+def _commit_delay(lab: Lab | mysql.MyLab, conns: list[psycopg.Connection | mysql.MyConn],
+                  delay_ms: float) -> None:
+    """Set (or, with 0, reset) commit_delay on the worker connections (PostgreSQL's)."""
+    pg: list[psycopg.Connection] = []
+    for conn in conns:
+        if not isinstance(conn, psycopg.Connection):
+            raise LabkitError("commit_delay_ms is PostgreSQL's commit_delay; MySQL and MariaDB have none.",
+                              "leave commit_delay_ms at 0 on this engine.")
+        pg.append(conn)
     if not delay_ms:
-        for conn in conns:
+        for conn in pg:
             conn.execute("RESET commit_delay")
             conn.execute("RESET commit_siblings")
             conn.commit()
@@ -631,12 +663,12 @@ def _commit_delay(lab: Lab, conns: list[psycopg.Connection], delay_ms: float) ->
                           "the delay when it does not flush).",
                           "run on a durable server (the embedded one is), or leave commit_delay_ms at 0.")
     try:
-        for conn in conns:
+        for conn in pg:
             conn.execute(sql.SQL("SET commit_delay = {}").format(sql.Literal(int(delay_ms * 1000))))
             conn.execute("SET commit_siblings = 0")
             conn.commit()
     except psycopg.errors.InsufficientPrivilege:
-        for conn in conns:
+        for conn in pg:
             conn.rollback()
         raise LabkitError("Only a superuser may set commit_delay, and this login is not one.",
                           "run this cell on the embedded server (you are its superuser), or skip it.") from None
@@ -644,7 +676,28 @@ def _commit_delay(lab: Lab, conns: list[psycopg.Connection], delay_ms: float) ->
 
 # -- a sweep -------------------------------------------------------------------------------------
 
-def sweep(lab: Lab, workers: Sequence[int] = (1, 2, 4, 8, 16, 32),
+@overload
+def sweep(lab: Lab | mysql.MyLab, workers: Sequence[int] = ..., policies: Sequence[str] = ...,
+          job_ms: float = ..., seconds: float | None = ..., *, hold: bool = ..., backoff: bool = ...,
+          backlog: int | None = ..., progress: bool = ..., keep_runs: Literal[False] = ...,
+          commit_delay_ms: float = ...) -> pd.DataFrame: ...
+
+
+@overload
+def sweep(lab: Lab | mysql.MyLab, workers: Sequence[int] = ..., policies: Sequence[str] = ...,
+          job_ms: float = ..., seconds: float | None = ..., *, hold: bool = ..., backoff: bool = ...,
+          backlog: int | None = ..., progress: bool = ..., keep_runs: Literal[True],
+          commit_delay_ms: float = ...) -> tuple[pd.DataFrame, list[ConvoyRun]]: ...
+
+
+@overload
+def sweep(lab: Lab | mysql.MyLab, workers: Sequence[int] = ..., policies: Sequence[str] = ...,
+          job_ms: float = ..., seconds: float | None = ..., *, hold: bool = ..., backoff: bool = ...,
+          backlog: int | None = ..., progress: bool = ..., keep_runs: bool,
+          commit_delay_ms: float = ...) -> pd.DataFrame | tuple[pd.DataFrame, list[ConvoyRun]]: ...
+
+
+def sweep(lab: Lab | mysql.MyLab, workers: Sequence[int] = (1, 2, 4, 8, 16, 32),
           policies: Sequence[str] = ("wait", "nowait", "skip"), job_ms: float = 20,
           seconds: float | None = 2.0, *, hold: bool = True, backoff: bool = False, backlog: int | None = None,
           progress: bool = False, keep_runs: bool = False,
@@ -922,8 +975,9 @@ def plot_timeline(r: ConvoyRun, ax: Axes | None = None, title: str | None = None
         errs = [t * 1e3 for t in log.error_times if t * 1e3 < until]
         if errs:
             ax.plot(errs, [y] * len(errs), "|", color=PALETTE[2], markersize=12, alpha=0.6)
-    handles = [Patch(facecolor="none", edgecolor=PALETTE[1], hatch="///", label="waiting to claim"),
-               Patch(facecolor=PALETTE[0], label="job, row lock held")]
+    handles: list[Artist] = [Patch(facecolor="none", edgecolor=PALETTE[1], hatch="///",
+                                   label="waiting to claim"),
+                             Patch(facecolor=PALETTE[0], label="job, row lock held")]
     if not r.hold:
         handles.append(Patch(facecolor=PALETTE[5], label="job, no lock held"))
     if any(log.error_times for log in r.logs):

@@ -38,9 +38,10 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -52,6 +53,7 @@ from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
 from ..core.trace import Trace
+from ._checked import one_row, started_pid
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,7 +78,7 @@ DUE_COUNT = _lab_sql("due_count")
 
 def create_ledger(lab: Lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[int, ...] = (),
                   no_collapse_every: int = 4, freeze_at: str | None = T0,
-                  install: bool = True, poison: tuple[int, ...] = ()) -> "Clock":
+                  install: bool = True, poison: tuple[int, ...] = ()) -> Clock:
     """(Re)create the drain's tables with ``n`` due deliveries, ids 1..n, oldest first.
 
     Delivery ``i`` is notification ``1000 + i`` to device ``dev-000i``; ids in ``bad`` get a
@@ -114,15 +116,15 @@ class Clock:
     def __init__(self, lab: Lab):
         self.lab = lab
 
-    def freeze(self, at: str = T0) -> "Clock":
+    def freeze(self, at: str = T0) -> Clock:
         self.lab.execute("UPDATE lab_clock SET frozen_at = %s, shift = '0 s'", (at,))
         return self
 
-    def real(self) -> "Clock":
+    def real(self) -> Clock:
         self.lab.execute("UPDATE lab_clock SET frozen_at = NULL, shift = '0 s'")
         return self
 
-    def advance(self, seconds: float) -> "Clock":
+    def advance(self, seconds: float) -> Clock:
         """Move the clock on at once: ``clock.advance(120)`` is "+120 s"."""
         if seconds < 0:
             raise LabkitError(f"The clock cannot go back ({seconds} s).",
@@ -300,9 +302,10 @@ class Device:
         return len(self.banners) - len({b.notification_id for b in self.banners})
 
     @classmethod
-    def screens(cls, pushes: Iterable[Any], **kw: Any) -> dict[str, "Device"]:
-        """One Device per token, every push delivered to its own."""
-        out: dict[str, Device] = {}
+    def screens(cls, pushes: Iterable[Any], **kw: Any) -> dict[str | None, Device]:
+        """One Device per token, every push delivered to its own (a mapping without a
+        ``device_token``: the device under None)."""
+        out: dict[str | None, Device] = {}
         for push in pushes:
             p = cls._push(push)
             tok = p.get("device_token")
@@ -476,7 +479,8 @@ def drain_worker(ctx: Context, dsn: str, schema: str, batch: int, lease_s: float
     ctx.emit("claimed", ids=[c.id for c in claimed])
     if pause_after_claim:
         ctx.pause("claimed")
-    done, lost = [], []
+    done: list[tuple[Claimed, Outcome]] = []
+    lost: list[int] = []
     for i, row in enumerate(send_order(claimed), 1):
         if row.suspect and done:
             lost += drain.complete_all(done)
@@ -513,7 +517,8 @@ def locked_among(lab: Lab, ids: list[int]) -> int:
     lease claim has committed before the sends: ``locked_among(lab, claimed_ids)`` is 0."""
     with lab.connect(role="probe") as conn:
         with conn.transaction(force_rollback=True):
-            return int(conn.execute(_lab_sql("locked_among"), {"ids": ids, "n": len(ids)}).fetchone()[0])
+            return int(one_row(conn.execute(_lab_sql("locked_among"), {"ids": ids, "n": len(ids)}),
+                               "drain_lab.sql's locked_among")[0])
 
 
 def _wait_backend_gone(lab: Lab, pid: int, timeout: float = 10) -> None:
@@ -668,7 +673,7 @@ def _one_tick(lab: Lab, name: str, *, batch: int, lease_s: float, fence: bool = 
     if failed:
         raise LabkitError(f"The drain process {name!r} failed: {failed[-1]['error']}",
                           "read the error; run `labkit doctor` if the server is in doubt.")
-    claimed = next((e["ids"] for e in w.events if e["kind"] == "claimed"), [])
+    claimed: list[int] = next((e["ids"] for e in w.events if e["kind"] == "claimed"), [])
     return {"claimed": claimed, "sent": [e["id"] for e in w.events if e["kind"] == "sent"],
             "sending": [e["id"] for e in w.events if e["kind"] == "sending"],
             "exitcode": code, "killed": code == -signal.SIGKILL}
@@ -832,9 +837,9 @@ def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
         pids = [ev["pid"], ev["sender_pid"]]
         got = w.wait_for("claimed", timeout=60)["ids"]
         w.wait_for("paused", tag=f"sent-{freeze_after}", timeout=60)
-        os.kill(w.pid, signal.SIGSTOP)
+        os.kill(started_pid(w), signal.SIGSTOP)
         w.resume()                      # queued: it goes on only once it is woken up
-        proc_state = _wait_stopped(w.pid)
+        proc_state = _wait_stopped(started_pid(w))
         frozen_at = clock.now()
         lease_until = lab.execute("SELECT max(next_attempt_at) FROM delivery WHERE id = ANY(%s)",
                                   (got,))[0][0]
@@ -868,7 +873,7 @@ def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
                {"at": f"T+{clock.elapsed():g} s", "claimed": len(taken),
                 "from_frozen_batch": len(set(taken) & set(batch_ids)), **_statuses(lab)})
         pushes_before_wake = lab.execute("SELECT count(*) FROM device_push WHERE pushed_by = 'drain 1'")[0][0]
-        os.kill(w.pid, signal.SIGCONT)
+        os.kill(started_pid(w), signal.SIGCONT)
         done = w.join(60)
         lost = (done or {}).get("result", {}).get("lost", [])
         after_wake = lab.execute("SELECT count(*) FROM device_push WHERE pushed_by = 'drain 1'")[0][0] \
@@ -964,10 +969,10 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
         pid = ev["pid"]
         got = w.wait_for("claimed", timeout=60)["ids"]
         w.wait_for("paused", tag="frozen-here", timeout=60)
-        os.kill(w.pid, signal.SIGSTOP)
+        os.kill(started_pid(w), signal.SIGSTOP)
         w.resume()
         t0 = time.monotonic()
-        _wait_stopped(w.pid)
+        _wait_stopped(started_pid(w))
         state = _sessions_state(lab, [pid])
         idle_since = lab.execute(_lab_sql("state_since"), {"pid": pid})
         locked = locked_among(lab, got)
@@ -983,7 +988,7 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
                      if granted and idle_since and idle_since[0][0] is not None else None)
         gone = not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
         taken = [c.id for c in second.tick().claimed] if not still else []
-        os.kill(w.pid, signal.SIGCONT)
+        os.kill(started_pid(w), signal.SIGCONT)
         w.wait_exit(60)
         failed = [e["error"] for e in w.events if e["kind"] == "failed"]
     finally:
@@ -1065,7 +1070,7 @@ def bench_worker(ctx: Context, dsn: str, schema: str, batch: int, lease_s: float
             claims += 1
             if not rows:
                 empty += 1
-                if not conn.execute(DUE_COUNT).fetchone()[0]:
+                if not one_row(conn.execute(DUE_COUNT), "drain_lab.sql's due_count")[0]:
                     break
                 time.sleep(0.005)   # due rows exist but are locked by another drain
         ctx.emit("finished", mode=mode, sends=sends, in_tx=in_tx, claims=claims, empty=empty)

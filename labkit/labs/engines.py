@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LabkitError
-from ..core.plots import PALETTE, plain_log_ticks
 from ..core.mysessions import MySessions
 from ..core.mysql import MyLab
+from ..core.plots import PALETTE, plain_log_ticks
 from ..core.queries import queries
 from . import convoy
 

@@ -45,9 +45,10 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.queries import strip_comments
 from ..core.sessions import Sessions, Step
-from ..core.trace import Trace
 from ..core.text import wrap
+from ..core.trace import Trace
 from . import drain as dr
+from ._checked import started_pid
 
 ROW = ("SELECT status, attempts, claim_version, next_attempt_at, last_error "
        "FROM delivery WHERE id = 1")
@@ -505,7 +506,8 @@ def pool_worker(ctx, dsn: str, schema: str, batch: int, lease_s: float, fence: b
     return {"runs": runs}
 
 
-def _scripted_drain(lab: Lab, name: str, *, batch: int, fence: bool, pause_after: int):
+def _scripted_drain(lab: Lab, name: str, *, batch: int, fence: bool,
+                    pause_after: int) -> tuple[dr.Worker, list[int], list[int]]:
     """A drain process that claims ``batch`` rows, sends ``pause_after`` and waits there."""
     w = dr.Worker(dr.drain_worker, name=name, dsn=lab.db.dsn, schema=lab.schema, batch=batch,
                   lease_s=dr.LEASE_S, fence=fence, pause_after_claim=False,
@@ -559,7 +561,8 @@ def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: i
     pool = [dr.Worker(pool_worker, name=f"drain {i + 1}", dsn=lab.db.dsn, schema=lab.schema,
                       batch=batch, lease_s=dr.LEASE_S, fence=fence, send_s=send_ms / 1000)
             for i in range(drains)]
-    crash = zombie = None
+    crash: dr.Worker | None = None
+    zombie: dr.Worker | None = None
     try:
         for w in pool:
             w.start()
@@ -570,14 +573,14 @@ def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: i
         dr._wait_backend_gone(lab, crash_pids[0])
         zombie, zombie_pids, zombie_ids = _scripted_drain(lab, "zombie", batch=batch, fence=fence,
                                                           pause_after=half)
-        os.kill(zombie.pid, signal.SIGSTOP)
+        os.kill(started_pid(zombie), signal.SIGSTOP)
         zombie.resume()                     # queued: it goes on only once it is woken up
-        state = dr._wait_stopped(zombie.pid)
+        state = dr._wait_stopped(started_pid(zombie))
         locked_frozen = dr.locked_among(lab, zombie_ids)
         backlog = _run_pool(pool, 1)
         clock.advance(dr.LEASE_S + 1)
         again = _run_pool(pool, 2)
-        os.kill(zombie.pid, signal.SIGCONT)
+        os.kill(started_pid(zombie), signal.SIGCONT)
         done = zombie.join(60) or {}
         lost = done.get("result", {}).get("lost", [])
         for w in pool:
@@ -586,9 +589,9 @@ def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: i
         for w in pool:
             w.join(30)
     finally:
-        for w in pool + [crash, zombie]:
-            if w is not None:
-                w.kill()
+        for left in [*pool, crash, zombie]:
+            if left is not None:
+                left.kill()
     statuses = dr._statuses(lab)
     extra_writes = lab.execute("SELECT coalesce(sum(outcomes), 0) - count(*) FROM delivery")[0][0]
     pushes = dr.read_pushes(lab)

@@ -59,8 +59,9 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import psycopg
 
@@ -71,6 +72,7 @@ from ..core.procs import Context, Worker
 from ..core.queries import query
 from . import broker as brokers
 from . import relay
+from ._checked import one_row
 from .broker import Broker, BrokerDown, RabbitBroker, RecordingBroker
 
 MAX_HANG_S = 30          # under RabbitMQ's default heartbeat (60 s) and the workers' guards
@@ -205,8 +207,9 @@ class _RabbitPublisher:
         with suppress(Exception):
             if transport is not None:
                 transport.abort()
-            with _alarm(0.2, None, "drop"):
-                conn.process_data_events(0)
+            if conn is not None:
+                with _alarm(0.2, None, "drop"):
+                    conn.process_data_events(0)
 
     def close(self) -> None:
         if self.broker is not None:
@@ -243,7 +246,7 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
     backstop_ms = f"{round(2 * deadline_s * 1000)}ms"
     whole = conn.info.server_version >= 170000
     if bounded:     # the session's own bounds, before any transaction sets the backstop
-        ctx.emit("session_settings", settings=list(conn.execute(_sql("backstop_in_force")).fetchone()))
+        ctx.emit("session_settings", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
     healthy, first_claim, committed = True, True, 0
     try:
         while not committed:
@@ -266,7 +269,7 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
                     if whole:
                         conn.execute(_sql("backstop_whole"), {"ms": backstop_ms})
                     if first_claim:
-                        ctx.emit("backstop", settings=list(conn.execute(_sql("backstop_in_force")).fetchone()))
+                        ctx.emit("backstop", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
                 rows = conn.execute(relay.CLAIM, {"batch": batch}).fetchall()
                 if not rows:
                     raise LabkitError(f"The {kind} relay found nothing to claim.",
@@ -291,7 +294,7 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
                 conn.execute("COMMIT")
                 committed = len(rows)
                 if bounded:     # after a COMMIT (a ROLLBACK would undo even a plain SET)
-                    ctx.emit("after_commit", settings=list(conn.execute(_sql("backstop_in_force")).fetchone()))
+                    ctx.emit("after_commit", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
             except (PublishTimedOut, DeadlinePassed, BrokerDown) as exc:
                 conn.execute("ROLLBACK")
                 outcome, why, healthy = "rolled back", str(exc), False
@@ -342,7 +345,11 @@ class HangProxy:
         scheme, _, rest = amqp_url.partition("://")
         at = rest.rfind("@")
         userinfo, hostpart = (rest[:at + 1], rest[at + 1:]) if at >= 0 else ("", rest)
-        tail = re.match(r"(\[[^\]]*\]|[^/:?#]*)(:\d*)?(.*)$", hostpart, re.S).group(3)
+        host = re.match(r"(\[[^\]]*\]|[^/:?#]*)(:\d*)?(.*)$", hostpart, re.S)
+        if host is None:            # every group may be empty: any text matches
+            raise LabkitError("Cannot find the host in the AMQP URL.",
+                              "write it as amqp://USER:PASSWORD@HOST:5672/VHOST.")
+        tail = host.group(3)
         return f"{scheme}://{userinfo}127.0.0.1:{self.port}{tail}"
 
     def hang(self, on: bool) -> None:
@@ -360,7 +367,7 @@ class HangProxy:
         self._peer.clear()
         self._sel.close()
 
-    def __enter__(self) -> "HangProxy":
+    def __enter__(self) -> HangProxy:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -473,7 +480,7 @@ class _Hang:
         self.conn: psycopg.Connection | None = None
         self.params = {"k1": HANG_KEY, "schema": lab.schema}
         self.on = False
-        if bk.kind == "rabbitmq":
+        if isinstance(bk, RabbitBroker):        # bk.kind == "rabbitmq"
             import pika
 
             params = pika.URLParameters(bk.url)
@@ -492,7 +499,7 @@ class _Hang:
         if self.proxy:
             self.proxy.hang(True)
         else:
-            self.conn.execute(_sql("hang"), self.params)
+            self._lock_conn().execute(_sql("hang"), self.params)
 
     def end(self) -> None:
         if not self.on:
@@ -501,7 +508,14 @@ class _Hang:
         if self.proxy:
             self.proxy.hang(False)
         else:
-            self.conn.execute(_sql("answer"), self.params)
+            self._lock_conn().execute(_sql("answer"), self.params)
+
+    def _lock_conn(self) -> psycopg.Connection:
+        """The connection that holds the recording broker's hang lock."""
+        if self.conn is None:
+            raise LabkitError("This hang has no lock connection: it is RabbitMQ's, through the proxy.",
+                              "report this: a hang without a proxy opens its lock connection.")
+        return self.conn
 
     def close(self) -> None:
         try:
@@ -747,7 +761,8 @@ def _backstop_case(lab: Lab, watch: psycopg.Connection, behaviour: str, whole: b
         if whole:
             conn.execute(_sql("backstop_whole"), {"ms": ms})
         claimed = len(conn.execute(relay.CLAIM, {"batch": rows}).fetchall())
-        locked = watch.execute(_sql("relay_transactions"), {"pids": [pid]}).fetchone()[3]
+        locked = one_row(watch.execute(_sql("relay_transactions"), {"pids": [pid]}),
+                         "hang.sql's relay_transactions")[3]
         ended_s, exc = None, None
         if behaviour == "silent":
             while time.monotonic() - started < busy_s:
@@ -771,9 +786,14 @@ def _backstop_case(lab: Lab, watch: psycopg.Connection, behaviour: str, whole: b
         if ended_s is None and not conn.broken:
             conn.execute("ROLLBACK")
             own_s = time.monotonic() - started
+    took = ended_s if ended_s is not None else own_s
+    if took is None:
+        raise LabkitError(f"The {behaviour} relay's session ended after the {busy_s:g} s watch and "
+                          "before its own ROLLBACK: how long its transaction lasted is not known.",
+                          "run it again; on a loaded machine, pass a longer busy_s.")
     msg = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else None
     return {"claimed": claimed, "rows_locked": locked, "ended_by_server": ended_s is not None,
-            "transaction_s": round(ended_s if ended_s is not None else own_s, 3),
+            "transaction_s": round(took, 3),
             "sqlstate": getattr(exc, "sqlstate", None), "error": msg, "claimable_after": claimable}
 
 

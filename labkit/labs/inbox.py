@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -59,6 +59,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ._checked import one_row
 from .relay import create_outbox, event_id, place_orders, relay_connection
 
 EVENTS = 20
@@ -117,7 +118,7 @@ def handle(conn: psycopg.Connection, consumer: str, event: str, order_id: int, *
             conn.execute(_sql("effect"), params)
         return True
     if consumer == "separate_tx_effect_first":
-        if conn.execute(_sql("recorded"), params).fetchone()[0]:
+        if one_row(conn.execute(_sql("recorded"), params), "inbox.sql's recorded")[0]:
             return False
         with conn.transaction():
             conn.execute(_sql("effect"), params)
@@ -211,15 +212,15 @@ def _run_consumer(lab: Lab, obs: psycopg.Connection, consumer: str,
                 deliveries=first, kill_at=len(first) - 1, **common) as w1:
         pid = w1.wait_for("connected", timeout=WAIT_S)["pid"]
         w1.wait_for("paused", tag=KILL_POINT, timeout=WAIT_S)
-        effect_committed, recorded = obs.execute(
-            _sql("at_kill"), {"event_id": killed_event, "order_id": killed_order}).fetchone()
+        effect_committed, recorded = one_row(obs.execute(
+            _sql("at_kill"), {"event_id": killed_event, "order_id": killed_order}), "inbox.sql's at_kill")
         w1.kill()
     _wait_gone(obs, pid)
-    restart_at = obs.execute(_sql("server_clock")).fetchone()[0]
+    restart_at = one_row(obs.execute(_sql("server_clock")), "inbox.sql's server_clock")[0]
     with Worker(consumer_process, name=f"{short} consumer 2", role=f"{short}-2",
                 deliveries=second, **common) as w2:
         w2.join(WAIT_S)
-    effects = dict(obs.execute(_sql("effects")).fetchall())
+    effects: dict[str, int] = dict(obs.execute(_sql("effects")).fetchall())
     acks = _acks(w1) + _acks(w2)
     return {"effects": effects,
             "twice": [e for e, n in effects.items() if n > 1],
@@ -234,12 +235,12 @@ def _inbox_hygiene(obs: psycopg.Connection, restart_at, first: list[tuple[str, i
     """On the inbox consumer's end state: its primary key, its rows, what a copy writes, and
     a prune with a window shorter than a redelivery delay (the rows applied before the
     restart), followed by a late copy of a pruned event and one of a kept event."""
-    name, method, unique, column = obs.execute(_sql("primary_key")).fetchone()
-    rows = obs.execute("SELECT count(*) FROM inbox").fetchone()[0]
+    name, method, unique, column = one_row(obs.execute(_sql("primary_key")), "inbox.sql's primary_key")
+    rows = one_row(obs.execute("SELECT count(*) FROM inbox"), "the count of inbox rows")[0]
     kept_event, kept_order = second[-1]
     with obs.transaction(force_rollback=True):        # a copy: what does it write?
         obs.execute(_sql("record"), {"event_id": kept_event})
-        copy_xid = obs.execute(_sql("own_xid")).fetchone()[0]
+        copy_xid = one_row(obs.execute(_sql("own_xid")), "inbox.sql's own_xid")[0]
     pruned = obs.execute(_sql("prune"), {"cutoff": restart_at}).rowcount
     late_event, late_order = first[0]
     late_again = None
@@ -386,7 +387,7 @@ def format_trace(t: dict) -> str:
              ""]
     width = max(len(v[1]) for v in CONSUMERS.values())
     lines.append(f"{'consumer':<{width}}  {'at the kill: effect / id':<30}  twice  lost")
-    for c, r in t["consumers"].items():
+    for r in t["consumers"].values():
         k = r["at_kill"]
         at = (f"{'committed' if k['effect_committed'] else 'not committed'} / "
               f"{'recorded' if k['recorded'] else 'not recorded'}")

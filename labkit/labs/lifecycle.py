@@ -54,7 +54,8 @@ import math
 import os
 import signal
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict
 
 from ..core.db import WORKER_GUARDS, open_connection
 from ..core.errors import LabkitError
@@ -63,6 +64,7 @@ from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
 from ..core.text import wrap
+from ._checked import one_row_named, started_pid
 from .production import fresh_table
 
 LEASE_S = 1.0              # heartbeat traces: a short lease...
@@ -119,7 +121,7 @@ def check_shutdown(*, workers: int, jobs: int, per_worker_batch: int, job_s: flo
     if jobs * job_s > lease_s / 2:
         raise LabkitError(f"{jobs} jobs of {job_s:g} s take {jobs * job_s:g} s: the killed worker's "
                           f"leases ({lease_s:g} s) could run out before the count.",
-                          f"pass fewer or shorter jobs (jobs * job_s <= lease_s / 2), or a longer lease_s.")
+                          "pass fewer or shorter jobs (jobs * job_s <= lease_s / 2), or a longer lease_s.")
     if deadline_s >= lease_s:
         raise LabkitError(f"deadline_s={deadline_s:g} is not shorter than the lease ({lease_s:g} s): a "
                           "stopping worker could still be finishing after its lease ran out.",
@@ -144,6 +146,10 @@ class _StopFlag:
 
     def __bool__(self) -> bool:
         return self.at is not None
+
+    def past(self, deadline_s: float) -> bool:
+        """SIGTERM came more than ``deadline_s`` ago."""
+        return self.at is not None and time.monotonic() > self.at + deadline_s
 
 
 def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s: float,
@@ -174,7 +180,7 @@ def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s:
 
     def noticed() -> bool:
         """True once SIGTERM came; the first time, say so and hand back the unstarted claims."""
-        if not stop:
+        if stop.at is None:
             return False
         if not stop.told:
             stop.told = True
@@ -201,7 +207,7 @@ def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s:
                     ctx.emit("handler_stopped", id=job_id, claim_version=version)
                     return "lost"
                 next_beat = time.monotonic() + every
-            if noticed() and time.monotonic() > stop.at + deadline_s:
+            if noticed() and stop.past(deadline_s):
                 release([(job_id, version)], started=True)
                 return "abandoned"
         n = len(conn.execute(query("production.sql", "complete").sql,
@@ -257,8 +263,7 @@ def _setup(lab: Lab, jobs: int) -> None:
 
 
 def _statuses(lab: Lab) -> dict[str, int]:
-    cur = lab.admin.execute(_sql("statuses"))
-    return dict(zip([c.name for c in cur.description], cur.fetchone()))
+    return one_row_named(lab.admin.execute(_sql("statuses")), "lifecycle.sql's statuses")
 
 
 def _held(lab: Lab, worker: str) -> tuple[int, float]:
@@ -286,7 +291,7 @@ def _workers(lab: Lab, n: int, timeout: float, **kw: Any) -> Iterator[list[Worke
 def _send(w: Worker, sig: signal.Signals, log: list[dict]) -> None:
     log.append({"kind": "signal", "signal": sig.name, "to": w.name, "t": time.monotonic(),
                 "name": PARENT})
-    os.kill(w.pid, sig)
+    os.kill(started_pid(w), sig)
 
 
 def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -298,7 +303,7 @@ def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def _check_exit(w: Worker, timeout: float) -> int:
+def _check_exit(w: Worker, timeout: float) -> int | None:
     code = w.wait_exit(timeout)
     failed = [e for e in w.events if e["kind"] == "failed"]
     if failed:
@@ -513,7 +518,8 @@ def lease_spans(run: dict) -> list[dict]:
         lease_end = max([c["t"], *beats]) + lease_s
         outcome = None if end is None else (
             "stopped" if end["kind"] == "handler_stopped" else "landed" if end["rows"] else "refused")
-        held_until = reaped if reaped is not None else end["t"] if outcome == "landed" else None
+        held_until = (reaped if reaped is not None
+                      else end["t"] if end is not None and outcome == "landed" else None)
         spans.append({
             "worker": c["worker"], "claim_version": c["claim_version"], "claimed": c["t"],
             "started": started, "ended": None if end is None else end["t"], "heartbeats": beats,
@@ -596,7 +602,8 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
         ax.set_ylim(-0.7, len(names) - 0.15)
         ax.spines["left"].set_visible(False)
         ax.tick_params(axis="y", length=0)
-        runs_word = {1: "once", 2: "twice"}.get(run.get("runs"), f"{run.get('runs')} times")
+        times: dict[int | None, str] = {1: "once", 2: "twice"}
+        runs_word = times.get(run.get("runs"), f"{run.get('runs')} times")
         default = (f"{'with' if run.get('heartbeat', True) else 'without'} a heartbeat: "
                    f"lease {run['lease_s']:g} s, job {run['job_s']:g} s, the handler ran {runs_word}")
         ax.set_title(titles[n] if titles else default, loc="left")
@@ -715,6 +722,16 @@ def _one_stop(lab: Lab, sig: signal.Signals, *, workers: int, jobs: int, per_wor
             "statuses": s, "events": events}
 
 
+class _Shutdown(TypedDict):
+    """The parameters of a shutdown run (:func:`check_shutdown`, :func:`_one_stop`)."""
+    workers: int
+    jobs: int
+    per_worker_batch: int
+    job_s: float
+    lease_s: float
+    deadline_s: float
+
+
 def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_worker_batch: int = BATCH,
                    job_s: float = SHUTDOWN_JOB_S, lease_s: float = SHUTDOWN_LEASE_S,
                    deadline_s: float = DEADLINE_S) -> dict:
@@ -734,8 +751,8 @@ def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_wo
     ``stopped_mid_run`` (jobs handed back because the deadline passed), ``done_after_graceful``,
     ``max_attempts_after_graceful`` (1: a hand-back costs no attempt), ``events_kill`` and
     ``events_graceful``."""
-    kw = dict(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
-              lease_s=lease_s, deadline_s=deadline_s)
+    kw = _Shutdown(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
+                   lease_s=lease_s, deadline_s=deadline_s)
     check_shutdown(**kw)
     kill = _one_stop(lab, signal.SIGKILL, **kw)
     term = _one_stop(lab, signal.SIGTERM, **kw)
@@ -764,8 +781,8 @@ def shutdown_command(*, open_lab: Callable[[], Lab], workers: int = WORKERS, lea
     """``labkit trace shutdown [--workers 2] [--lease 30] [--deadline 2] [--json]``: worker 1
     killed, then stopped gracefully; the summary (:data:`SHUTDOWN_KEYS`), and with the text
     output both runs' events."""
-    kw = dict(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
-              lease_s=lease_s, deadline_s=deadline_s)
+    kw = _Shutdown(workers=workers, jobs=jobs, per_worker_batch=per_worker_batch, job_s=job_s,
+                   lease_s=lease_s, deadline_s=deadline_s)
     check_shutdown(**kw)
     with open_lab() as lab:
         out = shutdown_trace(lab, **kw)

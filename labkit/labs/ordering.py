@@ -52,6 +52,7 @@ from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
 from . import broker as brokers
+from ._checked import one_row
 from .broker import Broker
 from .relay import CLAIM, MARK, create_outbox, relay_connection
 
@@ -118,7 +119,7 @@ def produce(lab: Lab, events: int, aggregates: int, *, seed: int = 0) -> list[tu
     with lab.connect(role="producer") as conn:
         for _ in range(events):
             agg = aggregate_name(rng.randrange(aggregates) + 1, aggregates)
-            event_id, = conn.execute(_q("produce"), {"aggregate": agg}).fetchone()
+            event_id, = one_row(conn.execute(_q("produce"), {"aggregate": agg}), f"{SQL}'s produce")
             out.append((agg, int(event_id.rsplit("-v", 1)[1])))
     return out
 
@@ -134,7 +135,7 @@ def count_inversions(order: Sequence[Sequence[Any]]) -> dict:
     and the highest version already there)."""
     seen: dict[str, list[int]] = {}
     pairs = late = 0
-    sample = []
+    sample: list[dict[str, Any]] = []
     out_of_order: set[str] = set()
     for position, (agg, version, *_) in enumerate(order):
         versions = seen.setdefault(agg, [])
@@ -182,7 +183,7 @@ def ordering_relay(ctx: Context, *, dsn: str, schema: str, broker: dict, role: s
             rows = conn.execute(sql, params).fetchall()
             if not rows:
                 conn.execute("COMMIT")
-                left = conn.execute(_q("unpublished"), params).fetchone()[0]
+                left = one_row(conn.execute(_q("unpublished"), params), f"{SQL}'s unpublished")[0]
                 if not left:
                     break
                 ctx.emit("idle", left=left)
@@ -415,7 +416,7 @@ def _consume(conn: psycopg.Connection, messages: Sequence[Sequence[Any]], kind: 
         p = {"aggregate": agg, "version": version, "event_id": event_id}
         with conn.transaction():
             conn.execute(last_sql[0], p)
-            last = conn.execute(last_sql[1], p).fetchone()[0]
+            last = one_row(conn.execute(last_sql[1], p), f"{SQL}'s last_applied")[0]
             if kind == "apply_all" or (kind == "drop_stale" and version > last):
                 conn.execute(apply_sql, p)
             elif version <= last:
@@ -432,7 +433,8 @@ def _consume(conn: psycopg.Connection, messages: Sequence[Sequence[Any]], kind: 
                     conn.execute(apply_sql, {"aggregate": agg, "version": nxt, "event_id": row[0]})
                     parked_now -= 1
                     nxt += 1
-    applied, late, twice, never, still, behind = conn.execute(_q("consumer_outcome")).fetchone()
+    applied, late, twice, never, still, behind = one_row(conn.execute(_q("consumer_outcome")),
+                                                         f"{SQL}'s consumer_outcome")
     return {"applied": applied, "applied_late": late, "applied_twice": twice,
             "never_applied": never, "dropped": dropped, "parked": parked, "parked_max": parked_max,
             "still_parked": still, "aggregates_behind": behind, "guarantee": CONSUMERS[kind]}

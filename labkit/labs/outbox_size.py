@@ -33,8 +33,9 @@ from __future__ import annotations
 import json as jsonlib
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -44,6 +45,7 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.queries import query
 from ..core.sessions import Sessions
+from ._checked import one_row, one_row_named
 from .relay import MARK, claim_text, create_outbox
 
 SIZES = (0, 100_000, 400_000)   # published rows in the outbox, one reading each
@@ -101,12 +103,12 @@ def check_params(*, sizes: tuple[int, ...] | list[int] = SIZES, history: int = H
 def disk_sizes(lab: Lab) -> dict[str, int]:
     """The outbox on disk (summed over partitions): ``table_bytes``, ``index_bytes``,
     ``partial_index_bytes``, ``total_bytes``."""
-    cur = lab.admin.execute(_q("sizes"))
-    return {c.name: int(v or 0) for c, v in zip(cur.description, cur.fetchone())}
+    sizes = one_row_named(lab.admin.execute(_q("sizes")), f"{FILE}'s sizes")
+    return {name: int(v or 0) for name, v in sizes.items()}
 
 
 def _lsn(conn: psycopg.Connection) -> str:
-    return conn.execute(_q("wal_position")).fetchone()[0]
+    return one_row(conn.execute(_q("wal_position")), f"{FILE}'s wal_position")[0]
 
 
 OWN_WAL_FROM = 180000    # pg_stat_get_backend_wal: a session's own WAL, PostgreSQL 18 and later
@@ -122,17 +124,24 @@ def _wal_mark(conn: psycopg.Connection) -> int | str:
     """Where ``conn``'s WAL count stands: from PostgreSQL 18 on, the bytes this session has
     written (its pending statistics flushed first); before 18, the server's WAL position."""
     if conn.info.server_version >= OWN_WAL_FROM:
-        conn.execute(_q("flush_own_stats"))
-        return int(conn.execute(_q("own_wal_bytes")).fetchone()[0])
+        return _own_wal(conn)
     return _lsn(conn)
+
+
+def _own_wal(conn: psycopg.Connection) -> int:
+    """The bytes of WAL ``conn``'s session has written (PostgreSQL 18 and later), its pending
+    statistics flushed first."""
+    conn.execute(_q("flush_own_stats"))
+    return int(one_row(conn.execute(_q("own_wal_bytes")), f"{FILE}'s own_wal_bytes")[0])
 
 
 def _wal_since(conn: psycopg.Connection, mark: int | str) -> int:
     """The WAL written since ``mark`` (a :func:`_wal_mark`): by ``conn``'s session alone
     from PostgreSQL 18 on, by the whole server before (an autocommit ``conn``)."""
-    if isinstance(mark, int):
-        return _wal_mark(conn) - mark
-    return int(conn.execute(_q("wal_bytes"), {"after": _lsn(conn), "before": mark}).fetchone()[0])
+    if isinstance(mark, int):               # a mark of PostgreSQL 18 or later: the session's own
+        return _own_wal(conn) - mark
+    return int(one_row(conn.execute(_q("wal_bytes"), {"after": _lsn(conn), "before": mark}),
+                       f"{FILE}'s wal_bytes")[0])
 
 
 def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
@@ -236,7 +245,8 @@ def claim_cost(lab: Lab, batch: int = 10) -> dict[str, Any]:
     claim's transaction holds locks on: the outbox, its partitions and their indexes)."""
     conn = lab.admin
     with conn.transaction(force_rollback=True):
-        out = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim_text(batch)).fetchone()[0][0]
+        out = one_row(conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim_text(batch)),
+                      "EXPLAIN of the relay's claim")[0][0]
         locks = conn.execute(_q("own_locks")).fetchall()
     plan = out["Plan"]
     return {"buffers": int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
@@ -430,10 +440,11 @@ def remove_partition(lab: Lab, name: str, conn: psycopg.Connection | None = None
     event, and drop it.  An unpublished event stops the drop: the partition is attached
     again (same bounds, as it was) and a LabkitError says so."""
     conn = conn or lab.admin
-    bound = conn.execute("SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c "
-                         "WHERE c.oid = %s::regclass", (sql.Identifier(name).as_string(conn),)).fetchone()[0]
+    bound = one_row(conn.execute("SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c "
+                                 "WHERE c.oid = %s::regclass", (sql.Identifier(name).as_string(conn),)),
+                    f"the bounds of partition {name}")[0]
     conn.execute(_ddl("detach", partition=name))
-    left = conn.execute(_ddl("unpublished_in", partition=name)).fetchone()[0]
+    left = one_row(conn.execute(_ddl("unpublished_in", partition=name)), f"{FILE}'s unpublished_in")[0]
     if left:
         conn.execute(sql.SQL("ALTER TABLE outbox ATTACH PARTITION {} " + bound).format(sql.Identifier(name)))
         raise LabkitError(f"Partition {name} still holds {left} unpublished event(s): dropping it "
@@ -604,7 +615,7 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
 # -- what removing a partition locks -------------------------------------------------------------------
 
 
-def _locks_while(lab: Lab, statement: sql.Composable) -> dict[str, str]:
+def _locks_while(lab: Lab, statement: sql.Composed) -> dict[str, str]:
     """The table locks this session holds right after ``statement``, in a transaction that
     is then rolled back: {table name: strongest mode} for the outbox and its partitions."""
     conn = lab.admin
@@ -674,7 +685,7 @@ def _one_removal(lab: Lab, remover: sql.Composable, label: str, old: str) -> dic
             "transcript": transcript}
 
 
-def _refused(lab: Lab, statement: sql.Composable | str, params: Any = None) -> str | None:
+def _refused(lab: Lab, statement: sql.Composed | str, params: Any = None) -> str | None:
     """The server's error for ``statement`` (run in autocommit: DETACH ... CONCURRENTLY
     cannot run in a transaction block) as "SQLSTATE: message", or None if it ran."""
     try:

@@ -25,9 +25,9 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -40,6 +40,7 @@ from ..core.procs import Context, Worker
 from ..core.queries import query, statements
 from ..core.trace import Trace
 from . import broker as brokers
+from ._checked import one_row, started_pid
 from .broker import Broker, BrokerDown
 
 if TYPE_CHECKING:
@@ -95,12 +96,12 @@ def place_orders(lab: Lab, n: int, *, start: int = 1, conn: psycopg.Connection |
     try:
         ids = []
         for order_id in range(start, start + n):
-            params = {"order_id": order_id, "item": ITEMS[order_id % len(ITEMS)],
-                      "event_id": event_id(order_id)}
+            eid = event_id(order_id)
+            params = {"order_id": order_id, "item": ITEMS[order_id % len(ITEMS)], "event_id": eid}
             with conn.transaction():
                 for stmt in PRODUCE:
                     conn.execute(stmt, params)
-            ids.append(params["event_id"])
+            ids.append(eid)
         return ids
     finally:
         if own:
@@ -360,17 +361,20 @@ class Observer:
         return " + ".join(self.relay_locks()) or "none"
 
     def pg_locks_of(self, pid: int) -> int:
-        return self.conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (pid,)).fetchone()[0]
+        return one_row(self.conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (pid,)),
+                       "the count of pg_locks")[0]
 
     def locked_rows(self) -> int:
         """Outbox rows locked by a live relay transaction (tuple xmax = its xid)."""
         xids = [x for _, x in self.relay_backends() if x]
         if not xids:
             return 0
-        return self.conn.execute(_lab_sql("locked_rows"), {"xids": xids}).fetchone()[0]
+        return one_row(self.conn.execute(_lab_sql("locked_rows"), {"xids": xids}),
+                       "relay_lab.sql's locked_rows")[0]
 
     def snapshot(self) -> dict:
-        unpublished, marked = self.conn.execute(_lab_sql("outbox_rows")).fetchone()
+        unpublished, marked = one_row(self.conn.execute(_lab_sql("outbox_rows")),
+                                      "relay_lab.sql's outbox_rows")
         return {"unpublished": unpublished, "marked": marked, "locked_rows": self.locked_rows(),
                 "relay_locks": self.relay_locks_text(), "broker": self.broker.depth()}
 
@@ -387,9 +391,9 @@ class Observer:
         """The end state, read from the database; ``delivered`` are the event ids the
         broker handed to the consumer, ``broker_messages`` the broker's depth before."""
         c = self.conn
-        outbox_rows = c.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        outbox_rows = one_row(c.execute("SELECT count(*) FROM outbox"), "the count of outbox rows")[0]
         lost = [r[0] for r in c.execute(_lab_sql("lost_events")).fetchall()]
-        applied, twice = c.execute(_lab_sql("labels_printed")).fetchone()
+        applied, twice = one_row(c.execute(_lab_sql("labels_printed")), "relay_lab.sql's labels_printed")
         distinct = len(set(delivered))
         return {"outbox_rows": outbox_rows, "broker_messages": broker_messages,
                 "distinct_events": distinct, "duplicates": broker_messages - distinct,
@@ -679,7 +683,9 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
              if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
     title = f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})"
     with _traced(lab, broker, batch, title) as (tr, broker, obs):
-        tr.measured = {}
+        measured: dict[str, Any] = {}
+        # Trace (core/trace.py) declares no ``measured``: this trace carries one more attribute
+        tr.measured = measured  # type: ignore[attr-defined]
         waiter = None
         tag = f"published:{freeze_after}" if freeze_after else "claimed"
         r1 = _relay(lab, broker, "relay-1", batch=batch, pause_at=[f"{tag}#1"],
@@ -688,7 +694,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             r1.start()
             pid = obs.watch(r1)
             r1.wait_for("paused", tag=tag, timeout=60)
-            os.kill(r1.pid, signal.SIGSTOP)           # the freeze: the process runs no more code
+            os.kill(started_pid(r1), signal.SIGSTOP)           # the freeze: the process runs no more code
             r1.resume()                               # read by the process only once it is woken
             asked = time.monotonic()
             state, xid, idle_for = obs.backend_state(pid) or (None, None, None)
@@ -722,10 +728,10 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             if not killed:
                 waiter.join(watch_s + 30)
                 if granted and idle_since_server and idle_since_server[0] is not None:
-                    tr.measured["released_after_server_s"] = round(
+                    measured["released_after_server_s"] = round(
                         (granted[0] - idle_since_server[0]).total_seconds(), 3)
-            if killed:
-                tr.measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
+            if last is not None:                      # killed
+                measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
                 r1.kill()                             # SIGKILL ends a stopped process too
                 obs.wait_gone(pid)
                 tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
@@ -735,7 +741,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             else:
                 # From the moment the backend went idle in its transaction to the first poll
                 # that found it gone (so late by at most one poll, 50 ms).
-                tr.measured["released_after_s"] = round(gone_at - idle_since, 3)
+                measured["released_after_s"] = round(gone_at - idle_since, 3)
                 tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server "
                                  "ends relay 1's backend", "its transaction rolls back: nothing "
                        "marked, every lock released, while relay 1 is still frozen", obs.snapshot())
@@ -749,7 +755,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
             stale_publishes, woke_to = 0, None
             if not killed:
                 seen = len([e for e in r1.events if e["kind"] == "published"])
-                os.kill(r1.pid, signal.SIGCONT)       # the freeze ends
+                os.kill(started_pid(r1), signal.SIGCONT)       # the freeze ends
                 r1.wait_exit(60)
                 stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
                 errors = [e for e in r1.events if e.get("sqlstate")]
@@ -766,14 +772,14 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
                        obs.snapshot(), kind="error")
         finally:
             if r1.alive:
-                os.kill(r1.pid, signal.SIGCONT)
+                os.kill(started_pid(r1), signal.SIGCONT)
                 r1.kill()
             if waiter is not None:
                 waiter.join(watch_s + 30)
         stale_writes = 0
         if xid:
-            stale_writes = obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
-                                            (xid,)).fetchone()[0]
+            stale_writes = one_row(obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
+                                                    (xid,)), "the count of stale outbox writes")[0]
         if killed:
             released_by = f"SIGKILL by the lab after {watch_s:g} s (nothing on the server ended it)"
         elif woke_to:
@@ -801,7 +807,8 @@ def freeze_summary(lab: Lab, broker: Broker | None = None, *, batch: int = 100, 
     tr = freeze_trace(lab, broker, batch=batch, freeze_after=freeze_after,
                       idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s,
                       watch_s=watch_s)
-    return {**tr.summary, **tr.measured, "trace": tr}
+    # freeze_trace's Trace carries ``measured``, an attribute Trace (core/trace.py) does not declare
+    return {**tr.summary, **tr.measured, "trace": tr}  # type: ignore[attr-defined]
 
 
 # -- committing mid-batch ----------------------------------------------------------------------------
@@ -896,7 +903,7 @@ def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, b
         return {"relays": relays, "commit_every": commit_every, "published_by": published, **out}
 
 
-TRACES = {"relay": crash_trace, "dual-write": dual_write_trace, "broker-down": broker_down_trace}
+TRACES: dict[str, Callable[..., Trace]] = {"relay": crash_trace, "dual-write": dual_write_trace, "broker-down": broker_down_trace}
 
 
 # -- two relays at once ---------------------------------------------------------------------------
@@ -940,7 +947,12 @@ def _index_scan(lab: Lab) -> dict:
                           + plan, "run relay.create_outbox and VACUUM ANALYZE outbox first.")
     node = plan[at:]
     hit = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", node)
-    return {"heap_fetches": int(re.search(r"Heap Fetches: (\d+)", node)[1]),
+    fetches = re.search(r"Heap Fetches: (\d+)", node)
+    if fetches is None:
+        raise LabkitError("The metrics query's index-only scan shows no Heap Fetches line:\n" + plan,
+                          "report this with the server's version (`labkit doctor`): its EXPLAIN "
+                          "output is not the one this lab reads.")
+    return {"heap_fetches": int(fetches[1]),
             "buffers": int(hit[1]) + int(hit[2] or 0) if hit else 0}
 
 
@@ -1027,10 +1039,10 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
         t0 = time.monotonic()
         while (t := time.monotonic() - t0) < run_s:
             if not stopped and pause[0] <= t < pause[1]:
-                os.kill(w.pid, signal.SIGSTOP)
+                os.kill(started_pid(w), signal.SIGSTOP)
                 stopped = True
             elif stopped and t >= pause[1]:
-                os.kill(w.pid, signal.SIGCONT)
+                os.kill(started_pid(w), signal.SIGCONT)
                 stopped = False
             due = int(t * rate_per_s) - int(placed)
             if burst is not None and t >= burst[0]:
@@ -1046,7 +1058,7 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
             time.sleep(max(0.0, sample_s - (time.monotonic() - t0 - t)))
     finally:
         if stopped and w.alive:
-            os.kill(w.pid, signal.SIGCONT)
+            os.kill(started_pid(w), signal.SIGCONT)
         producer.close()
         w.kill()
     return pd.DataFrame(rows, columns=["t_s", "depth", "oldest_age_s", "relay"])
@@ -1092,6 +1104,7 @@ def trace_command(*, open_lab: Callable[[], Lab], kind: str, batch: int, crash_a
     the relay instead of killing it.  ``open_lab()`` gives the run its own lab (the process
     id in its name: two runs at once never share, reset or drop each other's tables)."""
     point = {"broker-down": "down_after"}.get(kind, "crash_after")
+    run: Callable[[Lab, Broker], Trace]
     if freeze_after is not None:
         if kind != "relay":
             raise LabkitError(f"--freeze-after applies to the relay trace, not {kind}.",

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import json as jsonlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -53,8 +54,8 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query
-from ..core.trace import Trace
 from ..core.text import table as text_table
+from ..core.trace import Trace
 from .drain import T0, Clock
 from .production import fresh_table
 
@@ -159,7 +160,8 @@ def describe(script: list[str]) -> str:
             groups.append([o, 1])
     words = [o if n == 1 else f"{o} ×{n}" for o, n in groups]
     last = script[-1]
-    if last != "ok" and classify(OUTCOMES[last]()) == "transient":
+    make = OUTCOMES[last]                   # None for "ok", the only outcome that raises nothing
+    if make is not None and classify(make()) == "transient":
         words[-1] = f"{last} every time"
     return ", then ".join(words)
 
@@ -349,8 +351,12 @@ class RetryWorker:
             return Attempt(job, None, None, False, "LOST", None, None)
         except Exception as exc:       # the handler failed; the worker does not
             f = self.fail(job, exc)
+            status = f.status if f.matched else "LOST"
+            if status is None:
+                raise LabkitError(f"job {job.id}: the failure write matched its row but gave back no status.",
+                                  "report this: retries.sql's fail returns the row's status.") from exc
             return Attempt(job, error_text(exc), classify(exc), not classified(exc),
-                           f.status if f.matched else "LOST", f.wait_s, f.delay_s)
+                           status, f.wait_s, f.delay_s)
 
 
 def scripted_handler(script: dict[int, list[str]]) -> Handler:
@@ -435,12 +441,12 @@ class Life:
     # max_attempts is the same for every job: the table's first line says it
     JOB_COLUMNS = ("job", "script", "status", "attempts", "last_error", "effects")
 
-    def attempts_df(self) -> "pd.DataFrame":
+    def attempts_df(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame(self.attempts, columns=list(self.ATTEMPT_COLUMNS)).set_index(["job", "attempt"])
 
-    def jobs_df(self) -> "pd.DataFrame":
+    def jobs_df(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame(self.jobs, columns=list(self.JOB_COLUMNS)).set_index("job")
@@ -577,6 +583,9 @@ def retry_waits(lab: Lab, *, base_s: float = BASE_S, early_s: float = 0.5) -> Tr
     try:
         w = RetryWorker(conn, "worker 1", base_s=base_s, cap_s=base_s)
         job = w.claim()
+        if job is None:
+            raise LabkitError(f"The claim did not return job {jid}, due now and the only one.",
+                              "report this: nothing else uses the lab's job table during this story.")
         a = w.run(job, scripted_handler({jid: ["timeout", "ok"]}))
         tr.add("worker 1", f"job {jid}, attempt 1 at T, raised {a.error}", _why(a),
                {"status": a.status, "run_at": _at(a.wait_s or 0)}, kind="error")
@@ -629,8 +638,10 @@ def retry_herd(lab: Lab, *, jobs: int = 50, failures: int = 3, base_s: float = B
         conn = lab.connect(role="retry-herd")
         try:
             w = RetryWorker(conn, "worker 1", base_s=base_s, cap_s=cap_s, jitter=jitter, seed=seed)
+            # _drive calls on_attempt before it returns, in this iteration: the lambda
+            # always sees this jitter's ``seen``, never a later one
             _drive(lab, clock, w, handler, limit=2 * jobs * (failures + 1) + 2,
-                   on_attempt=lambda now, a: seen.setdefault(a.job.attempts, []).append(now))
+                   on_attempt=lambda now, a: seen.setdefault(a.job.attempts, []).append(now))  # noqa: B023
         finally:
             conn.close()
         for attempt in sorted(seen):

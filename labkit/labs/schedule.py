@@ -57,6 +57,7 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.queries import query
 from . import production
+from ._checked import one_row
 
 SQL = "schedule.sql"
 
@@ -147,7 +148,7 @@ def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True)
             if drop_index:
                 conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(drop_index)))
             search = _sql("claim_search" if lock else "claim_search_read")
-            doc = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + search).fetchone()[0]
+            doc = one_row(conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + search), "EXPLAIN of the claim")[0]
     if isinstance(doc, str):
         doc = _json.loads(doc)
     top = doc[0]
@@ -337,8 +338,9 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
                 (low_id,) = add("low", 1, 0, high_per_tick)
                 (scheduled_id,) = add("scheduled", 1, 0, high_per_tick + 1,
                                       run_at=_at(scheduled_tick, SCHEDULED_DUE_S))
-                older_due = int(conn.execute(_sql("older_due"),
-                                             {"id": low_id, "now": _at(0, CLAIM_AT_S)}).fetchone()[0])
+                older_due = int(one_row(conn.execute(_sql("older_due"),
+                                                     {"id": low_id, "now": _at(0, CLAIM_AT_S)}),
+                                        "schedule.sql's older_due")[0])
             now = _at(tick, CLAIM_AT_S)
             for _ in range(claims_per_tick):
                 turn = made + 1
@@ -353,7 +355,8 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
                 conn.execute(complete, {"id": job_id, "claim_version": version})
                 claims.append({"claim": made, "tick": tick, "kind": kind, "job": job_id,
                                "priority": PRIORITY[kind], "turn": "aged" if aged else "priority"})
-        backlog = int(conn.execute(_sql("due_count"), {"now": _at(ticks - 1, CLAIM_AT_S)}).fetchone()[0])
+        backlog = int(one_row(conn.execute(_sql("due_count"), {"now": _at(ticks - 1, CLAIM_AT_S)}),
+                              "schedule.sql's due_count")[0])
     finally:
         conn.close()
 

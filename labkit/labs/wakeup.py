@@ -67,6 +67,7 @@ from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
 from ..core.text import table as text_table
+from ._checked import one_row
 from .production import fresh_table
 
 MODES = ("poll", "notify")
@@ -165,7 +166,7 @@ def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
         steps = [("A", f"LISTEN {ch}", "listening")]
-        job_id = b.execute(_q("enqueue")).fetchone()[0]
+        job_id = one_row(b.execute(_q("enqueue")), "wakeup.sql's enqueue")[0]
         steps.append(("B", "BEGIN; INSERT INTO job ...", f"job {job_id}, not committed"))
         b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
         steps.append(("B", f"SELECT pg_notify('{ch}', '{job_id}')", "queued in B's transaction"))
@@ -197,7 +198,7 @@ def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
     number("repeats", repeats, low=2, high=100, whole=True, example=3)
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
-        ids = [b.execute(_q("enqueue")).fetchone()[0] for _ in range(3)]
+        ids = [one_row(b.execute(_q("enqueue")), "wakeup.sql's enqueue")[0] for _ in range(3)]
         sent = [str(ids[0])] * repeats + [str(i) for i in ids[1:]]
         for payload in sent:
             b.execute(_q("notify"), {"channel": ch, "payload": payload})
@@ -219,7 +220,7 @@ def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
     job went with it)."""
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
-        job_id = b.execute(_q("enqueue")).fetchone()[0]
+        job_id = one_row(b.execute(_q("enqueue")), "wakeup.sql's enqueue")[0]
         b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
         b.rollback()
         got = _received(a, wait_ms / 1000)
@@ -272,8 +273,8 @@ def notify_limits(lab: Lab) -> dict:
     SQLSTATE and message)."""
     ch = channel(lab)
     with lab.connect(role="wake-limits", autocommit=False) as conn:
-        pages, page_bytes = conn.execute(_q("queue_size")).fetchone()
-        usage = conn.execute(_q("queue_usage")).fetchone()[0]
+        pages, page_bytes = one_row(conn.execute(_q("queue_size")), "wakeup.sql's queue_size")
+        usage = one_row(conn.execute(_q("queue_usage")), "wakeup.sql's queue_usage")[0]
         conn.rollback()
 
         def error_at(n: int) -> psycopg.Error | None:
@@ -296,6 +297,10 @@ def notify_limits(lab: Lab) -> dict:
             else:
                 high = mid
         exc = error_at(high)
+        if exc is None:
+            raise LabkitError(f"pg_notify accepted a payload of {high} bytes that it refused a moment "
+                              "before.", "run it again; if it happens again, check the server with "
+                              "`labkit doctor`.")
     return {"queue_pages": pages, "page_bytes": page_bytes,
             "queue_bytes": pages * page_bytes if pages is not None else None,
             "queue_usage": usage, "longest_payload": low,
@@ -313,7 +318,8 @@ def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, 
         if row is None:
             return None
         job_id, version = row[0], row[5]
-        waited = conn.execute(_q("claimed_latency"), {"id": job_id}).fetchone()[0]
+        waited = one_row(conn.execute(_q("claimed_latency"), {"id": job_id}),
+                         "wakeup.sql's claimed_latency")[0]
     conn.execute(query("production.sql", "complete").sql, {"id": job_id, "claim_version": version})
     return job_id, waited
 
@@ -336,13 +342,14 @@ def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dic
     try:
         old = lab.connect(role="wake-old")
         listen(old, ch)
-        down = old.execute(_q("clock")).fetchone()[0]
+        down = one_row(old.execute(_q("clock")), "wakeup.sql's clock")[0]
         old.close()                                    # the worker goes down for a restart
         producer = lab.connect(role="wake-enqueue")
-        job_id = producer.execute(_q("enqueue_and_notify"), {"channel": ch}).fetchone()[0]
+        job_id = one_row(producer.execute(_q("enqueue_and_notify"), {"channel": ch}),
+                         "wakeup.sql's enqueue_and_notify")[0]
         worker = lab.connect(role="wake-worker")       # the new worker process is up
         listen(worker, ch)
-        listening = worker.execute(_q("clock")).fetchone()[0]
+        listening = one_row(worker.execute(_q("clock")), "wakeup.sql's clock")[0]
         t = time.monotonic()
         got = _received(worker, safety_poll_ms / 1000)
         waited_ms = (time.monotonic() - t) * 1000
@@ -384,7 +391,7 @@ def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jo
         while len(claimed) < jobs and time.monotonic() < deadline:
             wakeups += 1
             before = len(claimed)
-            woke_at = conn.execute(_q("clock")).fetchone()[0]
+            woke_at = one_row(conn.execute(_q("clock")), "wakeup.sql's clock")[0]
             while (c := _claim(conn, ctx.name, LEASE_S)) is not None:
                 claim_queries += 1
                 claimed.append((c[0], c[1], source))
@@ -820,7 +827,8 @@ def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
 
     def notified(n: int = 1) -> list[int]:
         with producer.transaction():
-            return [producer.execute(_q("enqueue_and_notify"), {"channel": ch}).fetchone()[0]
+            return [one_row(producer.execute(_q("enqueue_and_notify"), {"channel": ch}),
+                            "wakeup.sql's enqueue_and_notify")[0]
                     for _ in range(n)]
 
     def logged(what: str) -> bool:
@@ -835,7 +843,7 @@ def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
         pair = notified(2)
         step(f"jobs {pair[0]}, {pair[1]} in one transaction, a NOTIFY each",
              lambda: set(pair) <= set(claimed()), settle_s=0.2)
-        quiet = producer.execute(_q("enqueue")).fetchone()[0]
+        quiet = one_row(producer.execute(_q("enqueue")), "wakeup.sql's enqueue")[0]
         t_quiet = time.monotonic()
         step(f"job {quiet} inserted with no NOTIFY (a lost wake-up)",
              lambda: quiet in claimed(), timeout_s=safety_poll_s + 10)
