@@ -47,7 +47,7 @@ def texts():
             yield f"{p.name} cell {i}", text, n
     files = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "notebooks" / "README.md"]
     files += sorted((ROOT / "labkit").rglob("*.py")) + sorted((ROOT / "labkit").rglob("*.sql"))
-    files += sorted((ROOT / "labkit" / "data").glob("*.yaml"))
+    files += sorted((ROOT / "data").glob("*.yaml"))      # the bank, the plans, the capstone card
     for f in files:
         yield str(f.relative_to(ROOT)), f.read_text(), None
 

@@ -102,7 +102,7 @@ def test_an_oversize_figure_is_found(tmp_path):
 
 def test_labkit_figures_fit_a_slide_and_keep_references_apart():
     setup_matplotlib()
-    ref = pd.read_csv(ROOT / "labkit" / "data" / "convoy_reference.csv")
+    ref = pd.read_csv(convoy.reference_path())
     ref = ref[ref["variant"] != "hold, backoff"].assign(variant="hold")   # all three policies
     sweep = ref.assign(jobs_per_s=ref["jobs_per_s"] * 0.9)
     figs = [convoy.plot_sweep(sweep, ref)]

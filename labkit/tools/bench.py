@@ -38,9 +38,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..core import db as dbmod
 from ..core.db import WORKER_GUARDS, Database, lab_user, open_connection, session_name
@@ -110,16 +111,16 @@ class Settings:
     start_runs: int = 3                 # cold starts of a throw-away embedded cluster
 
     @classmethod
-    def quick_settings(cls, **kw: Any) -> "Settings":
+    def quick_settings(cls, **kw: Any) -> Settings:
         base = cls(quick=True, seconds=1.0, rounds=1, peer_jobs=4_000, history_rows=50_000,
                    convoy_seconds=1.0, amqp_messages=3_000, notebooks=("00_start_here",), start_runs=1)
         return replace(base, **kw)
 
     @classmethod
-    def full_settings(cls, **kw: Any) -> "Settings":
+    def full_settings(cls, **kw: Any) -> Settings:
         return replace(cls(), **kw)
 
-    def check(self) -> "Settings":
+    def check(self) -> Settings:
         def positive(name, value, kind=(int, float)):
             if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
                 raise LabkitError(f"The benchmark's {name} must be a positive number, not {value!r}.",
@@ -351,7 +352,7 @@ class ClaimerPool:
                              schema=lab.schema, clients=clients)
         self.rounds = 0
 
-    def __enter__(self) -> "ClaimerPool":
+    def __enter__(self) -> ClaimerPool:
         try:
             self.worker.start()
             self.worker.wait_for("paused", count=1, timeout=60)
@@ -1396,7 +1397,7 @@ def table(result: dict) -> str:
 
 
 def load_reference(path: Path = REFERENCE) -> dict:
-    """The reference run recorded in labkit/data/ (bench_reference.md describes the machine)."""
+    """The reference run recorded in data/ (bench_reference.md describes the machine)."""
     if not path.exists():
         raise LabkitError(f"The benchmark reference {path} is missing.",
                           f"record one with `labkit bench --json > {path}`.")

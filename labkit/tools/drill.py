@@ -4,15 +4,15 @@ question, flashcards, and self-check exercises run on the real server.
 Everything here prints as plain text (GitHub, nbval, handouts) and, in JupyterLab, also
 comes as a small widget:
 
-* :func:`load_bank` reads ``labkit/data/questions.yaml``; :func:`validate_bank` lists what is
+* :func:`load_bank` reads ``data/questions.yaml``; :func:`validate_bank` lists what is
   wrong with it (the test suite and ``labkit drill check`` use it);
 * :func:`print_study_sheet` prints the static study sheet, :func:`flashcards` shows the
   reveal / next widget;
-* :func:`load_costly` reads ``labkit/data/costly_answers.yaml``; :func:`print_quiz` prints the
+* :func:`load_costly` reads ``data/costly_answers.yaml``; :func:`print_quiz` prints the
   quiz (its key only when asked for), :func:`quiz` is the pick-an-answer widget (each choice
   a block of large text beside its letter button, the choices shuffled per attempt),
   :func:`grade_quiz` marks a dict of answers;
-* :func:`load_capstone` reads ``labkit/data/capstone.yaml``, the seed question with a layered
+* :func:`load_capstone` reads ``data/capstone.yaml``, the seed question with a layered
   answer, a rubric by level, deductions and follow-ups; :func:`capstone_text` prints it
   (the timed mock interview that asks it is :mod:`labkit.tools.interview`);
 * :func:`check_claim`, :func:`check_report_count` and :func:`check_reaper` run the
@@ -28,9 +28,10 @@ import random
 import re
 import sys
 import textwrap
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection, Iterator
+from typing import TYPE_CHECKING
 
 from ..core.errors import LabkitError
 from ..core.files import data_file
@@ -39,7 +40,10 @@ from ..core.plots import static_box
 from ..core.queries import query as named_query  # ``query`` is the reader's SQL below
 from ..core.sessions import Sessions
 from ..core.text import fill
-from .exercises import Check, Solo as _Solo, bind as _bind, scratch as _scratch
+from .exercises import Check
+from .exercises import Solo as _Solo
+from .exercises import bind as _bind
+from .exercises import scratch as _scratch
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -181,7 +185,7 @@ def _read_yaml(path: Path) -> dict:
 
     if not path.exists():
         raise LabkitError(f"The drill's data file {path} is missing.",
-                          "reinstall labkit (pip install labkit): the file ships in labkit/data/.")
+                          "restore it in data/, or reinstall labkit (the file ships in labkit/data/).")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -3,7 +3,7 @@ from their slides, and a deck per plan.
 
     labkit slides --plan 60|90 [--out build/slides] [--check]
 
-:func:`load_plans` reads ``labkit/data/plans.yaml`` and validates it: every section an item
+:func:`load_plans` reads ``data/plans.yaml`` and validates it: every section an item
 names is a ``## `` section of its notebook (by its number, ``1`` or ``"2b"``, or by its whole
 heading) or ``introduction`` (the notebook's text before its first ``## `` section), every
 ``### `` sub-heading it leaves out (``skip``) is in one of them, every quiz statement it names
@@ -83,7 +83,7 @@ PREDICT_S = 45
 TRANSCRIPT_ROW_S = 3
 SWITCH_S = 20
 
-FIX = "edit labkit/data/plans.yaml (its header says what each field holds)."
+FIX = "edit data/plans.yaml (its header says what each field holds)."
 SECTION_RE = re.compile(r"^## (.+)$", re.M)
 NUMBER_RE = re.compile(r"^(\d+[a-z]?) · ")
 SUBSECTION_RE = re.compile(r"^### (.+)$", re.M)
@@ -206,7 +206,7 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise LabkitError(f"Cannot read the session plans {path} ({exc.strerror}).",
-                          "reinstall labkit: the file ships in labkit/data/plans.yaml.") from None
+                          "restore data/plans.yaml, or reinstall labkit (it ships in labkit/data/).") from None
     except yaml.YAMLError as exc:
         raise LabkitError(f"{path.name} is not valid YAML ({exc}).", "fix the line the parser names.") from None
     if not isinstance(data, dict) or not isinstance(data.get("plans"), dict):
@@ -255,7 +255,7 @@ def _item(raw: dict, where: str) -> Item:
         known = {c.id for c in load_costly()}
         if unknown := [q for q in quiz if q not in known]:
             raise LabkitError(f"{where}: there is no quiz statement {unknown[0]!r}.",
-                              "name ids of labkit/data/costly_answers.yaml, like c01. " + FIX)
+                              "name ids of data/costly_answers.yaml, like c01. " + FIX)
         if len(sections) != 1:
             raise LabkitError(f"{where}: a quiz item names {len(sections)} sections.",
                               "name the one section whose cells the quiz's slides replace. " + FIX)
