@@ -9,16 +9,24 @@ Three rooms, importing one way (``tools`` -> ``labs`` -> ``core``):
 * ``labkit.tools`` what no lesson imports to learn from: bench, torture, spec, drill, grade,
   training, nbtools.
 
-This facade is what ``import labkit as lk`` gives a notebook: the few names every notebook
-uses.  ``cli.py`` sits on top of all three rooms.
+This facade is what ``import labkit as lk`` gives a notebook: the names notebooks use from
+the engine (a notebook imports the facade and ``labkit.labs``, never ``labkit.core``):
+a lab and its sessions, a named query (``query``), a trace (``Trace``), text laid out for
+print (``fill``, ``table``), the plots' colours and shared legend (``PALETTE``,
+``legend_below``), and the cross-engine appendix's ``mysql`` and ``MySessions``.
+``cli.py`` sits on top of all three rooms.
 """
 
+from .core import mysql
 from .core.db import Database, connect
 from .core.errors import LabkitError
 from .core.lab import Lab, read_sql, schema_name
 from .core.load import shape
-from .core.plots import setup_matplotlib
+from .core.mysessions import MySessions
+from .core.plots import PALETTE, legend_below, setup_matplotlib
+from .core.queries import query
 from .core.sessions import Sessions, Step
+from .core.text import fill, table
 from .core.trace import Trace
 from .tools.nbtools import workbook_map
 
@@ -38,5 +46,6 @@ def setup(notebook: str) -> Lab:
     return Lab.open(connect(), notebook)
 
 
-__all__ = ["Database", "Lab", "LabkitError", "Sessions", "Step", "Trace", "connect", "lab",
-           "read_sql", "schema_name", "setup", "shape", "workbook_map", "__version__"]
+__all__ = ["PALETTE", "Database", "Lab", "LabkitError", "MySessions", "Sessions", "Step", "Trace",
+           "connect", "fill", "lab", "legend_below", "mysql", "query", "read_sql", "schema_name",
+           "setup", "shape", "table", "workbook_map", "__version__"]

@@ -6,9 +6,9 @@ claim_version + 1. The statement commits at once, so no row lock outlives it; th
 pushes go out afterwards, and the batch's outcomes are written in one short
 transaction at the end (``drain_complete.sql``, or ``drain_complete_fenced.sql``).
 
-Time goes through one SQL function, ``lab_now()`` (a ``lab_clock`` row): the server's
-real clock, or — in a lab — a frozen instant that :class:`Clock` moves on ("+120 s")
-at once, so traces reproduce exactly.
+Time goes through the lab's clock, ``lab_now()`` (``core/clock.py``, ``sql/clock.sql``): the
+server's real clock, or -- in a lab -- a frozen instant that :class:`~labkit.core.clock.Clock`
+moves on ("+120 s") at once, so traces reproduce exactly.
 
 :class:`PushSender` stands in for APNs. A send "takes" ``latency_s`` seconds of APNs
 time; it really sleeps ``latency_s * speed`` (``speed=0`` in the traces: no waiting;
@@ -40,12 +40,12 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 
+from ..core.clock import T0, Clock
 from ..core.db import WORKER_GUARDS, Guards, open_connection
 from ..core.errors import LabkitError
 from ..core.lab import Lab, read_sql
@@ -58,7 +58,6 @@ from ._checked import one_row, started_pid
 if TYPE_CHECKING:
     import pandas as pd
 
-T0 = "2026-03-02 09:00:00+00"   # the instant a lab's clock is frozen at
 LEASE_S = 120
 MAX_ATTEMPTS = 5
 LATENCY_S = 2.0                 # what one APNs call "takes" in the story
@@ -95,9 +94,10 @@ def create_ledger(lab: Lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[i
                           "pass 1 (no collapse ids at all) or a larger number.")
     if install:
         lab.run_file("drain_ledger.sql")
+        clock = Clock.install(lab)
     else:
         lab.execute("TRUNCATE delivery, device_push")
-    clock = Clock(lab)
+        clock = Clock(lab)
     if freeze_at is not None:
         clock.freeze(freeze_at)
     else:
@@ -108,49 +108,6 @@ def create_ledger(lab: Lab, n: int, *, bad: tuple[int, ...] = (), flaky: tuple[i
           "every": no_collapse_every}, rows=n)
     lab.execute("ANALYZE delivery")
     return clock
-
-
-class Clock:
-    """The lab's clock: ``lab_now()`` in SQL. Frozen in labs, the server's clock otherwise."""
-
-    def __init__(self, lab: Lab):
-        self.lab = lab
-
-    def freeze(self, at: str = T0) -> Clock:
-        self.lab.execute("UPDATE lab_clock SET frozen_at = %s, shift = '0 s'", (at,))
-        return self
-
-    def real(self) -> Clock:
-        self.lab.execute("UPDATE lab_clock SET frozen_at = NULL, shift = '0 s'")
-        return self
-
-    def advance(self, seconds: float) -> Clock:
-        """Move the clock on at once: ``clock.advance(120)`` is "+120 s"."""
-        if seconds < 0:
-            raise LabkitError(f"The clock cannot go back ({seconds} s).",
-                              "pass a positive number of seconds; use freeze() to start over.")
-        number("seconds", seconds, high=100 * 365 * 86_400, unit=" s", example=120)
-        self.lab.execute("UPDATE lab_clock SET shift = shift + make_interval(secs => %s)",
-                         (seconds,))
-        return self
-
-    def now(self) -> datetime:
-        """``lab_now()``: the lab's time."""
-        return self.lab.execute("SELECT lab_now()")[0][0]
-
-    @property
-    def frozen(self) -> bool:
-        return self.lab.execute("SELECT frozen_at IS NOT NULL FROM lab_clock")[0][0]
-
-    def elapsed(self) -> float:
-        """Seconds the clock has been moved on since it was frozen."""
-        return float(self.lab.execute("SELECT extract(epoch FROM shift) FROM lab_clock")[0][0])
-
-    def rel(self, ts: datetime) -> str:
-        """``ts`` as "T+120 s", relative to the instant the clock was frozen at."""
-        secs = self.lab.execute("SELECT extract(epoch FROM %s::timestamptz - frozen_at) FROM lab_clock",
-                                (ts,))[0][0]
-        return "T" if secs is None else f"T{float(secs):+.0f} s"
 
 
 # -- the push service stand-in --------------------------------------------------------------

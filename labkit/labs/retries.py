@@ -27,8 +27,8 @@ jitter); the row decides whether there is an attempt left (``attempts < max_atte
 
 The clock. production.sql's claim reads ``now()``; a lab cannot move that. Here everything
 runs on the lab's clock instead: the ``lab_clock`` table and ``lab_now()`` function
-(``clock`` in retries.sql, the same clock as the drain's, moved by
-:class:`labkit.labs.drain.Clock`), and retries.sql's ``claim`` is production.sql's claim
+(``core/clock.py`` and ``sql/clock.sql``, the same clock as the drain's, moved by
+:class:`labkit.core.clock.Clock`), and retries.sql's ``claim`` is production.sql's claim
 with ``lab_now()`` in place of ``now()`` -- that is the only difference (a test holds it to
 that). The success write is production.sql's ``complete``, unchanged (its ``finished_at``
 is the server's real time; nothing here prints it). Backoff is exponential,
@@ -50,13 +50,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from ..core.clock import T0, Clock
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query
 from ..core.text import table as text_table
 from ..core.trace import Trace
-from .drain import T0, Clock
 from .production import fresh_table
 
 if TYPE_CHECKING:
@@ -376,9 +376,9 @@ def scripted_handler(script: dict[int, list[str]]) -> Handler:
 def install(lab: Lab, *, freeze_at: str = T0) -> Clock:
     """(Re)create the production job table (production.sql's ``table``), the handler's
     ``job_effect`` table and the lab's clock, frozen at ``freeze_at``."""
-    for part in ("clock", "drop"):
-        for s in query("retries.sql", part).statements:
-            lab.execute(s)
+    Clock.install(lab)
+    for s in query("retries.sql", "drop").statements:
+        lab.execute(s)
     fresh_table(lab)
     for s in query("retries.sql", "effects").statements:
         lab.execute(s)

@@ -1,21 +1,8 @@
--- The notification drain's tables: a clock the lab can move, the delivery ledger,
--- and what the push service delivered to each device. Re-running this file starts over.
-DROP TABLE IF EXISTS device_push, delivery, lab_clock CASCADE;
-DROP FUNCTION IF EXISTS lab_now(), drain_backoff(integer);
-
--- One clock for every query of the drain. frozen_at NULL means the server's real
--- clock; a lab freezes it at a fixed instant and moves it on ("+120 s") at once.
-CREATE TABLE lab_clock (
-    only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
-    frozen_at  timestamptz,
-    shift      interval    NOT NULL DEFAULT '0 s'
-);
-INSERT INTO lab_clock DEFAULT VALUES;
-
-CREATE FUNCTION lab_now() RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(frozen_at, now()) + shift FROM lab_clock
-$$;
+-- The notification drain's tables: the delivery ledger, and what the push service
+-- delivered to each device. Time is the lab's clock, lab_now() (clock.sql).
+-- Re-running this file starts over.
+DROP TABLE IF EXISTS device_push, delivery CASCADE;
+DROP FUNCTION IF EXISTS drain_backoff(integer);
 
 -- Retry delay after a transient failure: 10 s, 20 s, 40 s ... capped at one hour.
 CREATE FUNCTION drain_backoff(attempts integer) RETURNS interval

@@ -1,21 +1,7 @@
--- A handler that fails (labkit.labs.retries): the production job table (production.sql), a
--- clock the lab controls, and the one write a failed attempt makes. The claim here is
+-- A handler that fails (labkit.labs.retries): the production job table (production.sql), the
+-- lab's clock (clock.sql), and the one write a failed attempt makes. The claim here is
 -- production.sql's claim with lab_now() in place of now(), and nothing else changed; the
 -- success write is production.sql's complete, unchanged.
-
--- name: clock
--- A clock the lab moves: lab_now() is frozen_at + shift (NULL frozen_at: the server's).
--- Safe to rerun.
-CREATE TABLE IF NOT EXISTS lab_clock (
-    only_row   boolean     PRIMARY KEY DEFAULT true CHECK (only_row),
-    frozen_at  timestamptz,
-    shift      interval    NOT NULL DEFAULT '0 s'
-);
-INSERT INTO lab_clock DEFAULT VALUES ON CONFLICT DO NOTHING;
-CREATE OR REPLACE FUNCTION lab_now() RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(frozen_at, now()) + shift FROM lab_clock
-$$;
 
 -- name: drop
 -- Start over: drop the handler's own table (production.sql "drop" takes the job table).
