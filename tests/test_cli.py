@@ -2,6 +2,7 @@
 doctor and labkit clean run as a user would run them."""
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -136,3 +137,40 @@ def test_doctor_exits_1_when_the_server_cannot_be_reached(tmp_path):
 def test_bad_usage_is_reported_by_argparse():
     out = labkit_cmd("server", "explode")
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_build_parser_is_a_short_list_of_one_builder_per_command_group():
+    import inspect
+
+    source = inspect.getsource(cli.build_parser)
+    assert len(source.splitlines()) < 60, "build_parser should only call the configure_*_parser builders"
+    builders = re.findall(r"^\s+(configure_\w+_parser)\(commands\)$", source, re.M)
+    assert len(builders) >= 10 and all(callable(getattr(cli, name)) for name in builders)
+    assert "lambda" not in source and "add_argument" not in source
+
+
+def _convoy_json(*spelling: str) -> list[dict]:
+    out = labkit_cmd("convoy", "--workers", "1,2", "--policies", "nowait,skip", "--seconds", "0.2",
+                     "--job-ms", "10", "--no-progress", *spelling)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def test_convoy_json_prints_what_format_json_prints(db):
+    """``labkit convoy --json`` is ``--format json``: the same points, the same fields (the
+    measured figures differ from run to run; the model's do not)."""
+    spelt_short, spelt_long = _convoy_json("--json"), _convoy_json("--format", "json")
+    assert [list(row) for row in spelt_short] == [list(row) for row in spelt_long]
+    same = ("policy", "workers", "model_jobs_per_s")
+    assert [[row[k] for k in same] for row in spelt_short] == [[row[k] for k in same] for row in spelt_long]
+    assert [(row["policy"], row["workers"]) for row in spelt_short] == [("nowait", 1), ("nowait", 2),
+                                                                       ("skip", 1), ("skip", 2)]
+
+
+def test_convoy_json_is_documented_and_refused_beside_another_format(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["convoy", "--help"])
+    assert done.value.code == 0
+    assert "the same as --format json" in " ".join(capsys.readouterr().out.split())
+    both = labkit_cmd("convoy", "--format", "csv", "--json")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
