@@ -170,45 +170,45 @@ def test_the_outbox_read_from_the_wal_in_commit_order_and_what_the_slot_costs(lo
         lab.drop()
 
     # commit order, not id order; whole transactions, BEGIN/COMMIT xids as committed
-    assert r["events"] == 9 and r["down_events"] == 9 and r["delivered"] == 18
-    assert r["in_commit_order"] is True and r["in_id_order"] is False
-    assert r["commit_order"][:6] == [3, 2, 1, 6, 5, 4]
-    assert r["delivered_ids"] == r["commit_order"] and sorted(r["delivered_ids"]) == list(range(1, 19))
-    assert r["stream_xids"] == r["commit_xids"] and len(set(r["commit_xids"])) == 18
-    assert r["stream_xids"] != sorted(r["stream_xids"])       # xids are handed out in id order too
-    lines = r["first_round_stream"]
+    assert r.events == 9 and r.down_events == 9 and r.delivered == 18
+    assert r.in_commit_order is True and r.in_id_order is False
+    assert r.commit_order[:6] == [3, 2, 1, 6, 5, 4]
+    assert r.delivered_ids == r.commit_order and sorted(r.delivered_ids) == list(range(1, 19))
+    assert r.stream_xids == r.commit_xids and len(set(r.commit_xids)) == 18
+    assert r.stream_xids != sorted(r.stream_xids)       # xids are handed out in id order too
+    lines = r.first_round_stream
     assert len(lines) == 9
     assert [ln.split("  ")[2].split()[0] for ln in lines[:3]] == ["BEGIN", "table", "COMMIT"]
     assert "outbox: INSERT: id[bigint]:3 " in lines[1]
     # what an id watermark poller would have missed
-    assert r["poller_saw_after_first_commit"] == [3] and r["id_watermark_skips"] == [1, 2]
+    assert r.poller_saw_after_first_commit == [3] and r.id_watermark_skips == [1, 2]
     # no polling, no marking; the relay over the same rows scans and updates
-    assert r["consumer_outbox_scans"] == 0 and r["consumer_rows_updated"] == 0
-    assert r["rows_marked_published"] == 0
-    rl = r["relay"]
-    assert rl["published"] == 18 + 8 and rl["rows_updated"] == 18 + 8 and rl["outbox_scans"] >= 2
-    assert rl["publish_order_ids"] == sorted(rl["publish_order_ids"])      # id order
+    assert r.consumer_outbox_scans == 0 and r.consumer_rows_updated == 0
+    assert r.rows_marked_published == 0
+    rl = r.relay
+    assert rl.published == 18 + 8 and rl.rows_updated == 18 + 8 and rl.outbox_scans >= 2
+    assert rl.publish_order_ids == sorted(rl.publish_order_ids)      # id order
     # the cost: WAL kept while down, given back after the read and confirm
-    assert r["unrelated_wal_bytes"] >= 2 * MB
-    assert r["wal_retained_bytes_while_down"] >= 2 * MB > r["wal_retained_bytes_before_down"]
-    assert r["consumer_behind_bytes_while_down"] >= 2 * MB
+    assert r.unrelated_wal_bytes >= 2 * MB
+    assert r.wal_retained_bytes_while_down >= 2 * MB > r.wal_retained_bytes_before_down
+    assert r.consumer_behind_bytes_while_down >= 2 * MB
     # once read and confirmed, the slot lets go of all it kept while down (measured by how far its
     # restart_lsn moved: the retained bytes after the read also count what others write meanwhile)
-    assert r["wal_released_bytes_after_read"] >= r["wal_retained_bytes_while_down"]
-    assert r["wal_status_while_down"] == "reserved" and r["safe_wal_size_while_down"] is None
-    assert r["guards"]["max_slot_wal_keep_size"] == "-1"
-    assert r["guards"]["idle_replication_slot_timeout"] in ("0", None)
+    assert r.wal_released_bytes_after_read >= r.wal_retained_bytes_while_down
+    assert r.wal_status_while_down == "reserved" and r.safe_wal_size_while_down is None
+    assert r.guards.max_slot_wal_keep_size == "-1"
+    assert r.guards.idle_replication_slot_timeout in ("0", None)
     # one slot, two consumers: each gets the turns it read, nobody gets everything
-    s = r["two_consumers_one_slot"]
-    assert len(s["written"]) == 8 and s["overlap"] == []
-    assert sorted(s["a_got"] + s["b_got"]) == sorted(s["written"])
-    assert s["a_missed"] == 4 and s["b_missed"] == 4
+    s = r.two_consumers_one_slot
+    assert len(s.written) == 8 and s.overlap == []
+    assert sorted(s.a_got + s.b_got) == sorted(s.written)
+    assert s.a_missed == 4 and s.b_missed == 4
     # and the slot is gone
-    assert r["slot_left"] is False and _slots(db, "lab_cdc_full") == []
+    assert r.slot_left is False and _slots(db, "lab_cdc_full") == []
     _the_series_and_its_picture(r)
 
 
-def _the_series_and_its_picture(r: dict) -> None:
+def _the_series_and_its_picture(r: cdc.CdcTrace) -> None:
     """What the slot kept after each step: a sawtooth while the consumer reads and confirms,
     every byte while it is down, nothing much once it is back; and the figure draws that."""
     import matplotlib
@@ -219,24 +219,24 @@ def _the_series_and_its_picture(r: dict) -> None:
 
     from labkit.tools.training import IMG_MAX_PX, SLIDE_WIDTH_PX
 
-    pts = r["retained_series"]
+    pts = r.retained_series
     chunk = 2 * MB // cdc.DOWN_CHUNKS
-    assert [p["phase"] for p in pts] == (["reading"] * (3 + 2 * cdc.READING_CHUNKS)
-                                         + ["down"] * (1 + cdc.DOWN_CHUNKS) + ["back"] * 2)
-    written = [p["written_bytes"] for p in pts]
+    assert [p.phase for p in pts] == (["reading"] * (3 + 2 * cdc.READING_CHUNKS)
+                                      + ["down"] * (1 + cdc.DOWN_CHUNKS) + ["back"] * 2)
+    written = [p.written_bytes for p in pts]
     assert written == sorted(written) and written[-1] >= 3 * MB
-    confirmed = [p for p in pts if p["step"] == "confirmed"]
-    assert len(confirmed) == cdc.READING_CHUNKS and all(p["retained_bytes"] < chunk // 4 for p in confirmed)
-    assert r["reading_wal_bytes"] >= cdc.READING_CHUNKS * chunk
-    down = [p for p in pts if p["phase"] == "down"]
+    confirmed = [p for p in pts if p.step == "confirmed"]
+    assert len(confirmed) == cdc.READING_CHUNKS and all(p.retained_bytes < chunk // 4 for p in confirmed)
+    assert r.reading_wal_bytes >= cdc.READING_CHUNKS * chunk
+    down = [p for p in pts if p.phase == "down"]
     for a, b in zip(down, down[1:]):            # while down, the slot keeps every byte written
-        assert b["retained_bytes"] - a["retained_bytes"] == b["written_bytes"] - a["written_bytes"] > 0
-    assert down[-1]["retained_bytes"] >= 2 * MB and pts[-1]["retained_bytes"] < chunk // 4
+        assert b.retained_bytes - a.retained_bytes == b.written_bytes - a.written_bytes > 0
+    assert down[-1].retained_bytes >= 2 * MB and pts[-1].retained_bytes < chunk // 4
     fig = cdc.plot_retained(r)
     ax = fig.axes[0]
     [line] = [ln for ln in ax.get_lines() if ln.get_label().startswith("WAL the slot keeps")]
-    assert list(line.get_ydata()) == [p["retained_bytes"] / MB for p in pts]
-    assert list(line.get_xdata()) == [p["written_bytes"] / MB for p in pts]
+    assert list(line.get_ydata()) == [p.retained_bytes / MB for p in pts]
+    assert list(line.get_xdata()) == [p.written_bytes / MB for p in pts]
     assert "restart_lsn" in ax.get_title()
     # a band per phase, side by side: "down" ends where "back" begins, at the last point down
     spans = {}
@@ -245,9 +245,9 @@ def _the_series_and_its_picture(r: dict) -> None:
               else [v[0] for v in b.get_xy()])
         spans[b.get_label()] = (min(xs), max(xs))
     assert set(spans) >= set(cdc.PHASES.values()), spans
-    last_down = max(p["written_bytes"] for p in pts if p["phase"] == "down") / MB
+    last_down = max(p.written_bytes for p in pts if p.phase == "down") / MB
     assert spans[cdc.PHASES["down"]][1] == spans[cdc.PHASES["back"]][0] == last_down
-    assert spans[cdc.PHASES["back"]][1] > max(p["written_bytes"] for p in pts) / MB
+    assert spans[cdc.PHASES["back"]][1] > max(p.written_bytes for p in pts) / MB
     width, height = png_size(figure_png(fig))
     assert width <= SLIDE_WIDTH_PX and height <= IMG_MAX_PX, (width, height)
     plt.close("all")
@@ -264,13 +264,13 @@ def test_a_failover_slot_says_so_and_is_dropped(logical_server):
         assert _slots(logical_server, lab.schema) == []
     finally:
         lab.drop()
-    assert f["server_version_num"] == logical_server.version_num
+    assert f.server_version_num == logical_server.version_num
     if logical_server.version_num < cdc.FAILOVER_FROM:
-        assert f["ran"] is False
+        assert f.ran is False
         return
-    assert f["ran"] is True and f["failover"] is True and f["synced"] is False
-    assert f["temporary"] is False and f["in_recovery"] is False and f["slot_left"] is False
-    assert f["sync_replication_slots"] == "off" and f["synchronized_standby_slots"] == ""
+    assert f.ran is True and f.failover is True and f.synced is False
+    assert f.temporary is False and f.in_recovery is False and f.slot_left is False
+    assert f.sync_replication_slots == "off" and f.synchronized_standby_slots == ""
 
 
 def test_a_reader_that_asks_for_streaming_gets_an_open_transaction_that_then_aborts(logical_server):
@@ -281,21 +281,21 @@ def test_a_reader_that_asks_for_streaming_gets_an_open_transaction_that_then_abo
     finally:
         lab.drop()
     # the plain read: nothing of a transaction that has not committed, nor of one that aborted
-    assert r["whole_while_open"] == 0 and r["whole_after_rollback"] == 0
+    assert r.whole_while_open == 0 and r.whole_after_rollback == 0
     # the streaming read: its changes, in blocks, before its end -- and it then aborted
-    s = r["streamed_while_open"]
-    assert s["opening"] >= 1 and s["opening"] == s["closing"] and s["other"] == 0
-    assert 0 < s["change"] <= r["events"]
+    s = r.streamed_while_open
+    assert s.opening >= 1 and s.opening == s.closing and s.other == 0
+    assert 0 < s.change <= r.events
     # each block is what the decoder held when the transaction passed logical_decoding_work_mem:
     # the changes after the last block, fewer than one block, are still held
-    blocks = r["streamed_blocks"]
-    assert len(blocks) == s["opening"] and sum(blocks) == s["change"] and min(blocks) > 0
-    assert r["events"] - sum(blocks) < max(blocks)
-    assert all(f"TXN {r['xid']}" in line for line in r["streamed_sample"])
-    assert r["status"] == "aborted" and r["work_mem"] == "64kB"
+    blocks = r.streamed_blocks
+    assert len(blocks) == s.opening and sum(blocks) == s.change and min(blocks) > 0
+    assert r.events - sum(blocks) < max(blocks)
+    assert all(f"TXN {r.xid}" in line for line in r.streamed_sample)
+    assert r.status == "aborted" and r.work_mem == "64kB"
     # what a new subscription asks pgoutput for: streaming by default from PostgreSQL 18
     v = logical_server.version_num
-    assert r["subscription_streaming_default"] == ("p" if v >= 180000 else "f" if v >= 160000 else "false")
+    assert r.subscription_streaming_default == ("p" if v >= 180000 else "f" if v >= 160000 else "false")
 
 
 def test_a_transaction_open_at_the_confirm_holds_restart_lsn_back(logical_server):
@@ -306,16 +306,16 @@ def test_a_transaction_open_at_the_confirm_holds_restart_lsn_back(logical_server
     lab = Lab.open(logical_server, "cdc_held")
     try:
         r = cdc.held_back_trace(lab, nbytes=MB)
-        assert _slots(logical_server, lab.schema) == [] and r["slot_left"] is False
+        assert _slots(logical_server, lab.schema) == [] and r.slot_left is False
         with pytest.raises(LabkitError, match="nbytes"):
             cdc.held_back_trace(lab, nbytes=0)
     finally:
         lab.drop()
-    o, e = r["open"], r["ended"]
-    assert r["written_bytes"] >= MB
-    assert o["behind_bytes"] < MB <= r["written_bytes"] <= o["retained_bytes"]
-    assert o["restart_lsn"] != o["confirmed_flush_lsn"]
-    assert r["moved_bytes"] >= r["written_bytes"] and e["retained_bytes"] < MB
+    o, e = r.open, r.ended
+    assert r.written_bytes >= MB
+    assert o.behind_bytes < MB <= r.written_bytes <= o.retained_bytes
+    assert o.restart_lsn != o.confirmed_flush_lsn
+    assert r.moved_bytes >= r.written_bytes and e.retained_bytes < MB
 
 
 class _CtrlC(cdc.ListBroker):

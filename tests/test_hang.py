@@ -47,53 +47,53 @@ def test_a_hung_broker_holds_only_the_unbounded_relays_transaction(lab, db, kind
     before = child_pids()
     r = hang.broker_hang_trace(lab, hang_s=2.0, publish_timeout_s=0.5, deadline_s=1.0,
                                broker=kind, orders=10)
-    assert r["broker"] == kind
-    assert r["hang"].startswith("network" if kind == "rabbitmq" else "scripted")
+    assert r.broker == kind
+    assert r.hang.startswith("network" if kind == "rabbitmq" else "scripted")
     # without bounds the transaction lasts the whole hang, its rows locked all along
-    assert r["longest_transaction_s_unbounded"] >= 2.0
-    assert r["server_saw_longest_s_unbounded"] >= 2.0 - 2 * hang.SAMPLE_S
-    assert r["server_saw_longest_s_unbounded"] <= r["longest_transaction_s_unbounded"] + 0.1
-    assert r["locks_held_while_hung_unbounded"] == 10
-    assert r["backend_state_while_hung_unbounded"] == "idle in transaction"
-    assert r["transactions_unbounded"][0][0] == "committed" and len(r["transactions_unbounded"]) == 1
+    assert r.longest_transaction_s_unbounded >= 2.0
+    assert r.server_saw_longest_s_unbounded >= 2.0 - 2 * hang.SAMPLE_S
+    assert r.server_saw_longest_s_unbounded <= r.longest_transaction_s_unbounded + 0.1
+    assert r.locks_held_while_hung_unbounded == 10
+    assert r.backend_state_while_hung_unbounded == "idle in transaction"
+    assert r.transactions_unbounded[0][0] == "committed" and len(r.transactions_unbounded) == 1
     # with them it gives the tick up after its publish timeout, and holds nothing while hung
-    assert 0.5 <= r["longest_transaction_s_bounded"] <= 1.0 + 0.3
-    assert r["server_saw_longest_s_bounded"] <= 1.0 + 0.3
-    assert r["locks_held_while_hung_bounded"] == 0
-    assert r["gave_up_by"] == "publish timeout"
-    assert r["transactions_bounded"][0][0] == "rolled back"
-    assert r["transactions_bounded"][-1][0] == "committed"
-    assert r["probes_failed"] >= 1
+    assert 0.5 <= r.longest_transaction_s_bounded <= 1.0 + 0.3
+    assert r.server_saw_longest_s_bounded <= 1.0 + 0.3
+    assert r.locks_held_while_hung_bounded == 0
+    assert r.gave_up_by == "publish timeout"
+    assert r.transactions_bounded[0][0] == "rolled back"
+    assert r.transactions_bounded[-1][0] == "committed"
+    assert r.probes_failed >= 1
     # the timed-out publish had reached the broker: published again, received twice, applied once
-    assert r["duplicates_after_recovery_unbounded"] == 0
-    assert r["duplicates_after_recovery_bounded"] == 1
-    assert r["duplicated_events"] == [relay.event_id(11)]
-    assert r["broker_messages"] == 21
-    assert (r["lost"], r["unpublished_at_end"]) == (0, 0)
-    assert (r["consumer_applied"], r["orders_applied_twice"]) == (20, 0)
+    assert r.duplicates_after_recovery_unbounded == 0
+    assert r.duplicates_after_recovery_bounded == 1
+    assert r.duplicated_events == [relay.event_id(11)]
+    assert r.broker_messages == 21
+    assert (r.lost, r.unpublished_at_end) == (0, 0)
+    assert (r.consumer_applied, r.orders_applied_twice) == (20, 0)
     # the server-side backstop, read back from inside the bounded relay's transaction
-    b = r["server_backstop"]
-    assert b["seconds"] == 2.0
+    b = r.server_backstop
+    assert b.seconds == 2.0
     if db.version_num >= 170000:
-        assert b["settings"] == ["transaction_timeout"] and b["in_force"]["transaction_timeout"] == "2s"
+        assert b.settings == ["transaction_timeout"] and b.in_force.transaction_timeout == "2s"
     else:
-        assert b["in_force"]["transaction_timeout"] is None
-    assert b["in_force"]["idle_in_transaction_session_timeout"] == "2s"
+        assert b.in_force.transaction_timeout is None
+    assert b.in_force.idle_in_transaction_session_timeout == "2s"
     # SET LOCAL: after the relay's COMMIT the server is back on the session's own bounds
-    assert b["after_commit"] == b["session"] != b["in_force"]
-    assert b["session"]["idle_in_transaction_session_timeout"] != "2s"
-    assert [x["t_s"] for x in r["timeline"]] == sorted(x["t_s"] for x in r["timeline"])
-    json.dumps(r)
+    assert b.after_commit == b.session != b.in_force
+    assert b.session.idle_in_transaction_session_timeout != "2s"
+    assert [x.t_s for x in r.timeline] == sorted(x.t_s for x in r.timeline)
+    json.dumps(r.as_dict())
     _nothing_left(db, lab, before, kind)
 
 
 def test_the_deadline_bounds_a_publish_that_may_wait_longer(lab):
     r = hang.broker_hang_trace(lab, hang_s=1.5, publish_timeout_s=5.0, deadline_s=0.6,
                                broker="recording", orders=3)
-    assert r["gave_up_by"] == "deadline"
-    assert 0.5 <= r["longest_transaction_s_bounded"] <= 0.6 + 0.3
-    assert r["longest_transaction_s_unbounded"] >= 1.5
-    assert (r["duplicates_after_recovery_bounded"], r["lost"]) == (1, 0)
+    assert r.gave_up_by == "deadline"
+    assert 0.5 <= r.longest_transaction_s_bounded <= 0.6 + 0.3
+    assert r.longest_transaction_s_unbounded >= 1.5
+    assert (r.duplicates_after_recovery_bounded, r.lost) == (1, 0)
 
 
 def _backend_gone(conn, pid: int, timeout: float) -> float | None:
@@ -148,26 +148,26 @@ def test_only_transaction_timeout_bounds_a_transaction_of_short_busy_statements(
 def test_backstop_trace_shows_which_setting_ends_which_transaction(lab, db):
     before = child_pids()
     r = hang.backstop_trace(lab, backstop_s=0.4, busy_s=1.2, step_s=0.1, rows=4)
-    silent, busy, busy_whole = r["cases"]
-    assert [c["relay"] for c in r["cases"]] == ["silent", "busy", "busy"]
-    assert r["server_version_num"] == db.version_num
+    silent, busy, busy_whole = r.cases
+    assert [c.relay for c in r.cases] == ["silent", "busy", "busy"]
+    assert r.server_version_num == db.version_num
     # silent (idle in transaction): idle_in_transaction_session_timeout ends it, and its locks go
-    assert silent["ran"] and silent["ended_by_server"]
-    assert silent["claimed"] == silent["rows_locked"] == silent["claimable_after"] == 4
-    assert 0.4 <= silent["transaction_s"] < 0.4 + 1.0
-    assert silent["sqlstate"] in ("25P03", None)
+    assert silent.ran and silent.ended_by_server
+    assert silent.claimed == silent.rows_locked == silent.claimable_after == 4
+    assert 0.4 <= silent.transaction_s < 0.4 + 1.0
+    assert silent.sqlstate in ("25P03", None)
     # busy with short statements: neither statement_timeout nor the idle timeout ever fires
-    assert busy["ran"] and not busy["ended_by_server"] and busy["sqlstate"] is None
-    assert busy["transaction_s"] >= 1.2 and busy["rows_locked"] == 4 and busy["claimable_after"] == 0
+    assert busy.ran and not busy.ended_by_server and busy.sqlstate is None
+    assert busy.transaction_s >= 1.2 and busy.rows_locked == 4 and busy.claimable_after == 0
     # transaction_timeout bounds the sum (PostgreSQL 17 and later)
-    assert busy_whole["backstop"][-1] == "transaction_timeout"
+    assert busy_whole.backstop[-1] == "transaction_timeout"
     if db.version_num >= 170000:
-        assert busy_whole["ran"] and busy_whole["ended_by_server"]
-        assert 0.4 <= busy_whole["transaction_s"] < 0.4 + 1.0
-        assert busy_whole["sqlstate"] in ("25P04", None) and busy_whole["claimable_after"] == 4
+        assert busy_whole.ran and busy_whole.ended_by_server
+        assert 0.4 <= busy_whole.transaction_s < 0.4 + 1.0
+        assert busy_whole.sqlstate in ("25P04", None) and busy_whole.claimable_after == 4
     else:
-        assert busy_whole["ran"] is False and "ended_by_server" not in busy_whole
-    json.dumps(r)
+        assert busy_whole.ran is False and busy_whole.ended_by_server is None
+    json.dumps(r.as_dict())
     assert child_pids() - before == set()
     assert backends_gone(db, f"labkit:{lab.schema}:hang-backstop-%") == []
 

@@ -56,6 +56,7 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query
+from ..core.results import Result
 from . import broker as brokers
 from . import relay
 from ._checked import one_row
@@ -520,9 +521,165 @@ def _let_go_of_wal(lab: Lab, consumer: Consumer, slot: str, past: str,
         n += 1
 
 
+@dataclass(frozen=True)
+class RetainedPoint(Result):
+    """The slot's retained WAL after one step of :func:`cdc_trace`'s run: a point of
+    :func:`plot_retained`.
+
+    phase: what the consumer was doing: ``reading``, ``down`` or ``back`` (the keys of :data:`PHASES`).
+    step: the step just done, in words (``"read and confirmed"``, ``"another table written"``, ...).
+    written_bytes: bytes of WAL the server wrote from the run's start to this step.
+    retained_bytes: bytes of WAL the slot keeps now (from its restart_lsn to the current position).
+    """
+
+    phase: str
+    step: str
+    written_bytes: int
+    retained_bytes: int
+
+
+@dataclass(frozen=True)
+class SlotGuards(Result):
+    """The server's settings that bound what a forgotten slot costs, as the server shows them.
+
+    max_slot_wal_keep_size: the most WAL a slot may keep before the server gives it up (``"-1"``: no bound).
+    idle_replication_slot_timeout: how long a slot may go unread before it is given up (``"0"``:
+        never; None before PostgreSQL 18).
+    max_wal_size: the WAL size at which the server starts a checkpoint (text, e.g. ``"1GB"``).
+    max_replication_slots: how many replication slots the server has room for.
+    """
+
+    max_slot_wal_keep_size: str
+    idle_replication_slot_timeout: str | None
+    max_wal_size: str
+    max_replication_slots: int
+
+
+@dataclass(frozen=True)
+class TwoConsumers(Result):
+    """Two consumers, A and B, reading one slot in turns (each read confirms what it got).
+
+    written: outbox ids written during this part of the run, in commit order.
+    a_got: outbox ids consumer A received, in the order it got them.
+    b_got: outbox ids consumer B received, in the order it got them.
+    overlap: outbox ids both received (none: a slot hands each change to one reader).
+    a_missed: how many of ``written`` consumer A never received.
+    b_missed: how many of ``written`` consumer B never received.
+    """
+
+    written: list[int]
+    a_got: list[int]
+    b_got: list[int]
+    overlap: list[int]
+    a_missed: int
+    b_missed: int
+
+
+@dataclass(frozen=True)
+class RelayComparison(Result):
+    """The polling relay draining the same outbox, for comparison with the CDC consumer.
+
+    published: events it published.
+    outbox_scans: scans of the outbox table while it ran (pg_stat_user_tables; None before PostgreSQL 15).
+    rows_updated: outbox rows it updated, one per published event (None before PostgreSQL 15).
+    publish_order_ids: outbox ids in the order it published them (id order).
+    """
+
+    published: int
+    outbox_scans: int | None
+    rows_updated: int | None
+    publish_order_ids: list[int]
+
+
+@dataclass(frozen=True)
+class CdcTrace(Result):
+    """The outbox read through a logical slot, end to end (:func:`cdc_trace`).
+
+    events: events written while the consumer was up.
+    down_events: events written while the consumer was down.
+    producers: producer sessions writing interleaved transactions.
+    delivered: messages the broker delivered.
+    in_commit_order: True if the broker got the events in the order their transactions
+        committed, one whole transaction after another.
+    wal_retained_bytes_while_down: bytes of WAL the slot kept at the end of the consumer's downtime.
+    commit_order: outbox ids in the order their transactions committed.
+    delivered_ids: outbox ids in the order the broker delivered them (None: an event the slot
+        did not give).
+    id_order: the same ids in id order.
+    in_id_order: True if the broker got the events in id order.
+    commit_xids: the producers' transaction ids, in commit order.
+    stream_xids: the transaction ids the slot's stream gave, in stream order.
+    first_round_stream: the first round's lines as decoded: ``lsn  xid  data``.
+    poller_saw_after_first_commit: outbox ids a poll of the table saw after the first commit.
+    id_watermark_skips: outbox ids a poller keeping the highest id it saw would never read.
+    consumer_outbox_scans: scans of the outbox table while the consumer ran (None before PostgreSQL 15).
+    consumer_rows_updated: outbox rows updated while the consumer ran (None before PostgreSQL 15).
+    rows_marked_published: outbox rows with published_at set at the end of the consumer's run.
+    wal_retained_bytes_before_down: bytes of WAL the slot kept just before the consumer went down.
+    consumer_behind_bytes_while_down: bytes of WAL from the slot's confirmed_flush_lsn to the
+        current position, at the end of the downtime.
+    unrelated_wal_bytes: bytes of WAL written into another table while the consumer was down.
+    reading_wal_bytes: bytes of WAL written into another table while the consumer was reading.
+    retained_series: the slot's retained WAL after each step (:class:`RetainedPoint`;
+        :func:`plot_retained` draws it).
+    wal_retained_bytes_after_read: bytes of WAL the slot kept once the consumer was back and
+        had read and confirmed.
+    wal_released_bytes_after_read: bytes of WAL the slot's restart_lsn moved on from the
+        downtime's end to then (not inflated by WAL others write meanwhile).
+    restart_lsn_nudges: rounds (log the running transactions, confirm) it took to move the
+        slot's restart_lsn past the downtime.
+    wal_status_while_down: pg_replication_slots.wal_status at the end of the downtime (``reserved``, ...).
+    safe_wal_size_while_down: bytes of WAL that could still be written before the slot is
+        given up, at the end of the downtime (None: no bound).
+    guards: the settings that bound what a slot may keep (:class:`SlotGuards`).
+    two_consumers_one_slot: two consumers reading the one slot (:class:`TwoConsumers`).
+    relay: the polling relay over the same rows (:class:`RelayComparison`).
+    slot: the slot's name.
+    broker: the broker's kind (``recording``, ``rabbitmq``, ``list``).
+    slot_left: True if the slot was still on the server after the run (False: dropped).
+    seconds: how long the run took, in seconds.
+    """
+
+    events: int
+    down_events: int
+    producers: int
+    delivered: int
+    in_commit_order: bool
+    wal_retained_bytes_while_down: int
+    commit_order: list[int]
+    delivered_ids: list[int | None]
+    id_order: list[int]
+    in_id_order: bool
+    commit_xids: list[int]
+    stream_xids: list[int]
+    first_round_stream: list[str]
+    poller_saw_after_first_commit: list[int]
+    id_watermark_skips: list[int]
+    consumer_outbox_scans: int | None
+    consumer_rows_updated: int | None
+    rows_marked_published: int
+    wal_retained_bytes_before_down: int
+    consumer_behind_bytes_while_down: int
+    unrelated_wal_bytes: int
+    reading_wal_bytes: int
+    retained_series: list[RetainedPoint]
+    wal_retained_bytes_after_read: int
+    wal_released_bytes_after_read: int
+    restart_lsn_nudges: int
+    wal_status_while_down: str
+    safe_wal_size_while_down: int | None
+    guards: SlotGuards
+    two_consumers_one_slot: TwoConsumers
+    relay: RelayComparison
+    slot: str
+    broker: str
+    slot_left: bool
+    seconds: float
+
+
 def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
               down_events: int | None = None, down_bytes: int = DEFAULT_DOWN_BYTES,
-              producers: int = 3) -> dict:
+              producers: int = 3) -> CdcTrace:
     """The outbox through a logical slot, end to end, on a logical server (a LabkitError
     naming the fix otherwise; ask :func:`logical_decoding_available` first to branch).
 
@@ -539,19 +696,9 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
     4. Two consumers read one slot in turns: each gets part of the stream.
     5. The polling relay over the same rows, for comparison: its scans and UPDATEs.
 
-    Returns ``events``, ``delivered`` (messages the broker delivered), ``in_commit_order``,
-    ``wal_retained_bytes_while_down`` and the evidence: ``commit_order`` (outbox ids in the
-    order their transactions committed), ``delivered_ids``, ``id_order``, ``commit_xids`` /
-    ``stream_xids``, ``first_round_stream`` (the lines as decoded), ``id_watermark_skips``,
-    ``consumer_outbox_scans`` / ``consumer_rows_updated`` / ``rows_marked_published``,
-    ``wal_retained_bytes_before_down`` / ``_after_read``, ``wal_released_bytes_after_read``
-    (how far the slot's restart_lsn moved once the consumer was back),
-    ``consumer_behind_bytes_while_down``, ``unrelated_wal_bytes`` (written while it was down),
-    ``reading_wal_bytes`` (written while it read), ``retained_series`` (the slot's retained
-    WAL after each step: ``phase`` reading/down/back, ``step``, ``written_bytes`` since the
-    run began, ``retained_bytes``; :func:`plot_retained` draws it), ``restart_lsn_nudges``,
-    ``wal_status_while_down``, ``safe_wal_size_while_down``, ``guards``,
-    ``two_consumers_one_slot``, ``relay``, ``slot``, ``slot_left`` (False: dropped), ``seconds``."""
+    Returns a :class:`CdcTrace`: whether the broker got the events in commit order, and the
+    evidence (the orders, the stream as decoded, who scanned and updated the outbox, the WAL
+    the slot kept at each step, the two consumers, the relay)."""
     down_events = events if down_events is None else down_events
     check_params(events=events, down_events=down_events, down_bytes=down_bytes, producers=producers)
     check_available(lab)
@@ -564,10 +711,10 @@ def cdc_trace(lab: Lab, broker: Broker | None = None, *, events: int = 12,
         # once a second): flush them now, or they may land inside a window measured below.
         _flush_stats(lab.admin)
         with lab_slot(lab) as slot:
-            result = _trace(lab, bk, slot, events, down_events, down_bytes, producers)
-    result["slot_left"] = lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != []
-    result["seconds"] = round(time.monotonic() - t0, 2)
-    return result
+            fields = _trace(lab, bk, slot, events, down_events, down_bytes, producers)
+    return CdcTrace(**fields,
+                    slot_left=lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != [],
+                    seconds=round(time.monotonic() - t0, 2))
 
 
 class _Series:
@@ -577,19 +724,21 @@ class _Series:
     def __init__(self, lab: Lab, slot: str):
         self.lab, self.slot = lab, slot
         self.start = lab.execute(_q("current_lsn"))[0][0]
-        self.points: list[dict] = []
+        self.points: list[RetainedPoint] = []
 
     def sample(self, phase: str, step: str, state: dict | None = None) -> dict:
         state = state or _slot_state(self.lab, self.slot)
         written = self.lab.execute(_q("wal_between"), {"before": self.start,
                                                        "after": state["current_lsn"]})[0][0]
-        self.points.append({"phase": phase, "step": step, "written_bytes": int(written),
-                            "retained_bytes": int(state["retained_bytes"])})
+        self.points.append(RetainedPoint(phase=phase, step=step, written_bytes=int(written),
+                                         retained_bytes=int(state["retained_bytes"])))
         return state
 
 
 def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_bytes: int,
-           producers: int) -> dict:
+           producers: int) -> dict[str, Any]:
+    """The run of :func:`cdc_trace` in its slot: the fields of :class:`CdcTrace` but the slot's
+    fate and the time taken, which the caller adds."""
     prod = _Producers(lab, producers)
     consumer = Consumer(lab, slot)
     series = _Series(lab, slot)
@@ -689,8 +838,9 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
         "restart_lsn_nudges": nudges,
         "wal_status_while_down": down["wal_status"],
         "safe_wal_size_while_down": down["safe_wal_size"],
-        "guards": {"max_slot_wal_keep_size": guard_row[0], "idle_replication_slot_timeout": guard_row[1],
-                   "max_wal_size": guard_row[2], "max_replication_slots": guard_row[3]},
+        "guards": SlotGuards(max_slot_wal_keep_size=guard_row[0],
+                             idle_replication_slot_timeout=guard_row[1],
+                             max_wal_size=guard_row[2], max_replication_slots=guard_row[3]),
         "two_consumers_one_slot": split,
         "relay": compare,
         "slot": slot,
@@ -698,7 +848,7 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
     }
 
 
-def _two_consumers(lab: Lab, slot: str, prod: _Producers) -> dict:
+def _two_consumers(lab: Lab, slot: str, prod: _Producers) -> TwoConsumers:
     """Consumers A and B read the one slot in turns (get_changes: each read confirms): two
     events are written before each read."""
     a, b = Consumer(lab, slot, "cdc-consumer-a"), Consumer(lab, slot, "cdc-consumer-b")
@@ -714,12 +864,13 @@ def _two_consumers(lab: Lab, slot: str, prod: _Producers) -> dict:
     finally:
         a.close()
         b.close()
-    return {"written": written, "a_got": got["a"], "b_got": got["b"],
-            "overlap": sorted(set(got["a"]) & set(got["b"])),
-            "a_missed": len(set(written) - set(got["a"])), "b_missed": len(set(written) - set(got["b"]))}
+    return TwoConsumers(written=written, a_got=got["a"], b_got=got["b"],
+                        overlap=sorted(set(got["a"]) & set(got["b"])),
+                        a_missed=len(set(written) - set(got["a"])),
+                        b_missed=len(set(written) - set(got["b"])))
 
 
-def _relay_comparison(lab: Lab) -> dict:
+def _relay_comparison(lab: Lab) -> RelayComparison:
     """The polling relay drains the same outbox (no row was ever marked): its claims scan
     the table and each published row is an UPDATE."""
     before = _activity(lab)
@@ -729,8 +880,8 @@ def _relay_comparison(lab: Lab) -> dict:
         _flush_stats(conn)
     scans, updated = _delta(_activity(lab), before)
     ids = dict(_outbox_read(lab, "SELECT event_id, id FROM outbox"))
-    return {"published": len(lb.messages), "outbox_scans": scans, "rows_updated": updated,
-            "publish_order_ids": [ids[ev] for ev, _ in lb.messages]}
+    return RelayComparison(published=len(lb.messages), outbox_scans=scans, rows_updated=updated,
+                           publish_order_ids=[ids[ev] for ev, _ in lb.messages])
 
 
 STREAM_WORK_MEM = "64kB"         # the smallest logical_decoding_work_mem the server takes
@@ -738,7 +889,55 @@ STREAM_EVENTS = 500              # one transaction's events: well over 64 kB onc
 FLUSH_WAIT_S = 5                 # a commit flushes the WAL at once; this is only a bound
 
 
-def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
+@dataclass(frozen=True)
+class StreamedLines(Result):
+    """The lines a streaming read of an open transaction returned, counted by kind.
+
+    opening: ``opening a streamed block`` lines: one per block.
+    change: ``streaming change`` lines: the transaction's changes streamed before its end.
+    closing: ``closing a streamed block`` lines: one per block.
+    other: any other line (none is expected).
+    """
+
+    opening: int
+    change: int
+    closing: int
+    other: int
+
+
+@dataclass(frozen=True)
+class StreamingTrace(Result):
+    """A large open transaction read with and without streaming, then rolled back
+    (:func:`streaming_trace`).
+
+    events: outbox rows the producer's one transaction wrote.
+    xid: the producer's transaction id (text, as the slot shows it).
+    work_mem: the consumer's logical_decoding_work_mem (``"64kB"``).
+    whole_while_open: lines of the transaction a plain read returned while it was open.
+    streamed_while_open: lines the streaming read returned while it was open, by kind
+        (:class:`StreamedLines`).
+    streamed_blocks: the changes in each streamed block, in order (each block is what the decoder
+        held when the decoded changes passed logical_decoding_work_mem; the rest stay in memory).
+    streamed_sample: the streaming read's first two lines and its last.
+    whole_after_rollback: lines of the transaction a plain read returned after its rollback.
+    status: pg_xact_status of the transaction at the end (``aborted``).
+    subscription_streaming_default: what a new subscription asks pgoutput for
+        (:func:`subscription_streaming_default`; None if this user may not create one).
+    """
+
+    events: int
+    xid: str
+    work_mem: str
+    whole_while_open: int
+    streamed_while_open: StreamedLines
+    streamed_blocks: list[int]
+    streamed_sample: list[str]
+    whole_after_rollback: int
+    status: str
+    subscription_streaming_default: str | None
+
+
+def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> StreamingTrace:
     """Logical decoding with streaming of in-progress transactions asked for (PostgreSQL 14
     and later).  A producer writes ``events`` outbox rows in one transaction and leaves it
     open; the consumer, its ``logical_decoding_work_mem`` at 64 kB, peeks at the lab's slot
@@ -746,14 +945,8 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
     test_decoding to stream (``peek_streaming``).  Then the producer rolls back and the
     consumer peeks once more, without streaming.
 
-    Returns ``events``, ``xid`` (the producer's), ``whole_while_open`` (lines of its
-    transaction the plain read returned while it was open), ``streamed_while_open`` (lines
-    the streaming read returned, counted by kind: ``opening``, ``change``, ``closing``,
-    ``other``), ``streamed_blocks`` (the changes in each streamed block, in order: the decoder
-    streams what it holds each time the transaction's decoded changes pass
-    ``logical_decoding_work_mem``, so the changes after the last time stay in memory),
-    ``whole_after_rollback``, ``status`` (pg_xact_status at the end) and
-    ``subscription_streaming_default`` (:func:`subscription_streaming_default`)."""
+    Returns a :class:`StreamingTrace`: what each read returned of the open transaction, the
+    streamed blocks, and what became of the transaction."""
     number("events", events, low=1, high=10_000, whole=True, example=STREAM_EVENTS)
     relay.create_outbox(lab)
     with lab_slot(lab) as slot:
@@ -789,12 +982,11 @@ def streaming_trace(lab: Lab, *, events: int = STREAM_EVENTS) -> dict:
             blocks.append(0)
         elif kind == "change" and blocks:
             blocks[-1] += 1
-    return {"events": events, "xid": xid, "work_mem": STREAM_WORK_MEM,
-            "whole_while_open": len(whole_open), "streamed_while_open": kinds,
-            "streamed_blocks": blocks,
-            "streamed_sample": streamed[:2] + streamed[-1:],
-            "whole_after_rollback": len(whole_after), "status": status,
-            "subscription_streaming_default": subscription_streaming_default(lab)}
+    return StreamingTrace(events=events, xid=xid, work_mem=STREAM_WORK_MEM,
+                          whole_while_open=len(whole_open), streamed_while_open=StreamedLines(**kinds),
+                          streamed_blocks=blocks, streamed_sample=streamed[:2] + streamed[-1:],
+                          whole_after_rollback=len(whole_after), status=status,
+                          subscription_streaming_default=subscription_streaming_default(lab))
 
 
 def subscription_streaming_default(lab: Lab) -> str | None:
@@ -841,7 +1033,50 @@ def _confirm_everything(consumer: Consumer) -> str:
     return upto
 
 
-def held_back_trace(lab: Lab, *, nbytes: int = HELD_BACK_BYTES) -> dict:
+@dataclass(frozen=True)
+class SlotPosition(Result):
+    """Where a slot stood at one moment, as pg_replication_slots shows it.
+
+    restart_lsn: the oldest WAL position the slot keeps (text, ``0/1A2B3C4``).
+    confirmed_flush_lsn: the position up to which its consumer confirmed (text).
+    retained_bytes: bytes of WAL from restart_lsn to the current position: what the slot keeps.
+    behind_bytes: bytes of WAL from confirmed_flush_lsn to the current position: how far the
+        consumer is behind.
+    """
+
+    restart_lsn: str
+    confirmed_flush_lsn: str
+    retained_bytes: int
+    behind_bytes: int
+
+    @classmethod
+    def of(cls, state: dict) -> SlotPosition:
+        """The position from a reading of cdc.sql's ``slot_state``."""
+        return cls(restart_lsn=state["restart_lsn"], confirmed_flush_lsn=state["confirmed_flush_lsn"],
+                   retained_bytes=int(state["retained_bytes"]), behind_bytes=int(state["behind_bytes"]))
+
+
+@dataclass(frozen=True)
+class HeldBack(Result):
+    """A transaction open at the consumer's confirm holding the slot's restart_lsn back
+    (:func:`held_back_trace`).
+
+    written_bytes: bytes of WAL written while the other session's transaction was open.
+    open: the slot once the consumer had confirmed everything, the transaction still open
+        (:class:`SlotPosition`).
+    ended: the slot once the transaction had committed and the consumer confirmed again.
+    moved_bytes: bytes of WAL restart_lsn moved on from ``open`` to ``ended``.
+    slot_left: True if the slot was still on the server afterwards (False: dropped).
+    """
+
+    written_bytes: int
+    open: SlotPosition
+    ended: SlotPosition
+    moved_bytes: int
+    slot_left: bool
+
+
+def held_back_trace(lab: Lab, *, nbytes: int = HELD_BACK_BYTES) -> HeldBack:
     """Where the WAL a slot keeps begins: at its ``restart_lsn``, which a transaction open at
     the consumer's confirm holds back, not at ``confirmed_flush_lsn``.  With the lab's slot
     made afresh, another session opens a transaction and writes a row (so it has a
@@ -850,16 +1085,11 @@ def held_back_trace(lab: Lab, *, nbytes: int = HELD_BACK_BYTES) -> dict:
     commits, the consumer confirms again until restart_lsn has moved past the first reading
     (:func:`_let_go_of_wal`), and the slot is read once more (``ended``).
 
-    Returns ``written_bytes`` (WAL written while the transaction was open), ``open`` and
-    ``ended`` (each: ``restart_lsn``, ``confirmed_flush_lsn``, ``retained_bytes`` from
-    restart_lsn to the current WAL position, ``behind_bytes`` from confirmed_flush_lsn),
-    ``moved_bytes`` (how far restart_lsn moved once the transaction had ended) and
-    ``slot_left`` (False: the slot was dropped)."""
+    Returns a :class:`HeldBack`: the slot's two readings and how far restart_lsn moved."""
     number("nbytes", nbytes, low=1, high=MAX_DOWN_BYTES, whole=True, unit=" bytes",
            example=HELD_BACK_BYTES)
     check_available(lab)
     unrelated_table(lab)
-    keys = ("restart_lsn", "confirmed_flush_lsn", "retained_bytes", "behind_bytes")
     with lab_slot(lab) as slot:
         consumer = Consumer(lab, slot)
         held = lab.connect(role="cdc-open", autocommit=False)
@@ -875,10 +1105,9 @@ def held_back_trace(lab: Lab, *, nbytes: int = HELD_BACK_BYTES) -> dict:
             consumer.close()
     moved = lab.execute(_q("wal_between"), {"before": opened["restart_lsn"],
                                             "after": ended["restart_lsn"]})[0][0]
-    return {"written_bytes": written,
-            "open": {k: opened[k] for k in keys}, "ended": {k: ended[k] for k in keys},
-            "moved_bytes": int(moved),
-            "slot_left": lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != []}
+    return HeldBack(written_bytes=written, open=SlotPosition.of(opened), ended=SlotPosition.of(ended),
+                    moved_bytes=int(moved),
+                    slot_left=lab.execute(_q("slot_holder"), {"slot": slot_name(lab)}) != [])
 
 
 # -- the picture: what the slot keeps ---------------------------------------------------------------
@@ -887,8 +1116,8 @@ PHASES = {"reading": "consumer reading, confirming as it goes", "down": "consume
           "back": "consumer back: read and confirmed"}
 
 
-def plot_retained(r: dict, ax=None):
-    """The slot's retained WAL through :func:`cdc_trace`'s run (``r["retained_series"]``), on
+def plot_retained(r: CdcTrace, ax=None):
+    """The slot's retained WAL through :func:`cdc_trace`'s run (``r.retained_series``), on
     linear axes: across, the WAL the server wrote since the run began; up, the WAL the slot
     keeps (``pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)``).  The background says what
     the consumer was doing.  ``ax``: the axes to draw on (None: a new figure).  Returns the
@@ -897,8 +1126,8 @@ def plot_retained(r: dict, ax=None):
 
     from ..core.plots import PALETTE, legend_below, setup_matplotlib
 
-    series = r.get("retained_series") if isinstance(r, dict) else None
-    if not series or not all(isinstance(p, dict) and p.get("phase") in PHASES for p in series):
+    series = r.retained_series if isinstance(r, CdcTrace) else None
+    if not series or not all(isinstance(p, RetainedPoint) and p.phase in PHASES for p in series):
         raise LabkitError("That is not a result of cdc.cdc_trace with its retained_series.",
                           "pass what cdc.cdc_trace(lab) returned.")
     setup_matplotlib()
@@ -907,17 +1136,17 @@ def plot_retained(r: dict, ax=None):
     else:
         fig = ax.figure
     mb = 1024 * 1024
-    x = [p["written_bytes"] / mb for p in series]
-    y = [p["retained_bytes"] / mb for p in series]
-    last_reading = max(i for i, p in enumerate(series) if p["phase"] == "reading")
-    last_down = max((i for i, p in enumerate(series) if p["phase"] == "down"), default=last_reading)
+    x = [p.written_bytes / mb for p in series]
+    y = [p.retained_bytes / mb for p in series]
+    last_reading = max(i for i, p in enumerate(series) if p.phase == "reading")
+    last_down = max((i for i, p in enumerate(series) if p.phase == "down"), default=last_reading)
     right = max(x) * 1.04            # a margin, so that the "back" phase has a band to show
     ax.axvspan(0, x[last_reading], color=PALETTE[3], alpha=0.15, lw=0, label=PHASES["reading"])
     ax.axvspan(x[last_reading], x[last_down], color=PALETTE[1], alpha=0.2, lw=0, label=PHASES["down"])
     ax.axvspan(x[last_down], right, color=PALETTE[4], alpha=0.25, lw=0, label=PHASES["back"])
     ax.plot(x, y, marker="o", ms=7, lw=3, color=PALETTE[0],
             label="WAL the slot keeps (pg_replication_slots)")
-    back = [i for i, p in enumerate(series) if p["phase"] == "back"]
+    back = [i for i, p in enumerate(series) if p.phase == "back"]
     if back:
         end, low = x[back[-1]], 0.3 * max(y)
         ax.annotate("the slot lets go once\nits restart_lsn moves", xy=(end, low),
@@ -937,20 +1166,46 @@ def plot_retained(r: dict, ax=None):
 FAILOVER_FROM = 170000
 
 
-def failover_slot(lab: Lab) -> dict:
+@dataclass(frozen=True)
+class FailoverSlot(Result):
+    """A slot created with ``failover => true`` and read back (:func:`failover_slot`); every
+    field after ``ran`` is None when it did not run (before PostgreSQL 17).
+
+    server_version_num: the server's version number (``170004``: 17.4).
+    ran: True if the slot was created (PostgreSQL 17 and later).
+    slot: the slot's name.
+    failover: pg_replication_slots.failover: True, the slot is to be copied to the standbys.
+    synced: pg_replication_slots.synced: True only for a copy on a standby.
+    temporary: pg_replication_slots.temporary.
+    sync_replication_slots: the setting a standby reads to copy the primary's failover slots.
+    synchronized_standby_slots: the physical slots whose standbys must have the WAL before a
+        failover slot's consumer gets it (read on the primary; ``""``: none).
+    in_recovery: True if this server is a standby.
+    slot_left: True if the slot was still on the server afterwards (False: dropped).
+    """
+
+    server_version_num: int
+    ran: bool
+    slot: str | None = None
+    failover: bool | None = None
+    synced: bool | None = None
+    temporary: bool | None = None
+    sync_replication_slots: str | None = None
+    synchronized_standby_slots: str | None = None
+    in_recovery: bool | None = None
+    slot_left: bool | None = None
+
+
+def failover_slot(lab: Lab) -> FailoverSlot:
     """PostgreSQL 17 and later: create a logical slot with ``failover => true`` (one a
     standby running ``sync_replication_slots`` would copy), read its ``failover`` and
     ``synced`` columns and the two settings slot synchronization uses, and drop it.
     Before 17 nothing is created: ``ran`` is False.
 
-    Returns ``server_version_num``, ``ran``, and when it ran ``slot``, ``failover``,
-    ``synced``, ``temporary``, ``sync_replication_slots`` (read on a standby),
-    ``synchronized_standby_slots`` (read on the primary), ``in_recovery`` and
-    ``slot_left`` (False: dropped)."""
+    Returns a :class:`FailoverSlot`."""
     version = lab.admin.info.server_version
-    out: dict[str, Any] = {"server_version_num": version, "ran": False}
     if version < FAILOVER_FROM:
-        return out
+        return FailoverSlot(server_version_num=version, ran=False)
     check_available(lab)
     name = slot_name(lab)[:59] + "_fo"
     try:
@@ -961,11 +1216,10 @@ def failover_slot(lab: Lab) -> dict:
     finally:
         lab.execute(_q("drop_slot_if_there"), {"slot": name})
     left = lab.execute(_q("slot_holder"), {"slot": name}) != []
-    out.update({"ran": True, "slot": slot, "failover": failover, "synced": synced,
-                "temporary": temporary, "sync_replication_slots": sync,
-                "synchronized_standby_slots": standby_slots, "in_recovery": recovery,
-                "slot_left": left})
-    return out
+    return FailoverSlot(server_version_num=version, ran=True, slot=slot, failover=failover,
+                        synced=synced, temporary=temporary, sync_replication_slots=sync,
+                        synchronized_standby_slots=standby_slots, in_recovery=recovery,
+                        slot_left=left)
 
 
 # -- command line: labkit trace cdc ------------------------------------------------------------------
@@ -975,28 +1229,28 @@ def _size(n: int) -> str:
     return f"{n / (1024 * 1024):.2f} MB" if n >= 10_000 else f"{n} bytes"
 
 
-def report(r: dict) -> str:
+def report(r: CdcTrace) -> str:
     """The trace in a few lines."""
-    s = r["two_consumers_one_slot"]
-    rl = r["relay"]
+    s = r.two_consumers_one_slot
+    rl = r.relay
     return "\n".join([
-        f"{r['events']} events from {r['producers']} producers, each round committing in the "
-        f"reverse of id order; slot {r['slot']} ({PLUGIN}), broker: {r['broker']}",
-        f"  delivered in commit order: {'yes' if r['in_commit_order'] else 'NO'}  "
-        f"(first ids delivered {r['delivered_ids'][:6]}, id order {r['id_order'][:6]})",
-        f"  a poller keeping the highest id it saw would skip {r['id_watermark_skips']}",
-        f"  the consumer: {r['consumer_outbox_scans']} scans of the outbox, "
-        f"{r['consumer_rows_updated']} rows updated (the relay: {rl['outbox_scans']} scans, "
-        f"{rl['rows_updated']} rows updated)",
-        f"  WAL kept by the slot: {_size(r['wal_retained_bytes_before_down'])}, then "
-        f"{_size(r['wal_retained_bytes_while_down'])} while the consumer was down "
-        f"({r['down_events']} events and {_size(r['unrelated_wal_bytes'])} of unrelated "
-        f"WAL), {_size(r['wal_retained_bytes_after_read'])} after it read and confirmed",
-        f"  two consumers on one slot: A got {s['a_got']}, B got {s['b_got']} (each missed "
-        f"{s['a_missed']} and {s['b_missed']} of {len(s['written'])})",
-        f"  guard: max_slot_wal_keep_size = {r['guards']['max_slot_wal_keep_size']}, "
-        f"wal_status while down: {r['wal_status_while_down']}; slot dropped: "
-        f"{'yes' if not r['slot_left'] else 'NO'}",
+        f"{r.events} events from {r.producers} producers, each round committing in the "
+        f"reverse of id order; slot {r.slot} ({PLUGIN}), broker: {r.broker}",
+        f"  delivered in commit order: {'yes' if r.in_commit_order else 'NO'}  "
+        f"(first ids delivered {r.delivered_ids[:6]}, id order {r.id_order[:6]})",
+        f"  a poller keeping the highest id it saw would skip {r.id_watermark_skips}",
+        f"  the consumer: {r.consumer_outbox_scans} scans of the outbox, "
+        f"{r.consumer_rows_updated} rows updated (the relay: {rl.outbox_scans} scans, "
+        f"{rl.rows_updated} rows updated)",
+        f"  WAL kept by the slot: {_size(r.wal_retained_bytes_before_down)}, then "
+        f"{_size(r.wal_retained_bytes_while_down)} while the consumer was down "
+        f"({r.down_events} events and {_size(r.unrelated_wal_bytes)} of unrelated "
+        f"WAL), {_size(r.wal_retained_bytes_after_read)} after it read and confirmed",
+        f"  two consumers on one slot: A got {s.a_got}, B got {s.b_got} (each missed "
+        f"{s.a_missed} and {s.b_missed} of {len(s.written)})",
+        f"  guard: max_slot_wal_keep_size = {r.guards.max_slot_wal_keep_size}, "
+        f"wal_status while down: {r.wal_status_while_down}; slot dropped: "
+        f"{'yes' if not r.slot_left else 'NO'}",
     ])
 
 
@@ -1016,5 +1270,5 @@ def cdc_command(*, open_lab: Callable[[], Lab], json: bool = False, events: int 
             return 2
         r = cdc_trace(lab, events=events, down_events=down_events, down_bytes=down_bytes,
                       producers=producers)
-    print(jsonlib.dumps(r, indent=2) if json else report(r))
+    print(r.to_json() if json else report(r))
     return 0

@@ -52,7 +52,6 @@ itself (silent, or busy with short statements), and which setting makes the serv
 
 from __future__ import annotations
 
-import json as jsonlib
 import re
 import selectors
 import signal
@@ -61,6 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -70,6 +70,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from . import broker as brokers
 from . import relay
 from ._checked import one_row
@@ -526,26 +527,138 @@ class _Hang:
                 self.conn.close()            # a lock still held goes with the session
 
 
+@dataclass(frozen=True)
+class HangStep(Result):
+    """One thing that happened during the hang, for the timeline.
+
+    t_s: seconds from the moment the broker stopped answering.
+    who: ``broker``, ``unbounded relay`` or ``bounded relay``.
+    what: what it did, in words.
+    """
+
+    t_s: float
+    who: str
+    what: str
+
+
+@dataclass(frozen=True)
+class BackstopSettings(Result):
+    """The bounds the server applied to the bounded relay's session at one moment, as
+    current_setting() reads them (``"0"``: off; None: not read, or no such setting on this
+    server, as transaction_timeout before PostgreSQL 17).
+
+    statement_timeout: the longest one statement may run (text, e.g. ``"2s"``).
+    idle_in_transaction_session_timeout: the longest the session may sit idle inside a transaction.
+    transaction_timeout: the longest a whole transaction may last (PostgreSQL 17 and later).
+    """
+
+    statement_timeout: str | None
+    idle_in_transaction_session_timeout: str | None
+    transaction_timeout: str | None
+
+
+@dataclass(frozen=True)
+class ServerBackstop(Result):
+    """The server-side backstop the bounded relay sets on each transaction (SET LOCAL).
+
+    settings: the settings that make it: ``["transaction_timeout"]`` on PostgreSQL 17 and
+        later, else ``["statement_timeout", "idle_in_transaction_session_timeout"]``.
+    seconds: the backstop, in seconds (twice the deadline).
+    bounds: what it bounds, in words.
+    in_force: the settings read inside the relay's first transaction.
+    session: the settings its session had before its first transaction.
+    after_commit: the settings read right after its COMMIT (the session's own again).
+    """
+
+    settings: list[str]
+    seconds: float
+    bounds: str
+    in_force: BackstopSettings
+    session: BackstopSettings
+    after_commit: BackstopSettings
+
+
+@dataclass(frozen=True)
+class BrokerHang(Result):
+    """Two relays, one without bounds and one with, while the broker stops answering
+    (:func:`broker_hang_trace`).  Times are in seconds; each relay's ``transactions`` are
+    ``(outcome, seconds)`` pairs, outcome ``committed`` or ``rolled back``, seconds from
+    BEGIN to the end of its COMMIT or ROLLBACK.
+
+    broker: the broker's kind (``recording`` or ``rabbitmq``).
+    hang: how the hang was made, in words (``scripted: ...`` or ``network: ...``).
+    hang_s: how long the broker stopped answering.
+    publish_timeout_s: the bounded relay's publish timeout.
+    deadline_s: the bounded relay's deadline for a whole tick.
+    orders_per_relay: outbox rows each relay claimed (its batch).
+    longest_transaction_s_unbounded: the unbounded relay's longest transaction, by its own clock.
+    longest_transaction_s_bounded: the bounded relay's longest transaction, by its own clock.
+    server_saw_longest_s_unbounded: the unbounded relay's longest transaction as the server saw
+        it (pg_stat_activity.xact_start, sampled every 50 ms).
+    server_saw_longest_s_bounded: the same for the bounded relay.
+    locks_held_while_hung_unbounded: outbox rows the unbounded relay held locked at the hang's end.
+    locks_held_while_hung_bounded: outbox rows the bounded relay held locked at the hang's end.
+    backend_state_while_hung_unbounded: pg_stat_activity.state of the unbounded relay's session at
+        the hang's end (``idle in transaction``; None if not seen).
+    transactions_unbounded: each transaction of the unbounded relay, in order.
+    transactions_bounded: each transaction of the bounded relay, in order.
+    gave_up_by: what ended the bounded relay's first tick: ``publish timeout`` or ``deadline``
+        (None: nothing did).
+    probes_failed: "do you answer?" probes of the bounded relay that the silent broker left
+        unanswered.
+    broker_messages: messages the broker holds at the end.
+    duplicates_after_recovery_unbounded: extra copies the consumer received of the unbounded
+        relay's events.
+    duplicates_after_recovery_bounded: the same for the bounded relay's events.
+    duplicated_events: event ids the consumer received more than once.
+    lost: events marked published that the consumer never received.
+    unpublished_at_end: outbox rows still unpublished at the end.
+    consumer_applied: labels the consumer printed (each event applied once, by event_id).
+    orders_applied_twice: orders the consumer applied more than once.
+    server_backstop: the bounded relay's server-side backstop (:class:`ServerBackstop`).
+    timeline: what happened, in order (:class:`HangStep`).
+    """
+
+    broker: str
+    hang: str
+    hang_s: float
+    publish_timeout_s: float
+    deadline_s: float
+    orders_per_relay: int
+    longest_transaction_s_unbounded: float
+    longest_transaction_s_bounded: float
+    server_saw_longest_s_unbounded: float
+    server_saw_longest_s_bounded: float
+    locks_held_while_hung_unbounded: int
+    locks_held_while_hung_bounded: int
+    backend_state_while_hung_unbounded: str | None
+    transactions_unbounded: list[tuple[str, float]]
+    transactions_bounded: list[tuple[str, float]]
+    gave_up_by: str | None
+    probes_failed: int
+    broker_messages: int
+    duplicates_after_recovery_unbounded: int
+    duplicates_after_recovery_bounded: int
+    duplicated_events: list[str]
+    lost: int
+    unpublished_at_end: int
+    consumer_applied: int
+    orders_applied_twice: int
+    server_backstop: ServerBackstop
+    timeline: list[HangStep]
+
+
 def broker_hang_trace(lab: Lab, *, hang_s: float = 3.0, publish_timeout_s: float = 0.5,
                       deadline_s: float = 1.0, broker: Broker | str | None = None,
-                      orders: int = 10) -> dict:
+                      orders: int = 10) -> BrokerHang:
     """Two relay processes claim ``orders`` rows each (disjoint: SKIP LOCKED); the broker
     hangs for ``hang_s`` right after both claims; one relay has no bounds, the other a
     publish timeout, a tick deadline and a server-side backstop.  ``broker``: a Broker, a
     kind ("recording", "rabbitmq"), or None (RabbitMQ when LABKIT_AMQP_URL is set).
 
-    Returns a dict: ``longest_transaction_s_unbounded`` and ``longest_transaction_s_bounded``
-    (each relay's own timing, BEGIN to the end of COMMIT/ROLLBACK), the same as the server saw
-    it (``server_saw_longest_s_*``, pg_stat_activity's xact_start sampled every 50 ms),
-    ``locks_held_while_hung_*`` (outbox rows each relay's transaction held locked at the
-    hang's end), ``backend_state_while_hung_unbounded``, ``transactions_*`` (each
-    transaction's outcome and seconds), ``gave_up_by``, ``probes_failed``,
-    ``duplicates_after_recovery_*`` and ``duplicated_events`` (from the messages the consumer
-    received), ``lost`` (events marked published that the consumer never got: 0),
-    ``consumer_applied``, ``orders_applied_twice``, ``broker``, ``hang`` (how the hang was
-    made), ``server_backstop`` (its settings as the bounded relay's session read them before
-    its first transaction, ``session``; inside it, ``in_force``; and right after its COMMIT,
-    ``after_commit``) and ``timeline`` (what happened, seconds from the hang's start)."""
+    Returns a :class:`BrokerHang`: each relay's transactions, as it timed them and as the
+    server saw them, the rows each held locked while the broker was silent, the duplicates and
+    losses the consumer saw, the bounded relay's server-side backstop, and the timeline."""
     check_params(hang_s=hang_s, publish_timeout_s=publish_timeout_s, deadline_s=deadline_s,
                  orders=orders, broker=broker)
     with brokers.used_by(lab, broker) as bk:
@@ -553,7 +666,7 @@ def broker_hang_trace(lab: Lab, *, hang_s: float = 3.0, publish_timeout_s: float
 
 
 def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline_s: float,
-         orders: int) -> dict:
+         orders: int) -> BrokerHang:
     hang = _Hang(lab, bk)
     workers: dict[str, Worker] = {}
     watch: psycopg.Connection | None = None
@@ -576,7 +689,7 @@ def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline
             w.wait_for("paused", tag="claimed", timeout=60)
         hang.start()
         t0 = time.monotonic()
-        timeline = [{"t_s": 0.0, "who": "broker", "what": f"stops answering for {hang_s:g} s"}]
+        timeline = [HangStep(t_s=0.0, who="broker", what=f"stops answering for {hang_s:g} s")]
         for w in workers.values():
             w.resume()
         seen: dict[int, dict] = {pid: {"longest": 0.0} for pid in pids.values()}
@@ -596,7 +709,7 @@ def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline
         at_end = sample()                        # the hang's last moment
         time.sleep(max(0.0, t0 + hang_s - time.monotonic()))
         hang.end()
-        timeline.append({"t_s": round(time.monotonic() - t0, 3), "who": "broker", "what": "answers again"})
+        timeline.append(HangStep(t_s=round(time.monotonic() - t0, 3), who="broker", what="answers again"))
         deadline = time.monotonic() + 60
         while any(w.alive for w in workers.values()) and time.monotonic() < deadline:
             sample()
@@ -621,7 +734,7 @@ def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline
 
 
 def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t0, timeline, hang,
-            hang_s, publish_timeout_s, deadline_s, orders) -> dict:
+            hang_s, publish_timeout_s, deadline_s, orders) -> BrokerHang:
     ev = {k: w.events for k, w in workers.items()}
     tx = {k: [(e["outcome"], round(e["seconds"], 3)) for e in ev[k] if e["kind"] == "transaction"]
           for k in KINDS}
@@ -637,7 +750,6 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
     settings = next((e["settings"] for e in ev["bounded"] if e["kind"] == "backstop"), [None] * 3)
     session, after = (next((e["settings"] for e in ev["bounded"] if e["kind"] == kind), [None] * 3)
                       for kind in ("session_settings", "after_commit"))
-    names = ["statement_timeout", "idle_in_transaction_session_timeout", "transaction_timeout"]
     for kind in KINDS:
         for e in ev[kind]:
             what = {"transaction": lambda e: f"{e['outcome'].upper()} after {e['seconds']:.2f} s",
@@ -646,44 +758,44 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
                     "probe": lambda e: "the broker answers a probe: claim again" if e["ok"] else None,
                     }.get(e["kind"], lambda e: None)(e)
             if what and e["t"] >= t0:
-                timeline.append({"t_s": round(e["t"] - t0, 3), "who": f"{kind} relay", "what": what})
-    timeline.sort(key=lambda x: x["t_s"])
+                timeline.append(HangStep(t_s=round(e["t"] - t0, 3), who=f"{kind} relay", what=what))
+    timeline.sort(key=lambda x: x.t_s)
     whole = settings[2] not in (None, "0")
-    return {
-        "broker": hang.kind,
-        "hang": hang.how,
-        "hang_s": hang_s, "publish_timeout_s": publish_timeout_s, "deadline_s": deadline_s,
-        "orders_per_relay": orders,
-        "longest_transaction_s_unbounded": max(s for _, s in tx["unbounded"]),
-        "longest_transaction_s_bounded": max(s for _, s in tx["bounded"]),
-        "server_saw_longest_s_unbounded": round(seen[pids["unbounded"]]["longest"], 3),
-        "server_saw_longest_s_bounded": round(seen[pids["bounded"]]["longest"], 3),
-        "locks_held_while_hung_unbounded": at_end.get(pids["unbounded"], (None, 0))[1],
-        "locks_held_while_hung_bounded": at_end.get(pids["bounded"], (None, 0))[1],
-        "backend_state_while_hung_unbounded": at_end.get(pids["unbounded"], (None, 0))[0],
-        "transactions_unbounded": tx["unbounded"],
-        "transactions_bounded": tx["bounded"],
-        "gave_up_by": timeouts[0]["by"] if timeouts else None,
-        "probes_failed": sum(1 for p in probes if not p["ok"]),
-        "broker_messages": depth,
-        "duplicates_after_recovery_unbounded": dup["unbounded"],
-        "duplicates_after_recovery_bounded": dup["bounded"],
-        "duplicated_events": sorted(e for e, n in counts.items() if n > 1),
-        "lost": len(lost),
-        "unpublished_at_end": unpublished,
-        "consumer_applied": int(applied),
-        "orders_applied_twice": twice,
-        "server_backstop": {
-            "settings": ["transaction_timeout"] if whole else
-                        ["statement_timeout", "idle_in_transaction_session_timeout"],
-            "seconds": 2 * deadline_s,
-            "bounds": "the whole transaction" if whole else "each statement and each idle gap, not their sum",
-            "in_force": dict(zip(names, settings)),
-            "session": dict(zip(names, session)),
-            "after_commit": dict(zip(names, after)),
-        },
-        "timeline": timeline,
-    }
+    return BrokerHang(
+        broker=hang.kind,
+        hang=hang.how,
+        hang_s=hang_s, publish_timeout_s=publish_timeout_s, deadline_s=deadline_s,
+        orders_per_relay=orders,
+        longest_transaction_s_unbounded=max(s for _, s in tx["unbounded"]),
+        longest_transaction_s_bounded=max(s for _, s in tx["bounded"]),
+        server_saw_longest_s_unbounded=round(seen[pids["unbounded"]]["longest"], 3),
+        server_saw_longest_s_bounded=round(seen[pids["bounded"]]["longest"], 3),
+        locks_held_while_hung_unbounded=at_end.get(pids["unbounded"], (None, 0))[1],
+        locks_held_while_hung_bounded=at_end.get(pids["bounded"], (None, 0))[1],
+        backend_state_while_hung_unbounded=at_end.get(pids["unbounded"], (None, 0))[0],
+        transactions_unbounded=tx["unbounded"],
+        transactions_bounded=tx["bounded"],
+        gave_up_by=timeouts[0]["by"] if timeouts else None,
+        probes_failed=sum(1 for p in probes if not p["ok"]),
+        broker_messages=depth,
+        duplicates_after_recovery_unbounded=dup["unbounded"],
+        duplicates_after_recovery_bounded=dup["bounded"],
+        duplicated_events=sorted(e for e, n in counts.items() if n > 1),
+        lost=len(lost),
+        unpublished_at_end=unpublished,
+        consumer_applied=int(applied),
+        orders_applied_twice=twice,
+        server_backstop=ServerBackstop(
+            settings=["transaction_timeout"] if whole else
+                     ["statement_timeout", "idle_in_transaction_session_timeout"],
+            seconds=2 * deadline_s,
+            bounds="the whole transaction" if whole else "each statement and each idle gap, not their sum",
+            in_force=BackstopSettings(*settings),
+            session=BackstopSettings(*session),
+            after_commit=BackstopSettings(*after),
+        ),
+        timeline=timeline,
+    )
 
 
 # -- the server-side backstop, on its own --------------------------------------------------------
@@ -696,8 +808,60 @@ BACKSTOP_CASES = (
 )
 
 
+@dataclass(frozen=True)
+class BackstopCase(Result):
+    """One case of :func:`backstop_trace`: a relay that cannot end its transaction itself, and
+    whether the server ended it.  Every field after ``ran`` is None when it did not run.
+
+    relay: how the relay behaves: ``silent`` (idle in transaction) or ``busy`` (short
+        statements back to back).
+    backstop: the settings set in its transaction (SET LOCAL), all at the backstop's value.
+    ran: False when this server has no such setting (transaction_timeout before PostgreSQL 17).
+    claimed: outbox rows its transaction claimed.
+    rows_locked: outbox rows its transaction held locked while it ran.
+    ended_by_server: True if the server ended its session.
+    transaction_s: seconds from its BEGIN to the session's end, or to its own ROLLBACK.
+    sqlstate: the SQLSTATE its connection reported (``25P03``, ``25P04``; None: none, or a
+        closed connection read without the server's message).
+    error: the first line of the error its connection reported (None: none, or no message).
+    claimable_after: rows another relay's SKIP LOCKED claim got at the end, before any
+        ROLLBACK of the relay's own.
+    """
+
+    relay: str
+    backstop: list[str]
+    ran: bool
+    claimed: int | None = None
+    rows_locked: int | None = None
+    ended_by_server: bool | None = None
+    transaction_s: float | None = None
+    sqlstate: str | None = None
+    error: str | None = None
+    claimable_after: int | None = None
+
+
+@dataclass(frozen=True)
+class BackstopTrace(Result):
+    """The server-side backstop on its own (:func:`backstop_trace`).
+
+    server_version_num: the server's version number (``170004``: 17.4).
+    backstop_s: the backstop's value, in seconds.
+    busy_s: how long the busy relay keeps its transaction going, in seconds.
+    step_s: each of the busy relay's statements, in seconds.
+    rows: outbox rows each relay claims.
+    cases: the three cases, in :data:`BACKSTOP_CASES`' order (:class:`BackstopCase`).
+    """
+
+    server_version_num: int
+    backstop_s: float
+    busy_s: float
+    step_s: float
+    rows: int
+    cases: list[BackstopCase]
+
+
 def backstop_trace(lab: Lab, *, backstop_s: float = 0.5, busy_s: float = 1.5, step_s: float = 0.1,
-                   rows: int = 5) -> dict:
+                   rows: int = 5) -> BackstopTrace:
     """The bounded relay's server-side backstop on its own: what the server ends when the relay
     cannot end its transaction itself.  Each case is one session that opens a transaction, sets
     the backstop (``backstop_s``, SET LOCAL: hang.sql's ``backstop``, and ``backstop_whole``
@@ -711,13 +875,7 @@ def backstop_trace(lab: Lab, *, backstop_s: float = 0.5, busy_s: float = 1.5, st
       itself at ``busy_s``.
 
     The ``busy`` case with ``transaction_timeout`` runs on PostgreSQL 17 and later only.
-    Returns ``server_version_num`` and ``cases``: per case ``relay``, ``backstop`` (the
-    settings), ``ran`` (False: not on this server), ``ended_by_server``, ``transaction_s``
-    (from BEGIN to the session's end, or to the relay's own ROLLBACK), ``sqlstate`` and
-    ``error`` (what the relay's connection reported; None if it read a closed connection
-    without the server's message), ``rows_locked`` (while it ran) and ``claimable_after``
-    (rows another relay's SKIP LOCKED claim gets at the end, before any ROLLBACK of the
-    relay's own)."""
+    Returns a :class:`BackstopTrace`, one :class:`BackstopCase` per case."""
     number("backstop_s", backstop_s, above=True, high=MAX_TIMEOUT_S, unit=" s", example=0.5)
     number("busy_s", busy_s, above=True, high=MAX_HANG_S, unit=" s", example=1.5)
     number("step_s", step_s, above=True, high=MAX_TIMEOUT_S, unit=" s", example=0.1)
@@ -737,12 +895,11 @@ def backstop_trace(lab: Lab, *, backstop_s: float = 0.5, busy_s: float = 1.5, st
         for behaviour, whole in BACKSTOP_CASES:
             names = ["statement_timeout", "idle_in_transaction_session_timeout"] + (
                 ["transaction_timeout"] if whole else [])
-            case = {"relay": behaviour, "backstop": names, "ran": not whole or version >= 170000}
-            if case["ran"]:
-                case.update(_backstop_case(lab, watch, behaviour, whole, ms, busy_s, step_s, rows))
-            cases.append(case)
-    return {"server_version_num": version, "backstop_s": backstop_s, "busy_s": busy_s,
-            "step_s": step_s, "rows": rows, "cases": cases}
+            ran = not whole or version >= 170000
+            measured = _backstop_case(lab, watch, behaviour, whole, ms, busy_s, step_s, rows) if ran else {}
+            cases.append(BackstopCase(relay=behaviour, backstop=names, ran=ran, **measured))
+    return BackstopTrace(server_version_num=version, backstop_s=backstop_s, busy_s=busy_s,
+                         step_s=step_s, rows=rows, cases=cases)
 
 
 def _claimable(watch: psycopg.Connection, rows: int) -> int:
@@ -752,7 +909,8 @@ def _claimable(watch: psycopg.Connection, rows: int) -> int:
 
 
 def _backstop_case(lab: Lab, watch: psycopg.Connection, behaviour: str, whole: bool, ms: str,
-                   busy_s: float, step_s: float, rows: int) -> dict:
+                   busy_s: float, step_s: float, rows: int) -> dict[str, Any]:
+    """One case run: the measured fields of :class:`BackstopCase`."""
     with lab.connect(role=f"hang-backstop-{behaviour[0]}") as conn:
         pid = conn.info.backend_pid
         started = time.monotonic()
@@ -800,24 +958,27 @@ def _backstop_case(lab: Lab, watch: psycopg.Connection, behaviour: str, whole: b
 # -- command line --------------------------------------------------------------------------------
 
 
-def report(r: dict) -> str:
+def report(r: BrokerHang) -> str:
     """The result as a few lines of text."""
-    dup = ", ".join(r["duplicated_events"]) or "none"
+    dup = ", ".join(r.duplicated_events) or "none"
     lines = [
-        f"Broker hang of {r['hang_s']:g} s ({r['broker']} broker, {r['hang'].split(':')[0]} hang)",
+        f"Broker hang of {r.hang_s:g} s ({r.broker} broker, {r.hang.split(':')[0]} hang)",
         f"  {'':22}{'longest transaction':>22}{'server saw':>12}{'rows locked at hang end':>26}{'duplicates':>12}",
     ]
+    rows = {"unbounded": (r.longest_transaction_s_unbounded, r.server_saw_longest_s_unbounded,
+                          r.locks_held_while_hung_unbounded, r.duplicates_after_recovery_unbounded),
+            "bounded": (r.longest_transaction_s_bounded, r.server_saw_longest_s_bounded,
+                        r.locks_held_while_hung_bounded, r.duplicates_after_recovery_bounded)}
     for kind in KINDS:
-        lines.append(f"  {kind + ' relay':22}{r['longest_transaction_s_' + kind]:>20.2f} s"
-                     f"{r['server_saw_longest_s_' + kind]:>10.2f} s{r['locks_held_while_hung_' + kind]:>26}"
-                     f"{r['duplicates_after_recovery_' + kind]:>12}")
-    b = r["server_backstop"]
+        longest, saw, locked, dups = rows[kind]
+        lines.append(f"  {kind + ' relay':22}{longest:>20.2f} s{saw:>10.2f} s{locked:>26}{dups:>12}")
+    b = r.server_backstop
     lines += [
-        f"  bounded relay: publish timeout {r['publish_timeout_s']:g} s, deadline {r['deadline_s']:g} s; "
-        f"gave up by: {r['gave_up_by'] or 'nothing'}",
-        f"  server backstop: {' + '.join(b['settings'])} = {b['seconds']:g} s",
-        f"  duplicated events: {dup}; lost: {r['lost']}; labels printed {r['consumer_applied']}, "
-        f"orders applied twice {r['orders_applied_twice']}",
+        f"  bounded relay: publish timeout {r.publish_timeout_s:g} s, deadline {r.deadline_s:g} s; "
+        f"gave up by: {r.gave_up_by or 'nothing'}",
+        f"  server backstop: {' + '.join(b.settings)} = {b.seconds:g} s",
+        f"  duplicated events: {dup}; lost: {r.lost}; labels printed {r.consumer_applied}, "
+        f"orders applied twice {r.orders_applied_twice}",
     ]
     return "\n".join(lines)
 
@@ -833,5 +994,5 @@ def broker_hang_command(*, open_lab: Callable[[], Lab], hang_s: float = 3.0, pub
     with open_lab() as lab:
         r = broker_hang_trace(lab, hang_s=hang_s, publish_timeout_s=publish_timeout_s,
                               deadline_s=deadline_s, broker=broker, orders=orders)
-    print(jsonlib.dumps(r, indent=2) if json else report(r))
+    print(r.to_json() if json else report(r))
     return 0
