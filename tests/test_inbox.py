@@ -8,8 +8,8 @@ import struct
 import time
 
 import pytest
-
 from conftest import backends_gone, child_pids, interrupt_when, returns_a_row
+
 from labkit.core import procs
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab, schema_name
@@ -48,39 +48,39 @@ def test_four_consumers_killed_and_restarted(lab, db):
     t = ib.consumer_trace(lab, events=20, duplicates=5, kill_after=10)
     assert time.monotonic() - t0 < 8
     ev = relay.event_id
-    assert t["killed_on"] == ev(10)
-    assert (t["deliveries_before_restart"], t["deliveries_after_restart"]) == (9 + 5 + 1, 1 + 5 + 10)
-    c = t["consumers"]
+    assert t.killed_on == ev(10)
+    assert (t.deliveries_before_restart, t.deliveries_after_restart) == (9 + 5 + 1, 1 + 5 + 10)
+    c = t.consumers
 
     # the set catches the copies while it lives, none after the restart
-    assert c["in_memory"]["twice"] == [ev(i) for i in (1, 2, 3, 4, 5, 10)]
-    assert (t["effects_twice_in_memory"], t["effects_lost_in_memory"]) == (6, 0)
-    assert c["in_memory"]["skipped_as_copy"] == 5
-    assert c["in_memory"]["at_kill"] == {"effect_committed": True, "recorded": False}
+    assert c["in_memory"].twice == [ev(i) for i in (1, 2, 3, 4, 5, 10)]
+    assert (t.effects_twice_in_memory, t.effects_lost_in_memory) == (6, 0)
+    assert c["in_memory"].skipped_as_copy == 5
+    assert c["in_memory"].at_kill == ib.AtKill(effect_committed=True, recorded=False)
 
     # the inbox: every event once; the kill fell inside its transaction
-    assert set(c["inbox"]["effects"].values()) == {1} and len(c["inbox"]["effects"]) == 20
-    assert (t["effects_twice_inbox"], t["effects_lost_inbox"]) == (0, 0)
-    assert c["inbox"]["at_kill"] == {"effect_committed": False, "recorded": False}
-    assert c["inbox"]["skipped_as_copy"] == 10
+    assert set(c["inbox"].effects.values()) == {1} and len(c["inbox"].effects) == 20
+    assert (t.effects_twice_inbox, t.effects_lost_inbox) == (0, 0)
+    assert c["inbox"].at_kill == ib.AtKill(effect_committed=False, recorded=False)
+    assert c["inbox"].skipped_as_copy == 10
 
     # separate transactions: every copy caught, the message in flight at the kill wrong
     ef, rf = c["separate_tx_effect_first"], c["separate_tx_record_first"]
-    assert (ef["twice"], ef["lost"]) == ([ev(10)], [])
-    assert (rf["twice"], rf["lost"]) == ([], [ev(10)])
-    assert ef["at_kill"] == {"effect_committed": True, "recorded": False}
-    assert rf["at_kill"] == {"effect_committed": False, "recorded": True}
-    assert (ef["skipped_as_copy"], rf["skipped_as_copy"]) == (10, 11)
-    assert (t["effects_twice_separate_tx"], t["effects_lost_separate_tx"]) == (1, 1)
+    assert (ef.twice, ef.lost) == ([ev(10)], [])
+    assert (rf.twice, rf.lost) == ([], [ev(10)])
+    assert ef.at_kill == ib.AtKill(effect_committed=True, recorded=False)
+    assert rf.at_kill == ib.AtKill(effect_committed=False, recorded=True)
+    assert (ef.skipped_as_copy, rf.skipped_as_copy) == (10, 11)
+    assert (t.effects_twice_separate_tx, t.effects_lost_separate_tx) == (1, 1)
     for r in c.values():
-        others = {e: n for e, n in r["effects"].items() if e not in r["twice"] + r["lost"]}
+        others = {e: n for e, n in r.effects.items() if e not in r.twice + r.lost}
         assert set(others.values()) == {1}
 
-    h = t["inbox"]
-    assert h["primary_key"] == "inbox_pkey UNIQUE btree (event_id)"
-    assert h["rows"] == 20 and h["copy_assigned_xid"] is False
-    assert (h["pruned"], h["late_copy"], h["late_copy_applied_again"]) == (9, ev(1), True)
-    assert (h["kept_copy"], h["kept_copy_applied_again"]) == (ev(20), False)
+    h = t.inbox
+    assert h.primary_key == "inbox_pkey UNIQUE btree (event_id)"
+    assert h.rows == 20 and h.copy_assigned_xid is False
+    assert (h.pruned, h.late_copy, h.late_copy_applied_again) == (9, ev(1), True)
+    assert (h.kept_copy, h.kept_copy_applied_again) == (ev(20), False)
     _nothing_left(db, lab.schema, before)
 
 
@@ -88,11 +88,11 @@ def test_kill_on_the_first_event_without_redeliveries(lab, db):
     before = child_pids()
     t = ib.consumer_trace(lab, events=3, duplicates=0, kill_after=1)
     ev = relay.event_id
-    assert t["consumers"]["in_memory"]["twice"] == [ev(1)]
-    assert (t["effects_twice_inbox"], t["effects_lost_inbox"]) == (0, 0)
-    assert (t["effects_twice_separate_tx"], t["effects_lost_separate_tx"]) == (1, 1)
-    h = t["inbox"]
-    assert (h["pruned"], h["late_copy"], h["late_copy_applied_again"]) == (0, None, None)
+    assert t.consumers["in_memory"].twice == [ev(1)]
+    assert (t.effects_twice_inbox, t.effects_lost_inbox) == (0, 0)
+    assert (t.effects_twice_separate_tx, t.effects_lost_separate_tx) == (1, 1)
+    h = t.inbox
+    assert (h.pruned, h.late_copy, h.late_copy_applied_again) == (0, None, None)
     _nothing_left(db, lab.schema, before)
 
 
@@ -189,7 +189,7 @@ def test_the_picture_draws_this_runs_effects(lab):
     ev = relay.event_id
     # the grid is the run's effects, read back from the server: a row per consumer
     drawn = ax.images[0].get_array().tolist()
-    assert drawn == [[t["consumers"][c]["effects"][ev(i)] for i in range(1, 9)] for c in ib.CONSUMERS]
+    assert drawn == [[t.consumers[c].effects[ev(i)] for i in range(1, 9)] for c in ib.CONSUMERS]
     assert drawn[0] == [2, 2, 1, 2, 1, 1, 1, 1] and drawn[3][3] == 0      # the set; record first
     assert [x.get_text() for x in ax.texts][:8] == [str(v) for v in drawn[0]]
     assert [x.get_text() for x in ax.get_yticklabels()] == list(ib.SHORT_NAMES.values())

@@ -48,9 +48,10 @@ cell once, twice or never.  ``labkit trace consumer [--events N] [--duplicates D
 
 from __future__ import annotations
 
-import json as jsonlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 
 import psycopg
 
@@ -59,6 +60,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from ._checked import one_row
 from .relay import create_outbox, event_id, place_orders, relay_connection
 
@@ -198,12 +200,48 @@ def _acks(worker: Worker) -> list[bool]:
     return [e["applied"] for e in worker.events if e["kind"] == "acked"]
 
 
+@dataclass(frozen=True)
+class AtKill(Result):
+    """What the database held for the event in flight when a consumer's process 1 was killed.
+
+    effect_committed: whether the event's effect (a label printed for its order) was committed
+    recorded: whether its id was committed to the inbox
+    """
+
+    effect_committed: bool
+    recorded: bool
+
+
+@dataclass(frozen=True)
+class ConsumerRun(Result):
+    """One consumer of :data:`CONSUMERS` over the stream, killed and restarted, as the
+    database shows it afterwards.
+
+    handles: how it handles a message (the second text of :data:`CONSUMERS`)
+    killed: where its process 1 was killed (the third text of :data:`CONSUMERS`)
+    effects: {event id: labels printed for its order}, read from ``shop_order``
+    twice: the event ids whose effect was applied more than once
+    lost: the event ids whose effect was never applied
+    at_kill: what the database held for the event in flight at the kill (an :class:`AtKill`)
+    skipped_as_copy: deliveries the two processes took for a copy and did not apply
+    """
+
+    handles: str
+    killed: str
+    effects: dict[str, int]
+    twice: list[str]
+    lost: list[str]
+    at_kill: AtKill
+    skipped_as_copy: int
+
+
 def _run_consumer(lab: Lab, obs: psycopg.Connection, consumer: str,
-                  first: list[tuple[str, int]], second: list[tuple[str, int]]) -> dict:
+                  first: list[tuple[str, int]], second: list[tuple[str, int]]) -> tuple[ConsumerRun, datetime]:
     """One consumer over the stream: process 1 killed at its kill point on its last delivery,
     process 2 started after the server has seen process 1's backend go.  Returns what the
-    database shows at the kill and after, and ``restart_at`` (the server's clock between)."""
-    short, _, _ = CONSUMERS[consumer]
+    database shows at the kill and after, and the server's clock between the two (the
+    restart)."""
+    short, handles, killed = CONSUMERS[consumer]
     for statement in query("inbox.sql", "fresh").statements:
         obs.execute(statement)
     killed_event, killed_order = first[-1]
@@ -222,16 +260,40 @@ def _run_consumer(lab: Lab, obs: psycopg.Connection, consumer: str,
         w2.join(WAIT_S)
     effects: dict[str, int] = dict(obs.execute(_sql("effects")).fetchall())
     acks = _acks(w1) + _acks(w2)
-    return {"effects": effects,
-            "twice": [e for e, n in effects.items() if n > 1],
-            "lost": [e for e, n in effects.items() if n == 0],
-            "at_kill": {"effect_committed": bool(effect_committed), "recorded": bool(recorded)},
-            "skipped_as_copy": acks.count(False),
-            "restart_at": restart_at}
+    run = ConsumerRun(handles=handles, killed=killed, effects=effects,
+                      twice=[e for e, n in effects.items() if n > 1],
+                      lost=[e for e, n in effects.items() if n == 0],
+                      at_kill=AtKill(effect_committed=bool(effect_committed), recorded=bool(recorded)),
+                      skipped_as_copy=acks.count(False))
+    return run, restart_at
 
 
-def _inbox_hygiene(obs: psycopg.Connection, restart_at, first: list[tuple[str, int]],
-                   second: list[tuple[str, int]]) -> dict:
+@dataclass(frozen=True)
+class InboxHygiene(Result):
+    """The inbox consumer's table after its run: what it costs, and a prune too early.
+
+    primary_key: the inbox's primary key, as "name UNIQUE method (column)": the deduplication
+    rows: rows in the inbox: one per event applied
+    copy_assigned_xid: whether recording a copy (which inserts nothing) took a transaction id
+    pruned: rows a prune removed: those applied before the restart (a window shorter than the redelivery delay)
+    late_copy: the pruned event a late copy was then delivered for (None when nothing was pruned)
+    late_copy_applied_again: whether that late copy was applied a second time (None when nothing was pruned)
+    kept_copy: an event still in the inbox a copy was then delivered for
+    kept_copy_applied_again: whether that copy was applied a second time
+    """
+
+    primary_key: str
+    rows: int
+    copy_assigned_xid: bool
+    pruned: int
+    late_copy: str | None
+    late_copy_applied_again: bool | None
+    kept_copy: str
+    kept_copy_applied_again: bool
+
+
+def _inbox_hygiene(obs: psycopg.Connection, restart_at: datetime, first: list[tuple[str, int]],
+                   second: list[tuple[str, int]]) -> InboxHygiene:
     """On the inbox consumer's end state: its primary key, its rows, what a copy writes, and
     a prune with a window shorter than a redelivery delay (the rows applied before the
     restart), followed by a late copy of a pruned event and one of a kept event."""
@@ -247,53 +309,87 @@ def _inbox_hygiene(obs: psycopg.Connection, restart_at, first: list[tuple[str, i
     if pruned:
         late_again = handle(obs, "inbox", late_event, late_order)
     kept_again = handle(obs, "inbox", kept_event, kept_order)
-    return {"primary_key": f"{name} {'UNIQUE ' if unique else ''}{method} ({column})",
-            "rows": rows,
-            "copy_assigned_xid": copy_xid is not None,
-            "pruned": pruned,
-            "late_copy": late_event if pruned else None,
-            "late_copy_applied_again": late_again,
-            "kept_copy": kept_event,
-            "kept_copy_applied_again": kept_again}
+    return InboxHygiene(primary_key=f"{name} {'UNIQUE ' if unique else ''}{method} ({column})",
+                        rows=rows,
+                        copy_assigned_xid=copy_xid is not None,
+                        pruned=pruned,
+                        late_copy=late_event if pruned else None,
+                        late_copy_applied_again=late_again,
+                        kept_copy=kept_event,
+                        kept_copy_applied_again=kept_again)
+
+
+@dataclass(frozen=True)
+class ConsumerTrace(Result):
+    """The four consumers of :data:`CONSUMERS`, each killed and restarted over the same stream
+    (:func:`consumer_trace`); the separate-transaction counts add up both orders.
+
+    events: events in the stream (evt-0001 ...)
+    duplicates: the first events redelivered before the restart and again after it
+    kill_after: the number of the event in flight when process 1 was killed
+    killed_on: that event's id
+    deliveries_before_restart: messages delivered to process 1 (the one in flight at the kill included)
+    deliveries_after_restart: messages delivered to process 2
+    effects_twice_in_memory: events the in-memory consumer applied more than once
+    effects_lost_in_memory: events it never applied
+    effects_twice_inbox: events the inbox consumer (one transaction) applied more than once
+    effects_lost_inbox: events it never applied
+    effects_twice_separate_tx: events the two separate-transaction consumers applied more than once
+    effects_lost_separate_tx: events they never applied
+    consumers: {consumer name: its :class:`ConsumerRun`}, in the order of :data:`CONSUMERS`
+    inbox: the inbox consumer's table afterwards, and a prune too early (an :class:`InboxHygiene`)
+    """
+
+    events: int
+    duplicates: int
+    kill_after: int
+    killed_on: str
+    deliveries_before_restart: int
+    deliveries_after_restart: int
+    effects_twice_in_memory: int
+    effects_lost_in_memory: int
+    effects_twice_inbox: int
+    effects_lost_inbox: int
+    effects_twice_separate_tx: int
+    effects_lost_separate_tx: int
+    consumers: dict[str, ConsumerRun]
+    inbox: InboxHygiene
 
 
 def consumer_trace(lab: Lab, *, events: int = EVENTS, duplicates: int = DUPLICATES,
-                   kill_after: int = KILL_AFTER) -> dict:
+                   kill_after: int = KILL_AFTER) -> ConsumerTrace:
     """The four consumers of :data:`CONSUMERS` over the same stream (:func:`stream`), each as
     a process killed with SIGKILL between its two writes while it handles event
-    ``kill_after``, then a new process.  Returns ``events``, ``duplicates``, ``kill_after``,
-    ``killed_on`` (the event in flight at the kill), ``deliveries_before_restart``,
-    ``deliveries_after_restart``, ``effects_twice_<c>`` and ``effects_lost_<c>`` for
-    ``in_memory``, ``inbox`` and ``separate_tx`` (both separate-transaction orders added up),
-    ``consumers`` (per consumer: ``effects`` per event id, ``twice``, ``lost``, ``at_kill``
-    {effect_committed, recorded}, ``skipped_as_copy``, ``handles``, ``killed``) and ``inbox``
-    (:func:`_inbox_hygiene`: ``primary_key``, ``rows``, ``copy_assigned_xid``, ``pruned``,
-    ``late_copy``, ``late_copy_applied_again``, ``kept_copy``, ``kept_copy_applied_again``)."""
+    ``kill_after``, then a new process: a :class:`ConsumerTrace` -- the effects each
+    consumer's processes left (a :class:`ConsumerRun` each), the copies applied twice and
+    the events lost per consumer, and the inbox consumer's table afterwards, pruned too
+    early (:class:`InboxHygiene`)."""
     first, second = stream(events, duplicates, kill_after)
     create_outbox(lab)
     place_orders(lab, events)
     obs = lab.connect(role="observer")
+    runs: dict[str, ConsumerRun] = {}
+    hygiene: InboxHygiene | None = None
     try:
-        runs, hygiene = {}, {}
         for consumer in CONSUMERS:
-            runs[consumer] = _run_consumer(lab, obs, consumer, first, second)
-            if consumer == "inbox":
-                hygiene = _inbox_hygiene(obs, runs[consumer]["restart_at"], first, second)
+            runs[consumer], restart_at = _run_consumer(lab, obs, consumer, first, second)
+            if consumer == "inbox":     # read before the next consumer makes the tables afresh
+                hygiene = _inbox_hygiene(obs, restart_at, first, second)
     finally:
         obs.close()
-    out = {"events": events, "duplicates": duplicates, "kill_after": kill_after,
-           "killed_on": first[-1][0],
-           "deliveries_before_restart": len(first), "deliveries_after_restart": len(second)}
+    if hygiene is None:
+        raise LabkitError("The inbox consumer did not run, so there is no inbox to read.",
+                          f"keep \"inbox\" among the consumers ({', '.join(CONSUMERS)}).")
     separate = [runs["separate_tx_effect_first"], runs["separate_tx_record_first"]]
-    for key, parts in (("in_memory", [runs["in_memory"]]), ("inbox", [runs["inbox"]]),
-                       ("separate_tx", separate)):
-        out[f"effects_twice_{key}"] = sum(len(r["twice"]) for r in parts)
-        out[f"effects_lost_{key}"] = sum(len(r["lost"]) for r in parts)
-    out["consumers"] = {c: {"handles": CONSUMERS[c][1], "killed": CONSUMERS[c][2],
-                            **{k: v for k, v in r.items() if k != "restart_at"}}
-                        for c, r in runs.items()}
-    out["inbox"] = hygiene
-    return out
+    return ConsumerTrace(
+        events=events, duplicates=duplicates, kill_after=kill_after, killed_on=first[-1][0],
+        deliveries_before_restart=len(first), deliveries_after_restart=len(second),
+        effects_twice_in_memory=len(runs["in_memory"].twice),
+        effects_lost_in_memory=len(runs["in_memory"].lost),
+        effects_twice_inbox=len(runs["inbox"].twice), effects_lost_inbox=len(runs["inbox"].lost),
+        effects_twice_separate_tx=sum(len(r.twice) for r in separate),
+        effects_lost_separate_tx=sum(len(r.lost) for r in separate),
+        consumers=runs, inbox=hygiene)
 
 
 # -- the picture: which events each consumer applied once, twice or never -------------------------
@@ -304,7 +400,7 @@ SHORT_NAMES = {"in_memory": "in memory", "inbox": "inbox, one transaction",
                "separate_tx_record_first": "record, then effect"}
 
 
-def plot_effects(t: dict, ax=None):
+def plot_effects(t: ConsumerTrace, ax=None):
     """The effects of :func:`consumer_trace`'s run, ``t``, as a grid: a row per consumer, a
     column per event, each cell the labels printed for that event (read back from
     ``shop_order``): once, twice or never, in three colours.  The event in flight at the kill
@@ -318,14 +414,14 @@ def plot_effects(t: dict, ax=None):
 
     from ..core.plots import PALETTE, setup_matplotlib
 
-    if not isinstance(t, dict) or "consumers" not in t or "events" not in t:
+    if not isinstance(t, ConsumerTrace):
         raise LabkitError("plot_effects draws the result of consumer_trace().",
                           "pass t = inbox.consumer_trace(lab).")
     setup_matplotlib()
-    consumers = list(t["consumers"])
-    n, k, d = t["events"], t["kill_after"], t["duplicates"]
+    consumers = list(t.consumers)
+    n, k, d = t.events, t.kill_after, t.duplicates
     events = [event_id(i) for i in range(1, n + 1)]
-    grid = [[min(t["consumers"][c]["effects"].get(e, 0), 3) for e in events] for c in consumers]
+    grid = [[min(t.consumers[c].effects.get(e, 0), 3) for e in events] for c in consumers]
     if ax is None:
         fig, ax = plt.subplots(figsize=(12, 1.2 + 0.8 * len(consumers)))
     else:
@@ -353,7 +449,7 @@ def plot_effects(t: dict, ax=None):
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
     top = ax.secondary_xaxis("top")
-    marks = [(k - 1, "killed here")]
+    marks: list[tuple[float, str]] = [(k - 1, "killed here")]
     if d:
         marks.insert(0, ((d - 1) / 2, f"{'1' if d == 1 else f'1–{d}'}: copies to every consumer"))
     top.set_xticks([x for x, _ in marks], [label for _, label in marks])
@@ -362,8 +458,8 @@ def plot_effects(t: dict, ax=None):
     right = ax.secondary_yaxis("right")
     tally = []
     for c in consumers:
-        r = t["consumers"][c]
-        said = [f"{len(r['twice'])} twice"] * bool(r["twice"]) + [f"{len(r['lost'])} lost"] * bool(r["lost"])
+        r = t.consumers[c]
+        said = [f"{len(r.twice)} twice"] * bool(r.twice) + [f"{len(r.lost)} lost"] * bool(r.lost)
         tally.append(", ".join(said) or "all once")
     right.set_yticks(range(len(consumers)), tally)
     right.tick_params(length=0)
@@ -376,33 +472,33 @@ def plot_effects(t: dict, ax=None):
 # -- command line --------------------------------------------------------------------------------
 
 
-def format_trace(t: dict) -> str:
+def format_trace(t: ConsumerTrace) -> str:
     """The trace as a few lines of text (none wider than about 100 characters): the
     stream, one line per consumer, the inbox."""
-    lines = [f"{t['events']} events, {t['duplicates']} of them redelivered before the restart "
+    lines = [f"{t.events} events, {t.duplicates} of them redelivered before the restart "
              "and again after it;",
-             f"process 1 of each consumer SIGKILLed while handling {t['killed_on']}",
-             f"deliveries: {t['deliveries_before_restart']} to process 1, "
-             f"{t['deliveries_after_restart']} to process 2 ({t['killed_on']} first: never acknowledged)",
+             f"process 1 of each consumer SIGKILLed while handling {t.killed_on}",
+             f"deliveries: {t.deliveries_before_restart} to process 1, "
+             f"{t.deliveries_after_restart} to process 2 ({t.killed_on} first: never acknowledged)",
              ""]
     width = max(len(v[1]) for v in CONSUMERS.values())
     lines.append(f"{'consumer':<{width}}  {'at the kill: effect / id':<30}  twice  lost")
-    for r in t["consumers"].values():
-        k = r["at_kill"]
-        at = (f"{'committed' if k['effect_committed'] else 'not committed'} / "
-              f"{'recorded' if k['recorded'] else 'not recorded'}")
-        lines.append(f"{r['handles']:<{width}}  {at:<30}  {len(r['twice']):>5}  {len(r['lost']):>4}")
-    h = t["inbox"]
+    for r in t.consumers.values():
+        k = r.at_kill
+        at = (f"{'committed' if k.effect_committed else 'not committed'} / "
+              f"{'recorded' if k.recorded else 'not recorded'}")
+        lines.append(f"{r.handles:<{width}}  {at:<30}  {len(r.twice):>5}  {len(r.lost):>4}")
+    h = t.inbox
     lines += ["",
-              f"inbox: primary key {h['primary_key']}; {h['rows']} rows, one per event applied",
-              f"a copy {'writes' if h['copy_assigned_xid'] else 'writes nothing (no transaction id)'}"]
-    if h["pruned"]:
-        lines += [f"pruned the {h['pruned']} rows applied before the restart "
+              f"inbox: primary key {h.primary_key}; {h.rows} rows, one per event applied",
+              f"a copy {'writes' if h.copy_assigned_xid else 'writes nothing (no transaction id)'}"]
+    if h.pruned:
+        lines += [f"pruned the {h.pruned} rows applied before the restart "
                   "(a window shorter than the redelivery delay):",
-                  f"  a late copy of {h['late_copy']} is applied "
-                  f"{'again' if h['late_copy_applied_again'] else 'not again'}; "
-                  f"a copy of {h['kept_copy']} (kept) is "
-                  f"{'applied again' if h['kept_copy_applied_again'] else 'a no-op'}"]
+                  f"  a late copy of {h.late_copy} is applied "
+                  f"{'again' if h.late_copy_applied_again else 'not again'}; "
+                  f"a copy of {h.kept_copy} (kept) is "
+                  f"{'applied again' if h.kept_copy_applied_again else 'a no-op'}"]
     lines.append("safe pruning window: longer than the longest delay after which a copy can still arrive")
     return "\n".join(lines)
 
@@ -415,5 +511,5 @@ def consumer_command(*, open_lab: Callable[[], Lab], events: int = EVENTS, dupli
     check_params(events=events, duplicates=duplicates, kill_after=kill_after)
     with open_lab() as lab:
         t = consumer_trace(lab, events=events, duplicates=duplicates, kill_after=kill_after)
-    print(jsonlib.dumps(t, indent=2, default=str) if json else format_trace(t))
+    print(t.to_json() if json else format_trace(t))
     return 0

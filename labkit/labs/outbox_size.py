@@ -30,10 +30,10 @@ relay's claim and mark are :mod:`labkit.labs.relay`'s.
 
 from __future__ import annotations
 
-import json as jsonlib
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -44,7 +44,9 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.queries import query
+from ..core.results import Result, not_json
 from ..core.sessions import Sessions
+from ..core.transcript import Transcript
 from ._checked import one_row, one_row_named
 from .relay import MARK, claim_text, create_outbox
 
@@ -290,7 +292,55 @@ def _history(lab: Lab, n: int, *, first: int, start: datetime, step_s: float) ->
 # -- 1. growth -----------------------------------------------------------------------------------
 
 
-def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> list[dict]:
+@dataclass(frozen=True)
+class GrowthReading(Result):
+    """The outbox at one history size: one reading of :func:`growth`.
+
+    published_rows: published rows the outbox held (its history) at this reading
+    table_bytes: the table (heap) on disk, in bytes
+    index_bytes: all its indexes on disk, in bytes
+    partial_index_bytes: the claim's partial index (unpublished rows only) on disk, in bytes
+    total_bytes: table, indexes and TOAST together, in bytes
+    claim_buffers: buffers (8 kB pages, shared hit + read) the relay's claim of 10 rows read
+    claim_ms: the claim's execution time on the server, in milliseconds
+    claim_rows: the rows the claim returned
+    vacuum_pages_scanned: heap pages the plain VACUUM after one tick read
+    vacuum_pages_total: heap pages the table had at that VACUUM
+    vacuum_index_scans: index passes that VACUUM ran (0: it bypassed the pass)
+    vacuum_buffers: buffers (hits + reads) that VACUUM touched
+    vacuum_dead_item_pages: heap pages holding dead items that VACUUM found
+    vacuum_bypassed: 1 if that VACUUM skipped its index pass (INDEX_CLEANUP AUTO), else 0
+    vacuum_ms: that VACUUM's wall time, in milliseconds
+    index_pass_buffers: buffers (hits + reads) the VACUUM with INDEX_CLEANUP ON touched
+    index_pass_ms: that VACUUM's wall time, in milliseconds
+    index_pass_scans: index passes that VACUUM ran
+    index_pass_dead_items: dead item identifiers that VACUUM removed (a bypassed pass's included)
+    autovacuum_after: dead row versions autovacuum would wait for before it vacuums the table
+    """
+
+    published_rows: int
+    table_bytes: int
+    index_bytes: int
+    partial_index_bytes: int
+    total_bytes: int
+    claim_buffers: int
+    claim_ms: float
+    claim_rows: int
+    vacuum_pages_scanned: int
+    vacuum_pages_total: int
+    vacuum_index_scans: int
+    vacuum_buffers: int
+    vacuum_dead_item_pages: int
+    vacuum_bypassed: int
+    vacuum_ms: float
+    index_pass_buffers: int
+    index_pass_ms: float
+    index_pass_scans: int
+    index_pass_dead_items: int
+    autovacuum_after: int
+
+
+def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> list[GrowthReading]:
     """The relay's outbox (relay.create_outbox, autovacuum off for it) grown through
     ``sizes`` published rows (written already published: the lab's shortcut for a history
     the relay worked through), always with a few unpublished ones.  At each size, after a
@@ -302,7 +352,8 @@ def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> lis
     rows; ``index_pass_dead_items`` counts the dead items it removed, a bypassed VACUUM's
     included); then the claim is measured (``claim_buffers``, ``claim_ms``).  Also
     ``table_bytes``, ``index_bytes``, ``partial_index_bytes``, ``total_bytes`` and
-    ``autovacuum_after`` (dead row versions autovacuum would wait for)."""
+    ``autovacuum_after`` (dead row versions autovacuum would wait for).  One
+    :class:`GrowthReading` per size."""
     check_params(sizes=sizes)
     number("tick", tick, low=1, high=MAX_BATCH, whole=True, example=TICK)
     create_outbox(lab)
@@ -310,7 +361,8 @@ def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> lis
     ids = _Ids()
     _arrive(lab, ids, WAITING)
     start = lab.execute("SELECT now() - interval '30 days'")[0][0]
-    have, out = 0, []
+    have = 0
+    out: list[GrowthReading] = []
     for size in sizes:
         _history(lab, size - have, first=have + 1, start=start, step_s=1.0)
         have = size
@@ -322,16 +374,18 @@ def growth(lab: Lab, *, sizes: tuple[int, ...] = SIZES, tick: int = TICK) -> lis
         _relay_tick(lab, tick)
         full = vacuum(lab, "INDEX_CLEANUP ON")
         claim = claim_cost(lab)
-        row = {"published_rows": size, **disk_sizes(lab),
-               "claim_buffers": claim["buffers"], "claim_ms": claim["ms"], "claim_rows": claim["rows"],
-               "vacuum_pages_scanned": plain["pages_scanned"], "vacuum_pages_total": plain["pages_total"],
-               "vacuum_index_scans": plain["index_scans"], "vacuum_buffers": plain["buffers"],
-               "vacuum_dead_item_pages": plain["dead_item_pages"], "vacuum_bypassed": plain["bypassed"],
-               "vacuum_ms": plain["ms"],
-               "index_pass_buffers": full["buffers"], "index_pass_ms": full["ms"],
-               "index_pass_scans": full["index_scans"], "index_pass_dead_items": full["dead_items"],
-               "autovacuum_after": int(lab.execute(_q("autovacuum_after"))[0][0])}
-        out.append(row)
+        disk = disk_sizes(lab)
+        out.append(GrowthReading(
+            published_rows=size, table_bytes=disk["table_bytes"], index_bytes=disk["index_bytes"],
+            partial_index_bytes=disk["partial_index_bytes"], total_bytes=disk["total_bytes"],
+            claim_buffers=claim["buffers"], claim_ms=claim["ms"], claim_rows=claim["rows"],
+            vacuum_pages_scanned=int(plain["pages_scanned"]), vacuum_pages_total=int(plain["pages_total"]),
+            vacuum_index_scans=int(plain["index_scans"]), vacuum_buffers=int(plain["buffers"]),
+            vacuum_dead_item_pages=int(plain["dead_item_pages"]), vacuum_bypassed=int(plain["bypassed"]),
+            vacuum_ms=plain["ms"],
+            index_pass_buffers=int(full["buffers"]), index_pass_ms=full["ms"],
+            index_pass_scans=int(full["index_scans"]), index_pass_dead_items=int(full["dead_items"]),
+            autovacuum_after=int(lab.execute(_q("autovacuum_after"))[0][0])))
     return out
 
 
@@ -351,7 +405,48 @@ def _history_bounds(lab: Lab, history: int, hours: int) -> tuple[datetime, datet
     return cutoff - timedelta(hours=hours), cutoff, hours * 3600 / history
 
 
-def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: int = HOURS) -> dict:
+@dataclass(frozen=True)
+class DeleteWay(Result):
+    """Way out A, measured: the old published rows deleted in batches, then VACUUM
+    (:func:`delete_way`).
+
+    delete_rows: published rows the cleanup deleted
+    delete_batches: DELETE transactions that deleted at least one row
+    delete_ms: the cleanup loop's wall time, in milliseconds
+    delete_wal_bytes: WAL written over the loop, in bytes (whose: ``wal_scope``)
+    wal_scope: whose WAL ``delete_wal_bytes`` counts: "this session" (PostgreSQL 18+) or "the whole server"
+    delete_dead_tuples: dead row versions the VACUUM afterwards found (one per deleted row)
+    vacuum_removed: dead row versions that VACUUM removed
+    vacuum_ms: that VACUUM's wall time, in milliseconds
+    vacuum_wal_bytes: the WAL that VACUUM wrote, in bytes
+    vacuum_index_scans: index passes that VACUUM ran
+    table_bytes_before: the table (heap) on disk before the cleanup, in bytes
+    table_bytes_after: the same after the cleanup and its VACUUM (it does not shrink)
+    total_bytes_before: table, indexes and TOAST before the cleanup, in bytes
+    total_bytes_after: the same after the cleanup and its VACUUM, in bytes
+    claim_locks: relations the relay's claim locks on this outbox (the table and its indexes)
+    unpublished_left: unpublished events still in the outbox afterwards
+    """
+
+    delete_rows: int
+    delete_batches: int
+    delete_ms: float
+    delete_wal_bytes: int
+    wal_scope: str
+    delete_dead_tuples: int
+    vacuum_removed: int
+    vacuum_ms: float
+    vacuum_wal_bytes: int
+    vacuum_index_scans: int
+    table_bytes_before: int
+    table_bytes_after: int
+    total_bytes_before: int
+    total_bytes_after: int
+    claim_locks: int
+    unpublished_left: int
+
+
+def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: int = HOURS) -> DeleteWay:
     """Way out A on the relay's outbox holding ``history`` published rows (over ``hours``
     hours) and a few unpublished ones: the cleanup (outbox_size.sql ``cleanup_batch``)
     deletes every published row older than the current hour, ``batch`` rows a
@@ -362,7 +457,8 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     row), ``vacuum_ms``, ``vacuum_wal_bytes``, ``vacuum_index_scans``,
     ``table_bytes_before``/``after`` (the heap: it does not shrink -- VACUUM gives back
     only empty pages at the end of the file, and the newest rows sit there),
-    ``total_bytes_before``/``after``, ``claim_locks`` and ``unpublished_left``."""
+    ``total_bytes_before``/``after``, ``claim_locks`` and ``unpublished_left`` (a
+    :class:`DeleteWay`)."""
     check_params(history=history, batch=batch)
     number("hours", hours, low=1, high=48, whole=True, example=HOURS)
     create_outbox(lab)
@@ -388,14 +484,14 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
         wal = _wal_since(conn, lsn)
     vac = vacuum(lab)
     after = disk_sizes(lab)
-    return {"delete_rows": deleted, "delete_batches": batches, "delete_ms": round(ms, 1),
-            "delete_wal_bytes": wal, "wal_scope": scope, "delete_dead_tuples": vac["dead_items"],
-            "vacuum_removed": vac["removed"],
-            "vacuum_ms": vac["ms"], "vacuum_wal_bytes": vac["wal_bytes"],
-            "vacuum_index_scans": vac["index_scans"],
-            "table_bytes_before": before["table_bytes"], "table_bytes_after": after["table_bytes"],
-            "total_bytes_before": before["total_bytes"], "total_bytes_after": after["total_bytes"],
-            "claim_locks": locks, "unpublished_left": _unpublished(lab)}
+    return DeleteWay(delete_rows=deleted, delete_batches=batches, delete_ms=round(ms, 1),
+                     delete_wal_bytes=wal, wal_scope=scope, delete_dead_tuples=int(vac["dead_items"]),
+                     vacuum_removed=int(vac["removed"]),
+                     vacuum_ms=vac["ms"], vacuum_wal_bytes=int(vac["wal_bytes"]),
+                     vacuum_index_scans=int(vac["index_scans"]),
+                     table_bytes_before=before["table_bytes"], table_bytes_after=after["table_bytes"],
+                     total_bytes_before=before["total_bytes"], total_bytes_after=after["total_bytes"],
+                     claim_locks=locks, unpublished_left=_unpublished(lab))
 
 
 def _unpublished(lab: Lab) -> int:
@@ -453,7 +549,44 @@ def remove_partition(lab: Lab, name: str, conn: psycopg.Connection | None = None
     conn.execute(_ddl("drop", partition=name))
 
 
-def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
+@dataclass(frozen=True)
+class DropWay(Result):
+    """Way out B, measured: the same history in hourly partitions, the old ones detached and
+    dropped, then VACUUM (:func:`drop_way`).
+
+    drop_partitions: old partitions removed
+    drop_rows: published rows they held
+    drop_ms: the removals' wall time, in milliseconds
+    drop_wal_bytes: WAL written over the removals, in bytes (whose: ``wal_scope``)
+    wal_scope: whose WAL ``drop_wal_bytes`` counts: "this session" (PostgreSQL 18+) or "the whole server"
+    drop_dead_tuples: dead row versions the VACUUM afterwards found (none: the files are gone)
+    table_bytes_before: the tables (heaps) of every partition on disk before, in bytes
+    table_bytes_after: the same after the removals and the VACUUM (it shrinks)
+    total_bytes_before: tables, indexes and TOAST of every partition before, in bytes
+    total_bytes_after: the same after the removals and the VACUUM, in bytes
+    claim_buffers: buffers (8 kB pages, hits + reads) the relay's claim of 10 rows read here
+    claim_locks: relations that claim locks: the outbox, every partition and their indexes (none pruned)
+    unique_event_id_refused: the server's error for UNIQUE (event_id) here, "SQLSTATE: message" (None: took it)
+    unpublished_left: unpublished events still in the outbox afterwards
+    """
+
+    drop_partitions: int
+    drop_rows: int
+    drop_ms: float
+    drop_wal_bytes: int
+    wal_scope: str
+    drop_dead_tuples: int
+    table_bytes_before: int
+    table_bytes_after: int
+    total_bytes_before: int
+    total_bytes_after: int
+    claim_buffers: int
+    claim_locks: int
+    unique_event_id_refused: str | None
+    unpublished_left: int
+
+
+def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> DropWay:
     """Way out B on the same history as :func:`delete_way`, in hourly partitions: every
     partition older than the current hour is removed (:func:`remove_partition`), then
     VACUUM.  Returns ``drop_partitions``, ``drop_rows``, ``drop_ms``, ``drop_wal_bytes``
@@ -461,7 +594,8 @@ def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
     afterwards: none), ``table_bytes_before``/``after`` and ``total_bytes_before``/``after``
     (they do shrink: the files are gone), ``claim_buffers``, ``claim_locks`` (the claim
     locks every partition and its index: no partition can be pruned by created_at) and
-    ``unique_event_id_refused`` (the server's error for UNIQUE (event_id))."""
+    ``unique_event_id_refused`` (the server's error for UNIQUE (event_id)), and
+    ``unpublished_left`` (a :class:`DropWay`)."""
     check_params(history=history, batch=1)
     number("hours", hours, low=1, high=48, whole=True, example=HOURS)
     start, cutoff, step_s = _history_bounds(lab, history, hours)
@@ -484,54 +618,129 @@ def drop_way(lab: Lab, *, history: int = HISTORY, hours: int = HOURS) -> dict:
         wal = _wal_since(conn, lsn)
     vac = vacuum(lab)
     after = disk_sizes(lab)
-    return {"drop_partitions": len(old), "drop_rows": rows, "drop_ms": round(ms, 1),
-            "drop_wal_bytes": wal, "wal_scope": scope, "drop_dead_tuples": vac["dead_items"],
-            "table_bytes_before": before["table_bytes"], "table_bytes_after": after["table_bytes"],
-            "total_bytes_before": before["total_bytes"], "total_bytes_after": after["total_bytes"],
-            "claim_buffers": claim["buffers"], "claim_locks": claim["locks"],
-            "unique_event_id_refused": refused, "unpublished_left": _unpublished(lab)}
+    return DropWay(drop_partitions=len(old), drop_rows=rows, drop_ms=round(ms, 1),
+                   drop_wal_bytes=wal, wal_scope=scope, drop_dead_tuples=int(vac["dead_items"]),
+                   table_bytes_before=before["table_bytes"], table_bytes_after=after["table_bytes"],
+                   total_bytes_before=before["total_bytes"], total_bytes_after=after["total_bytes"],
+                   claim_buffers=claim["buffers"], claim_locks=claim["locks"],
+                   unique_event_id_refused=refused, unpublished_left=_unpublished(lab))
 
 
 # -- the two compared --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SizeTrace(Result):
+    """The outbox's growth and the two ways out on one history (:func:`size_trace`); the
+    lists hold one value per size of ``sizes``, smallest first.
+
+    history: published rows ways A and B both shed
+    batch: rows one cleanup DELETE takes (way A)
+    sizes: the history sizes growth was read at, in published rows
+    growth: one :class:`GrowthReading` per size
+    claim_buffers: per size, buffers (8 kB pages) the relay's claim of 10 rows read
+    table_bytes: per size, the table (heap) on disk, in bytes
+    total_bytes: per size, table, indexes and TOAST on disk, in bytes
+    vacuum_buffers: per size, buffers a plain VACUUM after one tick touched
+    index_pass_buffers: per size, buffers a VACUUM with its index pass forced touched
+    autovacuum_after: per size, dead row versions autovacuum would wait for
+    delete_rows: A: published rows the batched DELETE removed
+    delete_batches: A: DELETE transactions that removed rows
+    delete_ms: A: the cleanup loop's wall time, in milliseconds
+    delete_wal_bytes: A: WAL written by the cleanup, in bytes (see :class:`DeleteWay`'s ``wal_scope``)
+    delete_dead_tuples: A: dead row versions the VACUUM afterwards found
+    delete_vacuum_ms: A: that VACUUM's wall time, in milliseconds
+    delete_vacuum_wal_bytes: A: the WAL that VACUUM wrote, in bytes
+    delete_table_bytes_before: A: the table on disk before the cleanup, in bytes
+    delete_table_bytes_after: A: the table on disk after the cleanup and its VACUUM, in bytes
+    delete_total_bytes_before: A: table, indexes and TOAST before, in bytes
+    delete_total_bytes_after: A: table, indexes and TOAST after, in bytes
+    drop_partitions: B: old partitions detached and dropped
+    drop_rows: B: published rows they held
+    drop_ms: B: the removals' wall time, in milliseconds
+    drop_wal_bytes: B: WAL written by the removals, in bytes (see :class:`DropWay`'s ``wal_scope``)
+    drop_dead_tuples: B: dead row versions the VACUUM afterwards found
+    drop_table_bytes_before: B: the partitions' tables on disk before, in bytes
+    drop_table_bytes_after: B: the partitions' tables on disk after, in bytes
+    drop_total_bytes_before: B: tables, indexes and TOAST before, in bytes
+    drop_total_bytes_after: B: tables, indexes and TOAST after, in bytes
+    partitioned_claim_buffers: B: buffers the relay's claim of 10 rows read on the partitioned outbox
+    claim_locks_plain: relations the claim locks on A's plain outbox
+    claim_locks_partitioned: relations the claim locks on B's partitioned outbox
+    unique_event_id_refused: the server's error for UNIQUE (event_id) on B's outbox ("SQLSTATE: message")
+    """
+
+    history: int
+    batch: int
+    sizes: list[int]
+    growth: list[GrowthReading]
+    claim_buffers: list[int]
+    table_bytes: list[int]
+    total_bytes: list[int]
+    vacuum_buffers: list[int]
+    index_pass_buffers: list[int]
+    autovacuum_after: list[int]
+    delete_rows: int
+    delete_batches: int
+    delete_ms: float
+    delete_wal_bytes: int
+    delete_dead_tuples: int
+    delete_vacuum_ms: float
+    delete_vacuum_wal_bytes: int
+    delete_table_bytes_before: int
+    delete_table_bytes_after: int
+    delete_total_bytes_before: int
+    delete_total_bytes_after: int
+    drop_partitions: int
+    drop_rows: int
+    drop_ms: float
+    drop_wal_bytes: int
+    drop_dead_tuples: int
+    drop_table_bytes_before: int
+    drop_table_bytes_after: int
+    drop_total_bytes_before: int
+    drop_total_bytes_after: int
+    partitioned_claim_buffers: int
+    claim_locks_plain: int
+    claim_locks_partitioned: int
+    unique_event_id_refused: str | None
+
+
 def size_trace(lab: Lab, *, history: int = HISTORY, batch: int = BATCH,
-               sizes: tuple[int, ...] = SIZES, hours: int = HOURS) -> dict:
+               sizes: tuple[int, ...] = SIZES, hours: int = HOURS) -> SizeTrace:
     """:func:`growth` over ``sizes``, then ways A (:func:`delete_way`) and B
-    (:func:`drop_way`) on the same ``history``.  Keys: ``sizes``, ``growth`` (one dict per
-    size), ``claim_buffers``, ``table_bytes``, ``total_bytes``, ``vacuum_buffers``,
-    ``index_pass_buffers``, ``autovacuum_after`` (each a list, one value per size); A's
-    ``delete_*`` keys, ``delete_vacuum_ms``, ``delete_vacuum_wal_bytes``,
-    ``delete_table_bytes_before``/``after``, ``delete_total_bytes_before``/``after``; B's
-    ``drop_*`` keys, ``drop_table_bytes_before``/``after``, ``drop_total_bytes_before``/
-    ``after``, ``partitioned_claim_buffers``, ``claim_locks_plain``,
-    ``claim_locks_partitioned``, ``unique_event_id_refused``; ``history``, ``batch``."""
+    (:func:`drop_way`) on the same ``history``: a :class:`SizeTrace`, with ``sizes``,
+    ``growth`` (one :class:`GrowthReading` per size), ``claim_buffers``, ``table_bytes``,
+    ``total_bytes``, ``vacuum_buffers``, ``index_pass_buffers``, ``autovacuum_after`` (each
+    a list, one value per size); A's ``delete_*`` fields, ``delete_vacuum_ms``,
+    ``delete_vacuum_wal_bytes``, ``delete_table_bytes_before``/``after``,
+    ``delete_total_bytes_before``/``after``; B's ``drop_*`` fields,
+    ``drop_table_bytes_before``/``after``, ``drop_total_bytes_before``/``after``,
+    ``partitioned_claim_buffers``, ``claim_locks_plain``, ``claim_locks_partitioned``,
+    ``unique_event_id_refused``; ``history``, ``batch``."""
     check_params(sizes=sizes, history=history, batch=batch)
     number("hours", hours, low=1, high=48, whole=True, example=HOURS)
     rows = growth(lab, sizes=sizes)
     a = delete_way(lab, history=history, batch=batch, hours=hours)
     b = drop_way(lab, history=history, hours=hours)
-    out: dict[str, Any] = {"history": history, "batch": batch, "sizes": list(sizes), "growth": rows}
-    for key in ("claim_buffers", "table_bytes", "total_bytes", "vacuum_buffers", "index_pass_buffers",
-                "autovacuum_after"):
-        out[key] = [r[key] for r in rows]
-    out.update({k: a[k] for k in ("delete_rows", "delete_batches", "delete_ms", "delete_wal_bytes",
-                                  "delete_dead_tuples")})
-    out.update({"delete_vacuum_ms": a["vacuum_ms"], "delete_vacuum_wal_bytes": a["vacuum_wal_bytes"],
-                "delete_table_bytes_before": a["table_bytes_before"],
-                "delete_table_bytes_after": a["table_bytes_after"],
-                "delete_total_bytes_before": a["total_bytes_before"],
-                "delete_total_bytes_after": a["total_bytes_after"]})
-    out.update({k: b[k] for k in ("drop_partitions", "drop_rows", "drop_ms", "drop_wal_bytes",
-                                  "drop_dead_tuples")})
-    out.update({"drop_table_bytes_before": b["table_bytes_before"],
-                "drop_table_bytes_after": b["table_bytes_after"],
-                "drop_total_bytes_before": b["total_bytes_before"],
-                "drop_total_bytes_after": b["total_bytes_after"],
-                "partitioned_claim_buffers": b["claim_buffers"],
-                "claim_locks_plain": a["claim_locks"], "claim_locks_partitioned": b["claim_locks"],
-                "unique_event_id_refused": b["unique_event_id_refused"]})
-    return out
+    return SizeTrace(
+        history=history, batch=batch, sizes=list(sizes), growth=rows,
+        claim_buffers=[r.claim_buffers for r in rows], table_bytes=[r.table_bytes for r in rows],
+        total_bytes=[r.total_bytes for r in rows], vacuum_buffers=[r.vacuum_buffers for r in rows],
+        index_pass_buffers=[r.index_pass_buffers for r in rows],
+        autovacuum_after=[r.autovacuum_after for r in rows],
+        delete_rows=a.delete_rows, delete_batches=a.delete_batches, delete_ms=a.delete_ms,
+        delete_wal_bytes=a.delete_wal_bytes, delete_dead_tuples=a.delete_dead_tuples,
+        delete_vacuum_ms=a.vacuum_ms, delete_vacuum_wal_bytes=a.vacuum_wal_bytes,
+        delete_table_bytes_before=a.table_bytes_before, delete_table_bytes_after=a.table_bytes_after,
+        delete_total_bytes_before=a.total_bytes_before, delete_total_bytes_after=a.total_bytes_after,
+        drop_partitions=b.drop_partitions, drop_rows=b.drop_rows, drop_ms=b.drop_ms,
+        drop_wal_bytes=b.drop_wal_bytes, drop_dead_tuples=b.drop_dead_tuples,
+        drop_table_bytes_before=b.table_bytes_before, drop_table_bytes_after=b.table_bytes_after,
+        drop_total_bytes_before=b.total_bytes_before, drop_total_bytes_after=b.total_bytes_after,
+        partitioned_claim_buffers=b.claim_buffers,
+        claim_locks_plain=a.claim_locks, claim_locks_partitioned=b.claim_locks,
+        unique_event_id_refused=b.unique_event_id_refused)
 
 
 # -- the cleanup beside a relay (scripted sessions) ----------------------------------------------------
@@ -565,7 +774,40 @@ def _count(step) -> int | None:
     return int(tag[-1]) if tag and tag[-1].isdigit() else None
 
 
-def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 3) -> dict:
+@dataclass(frozen=True)
+class BesideRelay(Result):
+    """The batched cleanup beside a relay's open claim, in scripted sessions
+    (:func:`beside_relay`).
+
+    relay_claimed: unpublished rows the relay's claim locked (None if the step did not finish)
+    cleaner1_deleted: rows cleaner 1's batch (SKIP LOCKED, transaction kept open) deleted
+    skip_deleted: rows cleaner 2's batch with SKIP LOCKED deleted
+    skip_waited: whether that batch waited for a lock
+    cleaner1_held_after_skip: rows cleaner 1 still held locked after cleaner 2's batch
+    waiting_waited: whether cleaner 2's batch without SKIP LOCKED waited
+    waiting_blocked_by: the sessions it waited for
+    waiting_deleted: rows that batch deleted once it went on
+    relay_held_throughout: whether the relay kept its claimed rows locked through every cleaner step
+    unpublished_left: unpublished rows in the outbox at the end
+    published_left: published rows in the outbox at the end
+    transcript: the run, step by step, with the rows each session held locked (for display)
+    """
+
+    relay_claimed: int | None
+    cleaner1_deleted: int | None
+    skip_deleted: int | None
+    skip_waited: bool
+    cleaner1_held_after_skip: int
+    waiting_waited: bool
+    waiting_blocked_by: list[str]
+    waiting_deleted: int | None
+    relay_held_throughout: bool
+    unpublished_left: int
+    published_left: int
+    transcript: Transcript = not_json()
+
+
+def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 3) -> BesideRelay:
     """The batched cleanup next to a relay, in scripted sessions (watching the outbox's
     row locks): the relay claims the ``waiting`` unpublished rows and keeps its transaction
     open; cleaner 1 deletes a batch of ``batch`` old published rows and keeps its
@@ -578,7 +820,7 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
     ``cleaner1_held_after_skip`` (cleaner 2 left them alone), ``waiting_waited``,
     ``waiting_blocked_by``, ``waiting_deleted``, ``relay_held_throughout`` (the relay kept
     its rows locked through every cleaner step), ``unpublished_left``,
-    ``published_left`` and ``transcript`` (the run, for display)."""
+    ``published_left`` and ``transcript`` (the run, for display): a :class:`BesideRelay`."""
     number("batch", batch, low=1, high=100, whole=True, example=4)
     number("waiting", waiting, low=1, high=100, whole=True, example=3)
     number("history", history, low=3 * batch, high=1000, whole=True, example=3 * batch)
@@ -603,13 +845,13 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
         transcript = run.transcript()
     unpublished = _unpublished(lab)
     published = int(lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")[0][0])
-    return {"relay_claimed": _claimed(claim), "cleaner1_deleted": _count(c1),
-            "skip_deleted": _count(c2), "skip_waited": c2.waited,
-            "cleaner1_held_after_skip": c1_held,
-            "waiting_waited": w.waited, "waiting_blocked_by": list(w.blocked_by),
-            "waiting_deleted": _count(w),
-            "relay_held_throughout": bool(held) and all(sorted(k) == sorted(held) for k in relay_kept),
-            "unpublished_left": unpublished, "published_left": published, "transcript": transcript}
+    return BesideRelay(relay_claimed=_claimed(claim), cleaner1_deleted=_count(c1),
+                       skip_deleted=_count(c2), skip_waited=c2.waited,
+                       cleaner1_held_after_skip=c1_held,
+                       waiting_waited=w.waited, waiting_blocked_by=list(w.blocked_by),
+                       waiting_deleted=_count(w),
+                       relay_held_throughout=bool(held) and all(sorted(k) == sorted(held) for k in relay_kept),
+                       unpublished_left=unpublished, published_left=published, transcript=transcript)
 
 
 # -- what removing a partition locks -------------------------------------------------------------------
@@ -639,12 +881,79 @@ def _table_locks(lab: Lab, pid: int) -> list[tuple[str, str, bool]]:
     return [tuple(r) for r in lab.admin.execute(_q("table_locks_of"), {"pid": pid}).fetchall()]
 
 
-def _one_removal(lab: Lab, remover: sql.Composable, label: str, old: str) -> dict:
+@dataclass(frozen=True)
+class Removal(Result):
+    """One way of taking the old partition out while relay 1 holds a claim open (scripted
+    sessions): what :func:`partition_locks` reports for the DROP (:class:`DropRemoval`) and for
+    DETACH ... CONCURRENTLY (:class:`DetachRemoval`).  ``<old>`` is the old partition.
+
+    remover_waited: whether the DROP / DETACH waited
+    remover_blocked_by: the sessions it waited for
+    remover_error: the server's error for it, short (None: it ran)
+    relay2_waited: whether relay 2's claim, sent after it, waited
+    relay2_blocked_by: the sessions relay 2 waited for
+    relay2_claimed_at_once: whether relay 2 claimed without waiting
+    relay2_claimed: rows relay 2's claim took (None if it had not finished)
+    remover_done_after_relay1_commit: whether the DROP / DETACH completed at relay 1's COMMIT
+    remover_held: (relation, lock mode) of each table lock it held, read while relay 1 was open
+    remover_asked: (relation, lock mode) of each table lock it was waiting for, read then
+    remover_waits_for: (lock type, mode, the sessions holding it) of what it waited for, read then
+    detach_pending: whether pg_inherits marked ``<old>`` as being detached, read then
+    old_relations: ``<old>`` and its indexes: how many relations
+    relay1_locked_old: how many of them relay 1's claim locked
+    relay2_locked_old: how many of them relay 2's claim locked
+    """
+
+    remover_waited: bool
+    remover_blocked_by: list[str]
+    remover_error: str | None
+    relay2_waited: bool
+    relay2_blocked_by: list[str]
+    relay2_claimed_at_once: bool
+    relay2_claimed: int | None
+    remover_done_after_relay1_commit: bool
+    remover_held: list[tuple[str, str]]
+    remover_asked: list[tuple[str, str]]
+    remover_waits_for: list[tuple[str, str, list[str]]]
+    detach_pending: bool
+    old_relations: int
+    relay1_locked_old: int
+    relay2_locked_old: int
+
+
+@dataclass(frozen=True)
+class DropRemoval(Removal):
+    """DROP TABLE of the old, attached partition while relay 1 holds a claim (see
+    :class:`Removal` for the fields they share).
+
+    partition_gone: whether the partition was gone afterwards
+    transcript: the run, step by step (the old partition shown as ``<old>``; for display)
+    """
+
+    partition_gone: bool
+    transcript: Transcript = not_json()
+
+
+@dataclass(frozen=True)
+class DetachRemoval(Removal):
+    """DETACH PARTITION ... CONCURRENTLY of the old partition while relay 1 holds a claim (see
+    :class:`Removal` for the fields they share).
+
+    detached: whether the partition was detached afterwards (it is then dropped)
+    transcript: the run, step by step (the old partition shown as ``<old>``; for display)
+    """
+
+    detached: bool
+    transcript: Transcript = not_json()
+
+
+def _one_removal(lab: Lab, remover: sql.Composable, label: str, old: str) -> dict[str, Any]:
     """relay 1 claims two events and keeps its transaction open (its tick, still running);
     ``remover`` runs; relay 2 claims; then, while relay 1 is still open, another session reads
     what the remover holds and waits for, whether ``old`` is marked as being detached, and
     which of ``old``'s relations relay 2's claim locked; relay 1 commits (it marked nothing:
-    the claim alone is the point); relay 2 commits."""
+    the claim alone is the point); relay 2 commits.  Returns the fields of a
+    :class:`Removal`, and ``transcript``."""
     old_relations = {old, *(r[0] for r in lab.execute(
         "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass",
         (sql.Identifier(old).as_string(lab.admin),)))}
@@ -695,7 +1004,32 @@ def _refused(lab: Lab, statement: sql.Composed | str, params: Any = None) -> str
     return None
 
 
-def partition_locks(lab: Lab) -> dict:
+@dataclass(frozen=True)
+class PartitionLocks(Result):
+    """What taking an old partition out locks, and what it does to relays claiming meanwhile
+    (:func:`partition_locks`).
+
+    partition: the old partition's name (``<old>`` in the transcripts)
+    drop_locks: {table: strongest lock mode} held right after DROP TABLE of the attached partition
+    detach_locks: {table: strongest lock mode} held right after a plain DETACH PARTITION
+    claim_locks: the names of the tables and indexes one claim locks (every partition: none is pruned)
+    drop: the DROP TABLE run beside relay 1's open claim (a :class:`DropRemoval`)
+    detach: the DETACH ... CONCURRENTLY run beside it (a :class:`DetachRemoval`)
+    no_partition_refused: the server's error for an event past the last partition ("SQLSTATE: message")
+    default_refused: its error for DETACH ... CONCURRENTLY with a DEFAULT partition ("SQLSTATE: message")
+    """
+
+    partition: str
+    drop_locks: dict[str, str]
+    detach_locks: dict[str, str]
+    claim_locks: list[str]
+    drop: DropRemoval
+    detach: DetachRemoval
+    no_partition_refused: str | None
+    default_refused: str | None
+
+
+def partition_locks(lab: Lab) -> PartitionLocks:
     """What taking an old partition out locks, read from pg_locks, and what it does to
     relays claiming meanwhile (scripted sessions).
 
@@ -716,7 +1050,8 @@ def partition_locks(lab: Lab) -> dict:
 
     Last, the partitions' own limits, as the server states them: ``no_partition_refused``,
     its error for an event created after the last partition ends; ``default_refused``, its
-    error for DETACH ... CONCURRENTLY once the outbox has a DEFAULT partition."""
+    error for DETACH ... CONCURRENTLY once the outbox has a DEFAULT partition.  A
+    :class:`PartitionLocks`."""
     hour = _this_hour(lab)
     first = hour - timedelta(hours=1)
     names = create_partitioned(lab, first=first, hours=1)
@@ -750,10 +1085,10 @@ def partition_locks(lab: Lab) -> dict:
     lab.execute(_ddl("default_partition", partition="outbox_default"))
     default = _refused(lab, _ddl("detach", partition=names[1]))
     lab.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("outbox_default")))
-    return {"partition": old, "drop_locks": drop_locks, "detach_locks": detach_locks,
-            "claim_locks": claim_locks, "drop": {**dropped, "partition_gone": gone},
-            "detach": {**detached, "detached": not still_attached},
-            "no_partition_refused": late, "default_refused": default}
+    return PartitionLocks(partition=old, drop_locks=drop_locks, detach_locks=detach_locks,
+                          claim_locks=claim_locks, drop=DropRemoval(**dropped, partition_gone=gone),
+                          detach=DetachRemoval(**detached, detached=not still_attached),
+                          no_partition_refused=late, default_refused=default)
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -779,22 +1114,21 @@ def size_command(*, open_lab: Callable[[], Lab], history: int = HISTORY, batch: 
     check_params(sizes=ladder, history=history, batch=batch)
     with open_lab() as lab:
         out = size_trace(lab, history=history, batch=batch, sizes=ladder)
-    summary = {k: out[k] for k in SUMMARY_KEYS}
     if json:
-        print(jsonlib.dumps(summary, indent=2))
+        print(out.to_json(only=SUMMARY_KEYS))
         return 0
     print(f"{'published rows':>15} {'outbox MB':>9} {'claim buffers':>14} {'VACUUM buffers':>15} "
           f"{'index pass buffers':>19} {'autovacuum after':>17}")
-    for r in out["growth"]:
-        print(f"{r['published_rows']:>15,} {r['total_bytes'] / 2**20:>9.1f} {r['claim_buffers']:>14} "
-              f"{r['vacuum_buffers']:>15} {r['index_pass_buffers']:>19} {r['autovacuum_after']:>17,}")
+    for r in out.growth:
+        print(f"{r.published_rows:>15,} {r.total_bytes / 2**20:>9.1f} {r.claim_buffers:>14} "
+              f"{r.vacuum_buffers:>15} {r.index_pass_buffers:>19} {r.autovacuum_after:>17,}")
     print()
     print(f"Shedding {history:,} published rows:")
-    print(f"  A  DELETE in batches of {batch:,}: {out['delete_ms']:,.0f} ms, "
-          f"{out['delete_wal_bytes'] / 2**20:.1f} MB of WAL, {out['delete_dead_tuples']:,} dead row versions; "
-          f"VACUUM after it {out['delete_vacuum_ms']:,.0f} ms; table "
-          f"{out['delete_table_bytes_before'] / 2**20:.1f} -> {out['delete_table_bytes_after'] / 2**20:.1f} MB")
-    print(f"  B  detach + drop {out['drop_partitions']} partitions: {out['drop_ms']:,.0f} ms, "
-          f"{out['drop_wal_bytes'] / 2**10:.0f} kB of WAL, {out['drop_dead_tuples']} dead row versions; table "
-          f"{out['drop_table_bytes_before'] / 2**20:.1f} -> {out['drop_table_bytes_after'] / 2**20:.1f} MB")
+    print(f"  A  DELETE in batches of {batch:,}: {out.delete_ms:,.0f} ms, "
+          f"{out.delete_wal_bytes / 2**20:.1f} MB of WAL, {out.delete_dead_tuples:,} dead row versions; "
+          f"VACUUM after it {out.delete_vacuum_ms:,.0f} ms; table "
+          f"{out.delete_table_bytes_before / 2**20:.1f} -> {out.delete_table_bytes_after / 2**20:.1f} MB")
+    print(f"  B  detach + drop {out.drop_partitions} partitions: {out.drop_ms:,.0f} ms, "
+          f"{out.drop_wal_bytes / 2**10:.0f} kB of WAL, {out.drop_dead_tuples} dead row versions; table "
+          f"{out.drop_table_bytes_before / 2**20:.1f} -> {out.drop_table_bytes_after / 2**20:.1f} MB")
     return 0
