@@ -21,6 +21,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from .checked import one_row
 from .errors import BackendError, ServerError
 from .server import EmbeddedServer
 
@@ -121,9 +122,9 @@ def secrets_of(dsn: str) -> list[str]:
     except psycopg.ProgrammingError:
         info = {}
     if info.get("password"):
-        found.add(info["password"])
-    if "@" in (info.get("host") or ""):
-        found.add(info["host"])
+        found.add(str(info["password"]))
+    if "@" in str(info.get("host") or ""):
+        found.add(str(info["host"]))
     return sorted((f for f in found if len(f) >= 3), key=len, reverse=True)
 
 
@@ -268,7 +269,7 @@ def _check_version(db: Database, minimum: int = MIN_SERVER_VERSION) -> Database:
     try:
         with psycopg.connect(db.dsn, autocommit=True, connect_timeout=10) as conn:
             db.version_num = conn.info.server_version
-            db.version = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+            db.version = one_row(conn.execute("SHOW server_version"), "SHOW server_version")[0].split()[0]
     except psycopg.OperationalError as exc:
         raise unreachable(db, exc) from None
     if db.version_num < minimum:
@@ -402,7 +403,7 @@ def default_role() -> str | None:
             user = conninfo_to_dict(dsn).get("user")
         except psycopg.ProgrammingError:
             user = None
-        return user or os.environ.get("PGUSER") or _login()
+        return str(user) if user else (os.environ.get("PGUSER") or _login())
     return None
 
 

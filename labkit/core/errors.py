@@ -25,4 +25,9 @@ class BackendError(LabkitError):
 
 
 class SpecError(LabkitError):
-    """A malformed isolation spec or lab script."""
+    """A malformed isolation spec or lab script (``filename``, ``line``, ``column``: where, when
+    the parser knows)."""
+
+    filename: str | None = None
+    line: int | None = None
+    column: int | None = None

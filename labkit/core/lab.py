@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .checked import one_row
 from .db import Database, Guards, current_user_tag, session_name
 from .errors import LabkitError, ServerError
 from .files import read_sql
@@ -25,7 +26,9 @@ from .queries import query
 SCHEMA_PREFIX = "lab_"
 
 # A lab's jobs: the first created at this time, the next ones step_s seconds apart.
-FIRST_JOB = {"start": "2026-01-01 09:00:00+00", "step_s": 1}
+FIRST_JOB_START = "2026-01-01 09:00:00+00"
+FIRST_JOB_STEP_S = 1
+FIRST_JOB: dict[str, Any] = {"start": FIRST_JOB_START, "step_s": FIRST_JOB_STEP_S}
 
 
 # Every connection of a lab is named ``labkit:<schema>:<role>``, and PostgreSQL keeps only
@@ -78,7 +81,7 @@ class Lab:
         self._admin: psycopg.Connection | None = None
 
     @classmethod
-    def open(cls, db: Database, name: str, *, user: str | None = None, reset: bool = True) -> "Lab":
+    def open(cls, db: Database, name: str, *, user: str | None = None, reset: bool = True) -> Lab:
         """The lab ``name`` on ``db``: its schema made afresh (``reset=False`` keeps what is there)."""
         lab = cls(db, name, user=user)
         if reset:
@@ -89,7 +92,7 @@ class Lab:
         return f"Lab({self.schema!r} on {self.db.backend})"
 
     # A lab used as a context manager is a scratch lab: dropped when the block ends.
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -150,7 +153,7 @@ class Lab:
                                   {"app": self.app_name}).fetchall()
         return len(rows)
 
-    def reset(self) -> "Lab":
+    def reset(self) -> Lab:
         """Drop and re-create the lab's schema (and end sessions left over in it)."""
         self.close_connections()
         self.end_sessions()
@@ -221,7 +224,7 @@ class Lab:
         def wait() -> None:
             try:
                 with self.connect(role="waiter", guards=Guards(lock_timeout=f"{int(wait_s * 1000)}ms")) as conn:
-                    granted.append(conn.execute(statement, params).fetchone()[0])
+                    granted.append(one_row(conn.execute(statement, params), "the waiter's statement")[0])
             except psycopg.Error:
                 pass
         thread = threading.Thread(target=wait, daemon=True)
@@ -240,7 +243,7 @@ class Lab:
         self._admin = None
 
     # -- the job table ------------------------------------------------------------------
-    def create_jobs(self, n: int, *, start: str = FIRST_JOB["start"], step_s: int = FIRST_JOB["step_s"]) -> None:
+    def create_jobs(self, n: int, *, start: str = FIRST_JOB_START, step_s: int = FIRST_JOB_STEP_S) -> None:
         """Create the job table with ``n`` pending jobs, one a second, ids 1..n."""
         if n < 0:
             raise ValueError("n must be 0 or more")

@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from psycopg.abc import Params, Query
+from psycopg import sql
+from psycopg.abc import Params
 
 from .errors import LabkitError, ServerError
 from .lab import Lab
@@ -85,7 +86,8 @@ def bulk_timeout_s(rows: int) -> float:
     return BULK_BASE_S + max(0, rows) / BULK_ROWS_PER_S
 
 
-def bulk(lab: Lab, query: Query, params: Params | None = None, *, rows: int) -> None:
+def bulk(lab: Lab, query: str | bytes | sql.SQL | sql.Composed, params: Params | None = None, *,
+         rows: int) -> None:
     """Run one bulk statement (an INSERT of ``rows`` rows) on the lab's admin connection,
     in a transaction of its own with a statement timeout sized for it, and with the server
     checking every two seconds that the client is still connected (PostgreSQL 14 and

@@ -42,12 +42,12 @@ from .mysql import (
     kill,
 )
 from .queries import query, statements
+from .script import ScriptRun, close_all
 from .steps import DEADLOCK as K_DEADLOCK
 from .steps import LOCK_TIMEOUT as K_LOCK_TIMEOUT
 from .steps import NOWAIT as K_NOWAIT
 from .steps import STATEMENT_TIMEOUT as K_STATEMENT_TIMEOUT
 from .steps import Blockers, Result, Step, StepError
-from .script import ScriptRun, close_all
 from .transcript import Transcript
 
 POLL_S = 0.005

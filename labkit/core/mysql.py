@@ -90,7 +90,7 @@ class MyServer:
 
     def connect(self, *, database: str | None = None, autocommit: bool = True,
                 role: str = "", lock_wait_timeout_s: int | None = 5,
-                statement_timeout_s: float | None = 30) -> "MyConn":
+                statement_timeout_s: float | None = 30) -> MyConn:
         """A new connection; errors name the server and the fix.  Unless told otherwise a
         lock wait gives up after 5 s and a statement after 30 s, so that a mistyped script
         ends with an error, never a hung kernel."""
@@ -121,13 +121,13 @@ def parse_dsn(dsn: str) -> dict:
         port = parts.port or 3306
     except ValueError as exc:
         raise ServerError(f"{ENV} could not be read ({exc}).",
-                          f"write it as mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE; a password "
+                          "write it as mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE; a password "
                           "with @, : or / in it must be percent-encoded.") from None
     database = parts.path.lstrip("/")
     if not parts.hostname or not database:
         raise ServerError(f"{ENV} needs a host and a database ({redact(text)!r} lacks "
                           f"{'a host' if not parts.hostname else 'the database'}).",
-                          f"write it as mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE.")
+                          "write it as mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE.")
     return {"host": parts.hostname, "port": port, "user": unquote(parts.username or "root"),
             "password": unquote(parts.password or ""), "database": unquote(database)}
 
@@ -430,7 +430,7 @@ class MyLab:
 
     @classmethod
     def open(cls, server: MyServer | None = None, name: str = "engines", *,
-             user: str | None = None) -> "MyLab":
+             user: str | None = None) -> MyLab:
         lab = cls(server or find(), name, user=user)
         lab.reset()
         return lab
@@ -438,7 +438,7 @@ class MyLab:
     def __repr__(self) -> str:
         return f"MyLab({self.database!r} on {self.server.flavour} {self.server.version})"
 
-    def __enter__(self) -> "MyLab":
+    def __enter__(self) -> MyLab:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -506,7 +506,7 @@ class MyLab:
             kill(self.server, thread, query_only=False)
         return len(rows)
 
-    def reset(self) -> "MyLab":
+    def reset(self) -> MyLab:
         self.close_connections()
         self.end_sessions()
         name = _quote(self.database)

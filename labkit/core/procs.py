@@ -32,11 +32,15 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
+from .checked import started_pid
 from .errors import LabkitError
 
-_live: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+_live: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
 class Context:
@@ -102,7 +106,7 @@ def _child_main(target: str, kwargs: dict, events, commands, name: str,
         ctx.emit("done", result=result)
     except Exception as exc:  # report, then exit non-zero
         ctx.emit("failed", error=f"{type(exc).__name__}: {exc}")
-        raise SystemExit(1)
+        raise SystemExit(1) from exc
 
 
 class Worker:
@@ -115,25 +119,26 @@ class Worker:
         self.name = name
         self.kwargs = kwargs
         self.events: list[dict] = []
-        self._proc: mp.Process | None = None
-        self._ev_parent = self._cmd_parent = None
+        self._proc: BaseProcess | None = None
+        self._ev_parent: Connection | None = None
+        self._cmd_parent: Connection | None = None
 
     # -- life cycle -----------------------------------------------------------------
-    def start(self) -> "Worker":
+    def start(self) -> Worker:
         ctx = mp.get_context("spawn")
         self._ev_parent, ev_child = ctx.Pipe(duplex=False)
         cmd_child, self._cmd_parent = ctx.Pipe(duplex=False)
         # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: ask for it
         # only from the main thread (the polling thread covers the others).
         from_main = threading.current_thread() is threading.main_thread()
-        self._proc = ctx.Process(target=_child_main, name=self.name, daemon=True,
-                                 args=(self.target, self.kwargs, ev_child, cmd_child, self.name,
-                                       os.getpid(), from_main))
+        proc = self._proc = ctx.Process(target=_child_main, name=self.name, daemon=True,
+                                        args=(self.target, self.kwargs, ev_child, cmd_child, self.name,
+                                              os.getpid(), from_main))
         _live.add(self)
         # Ctrl-C, SIGTERM or SIGHUP in the middle of the spawn would leave a child that
         # nothing knows the pid of: they wait until the child is started (and known).
         with signals_deferred():
-            self._proc.start()
+            proc.start()
             ev_child.close()
             cmd_child.close()
         return self
@@ -154,13 +159,16 @@ class Worker:
         """SIGKILL: no cleanup code runs in the child, as in a real crash."""
         if self._proc is not None and self._proc.is_alive():
             try:
-                os.kill(self._proc.pid, signal.SIGKILL)   # ends a stopped (SIGSTOP) child too
+                os.kill(started_pid(self), signal.SIGKILL)   # ends a stopped (SIGSTOP) child too
             except ProcessLookupError:
                 pass            # it exited between the check and the signal: nothing left to kill
             self._proc.join(10)
         self._drain()
 
     def resume(self, value: Any = None) -> None:
+        if self._cmd_parent is None:
+            raise LabkitError(f"Worker {self.name!r} has no process: it was never started.",
+                              "call its start() (or use it in a with block) before resuming it.")
         self._cmd_parent.send(value)
 
     def join(self, timeout: float = 60) -> dict | None:
@@ -174,7 +182,7 @@ class Worker:
                 return ev
         return None
 
-    def __enter__(self) -> "Worker":
+    def __enter__(self) -> Worker:
         return self.start() if self._proc is None else self
 
     def __exit__(self, *exc) -> None:

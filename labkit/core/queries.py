@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 
 from .errors import LabkitError
 from .files import read_sql
@@ -48,7 +48,7 @@ class Query:
         return stmts[0]
 
 
-@lru_cache(maxsize=None)
+@cache
 def queries(filename: str) -> dict[str, Query]:
     """Every named query of ``labkit/sql/<filename>``, in file order."""
     found: dict[str, Query] = {}
@@ -72,12 +72,14 @@ def queries(filename: str) -> dict[str, Query]:
             close()
             name, lines = m.group(1), []
             if name in found:
-                raise LabkitError(f"{filename} names the query {name!r} twice.")
+                raise LabkitError(f"{filename} names the query {name!r} twice.",
+                                  f"rename one of the two '-- name: {name}' lines in labkit/sql/{filename}.")
         elif name is not None:
             lines.append(line)
     close()
     if not found:
-        raise LabkitError(f"{filename} holds no named query (no '-- name: ...' line).")
+        raise LabkitError(f"{filename} holds no named query (no '-- name: ...' line).",
+                          f"start each query in labkit/sql/{filename} with a '-- name: <name>' line.")
     return found
 
 

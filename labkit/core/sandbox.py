@@ -53,11 +53,12 @@ import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
+from .checked import one_row
 from .db import Guards, Scoped, open_connection, scram_verifier, unreachable
 from .errors import LabkitError
 from .lab import Lab
@@ -200,7 +201,7 @@ def memory_refusal(statements: list[str]) -> str | None:
             m = _SET.match(stmt)
             if m and m.group(1).lower() == name:
                 value, bound = _amount(name, m.group(2)), _amount(name, MEMORY[name])
-                if value is not None and value <= bound:
+                if value is not None and bound is not None and value <= bound:
                     continue
             return (f"it changes {name}, a memory setting held at {MEMORY[name]} (or less) for "
                     "SQL from a file")
@@ -250,7 +251,7 @@ def sweep(conn: psycopg.Connection) -> list[str]:
 class _Server:
     """The lab's Database, but every connection logs in as the sandbox role."""
 
-    def __init__(self, db, box: "Sandbox"):
+    def __init__(self, db, box: Sandbox):
         self._db = db
         self._box = box
 
@@ -262,11 +263,17 @@ class _Server:
         return self._box.connect(autocommit=autocommit, schema=schema, role=role, guards=guards, **kw)
 
 
+class Cancels(Protocol):
+    """What a :class:`Deadline` needs of a sandbox (or of a trusted run's stand-in)."""
+
+    def cancel_all(self) -> None: ...
+
+
 class Deadline:
     """Cancels what the sandbox's connections run once ``seconds`` have passed (and
     again every second after that, until the block ends)."""
 
-    def __init__(self, box: "Sandbox", seconds: float):
+    def __init__(self, box: Cancels, seconds: float):
         self.box = box
         self.seconds = seconds
         self.fired = False
@@ -282,7 +289,7 @@ class Deadline:
             if self._stop.wait(1.0):
                 return
 
-    def __enter__(self) -> "Deadline":
+    def __enter__(self) -> Deadline:
         self._thread.start()
         return self
 
@@ -310,16 +317,16 @@ class Sandbox(Scoped):
         self.role: str | None = None
         self.password: str | None = None
         self.note = ""
-        self._conns: "weakref.WeakSet[psycopg.Connection]" = weakref.WeakSet()
+        self._conns: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()
         self._lab = None
 
     # -- life cycle -----------------------------------------------------------------------
     def open(self) -> None:
         admin = self.base.admin
         sweep(admin)
-        user, superuser, createrole = admin.execute(
+        user, superuser, createrole = one_row(admin.execute(
             "SELECT rolname, rolsuper, rolcreaterole FROM pg_catalog.pg_roles "
-            "WHERE rolname = current_user").fetchone()
+            "WHERE rolname = current_user"), "the current role's row of pg_roles")
         if not (superuser or createrole):
             self._fallback(user, "it may not create roles")
             return
@@ -349,8 +356,8 @@ class Sandbox(Scoped):
                     admin.execute(sql.SQL("ALTER ROLE {} SET {} = {}").format(
                         ident, sql.Identifier(name), sql.Literal(value)))
                 admin.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(schema, ident))
-                if not admin.execute("SELECT has_database_privilege(%s, current_database(), 'CONNECT')",
-                                     (role,)).fetchone()[0]:
+                if not one_row(admin.execute("SELECT has_database_privilege(%s, current_database(), 'CONNECT')",
+                                             (role,)), "has_database_privilege()")[0]:
                     admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
                         sql.Identifier(admin.info.dbname), ident))
         except psycopg.Error as exc:
@@ -401,8 +408,9 @@ class Sandbox(Scoped):
         # may still be running the learner's statement).
         admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(ident))
         deadline = time.monotonic() + 15
-        while admin.execute("SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM "
-                            "pg_catalog.pg_stat_activity WHERE usename = %s", (role,)).fetchone()[0]:
+        while one_row(admin.execute("SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM "
+                                    "pg_catalog.pg_stat_activity WHERE usename = %s", (role,)),
+                      "SELECT count(pg_terminate_backend(...))")[0]:
             if time.monotonic() > deadline:
                 raise LabkitError(f"The sessions of the throw-away role {role} did not end.",
                                   "run `labkit clean --all`; the next run drops the role.")

@@ -136,7 +136,7 @@ class DataDirLock:
         self._depth = 0
         self._mutex = threading.RLock()
 
-    def acquire(self, timeout: float = 60) -> "contextlib.AbstractContextManager[None]":
+    def acquire(self, timeout: float = 60) -> contextlib.AbstractContextManager[None]:
         """Take the lock; the returned object releases it at the end of a ``with`` block."""
         import fcntl
 
@@ -193,7 +193,7 @@ class DataDirLock:
                 self._fd = None
         self._mutex.release()
 
-    def __enter__(self) -> "DataDirLock":
+    def __enter__(self) -> DataDirLock:
         self.acquire()
         return self
 

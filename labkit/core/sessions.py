@@ -33,13 +33,7 @@ from .lab import Lab
 from .queries import query
 from .script import MAX_SESSIONS as MAX_SESSIONS  # the limit lives with the script; named here too
 from .script import ScriptRun, close_all
-from .steps import (
-    Blockers,
-    Result,
-    Step,
-    StepError,
-    classify,
-)
+from .steps import Blockers, Result, Step, StepError, classify
 
 # Guards: a mistyped script ends with an error, never a hung kernel.
 DEFAULT_LOCK_TIMEOUT = "5s"
@@ -91,11 +85,8 @@ class Session:
                 break
             if res.status == pq.ExecStatus.TUPLES_OK:
                 cols = [(res.fname(i) or b"").decode() for i in range(res.nfields)]
-                text_rows = [
-                    tuple(None if res.get_value(r, c) is None else res.get_value(r, c).decode()
-                          for c in range(res.nfields))
-                    for r in range(res.ntuples)
-                ]
+                text_rows = [tuple(_decoded(res.get_value(r, c)) for c in range(res.nfields))
+                             for r in range(res.ntuples)]
                 self._tx.set_pgresult(res)
                 typed = self._tx.load_rows(0, res.ntuples, tuple) if res.ntuples else []
                 numeric = [res.ftype(c) in _NUMERIC_OIDS for c in range(res.nfields)]
@@ -110,9 +101,15 @@ class Session:
             elif res.status == pq.ExecStatus.EMPTY_QUERY:
                 pass
             else:  # COPY and friends are not part of the labs
-                step.error = StepError("", f"unsupported result status {res.status.name}", "other")
+                step.error = StepError("", f"unsupported result status {pq.ExecStatus(res.status).name}",
+                                       "other")
         step.notices.extend(self._notices)
         self._notices.clear()
+
+
+def _decoded(value: bytes | None) -> str | None:
+    """A field of a result in text format, as text (None for NULL)."""
+    return None if value is None else value.decode()
 
 
 # int2, int4, int8, oid, float4, float8, numeric, xid
@@ -263,6 +260,8 @@ class Sessions(ScriptRun):
 
     def _give_up(self, s: Session) -> None:
         step = s.pending
+        if step is None:            # it finished just now: nothing to give up on
+            return
         s.conn.cancel()
         s.poll(5)
         raise LabkitError(
@@ -279,8 +278,8 @@ class Sessions(ScriptRun):
 
     def locked_rows(self) -> dict[str, list]:
         """Rows of the watched tables each session holds locked right now."""
-        xids = dict(self.monitor.execute(query("engine.sql", "transaction_ids").sql,
-                                         {"pids": list(self._pids)}).fetchall())
+        xids: dict[int, str] = dict(self.monitor.execute(query("engine.sql", "transaction_ids").sql,
+                                                         {"pids": list(self._pids)}).fetchall())
         held: dict[str, list] = {name: [] for name in self.names}
         if not xids:
             return held

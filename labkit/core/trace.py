@@ -123,7 +123,7 @@ class Trace:
         return divergence(self, sent, recorded, **kw)
 
 
-def _series(trace: "Trace", key) -> list[float]:
+def _series(trace: Trace, key) -> list[float]:
     """``key``'s value after every step: a state key, or a function of the state; a step whose
     state does not say (the key absent, or the function returning None) keeps the last value."""
     out, last = [], 0.0
@@ -134,7 +134,7 @@ def _series(trace: "Trace", key) -> list[float]:
     return out
 
 
-def divergence(trace: "Trace", sent, recorded, *, sent_label: str = "sent",
+def divergence(trace: Trace, sent, recorded, *, sent_label: str = "sent",
                recorded_label: str = "recorded", ylabel: str = "count",
                above: str = "sent, not recorded: sent again, so duplicates",
                below: str = "recorded, not sent: lost unless sent later", ax=None,

@@ -44,7 +44,7 @@ class Transcript:
 
     @classmethod
     def from_run(cls, run: Run, *, show_locks: bool | None = None,
-                 lock_detail: bool = False) -> "Transcript":
+                 lock_detail: bool = False) -> Transcript:
         """``lock_detail``: after "waits for A", the lock the step asked for, as the server
         names it (InnoDB's ``RECORD X,GAP on PRIMARY: 5``)."""
         rows: list[Row] = []
@@ -62,10 +62,10 @@ class Transcript:
                                 _note(step), _locks(step, run.names), "error" if step.error else "ok"))
             # waiting steps that moved on to wait behind someone else after this step
             for other in run.steps:
-                for after, blockers in other.rewaits:
+                for after, new_blockers in other.rewaits:
                     if after == step.index:
                         rows[-1].note = _join(rows[-1].note,
-                                              f"{other.session} now waits for {', '.join(blockers)}")
+                                              f"{other.session} now waits for {', '.join(new_blockers)}")
             # steps that this one let through (or that finished while the script waited)
             for other in run.steps:
                 if other.waited and other.completed_after == step.index and (

@@ -48,7 +48,6 @@ import json as _json
 import time
 from collections.abc import Callable
 
-
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
@@ -339,9 +338,8 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
     newer = list(range(n + 1, n + later + 1))
     notes: dict[int | str, str] = {}
     holder = None
-    run: Sessions | None = None
 
-    def settle() -> None:
+    def settle() -> None:                               # called only inside the with block below
         settle_other_writers(lab, run, wait_s)
 
     timeline = _Timeline(lab, relay, settle if relay == "safe" else None)
@@ -676,6 +674,7 @@ def plot_cursors(high_water: dict, safe: dict):
     its INSERT to its COMMIT and to the broker, the cursor at each poll, and the row the
     high-water mark passed.  Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
 
     from ..core.plots import setup_matplotlib
 
@@ -691,7 +690,7 @@ def plot_cursors(high_water: dict, safe: dict):
     _draw_timeline(left, high_water["timeline"], "id > cursor")
     _draw_timeline(right, safe["timeline"], "(xid, id) below the oldest writer")
     left.set_ylabel("outbox row, in read order")
-    handles = {}
+    handles: dict[str, Artist] = {}
     for ax in (left, right):
         for h, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, h)

@@ -57,7 +57,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -75,6 +75,7 @@ from ..core.server import PG_SYSTEM_USER, socket_answers
 from ..core.steps import Result, Step, StepError, classify
 from ..core.text import fill
 from ..core.transcript import Transcript
+from ._checked import one_row
 from .production import fresh_table
 
 SEARCH_DIRS = ("/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin", "/usr/bin")
@@ -92,7 +93,7 @@ MAX_WAIT_S = 10.0
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
-_live: set["PgBouncer"] = set()
+_live: set[PgBouncer] = set()
 
 
 def _q(name: str) -> str:
@@ -121,7 +122,7 @@ def missing_error() -> LabkitError:
                        INSTALL_FIX)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _version_of(binary: str) -> str:
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
@@ -237,9 +238,10 @@ class PgBouncer:
     kernel if this process dies on Linux) ends it and removes the folder."""
 
     def __init__(self, binary: str | None = None):
-        self.binary = binary or find_pgbouncer()
-        if self.binary is None:
+        found = binary or find_pgbouncer()
+        if found is None:
             raise missing_error()
+        self.binary: str = found
         self.version = _version_of(self.binary)
         self.dir: Path | None = None
         self.port = PORT
@@ -273,6 +275,12 @@ class PgBouncer:
     def log_path(self) -> Path | None:
         return self.dir / "pgbouncer.log" if self.dir else None
 
+    def _file(self, path: Path | None) -> Path:
+        """:attr:`config_path` or :attr:`log_path`, which exist once :meth:`start` made the folder."""
+        if path is None:
+            raise LabkitError("This PgBouncer is not started.", "call start(db) first.")
+        return path
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
@@ -303,6 +311,9 @@ class PgBouncer:
                              autocommit=True, connect_timeout=10,
                              cursor_factory=psycopg.ClientCursor) as console:
             cur = console.execute("SHOW POOLS")     # the console speaks the simple protocol only
+            if cur.description is None:
+                raise LabkitError(f"PgBouncer {self.version} answered SHOW POOLS without columns.",
+                                  "read its log (log_tail()): its admin console did not answer.")
             cols = [c.name for c in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
 
@@ -313,15 +324,17 @@ class PgBouncer:
         return "\n".join((bad or tail)[-lines:])
 
     def log_tail(self, lines: int = 12) -> str:
+        if self.log_path is None:
+            return ""
         try:
             text = self.log_path.read_text(errors="replace")
-        except (OSError, AttributeError):
+        except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self, db: Database, *, pool_mode: str = "transaction", pool_size: int = 1,
-              timeout: float = START_TIMEOUT_S) -> "PgBouncer":
+              timeout: float = START_TIMEOUT_S) -> PgBouncer:
         """Start PgBouncer in front of ``db``'s server and wait until it accepts clients."""
         if self._proc is not None:
             raise LabkitError("This PgBouncer is already started.", "stop() it first, or make another.")
@@ -341,7 +354,7 @@ class PgBouncer:
             raise
         # PgBouncer has read its configuration, the server's password with it, and keeps it in
         # memory: the file goes, so that a kernel killed outright leaves no password on disk.
-        self.config_path.unlink(missing_ok=True)
+        self._file(self.config_path).unlink(missing_ok=True)
         return self
 
     def _server_entry(self, db: Database) -> dict[str, str]:
@@ -356,7 +369,7 @@ class PgBouncer:
             info = conn.info
             reached = {"host": info.host, "port": str(info.port), "dbname": info.dbname,
                        "user": info.user}
-            password = given.get("password") or info.password or ""
+            password = str(given.get("password") or info.password or "")
         def pick(key: str) -> str:
             # A host list (h1,h2) means "the first that answers" to libpq but "round robin"
             # to PgBouncer: give it the one libpq reached.
@@ -416,7 +429,7 @@ class PgBouncer:
             raise LabkitError(f"The temporary folder {self.dir.parent} has too long a path for a "
                               "Unix socket.", "set TMPDIR to a short path such as /tmp.")
         self.config_text = self._config(entry)      # the file goes once PgBouncer has read it
-        files = {self.config_path: self.config_text, self.log_path: ""}
+        files = {self._file(self.config_path): self.config_text, self._file(self.log_path): ""}
         for path, text in files.items():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
@@ -440,13 +453,13 @@ class PgBouncer:
         # for it only from the main thread (atexit and stop() cover the rest).
         parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
         env = {"PATH": os.defpath, "LC_ALL": "C", "LANG": "C"}
-        log = open(self.log_path, "ab")
+        log = open(self._file(self.log_path), "ab")
         try:
             # Ctrl-C in the middle of the spawn would leave a PgBouncer nothing knows of.
             with signals_deferred():
                 self._proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", _LAUNCH, str(parent), str(uid), str(gid),
-                     self.binary, str(self.config_path)],
+                     self.binary, str(self._file(self.config_path))],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(self.dir),
                     start_new_session=True)   # a Ctrl-C at the terminal is ours to act on, not its
                 _live.add(self)
@@ -454,12 +467,15 @@ class PgBouncer:
             log.close()
 
     def _wait_ready(self, timeout: float) -> None:
+        proc = self._proc
+        if proc is None:
+            raise LabkitError("This PgBouncer is not started.", "call start(db) first.")
         deadline = time.monotonic() + timeout
         last = ""
         while True:
-            if self._proc.poll() is not None:
+            if proc.poll() is not None:
                 raise LabkitError(
-                    f"PgBouncer {self.version} exited at start (code {self._proc.returncode}). "
+                    f"PgBouncer {self.version} exited at start (code {proc.returncode}). "
                     f"Its log:\n{self.log_problems()}",
                     "read the log above: a setting it refuses, or a server it cannot reach.")
             try:
@@ -496,7 +512,7 @@ class PgBouncer:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "PgBouncer":
+    def __enter__(self) -> PgBouncer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -652,7 +668,7 @@ def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Conn
     # 1. A's transaction is open (a job claimed, not yet marked): B's transaction waits for
     #    the pool's one server connection, in PgBouncer -- not in the server.
     a.execute("BEGIN")
-    row = a.execute(claim, {"worker": "A", "lease_s": LEASE_S}).fetchone()
+    row = one_row(a.execute(claim, {"worker": "A", "lease_s": LEASE_S}), "A's claim of a job")
 
     def a_finishes(queued: _Queued) -> None:
         job_id, version, pid = row
@@ -902,15 +918,16 @@ class Clients:
         self._shown: dict[str, str] = {}
         self._notes: dict[str, str] = {}
 
-    def __call__(self, session: str, sql_text: str, params: dict | None = None, *,
+    def __call__(self, session: str, sql_text: str | sql.SQL | sql.Composed, params: dict | None = None, *,
                  label: str | None = None, runs: list[dict] | None = None,
                  shown: str | None = None, note: str = "") -> Step:
         """Send ``sql_text`` from ``session`` (once per dict of ``runs``, if given: the
         last run's answer is kept, and the first error ends the runs)."""
         step = self._new(session, sql_text, label, shown, note)
         conn = self.conns[session]
+        batches: list[dict | None] = list(runs) if runs else [params]
         try:
-            for p in runs or [params]:
+            for p in batches:
                 cur = conn.execute(sql_text, p)
             step.results = _results(cur)
         except psycopg.Error as exc:
@@ -925,11 +942,13 @@ class Clients:
         step.finished = time.perf_counter()
         return step
 
-    def _new(self, session: str, sql_text: str, label: str | None, shown: str | None,
-             note: str) -> Step:
+    def _new(self, session: str, sql_text: str | sql.SQL | sql.Composed, label: str | None,
+             shown: str | None, note: str) -> Step:
         if session not in self.conns:
             raise LabkitError(f"No client named {session!r} (have {self.names}).",
                               "use one of the names given to Clients(...).")
+        if not isinstance(sql_text, str):
+            sql_text = sql_text.as_string(self.conns[session])
         step = Step(len(self.steps), session, sql_text, label or sql_text)
         step.started = time.perf_counter()
         self.steps.append(step)
@@ -1105,7 +1124,7 @@ def plot_shared_session(s: dict):
     lane = {"A": 2.0, "B": 1.0}
     server_y = 0.0
     fig, ax = plt.subplots(figsize=(12, 4.6))
-    for x, (client, sent, value, pid) in enumerate(steps, start=1):
+    for x, (client, sent, value, _pid) in enumerate(steps, start=1):
         y = lane[client]
         ax.add_patch(FancyBboxPatch((x - 0.42, y - 0.3), 0.84, 0.6,
                                     boxstyle="round,pad=0.02", fc="white", ec=colour[client],

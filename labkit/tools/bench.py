@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core import db as dbmod
+from ..core.checked import one_row
 from ..core.db import WORKER_GUARDS, Database, lab_user, open_connection, session_name
 from ..core.errors import LabkitError
 from ..core.files import data_file
@@ -281,6 +282,9 @@ def _claim_loop(claimer: Claimer | CursorClaimer, order: dict, out: dict) -> Non
                     break
                 t = time.monotonic()
         else:
+            if not isinstance(claimer, Claimer):
+                raise LabkitError("The cursor claimer measures the ceiling only: it does not finish jobs.",
+                                  "drain with the style 'pq'.")
             while True:
                 ids = claimer.claim()
                 if not ids:
@@ -333,7 +337,7 @@ def claimer_main(ctx: Context, dsn: str, schema: str, clients: int) -> dict:
                 raise RuntimeError(errors[0])
             ctx.emit("result", clients=outs,
                      cpu_s=(cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
-                     synchronous_commit=[c.execute("SHOW synchronous_commit").fetchone()[0]
+                     synchronous_commit=[one_row(c.execute("SHOW synchronous_commit"), "SHOW synchronous_commit")[0]
                                          for c in conns])
     finally:
         for conn in conns:
@@ -481,19 +485,19 @@ def pgbench_conninfo(dsn: str, env: dict) -> Iterator[str]:
     info = conninfo_to_dict(dsn)
     password = info.pop("password", None)
     if not password:
-        yield make_conninfo(**info)
+        yield make_conninfo("", **info)
         return
     folder = tempfile.mkdtemp(prefix="labkit-pgpass-")      # mode 0700, ours only
     path = os.path.join(folder, "pgpass")
     try:
-        escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+        escaped = str(password).replace("\\", "\\\\").replace(":", "\\:")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"*:*:*:*:{escaped}\n")
         env["PGPASSFILE"] = path
         env.pop("PGPASSWORD", None)
         info.pop("passfile", None)
-        yield make_conninfo(**info)
+        yield make_conninfo("", **info)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -767,7 +771,11 @@ def _drain_with_pgqueuer(lab: Lab, s: Settings, driver: str) -> dict:
     setup = Worker("labkit.tools.bench:pgqueuer_setup_main", name="pgqueuer setup", dsn=lab.db.dsn,
                    schema=lab.schema, prefix=prefix, driver=driver, jobs=s.peer_jobs)
     with setup:
-        names = setup.join(timeout=300)["result"]
+        done = setup.join(timeout=300)
+    if done is None:
+        raise LabkitError("The PgQueuer setup process ended without reporting its tables.",
+                          "read the error above it, then run `labkit bench` again.")
+    names = done["result"]
     workers = [Worker("labkit.tools.bench:pgqueuer_worker_main", name=f"pgqueuer {i}", dsn=lab.db.dsn,
                       schema=lab.schema, prefix=prefix, driver=driver, batch=s.peer_batch)
                for i in range(s.clients)]
@@ -1254,7 +1262,7 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
 
 
     own = lab is None
-    if own:
+    if lab is None:
         lab = Lab.open(dbmod.connect(quiet=True), f"bench_{os.getpid()}")
     t_start = time.perf_counter()
     result: dict = {"quick": s.quick, "server": lab.db.describe().split(" · ")[0] + " · " + lab.db.backend,
@@ -1302,7 +1310,7 @@ def _fmt(v, unit: str = "") -> str:
 
 def table(result: dict) -> str:
     """The benchmark as a plain-text table, then the goals and what limits the figures."""
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
     add = lambda *r: rows.append(tuple(str(x) for x in r))  # noqa: E731
     for b, v in (result.get("claim_jobs_per_s") or {}).items():
         add(f"claim ceiling, batch {b} (jobs/s)", _fmt(v), f"pgbench {_fmt(result['pgbench_jobs_per_s'][b])}",

@@ -28,8 +28,9 @@ def find_chromium() -> str:
     """The path of a Chromium (or Chrome) binary, or ``NoBrowser`` naming the fix."""
     override = os.environ.get("LABKIT_CHROMIUM")
     if override:
-        if shutil.which(override):
-            return shutil.which(override)
+        found = shutil.which(override)
+        if found:
+            return found
         raise NoBrowser(f"LABKIT_CHROMIUM={override} is not an executable.",
                         "point it at a Chromium binary, or unset it and " + INSTALL_HINT + ".")
     for name in CHROMIUM_NAMES:
@@ -81,7 +82,7 @@ class Browser:
             self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                       deviceScaleFactor=1, mobile=False)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -96,7 +97,7 @@ class Browser:
                 return msg.get("result", {})
             self._events.append(msg)
 
-    def open(self, url: str, settle_s: float = 1.0) -> tuple[list[str], "Browser"]:
+    def open(self, url: str, settle_s: float = 1.0) -> tuple[list[str], Browser]:
         """Navigate; return the console errors, uncaught exceptions and failed loads."""
         self._events = []
         self.call("Page.navigate", url=url)

@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ..core.checked import one_row
 from ..core.db import hide, redact, scram_verifier, scrub
 from ..core.errors import LabkitError
 from ..core.lab import schema_name
@@ -72,8 +73,8 @@ def _admin(dsn: str) -> psycopg.Connection:
         raise LabkitError(f"Could not connect with {redact(dsn)!r}: "
                           f"{hide(str(exc).strip().splitlines()[0], dsn)}",
                           "check the host, port, database and the administrator's password.") from None
-    row = conn.execute("SELECT rolsuper, rolcreaterole FROM pg_catalog.pg_roles "
-                       "WHERE rolname = current_user").fetchone()
+    row = one_row(conn.execute("SELECT rolsuper, rolcreaterole FROM pg_catalog.pg_roles "
+                               "WHERE rolname = current_user"), "the current role's row of pg_roles")
     if not (row[0] or row[1]):
         user = conn.info.user
         conn.close()
@@ -154,7 +155,7 @@ DSN_KEYS = ("host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert", "ssl
 
 def trainee_dsn(admin_dsn: str, role: str, password: str) -> str:
     kept = {k: v for k, v in conninfo_to_dict(admin_dsn).items() if k in DSN_KEYS and v}
-    return make_conninfo(**kept, user=role, password=password)
+    return make_conninfo("", **kept, user=role, password=password)
 
 
 SEARCH_PATH = "public"
@@ -199,13 +200,13 @@ TRAINEE_SETTINGS = {
 def role_limits(conn: psycopg.Connection, trainees: int) -> Limits:
     """A connection limit per trainee that leaves room for the whole class (and for the
     administrator), and the role settings this administrator may give."""
-    row = conn.execute(query(SQL, "connection_budget").sql).fetchone()
+    row = one_row(conn.execute(query(SQL, "connection_budget").sql), "the query 'connection_budget'")
     free = row[0]
     per = max(1, min(CONNECTIONS_NEEDED + 4, free // trainees))
     settings = dict(TRAINEE_SETTINGS)
     skipped = []
-    may_set = row[1] or (conn.info.server_version >= 150000 and conn.execute(
-        "SELECT pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')").fetchone()[0])
+    may_set = row[1] or (conn.info.server_version >= 150000 and one_row(conn.execute(
+        "SELECT pg_catalog.has_parameter_privilege('temp_file_limit', 'SET')"), "has_parameter_privilege()")[0])
     if not may_set:                   # temp_file_limit is set by a superuser (or one granted SET on it)
         settings.pop("temp_file_limit")
         skipped.append("temp_file_limit")
@@ -453,9 +454,10 @@ def describe_room(admin_dsn: str, made: list[Trainee]) -> list[str]:
     settings, the other databases it may connect to, and whether passwords are asked."""
     lines = []
     with _admin(admin_dsn) as conn:
-        limit, config = conn.execute("SELECT rolconnlimit, rolconfig FROM pg_catalog.pg_roles "
-                                     "WHERE rolname = %s", (made[0].role,)).fetchone()
-        budget = conn.execute(query(SQL, "connection_budget").sql).fetchone()[0]
+        limit, config = one_row(conn.execute("SELECT rolconnlimit, rolconfig FROM pg_catalog.pg_roles "
+                                             "WHERE rolname = %s", (made[0].role,)),
+                                f"the row of pg_roles for {made[0].role}")
+        budget = one_row(conn.execute(query(SQL, "connection_budget").sql), "the query 'connection_budget'")[0]
         fixed = [c for c in config or [] if c.startswith("temp_file_limit=")]
         defaults = [c for c in config or [] if c not in fixed]
         lines.append(f"each trainee: at most {limit} connections (the room's share of the {budget} "
@@ -473,8 +475,8 @@ def describe_room(admin_dsn: str, made: list[Trainee]) -> list[str]:
                          f"{now}): a trainee may create a "
                          "schema named after another role whose sessions then run the trainee's "
                          "functions. As the database's owner: ALTER DATABASE ... SET search_path = public.")
-        if conn.execute("SELECT pg_catalog.has_schema_privilege(%s, 'public', 'CREATE')",
-                        (made[0].role,)).fetchone()[0]:
+        if one_row(conn.execute("SELECT pg_catalog.has_schema_privilege(%s, 'public', 'CREATE')",
+                                (made[0].role,)), "has_schema_privilege()")[0]:
             lines.append("WARNING: trainees may create objects in the schema public, which every role "
                          "searches (PostgreSQL 14 and older grant it to PUBLIC): "
                          "REVOKE CREATE ON SCHEMA public FROM PUBLIC;")
@@ -513,7 +515,7 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
             raise LabkitError("labkit classroom create needs the number of trainees.",
                               "pass --trainees 8, for instance.")
         if out is None:
-            out = default_out(conninfo_to_dict(dsn).get("dbname") or "db")
+            out = default_out(str(conninfo_to_dict(dsn).get("dbname") or "db"))
         made = create(dsn, trainees, out=out, trust_ok=unsafe_trusting_server)
         if as_json_output:
             print(json.dumps(as_json(made), indent=1))

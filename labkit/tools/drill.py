@@ -375,7 +375,8 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
             if len(set(choices)) != len(choices):
                 problems.append(f"{where}: two choices are the same")
             ans = c.get("answer")
-            if not _blank(ans) and (ans not in LETTERS or LETTERS.index(ans) >= len(choices)):
+            if not _blank(ans) and (not isinstance(ans, str) or ans not in LETTERS
+                                    or LETTERS.index(ans) >= len(choices)):
                 problems.append(f"{where}: answer {ans!r} is not the letter of a choice")
             for letter, x in zip(LETTERS, choices):
                 if _concedes(x):
@@ -450,6 +451,8 @@ def quiz_balance(items: list) -> QuizBalance:
     offered = dict.fromkeys(LETTERS, 0)
     right = dict.fromkeys(LETTERS, 0)
     for c in items:
+        choices: object                 # from YAML: checked below before it is used
+        answer: object
         if isinstance(c, Costly):
             choices, answer = list(c.choices), c.answer
         elif isinstance(c, dict):
@@ -457,7 +460,8 @@ def quiz_balance(items: list) -> QuizBalance:
         else:
             continue
         if (not isinstance(choices, list) or not 3 <= len(choices) <= len(LETTERS)
-                or any(_blank(x) for x in choices) or answer not in LETTERS[:len(choices)]):
+                or any(_blank(x) for x in choices) or not isinstance(answer, str)
+                or answer not in LETTERS[:len(choices)]):
             continue
         statements += 1
         index = LETTERS.index(answer)
@@ -617,7 +621,7 @@ def _capstone_follow_up_ids(data: dict) -> list[str]:
     return [f["id"] for f in chain or [] if isinstance(f, dict) and isinstance(f.get("id"), str)]
 
 
-def validate_capstone(data: dict, costly_ids: Collection[str] = (), topics: Collection[str] = ()) -> list[str]:
+def validate_capstone(data: dict, costly_ids: Collection[object] = (), topics: Collection[str] = ()) -> list[str]:
     """Everything wrong with the raw contents of capstone.yaml: every field present, the four
     levels in order (each with an answer, a rubric of at least two items and the notebooks
     that show it), every deduction naming a statement of costly_answers.yaml (``costly_ids``)

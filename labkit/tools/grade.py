@@ -55,11 +55,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
 
+from ..core.checked import one_row
 from ..core.db import Database, Guards, connect, open_connection
 from ..core.errors import LabkitError, ServerError
 from ..core.files import data_file
@@ -387,6 +388,12 @@ class _AsWorkers:
         return conn
 
 
+def _as_workers(box_lab: Lab, base: Lab, names: list[str]) -> Lab:
+    """An :class:`_AsWorkers` where a :class:`Lab` is asked for: it is the sandbox's lab in
+    everything (``__getattr__`` forwards) but how it connects."""
+    return cast(Lab, _AsWorkers(box_lab, base, names))
+
+
 def _session_settings(conn: psycopg.Connection) -> None:
     """What every session that runs the claim sets, in the order the probe's sessions set it."""
     conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
@@ -431,7 +438,7 @@ def _first_line(exc: Exception) -> str:
 def _probe_sessions(report: Report, lab: Lab, box: Sandbox, body: list[str], no_order: str | None) -> bool:
 
     a_id, b_id = worker_ids(2)
-    view = _AsWorkers(box.lab, lab, [a_id, b_id])
+    view = _as_workers(box.lab, lab, [a_id, b_id])
     with Sessions(view, a_id, b_id, watch={"job": "id"}, lock_timeout=LOCK_TIMEOUT,
                   statement_timeout=f"{int(STEP_TIMEOUT_S * 1000)}ms") as run:
         A = lambda text, **kw: run.step(a_id, text, **kw)  # noqa: E731
@@ -451,9 +458,9 @@ def _probe_sessions(report: Report, lab: Lab, box: Sandbox, body: list[str], no_
             report.add("claims_nothing", "A's claim returned no rows")
             return False
         held = run.locked_rows()[a_id]
+        id_array = "'{" + ",".join(map(str, ids)) + "}'::bigint[]"      # ids are ints
         rows = A("SELECT id, status, worker_id, claimed_at IS NOT NULL FROM job "
-                 "WHERE id = ANY('{%s}'::bigint[]) ORDER BY id" % ",".join(map(str, ids)),
-                 label="look").rows
+                 f"WHERE id = ANY({id_array}) ORDER BY id", label="look").rows
         statuses = {r[1] for r in rows}
         unknown = set(ids) - {r[0] for r in rows}
         if unknown or not set(ids) <= set(held):
@@ -513,7 +520,7 @@ def _plan(report: Report, lab: Lab, box: Sandbox, stmts: list[str]) -> None:
             continue
         wid = worker_ids(1)[0]
         try:
-            p = claims.plan_of(_AsWorkers(box.lab, lab, [wid]), bind(s, wid), analyze=True)
+            p = claims.plan_of(_as_workers(box.lab, lab, [wid]), bind(s, wid), analyze=True)
         except psycopg.errors.QueryCanceled:
             report.add("too_slow", f"EXPLAIN ANALYZE of the claim was cancelled after {STEP_TIMEOUT_S:g} s")
             return
@@ -548,17 +555,17 @@ OWN_STATEMENTS = [MARK_DONE.replace("%s", "$1"), COUNT_PENDING, "COMMIT", "ROLLB
 def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: str, job_ms: float = 2.0,
                  pause_after: int | None = None, deadline_s: float = 30.0,
                  statement_timeout_s: float = STEP_TIMEOUT_S, check_client_ms: int | None = None,
-                 **login: str) -> dict:
+                 user: str | None = None, password: str | None = None) -> dict:
     """Body of one graded worker process: run the reader's script, run each claimed job
     (job_ms, outside the script), mark it DONE, and report everything as events.
-    ``login`` (user, password) is the sandbox role the script runs as."""
+    ``user`` and ``password`` log in as the sandbox role the script runs as (None: the DSN's)."""
 
     # Killed (as one worker will be), its query does not run on without it: the server
     # checks the client's socket every check_client_ms (PostgreSQL 14 and later).  The
     # session is set up as the probe's sessions are (see _session_settings).
     conn = open_connection(dsn, schema=schema, role=worker_id, check_client_ms=check_client_ms,
                            guards=Guards(statement_timeout=f"{int(statement_timeout_s * 1000)}ms"),
-                           **login)
+                           user=user, password=password)
     try:
         _session_settings(conn)
         ran = errors = empties = 0
@@ -599,7 +606,7 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
             if not ids:
                 if in_tx:
                     conn.execute("ROLLBACK")
-                pending = conn.execute(COUNT_PENDING).fetchone()[0]
+                pending = one_row(conn.execute(COUNT_PENDING), "the count of pending jobs")[0]
                 if pending == 0:
                     break
                 empties += 1
@@ -937,7 +944,7 @@ def check_settings(workers: int | float, jobs: int | float, job_ms: int | float)
                  fix=f"pass a job time from 0 to {MAX_JOB_MS:,} ms (the default is 2).")
 
 
-def grade_claim(sql_or_path: str | Path, *, workers: int = 4, jobs: int = 120, job_ms: float = 2.0,
+def grade_claim(sql_or_path: str | Path, *, workers: int | float = 4, jobs: int | float = 120, job_ms: float = 2.0,
                 db: Database | None = None, name: str | None = None, run: bool = True) -> Report:
     """Grade a claim given as SQL text or as a path to a .sql file."""
     if isinstance(workers, int) and not isinstance(workers, bool) and workers < 2:

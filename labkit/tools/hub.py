@@ -26,10 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-try:
-    import pwd
-except ImportError:          # Windows: no system users, no hub
-    pwd = None
 import re
 import secrets
 import shutil
@@ -45,6 +41,9 @@ from typing import ClassVar
 from ..core.errors import LabkitError
 from ..core.limits import number
 from . import classroom, oslimits
+
+if sys.platform != "win32":  # Windows: no system users, no hub
+    import pwd
 
 ROOT = Path(__file__).resolve().parents[2]          # the workbook: notebooks/, student/, hub/
 CONFIG = ROOT / "hub" / "jupyterhub_config.py"
@@ -293,7 +292,7 @@ def ensure_user(trainee: str, bin_dir: str | None = None) -> pwd.struct_passwd:
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise LabkitError(f"useradd could not make {name}: {done.stderr.strip()}",
-                              "check that this machine lets root add users.")
+                              "check that this machine lets root add users.") from None
         entry = pwd.getpwnam(name)
     if entry.pw_gecos != MARK:
         raise LabkitError(f"A system user {name} exists and this hub did not make it.",
@@ -684,8 +683,8 @@ def clean(folder: Path | None = None, *, out=print) -> int:
         dropped = classroom.drop(room.admin_dsn(folder))
         out(f"dropped {len(dropped)} classroom roles")
     if folder.exists() and (folder / "room.json").exists():
-        for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", room.admin_dsn_file,
-                     room.dsn_file, room.password_file, room.handout_file):
+        for name in ("room.json", "jupyterhub.sqlite", "jupyterhub_cookie_secret", Room.admin_dsn_file,
+                     Room.dsn_file, Room.password_file, Room.handout_file):
             (folder / name).unlink(missing_ok=True)
         out(f"removed the room's state and passwords in {folder} (the proxy is kept)")
     if folder.exists():

@@ -31,10 +31,11 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from ..core.errors import LabkitError
 from ..core.files import STATE_ENV, state_dir
@@ -42,8 +43,18 @@ from ..core.limits import number
 from ..core.plots import static_box
 from ..core.procs import describe_interrupt, signal_exit_code, signals_deferred
 from ..core.server import home_short
-from .drill import (CAPSTONE_SCALE, LEVELS, Bank, Capstone, _pre, _wrap, capstone_model, evidence_text, load_bank,
-                    load_capstone)
+from .drill import (
+    CAPSTONE_SCALE,
+    LEVELS,
+    Bank,
+    Capstone,
+    _pre,
+    _wrap,
+    capstone_model,
+    evidence_text,
+    load_bank,
+    load_capstone,
+)
 
 SCORES_NAME = "drill_scores.jsonl"
 MAX_MINUTES = 180
@@ -138,7 +149,7 @@ class Clock:
         less are left; each is told once, and None otherwise."""
         left = self.left()
         new = "up" if left <= 0 else "warning" if self.warn and left <= WARN_SECONDS else None
-        if new in self.told:
+        if new is None or new in self.told:
             return None
         self.told.add(new)
         return new
@@ -262,9 +273,9 @@ def report(path: str | Path | None = None, *, bank: Bank | None = None) -> str:
     for t, s in rows:
         lines.append(f"  {t:14}{len(s):>8}{sum(s) / len(s):>9.1f}{s[-1]:>8}")
     if capstone:
-        named = ("none",) + LEVELS
-        lines.append(f"  capstone, 0-4: {len(capstone)} scored, latest {capstone[-1]} ({named[capstone[-1]]}), "
-                     f"best {max(capstone)} ({named[max(capstone)]})")
+        level_names = ("none",) + LEVELS
+        lines.append(f"  capstone, 0-4: {len(capstone)} scored, latest {capstone[-1]} "
+                     f"({level_names[capstone[-1]]}), best {max(capstone)} ({level_names[max(capstone)]})")
     weak = [t for t, s in rows if sum(s) / len(s) < REVISIT_BELOW]
     if weak:
         named = [f"{t} ({bank.topics[t].notebook})" if t in bank.topics else t for t in weak]
@@ -332,13 +343,21 @@ class TerminalMock:
         self.out.write(text + "\n")
         self.out.flush()
 
+    @property
+    def timer(self) -> Clock:
+        """The clock of the interview under way (run() starts it)."""
+        if self.clock is None:
+            raise LabkitError("The mock interview has not started: its clock is not running.",
+                              "call run(): it starts the clock, then asks the questions.")
+        return self.clock
+
     def _stamp(self) -> str:
-        return f"[{self.clock.text():>10}] "
+        return f"[{self.timer.text():>10}] "
 
     def ask(self, prompt: str, *, timed: bool = True) -> str:
         """Write ``prompt`` and read the answer; ``timed``: with the time left in front, the
         clock ticking while it waits, and _TimeUp when the time runs out."""
-        if timed and self.clock.up:
+        if timed and self.timer.up:
             raise _TimeUp
         lead = prompt[:len(prompt) - len(prompt.lstrip("\n"))]
         self._prompt = prompt[len(lead):] + " › "
@@ -364,7 +383,7 @@ class TerminalMock:
             wait = None
             if timed:
                 self._tick()
-                wait = max(0.0, min(self.tick, self.clock.left()))
+                wait = max(0.0, min(self.tick, self.timer.left()))
             if select.select([fd], [], [], wait)[0]:
                 chunk = os.read(fd, 4096)
                 if not chunk:
@@ -376,13 +395,13 @@ class TerminalMock:
 
     def _tick(self) -> None:
         """The clock, once a tick while a timed answer is awaited."""
-        news = self.clock.news()
+        news = self.timer.news()
         if news == "up":
             raise _TimeUp
         tty = _is_tty(self.out)
-        minute = int(self.clock.left() // 60)
+        minute = int(self.timer.left() // 60)
         if news == "warning" or (not tty and self._minute is not None and minute < self._minute):
-            self.out.write(f"\n{WARNING if news == 'warning' else self.clock.text()}\n{self._stamp()}{self._prompt}")
+            self.out.write(f"\n{WARNING if news == 'warning' else self.timer.text()}\n{self._stamp()}{self._prompt}")
         elif tty:                         # the time left, redrawn where the prompt began
             self.out.write(f"\0337\r{self._stamp()}\0338")
         self._minute = minute
@@ -397,7 +416,7 @@ class TerminalMock:
         try:
             for n, item in enumerate(self.items, 1):
                 self.ask_one(n, item)
-                if self.clock.up:
+                if self.timer.up:
                     raise _TimeUp
                 if n < len(self.items):
                     self.ask("\nEnter: the next question · q: stop")
@@ -411,20 +430,20 @@ class TerminalMock:
     def ask_one(self, n: int, item: Item) -> None:
         """One question: its follow-ups while the time lasts (the time-up ends it then), the
         model, and the score, which waits for the learner however late it is."""
-        self.say(f"\n── {n} · {item.head()} · {self.clock.text()}")
+        self.say(f"\n── {n} · {item.head()} · {self.timer.text()}")
         self.say(_wrap(item.question, "  ", "Q "))
         total = len(item.follow_ups)
         try:
             for i, (question, _, notebook) in enumerate(item.follow_ups, 1):
                 if self.ask(f"  Enter: follow-up {i} of {total} · s: the model · q: stop") == "s":
                     break
-                self.say(f"\n── follow-up {i} of {total} · {notebook} · {self.clock.text()}")
+                self.say(f"\n── follow-up {i} of {total} · {notebook} · {self.timer.text()}")
                 self.say(_wrap(question, "  ", "  "))
             else:
                 self.ask("  Enter: the model to score yourself against · q: stop")
         except _TimeUp:
             self.say("\nTime is up: the model, and your score.")
-        self.say(f"\n── the model · {self.clock.text()}")
+        self.say(f"\n── the model · {self.timer.text()}")
         self.say(item.model)
         self.say("The follow-ups:")
         for question, answer, _ in item.follow_ups:
@@ -609,10 +628,10 @@ class MockInterview:
         done = item is None
         scored = not done and any(i is item for i, _ in self.kept)
         self.clock_label.value = self.clock.text()
-        self.follow_button.disabled = done or self.model_shown or self.shown >= len(item.follow_ups)
+        self.follow_button.disabled = item is None or self.model_shown or self.shown >= len(item.follow_ups)
         self.model_button.disabled = done or self.model_shown
         for n, b in enumerate(self.score_buttons):
-            b.layout.display = None if done or n < len(item.scale) else "none"
+            b.layout.display = None if item is None or n < len(item.scale) else "none"
             b.disabled = done or not self.model_shown or scored
         self.next_button.disabled = done or self.clock.up
         self.card.value = _pre(self.text())

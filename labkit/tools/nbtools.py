@@ -186,8 +186,9 @@ def problems(nb: NotebookNode, text: str | None = None) -> list[str]:
             text = json.dumps(out)
             if WIDGET_REPR.search(text):
                 found.append(f"cell {i} shows a widget's repr instead of a static view")
-            if HOME_PATH.search(text):
-                found.append(f"cell {i} shows a home folder path ({HOME_PATH.search(text).group(0)}…)")
+            home = HOME_PATH.search(text)
+            if home:
+                found.append(f"cell {i} shows a home folder path ({home.group(0)}…)")
     if any("slideshow" not in c.metadata for c in nb.cells):
         found.append("cells without slide metadata (run labkit.nbtools on it)")
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
@@ -217,7 +218,7 @@ RUN_STEP_S = 10
 RUN_KEEP_WITHIN = 0.25
 
 
-def recorded_run_seconds(wall_s: float, old: object = None) -> int:
+def recorded_run_seconds(wall_s: float, old: object = None) -> int | float:
     """What ``metadata.claimlab.run_seconds`` holds after a run of ``wall_s`` seconds: the
     time rounded up to a multiple of RUN_STEP_S, or the ``old`` value when the new one is
     within RUN_KEEP_WITHIN of it (so that re-running a notebook does not churn its file)."""

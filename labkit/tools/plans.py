@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LabkitError
 from ..core.files import data_file
@@ -214,15 +214,16 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
-def _field(entry: dict, key: str, kind: type, where: str):
+def _field(entry: object, key: str, kind: type, where: str) -> Any:
+    """``entry[key]``, checked to be a ``kind`` (str, int or list): its type is the caller's."""
     value = entry.get(key) if isinstance(entry, dict) else None
     if kind is list and value is None and key in ("skip", "quiz"):
         return []
-    if not isinstance(value, kind) or isinstance(value, bool) or (kind is str and not value.strip()) \
-            or (kind is int and value <= 0):
+    if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, str) and not value.strip()) \
+            or (isinstance(value, int) and value <= 0):
         wanted = {int: "a whole number of minutes above 0", str: "some text", list: "a list"}[kind]
         raise LabkitError(f"{where}: `{key}` must be {wanted}, not {value!r}.", FIX)
-    return value.strip() if kind is str else value
+    return value.strip() if isinstance(value, str) else value
 
 
 def _item(raw: dict, where: str) -> Item:
@@ -375,7 +376,9 @@ def estimate(deck: NotebookNode, live: bool = False, run_s: float = 0.0) -> Esti
     """The time to present ``deck`` (cells as ``deck_notebook`` returns them), by the model of the
     module's docstring; ``run_s``: its code cells' measured run time, for a live run."""
     slides, words, seconds, code_cells, switches = 0, 0, 0.0, 0, 0
-    shown, said, notes = Counter(), Counter(), Counter()     # the current slide's words
+    shown: Counter[str] = Counter()                          # the current slide's words
+    said: Counter[str] = Counter()
+    notes: Counter[str] = Counter()
     ran = False                                              # the current slide has code run
     for cell in deck.cells:
         kind = cell.metadata.get("slideshow", {}).get("slide_type", "-")
@@ -402,9 +405,9 @@ def estimate(deck: NotebookNode, live: bool = False, run_s: float = 0.0) -> Esti
                 ran = True
                 seconds += CODE_LINE_S * sum(1 for line in cell.source.split("\n") if line.strip())
                 shown += _words(cell.source)
-            lines, figures, steps, text = _output(cell)
+            lines, figures, steps, printed = _output(cell)
             seconds += min(OUTPUT_MAX_S, OUTPUT_LINE_S * lines) + FIGURE_S * figures + TRANSCRIPT_ROW_S * steps
-            shown += _words(text)
+            shown += _words(printed)
     words += _spoken(shown, said, notes)
     seconds += SLIDE_S * slides + 60 * words / WORDS_PER_MIN
     if live:
@@ -420,7 +423,11 @@ def quiz_cells(item: Item) -> list:
     by_id = {c.id: c for c in load_costly()}
     cells = [_cell(f"## {item.sections[0]}\n\n{len(item.quiz)} things a candidate might say about what we "
                    "saw today. Something is wrong with each: which letter says what?", "slide", "quiz")]
-    for c in map(by_id.get, item.quiz):
+    for quiz_id in item.quiz:
+        c = by_id.get(quiz_id)
+        if c is None:
+            raise LabkitError(f"The quiz of {item.notebook} names {quiz_id!r}, a statement costly_answers.yaml "
+                              "does not hold.", FIX)
         letters = LETTERS[:len(c.choices)]
         choices = "\n\n".join(f"**{letter})** {choice}" for letter, choice in zip(letters, c.choices))
         cells += [_cell(f"### {c.id} · what is wrong?\n\n> “{c.statement}”\n\n{choices}\n\n"
@@ -517,6 +524,11 @@ def _item_notes(plan: Plan, n: int, item: Item, estimates: list[Estimate], minut
     return "\n\n".join(notes)
 
 
+def _named_heading(source: str, name: str) -> str:
+    """``source`` with ``name`` after the ``#`` marks of its first heading."""
+    return re.sub(r"^(#{1,3}) ", lambda m: f"{m.group(1)} {name} — ", source, count=1, flags=re.M)
+
+
 def plan_notebook(plan: Plan, measured: dict[str, dict[str, float]] | None = None) -> NotebookNode:
     """The plan as one notebook: a title slide, each item's sections with the item's minutes,
     mode, question and fallback in the speaker notes of its first slide, a question slide and
@@ -543,8 +555,7 @@ def plan_notebook(plan: Plan, measured: dict[str, dict[str, float]] | None = Non
             headed = [c for c in part if c.cell_type == "markdown" and re.search(r"^#{1,3} ", c.source, re.M)]
             if k == 0 and headed:           # the room sees which notebook this is
                 name = training.short_name(source)
-                headed[0].source = re.sub(r"^(#{1,3}) ", lambda m: f"{m.group(1)} {name} — ", headed[0].source,
-                                          count=1, flags=re.M)
+                headed[0].source = _named_heading(headed[0].source, name)
             note = (_item_notes(plan, n, item, estimates, minutes) if k == 0
                     else f"**About {minutes[k]} min** for this section (of the item's {item.minutes}).")
             cells += [part[0], _cell(note, "notes", f"p{n}-notes-{k}"), *part[1:]]

@@ -65,19 +65,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import psycopg
 from psycopg import pq
 from psycopg import sql as psql  # (``sql`` names a step's text below)
 from psycopg.conninfo import make_conninfo
 
+from ..core.checked import one_row
 from ..core.db import Database, Guards, connect, current_user_tag, session_name
 from ..core.errors import LabkitError, SpecError
 from ..core.files import data_file
 from ..core.lab import Lab
-from ..core.mysql import ENGINES
 from ..core.mysessions import MySessions
+from ..core.mysql import ENGINES
 from ..core.queries import query, statements
 from ..core.sandbox import Deadline, Sandbox, cancel_every, check_number, read_input
 from ..core.sessions import MAX_SESSIONS, Sessions
@@ -132,6 +133,22 @@ class Blocker:
     notices: int | None = None
     line: int = 0
     column: int = 0
+
+    @property
+    def other(self) -> str:
+        """The step a ``step`` or ``notices`` blocker waits on."""
+        if self.step is None:
+            raise SpecError(f"line {self.line}: a ({self.kind}) blocker names no step.",
+                            "write (other) or (other notices N) after the step's name.")
+        return self.step
+
+    @property
+    def needed(self) -> int:
+        """How many more notices a ``notices`` blocker waits for."""
+        if self.notices is None:
+            raise SpecError(f"line {self.line}: a ({self.kind}) blocker counts no notices.",
+                            "write (other notices N) after the step's name.")
+        return self.notices
 
     def __str__(self) -> str:
         if self.kind == "once":
@@ -537,9 +554,9 @@ def _check(spec: Spec) -> None:
                                  f"permutation step {ps.name!r} cannot block on its own session.",
                                  "name a step of another session inside the ( ).")
     if spec.permutations:
-        for st in sorted(seen):
-            if st not in used:
-                spec.warnings.append(f"unused step name: {st}")
+        for step_name in sorted(seen):
+            if step_name not in used:
+                spec.warnings.append(f"unused step name: {step_name}")
 
 
 def parse(text: str, filename: str = "<spec>") -> Spec:
@@ -657,7 +674,7 @@ class _Runner:
     MySQL and MariaDB: it changes the engine, how a block of SQL runs and how a step prints."""
 
     def __init__(self, spec: Spec, lab, timeout: float, out: list[str], err: TextIO, *,
-                 box: Sandbox | None = None) -> None:
+                 box: _Box | None = None) -> None:
         self.spec = spec
         self.box = box
         self.lab = lab
@@ -666,6 +683,15 @@ class _Runner:
         self.err = err
         self.session_of = {st.name: st.session for st in spec.steps}
         self.sql_of = {st.name: st.sql for st in spec.steps}
+        self.notices: list[tuple[str, str]] = []        # (session, text) not printed yet
+
+    @property
+    def pg_engine(self) -> Sessions:
+        """The engine, where PostgreSQL's sessions are read (their libpq connections)."""
+        if not isinstance(self.engine, Sessions):
+            raise LabkitError("The spec runner read PostgreSQL's sessions on another engine.",
+                              "report this: the MySQL runner replaces every step that reads them.")
+        return self.engine
 
     # -- output -----------------------------------------------------------------------
     def emit(self, text: str) -> None:
@@ -700,6 +726,9 @@ class _Runner:
     def _exec(self, pgconn, sql: str, what: str):
         """Run a setup or teardown block, cancelled if it outlives the step timeout twice
         over (its SQL may have turned statement_timeout off)."""
+        if self.box is None:
+            raise LabkitError("The spec runner has no sandbox to bound a setup block's run time with.",
+                              "pass it box= (a Sandbox, or _OwnRole for a trusted run).")
         with self.box.deadline(2 * self.timeout) as clock:
             res = pgconn.exec_(sql.encode())
         if clock.fired:
@@ -722,7 +751,7 @@ class _Runner:
                             "fix the SQL of the spec's setup block.")
 
     def exec_session(self, name: str, sql: str, what: str) -> None:
-        s = self.engine.sessions[name]
+        s = self.pg_engine.sessions[name]
         res = self._exec(s.pgconn, sql, f"{what} of session {name}")
         self.flush_notices(name)
         if res.status == pq.ExecStatus.TUPLES_OK:
@@ -748,7 +777,7 @@ class _Runner:
 
         names = [s.name for s in spec.sessions]
         self.engine = self._open_engine(names)
-        self.notices: list[tuple[str, str]] = []
+        self.notices = []
         self.total_notices = {n: 0 for n in names}
         self.new_notice = False
         self.active: dict[str, _Active | None] = {n: None for n in names}
@@ -769,7 +798,7 @@ class _Runner:
         if spec.teardown:
             self.exec_control(spec.teardown, "teardown")
 
-    def _open_engine(self, names: list[str]) -> Sessions:
+    def _open_engine(self, names: list[str]) -> Sessions | MySessions:
         # The tester sets no timeouts: lock_timeout 0 is the server's default.  The
         # engine's statement_timeout guard stays, at twice the step timeout, so that
         # our own cancel (after ``timeout``, reported like the tester's) comes first.
@@ -778,7 +807,7 @@ class _Runner:
 
     def _listen(self) -> None:
         """Collect each session's notices, as the tester prints them."""
-        for name, s in self.engine.sessions.items():
+        for name, s in self.pg_engine.sessions.items():
             s.conn.add_notice_handler(self._notice_handler(name))
 
     def _notice_handler(self, name: str) -> Callable[[psycopg.errors.Diagnostic], None]:
@@ -795,8 +824,7 @@ class _Runner:
             if self.active[name] is not None:
                 # The session is still busy with an earlier step: wait for it to finish.
                 start = time.monotonic()
-                while self.active[name] is not None:
-                    old = self.active[name]
+                while (old := self.active[name]) is not None:
                     if not self.try_complete(old, RETRY):
                         waiting.remove(old)
                     waiting = self.try_complete_steps(waiting, NONBLOCK | RETRY)
@@ -815,7 +843,7 @@ class _Runner:
             self.active[name] = act
             for k, b in enumerate(ps.blockers):
                 if b.kind == "notices":
-                    act.targets[k] = b.notices + self.total_notices[self.session_of[b.step]]
+                    act.targets[k] = b.needed + self.total_notices[self.session_of[b.other]]
             mustwait = self.try_complete(act, NONBLOCK)
             waiting = self.try_complete_steps(waiting, NONBLOCK | RETRY)
             if mustwait:
@@ -882,7 +910,7 @@ class _Runner:
         if step.error is not None:
             self.emit(f"{_severity(step.error)}:  {step.error.message}\n")
         # NOTIFY messages that reached this session
-        pgconn = self.engine.sessions[act.session].pgconn
+        pgconn = self.pg_engine.sessions[act.session].pgconn
         pgconn.consume_input()
         while (n := pgconn.notifies()) is not None:
             sender = self.pid_names.get(n.be_pid, f"PID {n.be_pid}")
@@ -893,11 +921,11 @@ class _Runner:
     def _has_blocker(self, act: _Active) -> bool:
         for k, b in enumerate(act.ps.blockers):
             if b.kind == "step":
-                other = self.active[self.session_of[b.step]]
+                other = self.active[self.session_of[b.other]]
                 if other is not None and other.ps.name == b.step:
                     return True
             elif b.kind == "notices":
-                if self.total_notices[self.session_of[b.step]] < act.targets[k]:
+                if self.total_notices[self.session_of[b.other]] < act.targets[k]:
                     return True
         return False
 
@@ -1048,6 +1076,16 @@ def refuse_trusted_on_a_classroom(conn: psycopg.Connection | None = None) -> Non
                            "that may use its own database and nothing else.")
 
 
+class _Box(Protocol):
+    """What :class:`_Runner` needs of a sandbox: the role the spec's SQL runs as (None: the
+    lab's own) and a deadline for a block of SQL."""
+
+    @property
+    def role(self) -> str | None: ...
+
+    def deadline(self, seconds: float) -> Deadline: ...
+
+
 class _OwnRole:
     """What :class:`_Runner` needs of a sandbox, for a trusted run: the run's deadline
     cancels what the place's own connections run."""
@@ -1057,7 +1095,7 @@ class _OwnRole:
     def __init__(self, place: Lab) -> None:
         self.place = place
 
-    def __enter__(self) -> "_OwnRole":
+    def __enter__(self) -> _OwnRole:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -1239,7 +1277,7 @@ class _OwnDatabase(Lab):
         return conn
 
     @classmethod
-    def make(cls, server: Database) -> "_OwnDatabase | str":
+    def make(cls, server: Database) -> _OwnDatabase | str:
         """A database of the run's own, reachable; or why there is none (this user may not
         create databases, or cannot connect to the one it made)."""
         name = spec_database_name()
@@ -1248,9 +1286,9 @@ class _OwnDatabase(Lab):
         made = False            # (once True, whatever goes wrong drops the database again)
         try:
             with server.connect(role="spec") as conn:
-                user, may = conn.execute(
+                user, may = one_row(conn.execute(
                     "SELECT rolname, rolsuper OR rolcreatedb FROM pg_catalog.pg_roles "
-                    "WHERE rolname = current_user").fetchone()
+                    "WHERE rolname = current_user"), "the current role's row of pg_roles")
                 if not may:
                     return f"the database user {user} may not create databases (it has no CREATEDB)"
                 if conn.execute("SELECT 1 FROM pg_catalog.pg_database WHERE datname = %s",
@@ -1271,7 +1309,7 @@ class _OwnDatabase(Lab):
                 conn.execute(psql.SQL("COMMENT ON DATABASE {} IS {}").format(
                     ident, psql.Literal(f"labkit:{place.user_tag}")))
             try:
-                place.admin                      # reach it before anything runs there
+                _ = place.admin                  # connect now: reach it before anything runs there
             except LabkitError as exc:
                 place.discard()
                 return f"the database {name} it made could not be reached ({exc.what})"
@@ -1332,7 +1370,7 @@ def _spec_place(server: Database, lab: Lab | None, *, reset: bool,
         own.drop()
         return
     fallback = lab is None
-    if fallback:
+    if lab is None:
         # One lab per process, so that runs in parallel never reset each other's schema.
         lab = Lab.open(server, f"spec_{os.getpid()}")
     elif reset:

@@ -262,7 +262,7 @@ def sittings(nb: Any) -> list[Estimate]:
     seconds = run_seconds(nb)
     parts = []
     for lo, hi in zip([0, *cuts], [*cuts, len(cells)]):
-        part = {"cells": cells[lo:hi], "metadata": {}}
+        part: dict[str, Any] = {"cells": cells[lo:hi], "metadata": {}}
         share = Fraction(code_cells(part), total_code) * Fraction(seconds)
         part["metadata"] = {"claimlab": {"run_seconds": float(share)}}
         parts.append(estimate(part))

@@ -37,11 +37,13 @@ import random
 import signal
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import psycopg
 
+from ..core.checked import started_pid
 from ..core.errors import LabkitError, ServerError
 from ..core.lab import Lab
 from ..core.limits import bulk, number
@@ -324,6 +326,7 @@ class _Run(ABC):
         self.last_failure = ""
         self.idle_exit_s = IDLE_EXIT_S
         self.every: list[Worker] = []
+        self.killed: set[Worker] = set()   # workers the run hurt: their failures are ours
         self.next_id = 1                   # the id the next work item added gets
 
     def add(self, n: int) -> None:
@@ -361,6 +364,7 @@ class _Run(ABC):
     def check(self) -> None:
         """Read the invariants back from the database (and broker) into the report."""
 
+    @abstractmethod
     def unstick(self) -> None:
         """Every worker found nothing to do while work is left: make it claimable."""
 
@@ -393,7 +397,7 @@ class _Run(ABC):
         return w
 
     def _note_exit(self, w: Worker) -> None:
-        if getattr(w, "_torture_killed", False):
+        if w in self.killed:
             return
         _poll(w)
         failed = [e for e in w.events if e["kind"] == "failed"]
@@ -417,7 +421,7 @@ class _Run(ABC):
         self.sql("SELECT 1")
 
     def kill_proc(self, w: Worker) -> None:
-        w._torture_killed = True
+        self.killed.add(w)
         w.kill()
 
     def kill_all(self) -> None:
@@ -425,10 +429,10 @@ class _Run(ABC):
             if w is not None:
                 try:
                     if w.alive:
-                        os.kill(w.pid, signal.SIGCONT)
+                        os.kill(started_pid(w), signal.SIGCONT)
                 except OSError:
                     pass
-                w._torture_killed = True
+                self.killed.add(w)
                 w.kill()
 
     def alive(self) -> list[Worker]:
@@ -444,10 +448,12 @@ class _Run(ABC):
     def freeze(self, ws: list[Worker]) -> list[Worker]:
         frozen = []
         for w in ws:
+            if w.pid is None:               # never started: nothing to freeze
+                continue
             try:
                 os.kill(w.pid, signal.SIGSTOP)
                 frozen.append(w)
-            except (OSError, TypeError):
+            except OSError:
                 pass
         pids = [p for w in frozen for p in self.backend_pids(w)]
         deadline = time.monotonic() + 2.0
@@ -462,9 +468,11 @@ class _Run(ABC):
     @staticmethod
     def thaw(ws: list[Worker]) -> None:
         for w in ws:
+            if w.pid is None:               # never started: nothing to thaw
+                continue
             try:
                 os.kill(w.pid, signal.SIGCONT)
-            except (OSError, TypeError):
+            except OSError:
                 pass
 
     def terminate(self, w: Worker, rng_pick: int) -> None:
@@ -473,7 +481,7 @@ class _Run(ABC):
             self.kill_proc(w)           # not connected yet: nothing to terminate; crash it
             return
         pid = pids[rng_pick % len(pids)]
-        w._torture_killed = True       # its failure on the dead connection is ours
+        self.killed.add(w)             # its failure on the dead connection is ours
         self.sql("SELECT pg_terminate_backend(%s)", (pid,))
 
     def wait_gone(self, pids: list[int], timeout: float = 10) -> None:
@@ -513,9 +521,7 @@ class _Run(ABC):
                     self.report.stopped_early = True
                     return
                 self.top_up()
-                for s in range(len(self.slots)):
-                    self.ensure(s)
-                victim = self.slots[k.victim]
+                victim = [self.ensure(s) for s in range(len(self.slots))][k.victim]
                 _poll(victim)
                 target = _count(victim, self.progress_kind) + k.after
                 topped = time.monotonic()
@@ -528,12 +534,12 @@ class _Run(ABC):
                         self.top_up()
                         topped = time.monotonic()
                     for s, w in enumerate(self.slots):
-                        if w is not victim and not w.alive:
+                        if w is not victim and (w is None or not w.alive):
                             self.ensure(s)
                 if victim.alive:
                     break
                 # it ran out of claimable work before the kill point: make more claimable
-                if not self.alive() or all(not w.alive for w in self.slots):
+                if not self.alive() or all(w is None or not w.alive for w in self.slots):
                     self.unstick()
             if k.jitter_ms:
                 time.sleep(k.jitter_ms / 1000)
@@ -716,6 +722,9 @@ class _DrainRun(_Run):
             rows = [r[0] for r in self.sql(DRAIN_IN_FLIGHT)]
             self.in_flight.update(rows)
             self.report.duplicate_bound += len(rows)
+            if self.clock is None:
+                raise LabkitError("The drain run has no clock to move: its ledger was never made.",
+                                  "call setup() before the kill phase.")
             self.clock.advance(self.LEASE_S + 1)
             self.jumps += 1
         finally:
@@ -909,12 +918,13 @@ def torture(lab: Lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: 
                            fence=fence if dialect == "drain" else None)
     t0 = time.monotonic()
     deadline = t0 + max_seconds
-    own_broker = None
+    own_broker = False
+    relay_broker: brokers.Broker | None = None         # the relay dialect's broker
     if dialect == "relay":
         own_broker = broker is None
-        broker = broker or brokers.for_lab(lab)
-        broker.reset()
-        run: _Run = _RelayRun(lab, report, deadline, broker, relay_order)
+        relay_broker = broker or brokers.for_lab(lab)
+        relay_broker.reset()
+        run: _Run = _RelayRun(lab, report, deadline, relay_broker, relay_order)
     elif dialect == "drain":
         run = _DrainRun(lab, report, deadline, fence)
     else:
@@ -926,8 +936,8 @@ def torture(lab: Lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: 
             run.finish_phase(timeout=max(60.0, max_seconds / 2))
         finally:
             run.kill_all()
-            if dialect == "relay":
-                _switch_on(broker)
+            if relay_broker is not None:
+                _switch_on(relay_broker)
         run.check()
     except psycopg.OperationalError as exc:
         raise ServerError(f"The torture run stopped: the server went away after {report.kills} "
@@ -935,12 +945,12 @@ def torture(lab: Lab, dialect: str, *, kills: int = 20, seed: int = 1, workers: 
                           "start the server again (`labkit server start`) and repeat the run: it "
                           "rebuilds its tables from scratch.") from None
     finally:
-        if own_broker:
+        if own_broker and relay_broker is not None:
             try:
-                broker.discard()
+                relay_broker.discard()
             except Exception:
                 pass
-            broker.close()
+            relay_broker.close()
     report.wall_s = time.monotonic() - t0
     return report
 

@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,7 +90,7 @@ def needs_slides_extra(what: str) -> None:
 
 def reveal_dir() -> Path:
     needs_slides_extra("slides")
-    spec = resources.files("sphinx_revealjs").joinpath("_static", "revealjs")
+    spec = resources.files("sphinx_revealjs") / "_static" / "revealjs"
     return Path(str(spec))
 
 
@@ -332,10 +333,11 @@ def assert_checks(source: str) -> list[str]:
     comments = _comments(source)
     checks = []
     for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Assert)), key=lambda n: n.lineno):
-        said = comments.get(node.end_lineno) or comments.get(node.lineno)
+        said = comments.get(node.end_lineno or node.lineno) or comments.get(node.lineno)
         if not said and isinstance(node.msg, ast.Constant) and isinstance(node.msg.value, str):
             said = node.msg.value
-        checks.append(said or f"`{_short(' '.join(ast.get_source_segment(source, node.test).split()), 90)}`")
+        condition = ast.get_source_segment(source, node.test) or ast.unparse(node.test)
+        checks.append(said or f"`{_short(' '.join(condition.split()), 90)}`")
     return list(dict.fromkeys(checks))
 
 
@@ -369,7 +371,7 @@ def last_sentence(markdown: str) -> str:
     return _short(sentences[-1], 220) if sentences else ""
 
 
-def code_note(lines: list[str], header: list[str] = ()) -> str:
+def code_note(lines: list[str], header: Sequence[str] = ()) -> str:
     """What to point at in code: its comment header, else its first comment, else what its
     statements do (the names they define, the calls they make)."""
     import ast
@@ -448,7 +450,7 @@ def transcript_note(lines: list[str], first: bool = True) -> str:
     return " ".join(said)
 
 
-def output_note(checks: list[str], intro: str, code: str, lines: list[str] = (), first: bool = True) -> str:
+def output_note(checks: list[str], intro: str, code: str, lines: Sequence[str] = (), first: bool = True) -> str:
     """What to point at in output: the row of a transcript that waits or errors, what the cell
     checks in it, what its introduction says, else its first line."""
     said = [transcript_note(list(lines), first)] if lines else []
@@ -579,7 +581,8 @@ def deck_output_lines(text: str, chars: int = LINE_CHARS) -> list[str]:
     return lines
 
 
-def _break_points(source: str) -> tuple[dict[int, list[tuple[int, int]]], dict[int, int]]:
+def _break_points(source: str) -> tuple[dict[int, list[tuple[int, int]]], dict[int, int],
+                                        dict[int, list[tuple[int, int, int]]]]:
     """Per line (from 1), where it may break inside brackets: the column after a comma, or
     before ``and``/``or``/``for``/``if``/``else`` or ``+`` and comparisons, with the column its
     rest lines up under; the column its comment starts at; and its one-line string literals."""
@@ -615,7 +618,8 @@ def _split_string(line: str, chars: int, strings: list[tuple[int, int, int]]) ->
     at a space (outside an f-string's braces), or [] when there is no such place."""
     for start, end, _ in strings:
         text = line[start:end]
-        prefix = re.match(r"[A-Za-z]*", text).group(0)
+        letters = re.match(r"[A-Za-z]*", text)         # a string's prefix: f, rb, ...
+        prefix = letters.group(0) if letters else ""
         quote = text[len(prefix)]
         if start + len(prefix) + 12 >= chars or text[len(prefix):len(prefix) + 3] == quote * 3:
             continue
@@ -750,7 +754,7 @@ def _balanced(ranges: list[tuple[int, int]], most: int) -> list[tuple[int, int]]
             else:
                 pieces.append([a, b])
         if target >= most or len(pieces) <= -(-total // max(1, most)):
-            return [tuple(p) for p in pieces]
+            return [(a, b) for a, b in pieces]
         target += 1
 
 
@@ -761,7 +765,9 @@ def _markdown_atoms(cell, budget: int) -> list[dict]:
 
 def _markdown_blocks(source: str) -> list[str]:
     """``source`` cut at blank lines outside code fences, tables and ``<details>``."""
-    blocks, current, fenced, details = [], [], False, 0
+    blocks: list[str] = []
+    current: list[str] = []
+    fenced, details = False, 0
     for line in source.split("\n"):
         s = line.strip()
         if s.startswith("```"):
@@ -786,7 +792,8 @@ def _split_tables(blocks: list[str], budget: int) -> list[str]:
         if not is_table or _markdown_px(block) <= budget:
             result.append(block)
             continue
-        head, current = lines[:2], []
+        head = lines[:2]
+        current: list[str] = []
         for row in lines[2:]:
             if current and _markdown_px("\n".join([*head, *current, row])) > budget:
                 result.append("\n".join([*head, *current]))
@@ -894,6 +901,29 @@ def deck_cells(nb: NotebookNode) -> NotebookNode:
     return nb
 
 
+def _part_note(cell, part: list[dict], n: int, header: int, checks: list[str], intro: str,
+               on_slide: list[str]) -> str:
+    """The note for piece ``n`` (from 0) of ``cell``, made of the atoms ``part``: what to point
+    at in it.  ``header``: the lines of the cell's comment header; ``checks``: what its asserts
+    check; ``intro``: the introduction to it; ``on_slide``: the notes of its slide so far."""
+    if cell.cell_type == "markdown":
+        return key_sentence("\n\n".join(a["text"] for a in part))
+    code = [line for a in part if a["box"] == "code" for line in a["lines"]]
+    shown = [a for a in part if a["box"] != "code"]
+    text = [line for a in shown if "lines" in a for line in a["hdr"] * (not a["first"]) + a["lines"]]
+    said = [code_note(code, cell.source.split("\n")[:header] if n == 0 else []) if code else ""]
+    here = " ".join([*on_slide, said[0]])
+    told = "" if intro and intro in here else intro     # said on this slide already
+    said.append(output_note(checks, told, "", text, shown[0].get("first", True)) if shown else "")
+    if shown and not said[1] and not code:      # a figure or table on a slide after its code
+        what = "figure" if "image/png" in shown[0]["out"].get("data", {}) else "table"
+        purpose = code_note(cell.source.split("\n")[header:])
+        said[1] = f"The {what} the code on the slide before makes" + (f": {purpose}" if purpose else ".")
+    if n and code and not said[0]:
+        said[0] = f"Continued: the code goes on with `{_short(code[0].strip(), 60)}`."
+    return " ".join(s for s in said if s)
+
+
 def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
     """A copy of ``nb`` in which whatever does not fit its slide goes on in a slide below it
     (reveal.js: a vertical subslide): markdown cut at paragraphs, code at blank lines and
@@ -979,24 +1009,6 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
         if _kind(cell) in ("slide", "subslide"):
             start, used = len(out), 0
 
-        def note_for(part: list[dict], n: int) -> str:
-            if cell.cell_type == "markdown":
-                return key_sentence("\n\n".join(a["text"] for a in part))
-            code = [line for a in part if a["box"] == "code" for line in a["lines"]]
-            shown = [a for a in part if a["box"] != "code"]
-            text = [line for a in shown if "lines" in a for line in a["hdr"] * (not a["first"]) + a["lines"]]
-            said = [code_note(code, cell.source.split("\n")[:header] if n == 0 else []) if code else ""]
-            here = " ".join([*notes[start:], said[0]])
-            told = "" if intro and intro in here else intro     # said on this slide already
-            said.append(output_note(checks, told, "", text, shown[0].get("first", True)) if shown else "")
-            if shown and not said[1] and not code:      # a figure or table on a slide after its code
-                what = "figure" if "image/png" in shown[0]["out"].get("data", {}) else "table"
-                purpose = code_note(cell.source.split("\n")[header:])
-                said[1] = f"The {what} the code on the slide before makes" + (f": {purpose}" if purpose else ".")
-            if n and code and not said[0]:
-                said[0] = f"Continued: the code goes on with `{_short(code[0].strip(), 60)}`."
-            return " ".join(s for s in said if s)
-
         def lines_of(atoms: list[dict], box) -> int:
             return sum(sum(1 for x in a["lines"] if x.strip()) if "lines" in a else MIN_PIECE_LINES
                        for a in atoms if a["box"] == box)
@@ -1020,7 +1032,8 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
                     atom = part.pop()
                     need = atom["px"] + _opens(part, atom)
                 if part:                    # the cell goes on in a slide below
-                    place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n))
+                    place(_part_cell(cell, part, n, starts), _part_px(part),
+                          _part_note(cell, part, n, header, checks, intro, notes[start:]))
                     n, part, starts, filled = n + 1, [], True, 0
                     need = atom["px"] + _opens(part, atom)
                 else:
@@ -1046,7 +1059,8 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
             part.append(atom)
             filled += need
         if part:
-            place(_part_cell(cell, part, n, starts), _part_px(part), note_for(part, n))
+            place(_part_cell(cell, part, n, starts), _part_px(part),
+                  _part_note(cell, part, n, header, checks, intro, notes[start:]))
         elif not atoms:
             place(cell, 0)
         if cell.cell_type == "markdown" and not _is_heading_only(cell):
@@ -1138,11 +1152,9 @@ const wideLine = (pre) => {
 """
 
 # Run in the deck: visit every slide through Reveal's API and measure what is shown there.
-_MEASURE_JS = """
-(() => {
-%(wide_line)s  Reveal.configure({transition: 'none', backgroundTransition: 'none'});
+_MEASURE_JS = "\n(() => {\n" + _WIDE_LINE_JS + """  Reveal.configure({transition: 'none', backgroundTransition: 'none'});
   const view = Reveal.getComputedSlideSize().height;
-  const MIN_PX = %(min_px)d;
+  const MIN_PX = """ + str(MIN_TEXT_PX) + """;
   const clean = (t) => t.replace(/\\u00b6/g, '').replace(/\\s+/g, ' ').trim();
   const heading = (s) => { const h = s.querySelector('h1, h2, h3, h4'); return h ? clean(h.textContent) : ''; };
   const shown = (el) => !el.closest('aside.notes');
@@ -1218,13 +1230,13 @@ _MEASURE_JS = """
   Reveal.slide(0, 0);
   return {slides: found, chars: chars, small: small};
 })()
-""" % {"min_px": MIN_TEXT_PX, "wide_line": _WIDE_LINE_JS}
+"""
 
 
 class DeckReport:
     """What ``check_decks`` saw: per deck its slides, and every problem in one line."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.slides: dict[str, list[dict]] = {}
         self.problems: list[str] = []
         self.counts: dict[str, dict[str, int]] = {}
@@ -1352,9 +1364,7 @@ A4_TEXT_PX = round(180 / 25.4 * 96)
 
 # Run in a handout page shown as print media: every visible <pre> (code or output) whose lines,
 # kept each on one line, are wider than its box; with its widest line.
-_PRINT_WRAPS_JS = """
-(() => {
-%s
+_PRINT_WRAPS_JS = "\n(() => {\n" + _WIDE_LINE_JS + """
   const found = [];
   document.querySelectorAll('pre').forEach((pre) => {
     const w = pre.offsetParent && wideLine(pre);
@@ -1362,7 +1372,7 @@ _PRINT_WRAPS_JS = """
   });
   return found;
 })()
-""" % _WIDE_LINE_JS
+"""
 
 
 def check_handouts(pages: list[Path], browser=None) -> list[str]:

@@ -20,6 +20,7 @@ LabkitError that says why and what to do.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 from numbers import Real
@@ -73,8 +74,11 @@ def _as_range(value) -> tuple[int, int] | None:
     """The byte counts a cell of the WAL column stands for: a number, or pg_size_pretty's text."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, Decimal)) or isinstance(value, Real):
+    if isinstance(value, (int, Decimal)):
         return int(value), int(value)
+    if isinstance(value, Real):                     # a float, a Fraction: its whole part
+        whole = int(math.trunc(value))
+        return whole, whole
     if isinstance(value, str):
         return _pretty_bytes(value)
     return None

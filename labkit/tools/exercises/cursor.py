@@ -240,7 +240,7 @@ def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Chec
     twice = sorted({i for i in broker if broker.count(i) > 1})
     wrong = []
     if left:
-        oldest = {}                                         # per order, its oldest event left
+        oldest: dict[str, int] = {}                         # per order, its oldest event left
         for i in left:
             agg, v = version[i]
             oldest[agg] = min(oldest.get(agg, v), v)

@@ -39,7 +39,8 @@ from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import query as named_query  # ``query`` is the learner's SQL below
 from ...labs.horizon import another_database, open_report
-from . import Check, Solo, bind, scratch as _scratch
+from . import Check, Solo, bind
+from . import scratch as _scratch
 
 HOLDERS_HINT = ("A session holds the horizon while it has a snapshot or a transaction id, whatever "
                 "its state and in whichever database it runs: ask pg_stat_activity for both, leave "

@@ -28,6 +28,7 @@ the extended query protocol, so the server itself refuses more than one statemen
 
 from __future__ import annotations
 
+from ...core.checked import column_names
 from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import query
@@ -86,7 +87,7 @@ def _lease_seconds(lab: Lab, lease: object) -> float:
 
 def _rows(lab: Lab) -> dict[int, dict]:
     cur = lab.admin.execute(query("production_check.sql", "heartbeat_rows").sql)
-    names = [c.name for c in cur.description]
+    names = column_names(cur, "the query 'heartbeat_rows' of production_check.sql")
     return {r[0]: dict(zip(names, r)) for r in cur.fetchall()}
 
 

@@ -16,6 +16,7 @@ import time
 
 import psycopg
 
+from ...core.checked import one_row
 from ...core.db import Guards
 from ...core.errors import LabkitError
 from ...core.lab import Lab
@@ -44,7 +45,7 @@ def _q(name: str) -> str:
 
 
 def _one(conn: psycopg.Connection, name: str) -> object:
-    return conn.execute(_q(name)).fetchone()[0]
+    return one_row(conn.execute(_q(name)), f"the query {name!r} of wakeups.sql")[0]
 
 
 def _first_line(exc: BaseException) -> str:
