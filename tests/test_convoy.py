@@ -7,6 +7,7 @@ the benchmark (`labkit convoy --check`) holds the tight goals.
 import _thread
 import json
 import os
+import random
 import threading
 import time
 
@@ -100,6 +101,19 @@ def test_nowait_tight_loop_makes_an_error_storm_that_backoff_calms(lab):
     assert tight["errors_per_job"] > 5                       # many errors for each job done
     assert calm["errors_per_job"] < tight["errors_per_job"] / 3
     assert tight["variant"] == "hold, tight" and calm["variant"] == "hold, backoff"
+
+
+def test_a_backoff_pause_doubles_its_ceiling_up_to_the_cap():
+    """After the k-th NOWAIT error in a row a worker sleeps a random time up to
+    min(cap, base·2^k): 1 ms after the first, never more than the cap."""
+    pause = convoy._Backoff(True, base_ms=1.0, cap_ms=20.0)
+    rng = random.Random(2026)
+    first = [pause.pause_s(rng, 0) for _ in range(500)]
+    fourth = [pause.pause_s(rng, 3) for _ in range(500)]
+    late = [pause.pause_s(rng, 12) for _ in range(500)]
+    assert all(0 <= s <= 0.001 for s in first)
+    assert 0.004 < max(fourth) <= 0.008
+    assert all(0 <= s <= 0.020 for s in late) and max(late) > 0.015
 
 
 def test_claim_mark_commit_lets_even_the_wait_policy_scale(lab):

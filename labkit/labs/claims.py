@@ -217,6 +217,60 @@ def job_duration_ms(job_id: int, job_ms: float, jitter: float) -> float:
     return job_ms * (1 + random.Random(job_id).uniform(-jitter, jitter))
 
 
+@dataclass(frozen=True)
+class _Handler:
+    """How a worker process runs each job it claimed: the effects it writes, the job's time
+    (and jitter), the poison jobs that kill it, where it pauses, and what it reports."""
+
+    worker_id: str
+    effects: Sequence[str]
+    job_ms: float
+    jitter: float
+    poison: Sequence[int]
+    pause_after: int | None
+    report: str
+
+
+def _claim_batch(conn: psycopg.Connection, style: str, worker_id: str, batch: int) -> list[int]:
+    """One claim in ``style``: ``hold_open`` opens the transaction it keeps for the whole batch."""
+    if style == "hold_open":
+        conn.execute("BEGIN")
+        return [r[0] for r in conn.execute(HOLD_OPEN_SQL, {"batch": batch}).fetchall()]
+    if style == "per_key":
+        return claim_per_key(conn, worker_id)
+    return claim(conn, worker_id, batch)
+
+
+def _run_batch(ctx: Context, fx: psycopg.Connection | None, ids: list[int], handler: _Handler, ran: int) -> int:
+    """Run each claimed job: a poison job kills the worker, its effects are written, its time
+    slept, ``ran`` emitted, and the worker pauses after its ``pause_after``-th job.  The jobs
+    run so far, this batch's included."""
+    for job_id in ids:
+        if job_id in handler.poison:
+            os.kill(os.getpid(), signal.SIGKILL)   # the handler takes the worker down
+        if fx is not None:              # opened exactly when there are effects
+            for kind in handler.effects:
+                _write_effect(fx, kind, job_id, handler.worker_id)
+        ms = job_duration_ms(job_id, handler.job_ms, handler.jitter)
+        if ms:
+            time.sleep(ms / 1000)
+        ran += 1
+        if handler.report == "jobs":
+            ctx.emit("ran", id=job_id)
+        if handler.pause_after is not None and ran == handler.pause_after:
+            ctx.pause("mid-job")
+    return ran
+
+
+def _mark_batch(conn: psycopg.Connection, style: str, worker_id: str, ids: list[int]) -> list[int]:
+    """Mark the batch DONE (``hold_open``: and commit the claim's transaction); the ids marked."""
+    if style == "hold_open":
+        conn.execute(query("claim_worker.sql", "finish_held").sql, {"worker_id": worker_id, "ids": ids})
+        conn.execute("COMMIT")
+        return ids
+    return finish(conn, worker_id, ids)
+
+
 def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str = "claim_mark_commit",
                 batch: int = 1, job_ms: float = 0.0, jitter: float = 0.0, effects: Sequence[str] = (),
                 pause_after: int | None = None, poison: Sequence[int] = (), max_claims: int | None = None,
@@ -234,6 +288,7 @@ def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str 
     "none" only start and end.
     """
     _style(style)
+    handler = _Handler(worker_id, effects, job_ms, jitter, poison, pause_after, report)
     with ExitStack() as stack:
         def connect(role: str) -> psycopg.Connection:
             return stack.enter_context(open_connection(dsn, schema=schema, role=role,
@@ -248,13 +303,7 @@ def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str 
         ctx.emit("start")
         while max_claims is None or claims < max_claims:
             t_tx = time.monotonic()
-            if style == "hold_open":
-                conn.execute("BEGIN")
-                ids = [r[0] for r in conn.execute(HOLD_OPEN_SQL, {"batch": batch}).fetchall()]
-            elif style == "per_key":
-                ids = claim_per_key(conn, worker_id)
-            else:
-                ids = claim(conn, worker_id, batch)
+            ids = _claim_batch(conn, style, worker_id, batch)
             claim_ms = (time.monotonic() - t_tx) * 1000
             if not ids:
                 if style == "hold_open":
@@ -263,28 +312,9 @@ def worker_main(ctx: Context, dsn: str, schema: str, worker_id: str, style: str 
             claims += 1
             if report != "none":
                 ctx.emit("claimed", ids=ids)
-            for job_id in ids:
-                if job_id in poison:
-                    os.kill(os.getpid(), signal.SIGKILL)   # the handler takes the worker down
-                if fx is not None:              # opened exactly when there are effects
-                    for kind in effects:
-                        _write_effect(fx, kind, job_id, worker_id)
-                ms = job_duration_ms(job_id, job_ms, jitter)
-                if ms:
-                    time.sleep(ms / 1000)
-                ran += 1
-                if report == "jobs":
-                    ctx.emit("ran", id=job_id)
-                if pause_after is not None and ran == pause_after:
-                    ctx.pause("mid-job")
+            ran = _run_batch(ctx, fx, ids, handler, ran)
             t_work_end = time.monotonic()
-            if style == "hold_open":
-                conn.execute(query("claim_worker.sql", "finish_held").sql,
-                             {"worker_id": worker_id, "ids": ids})
-                conn.execute("COMMIT")
-                marked = ids
-            else:
-                marked = finish(conn, worker_id, ids)
+            marked = _mark_batch(conn, style, worker_id, ids)
             # How long the claim's transaction (and its row locks) lasted.
             tx_ms = (time.monotonic() - t_tx) * 1000 if style == "hold_open" else claim_ms
             done += len(marked)

@@ -225,28 +225,55 @@ class ConvoyRun:
         return pd.DataFrame(rows, columns=["worker", "job", "asked_ms", "claimed_ms", "released_ms",
                                            "done_ms", "errors"])
 
+    def _censored_waits_ms(self) -> list[float]:
+        """The waits (ms) of workers still asking when a timed run's window closed."""
+        # a worker still waiting when the window closed has waited at least until then: its
+        # wait is censored (a lower bound), and so is a percentile that lands among them
+        if self.backlog:
+            return []
+        end = _window(self.seconds)
+        return [(end - log.open_ask) * 1e3 for log in self.logs
+                if log.open_ask is not None and log.open_ask < end]
+
+    def _busy_workers(self, counted: list[Claim], window: float) -> float:
+        """How many workers are busy with a job on average (the convoy's width)."""
+        if not counted:
+            return 0.0
+        return sum(max(0.0, min(c.done, window) - c.claimed) for c in self.claims) / window
+
+    def _spread(self, counted: list[Claim]) -> dict[str, Any]:
+        """How the counted jobs spread over the workers: those that finished none, and the
+        busiest one's share."""
+        per_worker = [sum(1 for c in counted if c.worker == w) for w in range(self.workers)]
+        return {"idle_workers": sum(1 for n in per_worker if n == 0),
+                "top_worker_share": max(per_worker) / len(counted) if counted else float("nan")}
+
+    def _cpu_pct(self) -> dict[str, float]:
+        """The client's and the server's CPU over the run's wall time (NaN: not measured)."""
+        return {"client_cpu_pct": 100.0 * self.client_cpu_s / self.wall_s,
+                "server_cpu_pct": (100.0 * self.server_cpu_s / self.wall_s
+                                   if self.server_cpu_s is not None else float("nan"))}
+
+    def _drain_times(self) -> dict[str, float]:
+        """A drain's makespan, measured and modelled (NaN for a timed run)."""
+        if not self.backlog:
+            return {"makespan_s": float("nan"), "model_makespan_s": float("nan")}
+        return {"makespan_s": self.makespan_s,
+                "model_makespan_s": model_makespan_s(self.policy, self.workers, self.job_ms, self.backlog,
+                                                     self.hold)}
+
     def row(self) -> dict[str, Any]:
         """The tidy row this run contributes to a sweep."""
         import numpy as np
 
         counted = self.counted()
         window = self.window_s or float("nan")
-        # a worker still waiting when the window closed has waited at least until then: its
-        # wait is censored (a lower bound), and so is a percentile that lands among them
+        censored = self._censored_waits_ms()
         finished = [(c.claimed - c.asked) * 1e3 for c in counted]
-        censored: list[float] = []
-        if not self.backlog:
-            end = _window(self.seconds)
-            censored = [(end - log.open_ask) * 1e3 for log in self.logs
-                        if log.open_ask is not None and log.open_ask < end]
         waits = np.array(finished + censored) if finished or censored else np.array([np.nan])
         latency = np.array([(c.done - c.asked) * 1e3 for c in counted]) if counted else np.array([np.nan])
         model = model_jobs_per_s(self.policy, self.workers, self.job_ms, self.hold)
         jobs_per_s = len(counted) / window if counted else 0.0
-        # how many workers are busy with a job on average (the convoy's width)
-        end = window
-        busy = sum(max(0.0, min(c.done, end) - c.claimed) for c in self.claims) / window if counted else 0.0
-        per_worker = [sum(1 for c in counted if c.worker == w) for w in range(self.workers)]
         errors = self.errors
         pct = lambda q: float(np.percentile(waits, q))  # noqa: E731
         return {
@@ -260,15 +287,10 @@ class ConvoyRun:
             "job_latency_p99_ms": float(np.percentile(latency, 99)),
             "errors": errors, "errors_per_s": errors / window,
             "errors_per_job": errors / len(counted) if counted else float("nan"),
-            "busy_workers": busy,
-            "idle_workers": sum(1 for n in per_worker if n == 0),
-            "top_worker_share": max(per_worker) / len(counted) if counted else float("nan"),
-            "client_cpu_pct": 100.0 * self.client_cpu_s / self.wall_s,
-            "server_cpu_pct": (100.0 * self.server_cpu_s / self.wall_s
-                               if self.server_cpu_s is not None else float("nan")),
-            "makespan_s": self.makespan_s if self.backlog else float("nan"),
-            "model_makespan_s": (model_makespan_s(self.policy, self.workers, self.job_ms, self.backlog, self.hold)
-                                 if self.backlog else float("nan")),
+            "busy_workers": self._busy_workers(counted, window),
+            **self._spread(counted),
+            **self._cpu_pct(),
+            **self._drain_times(),
             "backlog": self.backlog or 0,
             "claim_wait_censored": len(censored),
             # the p99 lands among cut-off waits when one of them is at least as long
@@ -431,6 +453,232 @@ def _is_local(lab: Lab | mysql.MyLab) -> bool:
     return any(h in dsn for h in ("127.0.0.1", "localhost", "host=/", "%2F")) or "@/" in dsn
 
 
+@dataclass(frozen=True)
+class _Backoff:
+    """NOWAIT's backoff after an error: on or off, and its base and cap (ms)."""
+
+    on: bool
+    base_ms: float
+    cap_ms: float
+
+    def pause_s(self, rng: random.Random, attempt: int) -> float:
+        """A random pause up to min(cap, base·2^attempt), in seconds."""
+        return rng.uniform(0, min(self.cap_ms, self.base_ms * 2 ** attempt)) / 1e3
+
+
+@dataclass(frozen=True)
+class _WorkerPlan:
+    """What every worker of one run does: the statements it sends, the job's length, whether
+    the row lock is held for the job, the backoff, when to stop, and the seed of its rng."""
+
+    claim: sql.Composed | str
+    stmts: dict[str, str]
+    job_s: float
+    hold: bool
+    backoff: _Backoff
+    deadline: float
+    backlog: int | None
+    seed: int
+
+
+class _Crew:
+    """The worker threads' shared state: their logs, the start barrier (whose action notes
+    the start time), the stop signal, and one finished event per worker."""
+
+    def __init__(self, workers: int):
+        self.stop = threading.Event()
+        self.logs = [WorkerLog(w) for w in range(workers)]
+        # Each worker says it has finished through its own event.  The caller waits on these,
+        # never in Thread.join while a Ctrl-C can land: CPython 3.11's join, interrupted by
+        # KeyboardInterrupt, can mark a still-running thread as stopped (bpo-45274's clean-up),
+        # after which every later join returns at once and the worker is left running.
+        self.finished = [threading.Event() for _ in range(workers)]
+        self.t0_box: list[float] = []
+        self.barrier = threading.Barrier(workers + 1, action=self._go)
+
+    def _go(self) -> None:
+        """The barrier's action: the start signal, its time noted."""
+        self.t0_box.append(time.perf_counter())
+
+    def running(self) -> list[int]:
+        """The workers that have not finished yet."""
+        return [w for w, e in enumerate(self.finished) if not e.is_set()]
+
+
+def _check_commit_delay(lab: Lab | mysql.MyLab, commit_delay_ms: float) -> None:
+    """``commit_delay_ms`` in range, and only on PostgreSQL."""
+    number("commit_delay_ms", commit_delay_ms, low=0, high=100, unit=" ms", example=5)
+    if commit_delay_ms and isinstance(lab, mysql.MyLab):
+        raise LabkitError("commit_delay_ms is PostgreSQL's commit_delay; MySQL and MariaDB have none.",
+                          "leave commit_delay_ms at 0 on this engine.")
+
+
+def _checked_backoff(backoff: bool, base_ms: float, cap_ms: float | None, job_ms: float) -> _Backoff:
+    """The backoff's times checked (the cap is ``job_ms`` when not given)."""
+    if cap_ms is None:
+        cap_ms = float(job_ms)
+    if base_ms <= 0 or cap_ms <= 0:
+        raise LabkitError("Backoff times must be positive.", "pass backoff_base_ms=1, backoff_cap_ms=20.")
+    number("backoff_base_ms", base_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=1)
+    number("backoff_cap_ms", cap_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=20)
+    return _Backoff(backoff, base_ms, cap_ms)
+
+
+def _ask_for_a_row(conn: psycopg.Connection | mysql.MyConn, plan: _WorkerPlan, log: WorkerLog,
+                   stop: threading.Event, now: Callable[[], float],
+                   rng: random.Random) -> tuple[Any, bool, int]:
+    """Send the claim until it is answered (retrying a deadlock victim and, after a NOWAIT
+    error, at once or after a backoff): the row (None: nothing claimable), whether it was
+    answered (not: stopped, or out of time while retrying), and the errors on the way."""
+    errors = attempt = 0
+    while not stop.is_set():
+        try:
+            return _execute(conn, plan.claim).fetchone(), True, errors
+        except DEADLOCKS:              # InnoDB under REPEATABLE READ: retry
+            conn.rollback()
+            log.deadlocks += 1
+        except BUSY:
+            conn.rollback()
+            errors += 1
+            log.errors += 1
+            log.error_times.append(now())
+            if now() >= plan.deadline:
+                break
+            if plan.backoff.on:
+                time.sleep(plan.backoff.pause_s(rng, attempt))
+                attempt += 1
+    return None, False, errors
+
+
+def _run_job(conn: psycopg.Connection | mysql.MyConn, plan: _WorkerPlan, params: dict[str, Any],
+             now: Callable[[], float]) -> tuple[float, float]:
+    """The job on a claimed row, the lock held through it or claim + mark + commit first;
+    when the row lock was released and when the job was done."""
+    if plan.hold:
+        time.sleep(plan.job_s)                                  # the job, row locked
+        conn.execute(plan.stmts["finish_holding"], params)
+        conn.commit()
+        released = done = now()
+        return released, done
+    conn.execute(plan.stmts["mark"], params)
+    conn.commit()
+    released = now()
+    time.sleep(plan.job_s)                                      # the job, no lock held
+    conn.execute(plan.stmts["finish"], params)
+    conn.commit()
+    return released, now()
+
+
+def _claim_loop(w: int, conn: psycopg.Connection | mysql.MyConn, plan: _WorkerPlan, log: WorkerLog,
+                stop: threading.Event, now: Callable[[], float], rng: random.Random) -> None:
+    """Claim, run the job, finish, until stopped, out of time or out of rows; each claim
+    recorded in ``log``."""
+    me = f"w{w}"
+    while not stop.is_set() and now() < plan.deadline:
+        asked = now()
+        row, answered, errors = _ask_for_a_row(conn, plan, log, stop, now, rng)
+        claimed = now()
+        if not answered:                  # stopped, or out of time while retrying
+            log.open_ask = asked
+            break
+        if row is None:                   # nothing left this worker could claim
+            conn.rollback()
+            log.ran_dry = not plan.backlog
+            break
+        if claimed >= plan.deadline:
+            conn.rollback()            # asked in time, got the row too late: hand it back
+            log.open_ask = asked
+            break
+        job = row[0]
+        try:
+            released, done = _run_job(conn, plan, {"id": job, "worker": me}, now)
+        except DEADLOCKS:       # chosen as the victim: its work is rolled back, not done
+            conn.rollback()
+            log.deadlocks += 1
+            continue
+        log.claims.append(Claim(w, job, asked, claimed, released, done, errors))
+
+
+def _worker_thread(w: int, conn: psycopg.Connection | mysql.MyConn, plan: _WorkerPlan, crew: _Crew) -> None:
+    """One worker thread: wait at the barrier, run the claim loop; a failure is recorded
+    (and stops the others), and the worker's finished event is set on the way out."""
+    log = crew.logs[w]
+    rng = random.Random(plan.seed * 1000 + w)
+    try:
+        log.backend_pid = conn.info.backend_pid
+        crew.barrier.wait(timeout=30)
+        t0 = crew.t0_box[0]
+        _claim_loop(w, conn, plan, log, crew.stop, lambda: time.perf_counter() - t0, rng)
+    except threading.BrokenBarrierError:
+        pass
+    except BaseException as exc:  # recorded, re-raised in the caller
+        log.failure = exc
+        crew.stop.set()
+    finally:
+        try:
+            conn.rollback()
+        except Exception:
+            pass
+        crew.finished[w].set()
+
+
+def _measure_crew(crew: _Crew, threads: list[threading.Thread], conns: list[psycopg.Connection | mysql.MyConn],
+                  *, local: bool, limit: float) -> tuple[float, float, float | None]:
+    """Start the threads, give the start signal and wait for every worker (at most ``limit``
+    seconds): the wall time, the client's CPU seconds and the server backends' (None where
+    /proc cannot tell)."""
+    for t in threads:
+        t.start()
+    pids = [c.info.backend_pid for c in conns]
+    cpu_server0 = _backend_cpu_s(pids) if local else None
+    cpu_client0 = time.process_time()
+    crew.barrier.wait(timeout=30)
+    t_start = time.perf_counter()
+    # short waits, so that Ctrl-C (KeyboardInterrupt) is noticed at once
+    while crew.running() and time.perf_counter() - t_start < limit:
+        crew.finished[crew.running()[0]].wait(0.05)
+    wall = time.perf_counter() - t_start
+    cpu_client = time.process_time() - cpu_client0
+    cpu_server1 = _backend_cpu_s(pids) if cpu_server0 is not None else None
+    if crew.running():
+        raise LabkitError("Convoy workers did not finish in time (a lock held outside the run?).",
+                          "run `labkit doctor` to find the session holding the lock, then re-run.")
+    server = (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None
+    return wall, cpu_client, server
+
+
+def _stop_crew(crew: _Crew, threads: list[threading.Thread], pool: WorkerPool) -> None:
+    """Every worker stopped: the barrier broken, the queries of those still running
+    cancelled, each waited for (15 s at most) and joined."""
+    for w, t in enumerate(threads):
+        if t.ident is None:             # never started (interrupted while starting them)
+            crew.finished[w].set()
+    crew.stop.set()
+    crew.barrier.abort()
+    if crew.running():
+        pool.cancel()
+    give_up = time.monotonic() + 15
+    for w in crew.running():
+        crew.finished[w].wait(max(0.0, give_up - time.monotonic()))
+    for t in threads:                   # each has left its loop: these joins are short
+        if t.ident is not None:
+            t.join(max(0.1, give_up - time.monotonic()))
+
+
+def _raise_worker_failure(logs: list[WorkerLog], *, timed: bool) -> None:
+    """A worker's failure raised as a LabkitError, and a timed run whose queue ran dry."""
+    for log in logs:
+        if log.failure is not None:
+            exc = log.failure
+            if isinstance(exc, LabkitError):       # already says what happened and the fix
+                raise exc
+            raise LabkitError(f"Convoy worker {log.worker} failed: {type(exc).__name__}: {exc}",
+                              "check the server with `labkit doctor` and re-run.") from exc
+    if timed and any(log.ran_dry for log in logs):
+        raise LabkitError("The queue ran dry during a timed run, so the figures would be wrong.",
+                          "this is a labkit bug (jobs_needed); report it, or use a longer job_ms.")
+
+
 def run(lab: Lab | mysql.MyLab, policy: str = "skip", workers: int = 4, job_ms: float = 20, seconds: float | None = 1.0, *,
         hold: bool = True, backoff: bool = False, backlog: int | None = None,
         backoff_base_ms: float = 1.0, backoff_cap_ms: float | None = None,
@@ -449,172 +697,35 @@ def run(lab: Lab | mysql.MyLab, policy: str = "skip", workers: int = 4, job_ms: 
     a superuser and a server with fsync on (PostgreSQL skips the delay otherwise).
     """
     _validate(policy, workers, job_ms, seconds, backlog)
-    number("commit_delay_ms", commit_delay_ms, low=0, high=100, unit=" ms", example=5)
-    if commit_delay_ms and isinstance(lab, mysql.MyLab):
-        raise LabkitError("commit_delay_ms is PostgreSQL's commit_delay; MySQL and MariaDB have none.",
-                          "leave commit_delay_ms at 0 on this engine.")
-    if backoff_cap_ms is None:
-        backoff_cap_ms = float(job_ms)
-    if backoff_base_ms <= 0 or backoff_cap_ms <= 0:
-        raise LabkitError("Backoff times must be positive.", "pass backoff_base_ms=1, backoff_cap_ms=20.")
-    number("backoff_base_ms", backoff_base_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=1)
-    number("backoff_cap_ms", backoff_cap_ms, above=True, high=MAX_BACKOFF_MS, unit=" ms", example=20)
+    _check_commit_delay(lab, commit_delay_ms)
+    pause = _checked_backoff(backoff, backoff_base_ms, backoff_cap_ms, job_ms)
     n_jobs = backlog if backlog else jobs_needed(workers, job_ms, _window(seconds))
     prepare_queue(lab, n_jobs)
     own_pool = pool is None
     pool = pool or WorkerPool(lab)
-    stmts = {name: queries(WORKER_SQL)[name].sql for name in ("finish_holding", "mark", "finish")}
-    claim = claim_sql(policy, engine_of(lab))
-    d = job_ms / 1000.0
-    deadline = float("inf") if backlog else float(_window(seconds))
-    stop = threading.Event()
-    logs = [WorkerLog(w) for w in range(workers)]
-    # Each worker says it has finished through its own event.  The caller waits on these,
-    # never in Thread.join while a Ctrl-C can land: CPython 3.11's join, interrupted by
-    # KeyboardInterrupt, can mark a still-running thread as stopped (bpo-45274's clean-up),
-    # after which every later join returns at once and the worker is left running.
-    finished = [threading.Event() for _ in range(workers)]
-    t0_box: list[float] = []
-
-    def go() -> None:                      # the barrier's action: the start signal
-        t0_box.append(time.perf_counter())
-
-    barrier = threading.Barrier(workers + 1, action=go)
-
-    def work(w: int, conn: psycopg.Connection | mysql.MyConn) -> None:
-        log = logs[w]
-        rng = random.Random(seed * 1000 + w)
-        me = f"w{w}"
-        try:
-            log.backend_pid = conn.info.backend_pid
-            barrier.wait(timeout=30)
-            t0 = t0_box[0]
-            now = lambda: time.perf_counter() - t0  # noqa: E731
-            while not stop.is_set() and now() < deadline:
-                asked, errors, attempt, row, answered = now(), 0, 0, None, False
-                while not stop.is_set():
-                    try:
-                        row = _execute(conn, claim).fetchone()
-                        answered = True
-                        break
-                    except DEADLOCKS:              # InnoDB under REPEATABLE READ: retry
-                        conn.rollback()
-                        log.deadlocks += 1
-                        continue
-                    except BUSY:
-                        conn.rollback()
-                        errors += 1
-                        log.errors += 1
-                        log.error_times.append(now())
-                        if now() >= deadline:
-                            break
-                        if backoff:
-                            time.sleep(rng.uniform(0, min(backoff_cap_ms, backoff_base_ms * 2 ** attempt)) / 1e3)
-                            attempt += 1
-                claimed = now()
-                if not answered:                  # stopped, or out of time while retrying
-                    log.open_ask = asked
-                    break
-                if row is None:                   # nothing left this worker could claim
-                    conn.rollback()
-                    log.ran_dry = not backlog
-                    break
-                if claimed >= deadline:
-                    conn.rollback()            # asked in time, got the row too late: hand it back
-                    log.open_ask = asked
-                    break
-                job = row[0]
-                params = {"id": job, "worker": me}
-                try:
-                    if hold:
-                        time.sleep(d)                                   # the job, row locked
-                        conn.execute(stmts["finish_holding"], params)
-                        conn.commit()
-                        released = done = now()
-                    else:
-                        conn.execute(stmts["mark"], params)
-                        conn.commit()
-                        released = now()
-                        time.sleep(d)                                   # the job, no lock held
-                        conn.execute(stmts["finish"], params)
-                        conn.commit()
-                        done = now()
-                except DEADLOCKS:       # chosen as the victim: its work is rolled back, not done
-                    conn.rollback()
-                    log.deadlocks += 1
-                    continue
-                log.claims.append(Claim(w, job, asked, claimed, released, done, errors))
-        except threading.BrokenBarrierError:
-            pass
-        except BaseException as exc:  # recorded, re-raised in the caller
-            log.failure = exc
-            stop.set()
-        finally:
-            try:
-                conn.rollback()
-            except Exception:
-                pass
-            finished[w].set()
-
-    def running() -> list[int]:
-        return [w for w, e in enumerate(finished) if not e.is_set()]
-
+    plan = _WorkerPlan(claim=claim_sql(policy, engine_of(lab)),
+                       stmts={name: queries(WORKER_SQL)[name].sql for name in ("finish_holding", "mark", "finish")},
+                       job_s=job_ms / 1000.0, hold=hold, backoff=pause,
+                       deadline=float("inf") if backlog else float(_window(seconds)), backlog=backlog, seed=seed)
+    crew = _Crew(workers)
     conns = pool.get(workers)
     if commit_delay_ms:
         _commit_delay(lab, conns, commit_delay_ms)
-    threads = [threading.Thread(target=work, args=(w, c), name=f"convoy-w{w}", daemon=True)
+    threads = [threading.Thread(target=_worker_thread, args=(w, c, plan, crew), name=f"convoy-w{w}", daemon=True)
                for w, c in enumerate(conns)]
     local = _is_local(lab)
+    limit = (plan.deadline if not backlog else model_makespan_s(policy, 1, job_ms, backlog) * 3 + 30) + 30
     try:
-        for t in threads:
-            t.start()
-        pids = [c.info.backend_pid for c in conns]
-        cpu_server0 = _backend_cpu_s(pids) if local else None
-        cpu_client0 = time.process_time()
-        barrier.wait(timeout=30)
-        t_start = time.perf_counter()
-        limit = (deadline if not backlog else model_makespan_s(policy, 1, job_ms, backlog) * 3 + 30) + 30
-        # short waits, so that Ctrl-C (KeyboardInterrupt) is noticed at once
-        while running() and time.perf_counter() - t_start < limit:
-            finished[running()[0]].wait(0.05)
-        wall = time.perf_counter() - t_start
-        cpu_client = time.process_time() - cpu_client0
-        cpu_server1 = _backend_cpu_s(pids) if cpu_server0 is not None else None
-        if running():
-            raise LabkitError("Convoy workers did not finish in time (a lock held outside the run?).",
-                              "run `labkit doctor` to find the session holding the lock, then re-run.")
+        wall, cpu_client, cpu_server = _measure_crew(crew, threads, conns, local=local, limit=limit)
     finally:
-        for w, t in enumerate(threads):
-            if t.ident is None:             # never started (interrupted while starting them)
-                finished[w].set()
-        stop.set()
-        barrier.abort()
-        if running():
-            pool.cancel()
-        give_up = time.monotonic() + 15
-        for w in running():
-            finished[w].wait(max(0.0, give_up - time.monotonic()))
-        for t in threads:                   # each has left its loop: these joins are short
-            if t.ident is not None:
-                t.join(max(0.1, give_up - time.monotonic()))
+        _stop_crew(crew, threads, pool)
         if own_pool:
             pool.close()
         elif commit_delay_ms:
             _commit_delay(lab, [c for c in conns if not c.closed and not c.broken], 0.0)
-    for log in logs:
-        if log.failure is not None:
-            exc = log.failure
-            if isinstance(exc, LabkitError):       # already says what happened and the fix
-                raise exc
-            raise LabkitError(f"Convoy worker {log.worker} failed: {type(exc).__name__}: {exc}",
-                              "check the server with `labkit doctor` and re-run.") from exc
-    if not backlog and any(log.ran_dry for log in logs):
-        raise LabkitError("The queue ran dry during a timed run, so the figures would be wrong.",
-                          "this is a labkit bug (jobs_needed); report it, or use a longer job_ms.")
+    _raise_worker_failure(crew.logs, timed=not backlog)
     return ConvoyRun(policy, workers, float(job_ms), None if backlog else float(_window(seconds)), hold, backoff,
-                     backlog, logs, wall, cpu_client,
-                     (cpu_server1 - cpu_server0) if cpu_server0 is not None and cpu_server1 is not None else None,
-                     float(commit_delay_ms))
+                     backlog, crew.logs, wall, cpu_client, cpu_server, float(commit_delay_ms))
 
 
 def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:

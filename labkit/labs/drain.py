@@ -1043,14 +1043,8 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return best
 
 
-def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: int = 5,
-                         send_ms: float = 40, modes: tuple[str, ...] = tuple(MODES)) -> pd.DataFrame:
-    """Run the same work with ``drains`` drain processes in each mode; measure wall time,
-    how many sends overlapped, and how long each drain's connection sat in a transaction.
-    A send really sleeps ``send_ms`` (standing for ~2 s of APNs time)."""
-    import pandas as pd
-
-
+def _check_scopes(drains: int, rows: int, batch: int, send_ms: float, modes: tuple[str, ...]) -> None:
+    """:func:`compare_claim_scopes`' parameters: drains and rows to work with, known modes."""
     if drains < 1:
         raise LabkitError(f"{drains} drains cannot drain anything.", "pass drains >= 1 (4 is a good lab).")
     check_params(batch=batch, rows=rows, send_ms=send_ms)
@@ -1059,6 +1053,54 @@ def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: in
     for m in modes:
         if m not in MODES:
             raise LabkitError(f"Unknown mode {m!r}.", f"use some of {list(MODES)}.")
+
+
+def _drain_mode(lab: Lab, workers: list[Worker], k: int, mode: str, rows: int) -> tuple[list[dict], float]:
+    """The ``k``-th mode's run: a fresh ledger of ``rows`` deliveries, every drain started in
+    ``mode`` at once, until each reports it found nothing due.  Their reports, and the start."""
+    for w in workers:
+        w.wait_for("paused", count=k, tag="ready", timeout=90)
+    create_ledger(lab, rows, install=False)
+    t0 = time.monotonic()
+    for w in workers:
+        w.resume(mode)
+    return [w.wait_for("finished", mode=mode, timeout=120) for w in workers], t0
+
+
+def _scope_row(lab: Lab, mode: str, reports: list[dict], t0: float, *, drains: int, rows: int) -> dict[str, Any]:
+    """One mode's measurements: wall time, sends in parallel, time in transaction, empty
+    claims, and what the pushes and the ledger show."""
+    sends = [(s, e) for r in reports for s, e, _ in r["sends"]]
+    wall = max(r["t"] for r in reports) - t0   # until the last drain found nothing due
+    pushes = _pushes(lab)
+    in_tx = sum(r["in_tx"] for r in reports)
+    return {
+        "mode": mode, "drains": drains, "rows": rows, "wall_s": round(wall, 3),
+        "max_parallel_sends": _max_overlap(sends),
+        "in_transaction_s": round(in_tx, 3),
+        "connection_busy_share": round(in_tx / (drains * wall), 3) if wall else 0.0,
+        "empty_claims": sum(r["empty"] for r in reports) - drains,
+        "pushes": pushes["pushes"], "duplicates": pushes["duplicate_pushes"],
+        "sent": _statuses(lab)["sent"]}
+
+
+def _end_drains(workers: list[Worker], rounds: int) -> None:
+    """Let every drain, paused after its last round, leave its loop and exit."""
+    for w in workers:
+        w.wait_for("paused", count=rounds + 1, tag="ready", timeout=90)
+        w.resume(None)
+    for w in workers:
+        w.join(30)
+
+
+def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: int = 5,
+                         send_ms: float = 40, modes: tuple[str, ...] = tuple(MODES)) -> pd.DataFrame:
+    """Run the same work with ``drains`` drain processes in each mode; measure wall time,
+    how many sends overlapped, and how long each drain's connection sat in a transaction.
+    A send really sleeps ``send_ms`` (standing for ~2 s of APNs time)."""
+    import pandas as pd
+
+    _check_scopes(drains, rows, batch, send_ms, modes)
     workers = [Worker(bench_worker, name=f"drain {i + 1}", dsn=lab.db.dsn, schema=lab.schema,
                       batch=batch, lease_s=LEASE_S, latency_s=LATENCY_S,
                       speed=send_ms / 1000 / LATENCY_S) for i in range(drains)]
@@ -1068,30 +1110,9 @@ def compare_claim_scopes(lab: Lab, *, drains: int = 4, rows: int = 40, batch: in
         for w in workers:
             w.start()
         for k, mode in enumerate(modes, 1):
-            for w in workers:
-                w.wait_for("paused", count=k, tag="ready", timeout=90)
-            create_ledger(lab, rows, install=False)
-            t0 = time.monotonic()
-            for w in workers:
-                w.resume(mode)
-            reports = [w.wait_for("finished", mode=mode, timeout=120) for w in workers]
-            sends = [(s, e) for r in reports for s, e, _ in r["sends"]]
-            wall = max(r["t"] for r in reports) - t0   # until the last drain found nothing due
-            pushes = _pushes(lab)
-            out.append({
-                "mode": mode, "drains": drains, "rows": rows, "wall_s": round(wall, 3),
-                "max_parallel_sends": _max_overlap(sends),
-                "in_transaction_s": round(sum(r["in_tx"] for r in reports), 3),
-                "connection_busy_share": round(sum(r["in_tx"] for r in reports) / (drains * wall), 3)
-                if wall else 0.0,
-                "empty_claims": sum(r["empty"] for r in reports) - drains,
-                "pushes": pushes["pushes"], "duplicates": pushes["duplicate_pushes"],
-                "sent": _statuses(lab)["sent"]})
-        for w in workers:
-            w.wait_for("paused", count=len(modes) + 1, tag="ready", timeout=90)
-            w.resume(None)
-        for w in workers:
-            w.join(30)
+            reports, t0 = _drain_mode(lab, workers, k, mode, rows)
+            out.append(_scope_row(lab, mode, reports, t0, drains=drains, rows=rows))
+        _end_drains(workers, len(modes))
     finally:
         for w in workers:
             w.kill()

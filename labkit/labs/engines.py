@@ -182,6 +182,91 @@ def _mode(lock: str) -> str:
     return words[1] if len(words) > 1 and words[0] == "RECORD" else ""
 
 
+_BOX_WIDTH = {"entry": 1.2, "gap": 0.7}
+_HALF = 0.6                            # half an entry box's height: three lines of key
+
+
+def _holder(probe: Any) -> str:
+    """The session whose lock made ``probe`` wait ('' where it went through)."""
+    return probe.waits_for.split(", ")[0] if probe.waits_for else ""
+
+
+class _LockRow:
+    """One level's row of :func:`plot_locks`, drawn left to right in key order: the entries
+    and gaps, each probe's waiting insert below, and the locks each session holds above."""
+
+    def __init__(self, ax: Any, y: float, colour: dict[str, Any], claimer: dict[Any, str]):
+        self.ax, self.y, self.colour, self.claimer = ax, y, colour, claimer
+        self.x = 0.0
+        self.spans: list[tuple[float, float, str, str]] = []   # (x, width, holder, what) above the row
+        self.inserts: list[float] = []                          # where an insert waited
+
+    def draw(self, probes: list[Any]) -> None:
+        """Every probe's box and what it waited for, then the locks above the row."""
+        for k, probe in enumerate(probes):
+            who = _holder(probe)
+            self.ax.add_patch(self._box(probe, who))
+            if probe.kind == "entry":
+                self._entry(probes, k, who)
+            elif who:                  # texts low and high in turn, so two never meet
+                self._waiting_insert(probe, who)
+            self.x += _BOX_WIDTH[probe.kind]
+        if not self.inserts:
+            gaps = sum(1 for probe in probes if probe.kind == "gap")
+            self.ax.text(self.x / 2, self.y - _HALF - 0.15, f"all {gaps} inserts went through: no gap is locked",
+                         ha="center", va="top")
+        self._locks_above()
+
+    def _box(self, probe: Any, who: str) -> Any:
+        """An entry's box, or a gap's hatched slot, in the colour of the lock it waited for."""
+        from matplotlib.patches import Rectangle
+
+        return Rectangle((self.x, self.y - _HALF), _BOX_WIDTH[probe.kind], 2 * _HALF,
+                         facecolor=self.colour.get(who, "white"), edgecolor="0.25", lw=1.5,
+                         hatch="//" if probe.kind == "gap" else None)
+
+    def _entry(self, probes: list[Any], k: int, who: str) -> None:
+        """An entry's key in its box; the lock that stopped its probe, a next-key lock where
+        the gap in front of it stopped a probe for the same session, a record lock otherwise."""
+        probe = probes[k]
+        key = probe.probe.split("(", 1)[1].rstrip(")").split(", ")
+        self.ax.text(self.x + _BOX_WIDTH["entry"] / 2, self.y, f"{probe.place}\n" + "\n".join(key),
+                     ha="center", va="center", linespacing=1.15,
+                     color="white" if who == HOLDERS[0] else "black")
+        if not who:
+            return
+        before = probes[k - 1] if k else None
+        if before is not None and before.kind == "gap" and before.waits_for == probe.waits_for:
+            self.spans.append((self.x - _BOX_WIDTH["gap"], _BOX_WIDTH["gap"] + _BOX_WIDTH["entry"], who,
+                               "next-key"))
+        else:
+            self.spans.append((self.x, _BOX_WIDTH["entry"], who, "record"))
+
+    def _waiting_insert(self, probe: Any, who: str) -> None:
+        """The insert that waited in this gap, and for whom: a finished job's entry, or a new job's."""
+        high = len(self.inserts) % 2
+        self.inserts.append(self.x)
+        x, y = self.x, self.y
+        middle = x + _BOX_WIDTH["gap"] / 2
+        finishes = getattr(probe, "finishes", None)
+        key = probe.probe.split(" ", 1)[1]
+        if finishes is not None and not _missing(finishes):
+            finisher = self.claimer.get(int(finishes), "its worker")
+            text = f"{finisher} finishing job {int(finishes)} writes {key}\nhere: waits for {who}"
+        else:
+            text = f"new job {key}:\nwaits for {who}"
+        self.ax.annotate(text, (middle, y - _HALF - 0.05),
+                         xytext=(middle + 1.3, y - _HALF - 0.3) if high else (x, y - _HALF - 1.0),
+                         ha="left", va="top", arrowprops={"arrowstyle": "->", "lw": 1.5})
+
+    def _locks_above(self) -> None:
+        """Each session's lock as a bar above the entries (and gaps) it covers, named."""
+        for left, span, who, what in self.spans:
+            self.ax.plot([left + 0.05, left + span - 0.05], [self.y + _HALF + 0.15] * 2, color=self.colour[who],
+                         lw=4, solid_capstyle="butt")
+            self.ax.text(left + span / 2, self.y + _HALF + 0.25, f"{who}: {what} lock", ha="center", va="bottom")
+
+
 def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
     """The claim's index in key order, one row per isolation level (``maps``: level ->
     :func:`probe_locks`): each entry (a box with its key: job, status, created_at) and each
@@ -192,68 +277,25 @@ def plot_locks(maps: dict[str, pd.DataFrame]) -> Figure:
     gap's is where a finished job's entry lands), or a line saying that every insert went
     through."""
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     if not maps:
         raise LabkitError("plot_locks needs at least one probed level.",
                           "pass {level: engines.probe_locks(lab, level)} for one or more levels.")
     colour = {name: PALETTE[k] for k, name in enumerate(HOLDERS)}
-    width = {"entry": 1.2, "gap": 0.7}
     levels = list(maps)
     step_y = 3.9                       # a row, its locks above and its waiting inserts below
-    half = 0.6                         # half an entry box's height: three lines of key
     claims = maps[levels[0]].attrs.get("claims", {})
     claimer = {job: name for name, job in claims.items()}
     fig, ax = plt.subplots(figsize=(12, 0.4 + 3.0 * len(levels)))
-    for row, level in enumerate(levels):
-        y = (len(levels) - 1 - row) * step_y
-        x = 0.0
-        probes = list(maps[level].itertuples())
-        spans = []                     # (x, width, holder, what) of each lock above the row
-        inserts: list[float] = []      # where an insert waited
-        for k, probe in enumerate(probes):
-            who = probe.waits_for.split(", ")[0] if probe.waits_for else ""
-            ax.add_patch(Rectangle((x, y - half), width[probe.kind], 2 * half,
-                                   facecolor=colour.get(who, "white"), edgecolor="0.25", lw=1.5,
-                                   hatch="//" if probe.kind == "gap" else None))
-            if probe.kind == "entry":
-                key = probe.probe.split("(", 1)[1].rstrip(")").split(", ")
-                ax.text(x + width["entry"] / 2, y, f"{probe.place}\n" + "\n".join(key),
-                        ha="center", va="center", linespacing=1.15,
-                        color="white" if who == HOLDERS[0] else "black")
-                if who:
-                    before = probes[k - 1] if k else None
-                    if before is not None and before.kind == "gap" and before.waits_for == probe.waits_for:
-                        spans.append((x - width["gap"], width["gap"] + width["entry"], who, "next-key"))
-                    else:
-                        spans.append((x, width["entry"], who, "record"))
-            elif who:                  # texts low and high in turn, so two never meet
-                high = len(inserts) % 2
-                inserts.append(x)
-                middle = x + width["gap"] / 2
-                finishes = getattr(probe, "finishes", None)
-                key = probe.probe.split(" ", 1)[1]
-                if finishes is not None and not _missing(finishes):
-                    finisher = claimer.get(int(finishes), "its worker")
-                    text = f"{finisher} finishing job {int(finishes)} writes {key}\nhere: waits for {who}"
-                else:
-                    text = f"new job {key}:\nwaits for {who}"
-                ax.annotate(text, (middle, y - half - 0.05),
-                            xytext=(middle + 1.3, y - half - 0.3) if high else (x, y - half - 1.0),
-                            ha="left", va="top", arrowprops={"arrowstyle": "->", "lw": 1.5})
-            x += width[probe.kind]
-        if not inserts:
-            gaps = sum(1 for probe in probes if probe.kind == "gap")
-            ax.text(x / 2, y - half - 0.15, f"all {gaps} inserts went through: no gap is locked",
-                    ha="center", va="top")
-        for left, span, who, what in spans:
-            ax.plot([left + 0.05, left + span - 0.05], [y + half + 0.15] * 2, color=colour[who], lw=4,
-                    solid_capstyle="butt")
-            ax.text(left + span / 2, y + half + 0.25, f"{who}: {what} lock", ha="center", va="bottom")
-        ax.text(-0.15, y, level.replace(" ", "\n", 1), ha="right", va="center")
-    ax.set_xlim(-0.1, x + 0.1)
-    bottom = -half - (1.9 if inserts else 0.7)
-    ax.set_ylim(bottom, (len(levels) - 1) * step_y + half + 0.8)
+    for n, level in enumerate(levels):
+        row = _LockRow(ax, (len(levels) - 1 - n) * step_y, colour, claimer)
+        row.draw(list(maps[level].itertuples()))
+        ax.text(-0.15, row.y, level.replace(" ", "\n", 1), ha="right", va="center")
+    # the bottom row (the last drawn) sets the width and the room below
+    ax.set_xlim(-0.1, row.x + 0.1)
+    bottom = -_HALF - (1.9 if row.inserts else 0.7)
+    ax.set_ylim(bottom, (len(levels) - 1) * step_y + _HALF + 0.8)
     ax.set_axis_off()
     ax.set_title("The claim's index (status, created_at), in key order: what each probe waited for")
     handles = [Patch(facecolor=colour[name], edgecolor="0.25",

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import psycopg
 
+from ..core.clock import Clock
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.queries import strip_comments
@@ -93,6 +94,56 @@ def write_text(lab: Lab, query: str, row: dr.Claimed, outcome: dr.Outcome) -> st
     return bind(lab, query, **write_params(row, outcome))
 
 
+def _check_scripted(run: Sessions, scripted: dict[int, tuple[str, str]]) -> None:
+    """Each scripted event keyed by a step of ``run`` and given as (session, text)."""
+    for n, event in scripted.items():
+        if not (isinstance(n, int) and 1 <= n <= len(run.steps)):
+            raise LabkitError(f"scripted={{{n!r}: ...}}: the run has steps 1 to {len(run.steps)}.",
+                              "key each scripted event by the number of the step it follows.")
+        if not (isinstance(event, tuple) and len(event) == 2 and event[0] in run.names):
+            raise LabkitError(f"scripted={{{n}: {event!r}}} is not (session, text) of this run "
+                              f"(sessions: {', '.join(run.names)}).",
+                              "pass e.g. scripted={1: ('W1', 'calls APNs: no answer (scripted)')}.")
+
+
+def _add_scripted_rows(rows: list, scripted: dict[int, tuple[str, str]]) -> list:
+    """The transcript's rows with each scripted event right after its step, marked ``·``."""
+    out = []
+    for row in rows:
+        out.append(row)
+        if row.n.isdigit() and int(row.n) in scripted:
+            session, text = scripted[int(row.n)]
+            out.append(replace(row, n="·", session=session, text=text, note="", locks="", kind="ok"))
+    return out
+
+
+def _answer_columns(run: Sessions) -> dict[tuple[str, ...], list[str]]:
+    """The column names of every answer of more than one column, each with the labels of
+    the steps that got it."""
+    seen: dict[tuple[str, ...], list[str]] = {}         # columns -> the labels of the steps
+    for step in run.steps:
+        shown = [r for r in step.results if r.columns]
+        if shown and len(shown[-1].columns) > 1:
+            labels = seen.setdefault(tuple(shown[-1].columns), [])
+            if step.label not in labels:
+                labels.append(step.label)
+    return seen
+
+
+def _story_footer(seen: dict[tuple[str, ...], list[str]], notes: dict[int | str, str]) -> list[str]:
+    """The lines under the table: the answers' column names, then the notes."""
+    lines: list[str] = []
+    width = max([len(str(k)) for k in notes] + [6])
+    indent = " " * (width + 7)
+    for i, (cols, labels) in enumerate(seen.items()):
+        lines += wrap(f"{' / '.join(labels)} → ({', '.join(cols)})", indent=indent,
+                      first=f"{'' if i else 'answers':<{width + 5}}  ")
+    for key, text in notes.items():
+        for i, part in enumerate(str(text).splitlines() or [""]):
+            lines += wrap(part, indent=indent, first=f"{'' if i else 'step ' + str(key):<{width + 5}}  ")
+    return lines
+
+
 def story(run: Sessions, *, scripted: Mapping[int, tuple[str, str]] | None = None,
           notes: Mapping[int | str, str] | None = None) -> str:
     """``run``'s transcript as text, with what happened outside SQL and a few notes.
@@ -103,39 +154,10 @@ def story(run: Sessions, *, scripted: Mapping[int, tuple[str, str]] | None = Non
     answer of more than one column (as the server named them) and then ``notes``, keyed by a
     step number (or a few: ``"2, 8"``); a note's further lines are indented under its first."""
     scripted, notes = dict(scripted or {}), dict(notes or {})
-    for n, event in scripted.items():
-        if not (isinstance(n, int) and 1 <= n <= len(run.steps)):
-            raise LabkitError(f"scripted={{{n!r}: ...}}: the run has steps 1 to {len(run.steps)}.",
-                              "key each scripted event by the number of the step it follows.")
-        if not (isinstance(event, tuple) and len(event) == 2 and event[0] in run.names):
-            raise LabkitError(f"scripted={{{n}: {event!r}}} is not (session, text) of this run "
-                              f"(sessions: {', '.join(run.names)}).",
-                              "pass e.g. scripted={1: ('W1', 'calls APNs: no answer (scripted)')}.")
+    _check_scripted(run, scripted)
     t = run.transcript()
-    rows = []
-    for row in t.rows:
-        rows.append(row)
-        if row.n.isdigit() and int(row.n) in scripted:
-            session, text = scripted[int(row.n)]
-            rows.append(replace(row, n="·", session=session, text=text, note="", locks="", kind="ok"))
-    t.rows = rows
-    lines = [t.to_text()]
-    seen: dict[tuple[str, ...], list[str]] = {}         # columns -> the labels of the steps
-    for step in run.steps:
-        shown = [r for r in step.results if r.columns]
-        if shown and len(shown[-1].columns) > 1:
-            labels = seen.setdefault(tuple(shown[-1].columns), [])
-            if step.label not in labels:
-                labels.append(step.label)
-    width = max([len(str(k)) for k in notes] + [6])
-    indent = " " * (width + 7)
-    for i, (cols, labels) in enumerate(seen.items()):
-        lines += wrap(f"{' / '.join(labels)} → ({', '.join(cols)})", indent=indent,
-                      first=f"{'' if i else 'answers':<{width + 5}}  ")
-    for key, text in notes.items():
-        for i, part in enumerate(str(text).splitlines() or [""]):
-            lines += wrap(part, indent=indent, first=f"{'' if i else 'step ' + str(key):<{width + 5}}  ")
-    return "\n".join(lines)
+    t.rows = _add_scripted_rows(t.rows, scripted)
+    return "\n".join([t.to_text(), *_story_footer(_answer_columns(run), notes)])
 
 
 LATE_ROW = "SELECT status, outcomes FROM delivery WHERE id = %s"
@@ -389,6 +411,78 @@ def _write(conn: psycopg.Connection, query: str, row: dr.Claimed, outcome: dr.Ou
 AFTER, WHILE = "after the live 'sent'", "while live is sending"
 
 
+def _fence_ledger(scratch: Lab, earlier: int) -> Clock:
+    """A fresh one-delivery ledger whose row has had ``earlier`` attempts, each answered
+    'retry'; its clock."""
+    clock = dr.create_ledger(scratch, 1, no_collapse_every=1)
+    scratch.execute("UPDATE delivery SET attempts = %s, outcomes = %s WHERE id = 1",
+                    (earlier, earlier))
+    return clock
+
+
+def _fence_writes(scratch: Lab, clock: Clock, query: str, lease_s: float,
+                  zombie_first: bool) -> tuple[int, int, dr.Claimed] | str:
+    """The zombie claims the row, its lease runs out, the live worker re-claims it; both
+    write ``query`` (the zombie's late 'retry', the live worker's 'sent'), in the order
+    given.  The rows each write matched and the live worker's claim, or how the SQL failed."""
+    zombie = dr.make_drain(scratch, "zombie", batch=1, lease_s=lease_s)
+    live = dr.make_drain(scratch, "live", batch=1, lease_s=lease_s)
+    try:
+        (old,) = zombie.claim()
+        clock.advance(lease_s + 1)
+        (new,) = live.claim()
+        late = dr.Outcome("retry", "timeout: no answer from APNs")
+        if zombie_first:
+            z = _write(zombie.conn, query, old, late)
+            n = _write(live.conn, query, new, live.sender.send(new))
+        else:
+            n = _write(live.conn, query, new, live.sender.send(new))
+            z = _write(zombie.conn, query, old, late)
+    except psycopg.Error as exc:
+        return f"the SQL failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+    finally:
+        dr.close_drain(zombie)
+        dr.close_drain(live)
+    return z, n, new
+
+
+def _fence_scenario(scratch: Lab, z: int, n: int, new: dr.Claimed, *, zombie_first: bool) -> dict:
+    """One scenario's verdict: the rows each write matched, the status the delivery ends
+    in, and what went wrong."""
+    final = scratch.execute("SELECT status FROM delivery WHERE id = 1")[0][0]
+    wrong = ((["the zombie's write landed"] if z else [])
+             + (["the live worker's write was refused"] if n != 1 else [])
+             + ([f"the delivered push ends '{final}'"] if final != "sent" else []))
+    return {"scenario": WHILE if zombie_first else AFTER,
+            "attempt": new.attempts, "max_attempts": dr.MAX_ATTEMPTS,
+            "zombie_rows": z, "live_rows": n, "final_status": final,
+            "ok": not wrong, "wrong": wrong}
+
+
+def _fence_scenarios(scratch: Lab, query: str, lease_s: float) -> tuple[list[dict], str]:
+    """Every scenario of :func:`check_fenced_write` in ``scratch``, in order, until the SQL
+    fails: the scenarios run, and how it failed ("" if it did not)."""
+    scenarios: list[dict] = []
+    for earlier in (0, dr.MAX_ATTEMPTS - 2):
+        for zombie_first in (False, True):
+            clock = _fence_ledger(scratch, earlier)
+            writes = _fence_writes(scratch, clock, query, lease_s, zombie_first)
+            if isinstance(writes, str):
+                return scenarios, writes
+            scenarios.append(_fence_scenario(scratch, *writes, zombie_first=zombie_first))
+    return scenarios, ""
+
+
+def _fence_problem(scenarios: list[dict]) -> str:
+    """What a write that failed the check gets wrong, if one of the two usual mistakes."""
+    if any(s["live_rows"] == 0 for s in scenarios if not s["zombie_rows"]):
+        return "the live worker's own write matched nothing: the fence must let the current claim through."
+    if any(s["zombie_rows"] for s in scenarios):
+        return ("the zombie's write still lands: carry the claim version it was issued "
+                "(AND claim_version = %(claim_version)s).")
+    return ""
+
+
 def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> FenceCheck:
     """Run ``query`` (a completion write taking ``%(id)s``, ``%(claim_version)s``,
     ``%(outcome)s``, ``%(error)s``, ``%(max_attempts)s``) as a zombie and as the live
@@ -410,52 +504,13 @@ def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> 
         raise LabkitError("The completion write to check is empty.",
                           "pass the SQL text of your UPDATE (see drain_complete.sql).")
     scratch = Lab.open(lab.db, f"{lab.name}_fence_check")
-    scenarios, problem = [], ""
     try:
-        for earlier in (0, dr.MAX_ATTEMPTS - 2):
-            for zombie_first in (False, True):
-                clock = dr.create_ledger(scratch, 1, no_collapse_every=1)
-                scratch.execute("UPDATE delivery SET attempts = %s, outcomes = %s WHERE id = 1",
-                                (earlier, earlier))
-                zombie = dr.make_drain(scratch, "zombie", batch=1, lease_s=lease_s)
-                live = dr.make_drain(scratch, "live", batch=1, lease_s=lease_s)
-                try:
-                    (old,) = zombie.claim()
-                    clock.advance(lease_s + 1)
-                    (new,) = live.claim()
-                    late = dr.Outcome("retry", "timeout: no answer from APNs")
-                    if zombie_first:
-                        z = _write(zombie.conn, query, old, late)
-                        n = _write(live.conn, query, new, live.sender.send(new))
-                    else:
-                        n = _write(live.conn, query, new, live.sender.send(new))
-                        z = _write(zombie.conn, query, old, late)
-                except psycopg.Error as exc:
-                    problem = f"the SQL failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-                    break
-                finally:
-                    dr.close_drain(zombie)
-                    dr.close_drain(live)
-                final = scratch.execute("SELECT status FROM delivery WHERE id = 1")[0][0]
-                wrong = ((["the zombie's write landed"] if z else [])
-                         + (["the live worker's write was refused"] if n != 1 else [])
-                         + ([f"the delivered push ends '{final}'"] if final != "sent" else []))
-                scenarios.append({
-                    "scenario": WHILE if zombie_first else AFTER,
-                    "attempt": new.attempts, "max_attempts": dr.MAX_ATTEMPTS,
-                    "zombie_rows": z, "live_rows": n, "final_status": final,
-                    "ok": not wrong, "wrong": wrong})
-            if problem:
-                break
+        scenarios, problem = _fence_scenarios(scratch, query, lease_s)
     finally:
         scratch.drop()
     passed = bool(scenarios) and not problem and all(s["ok"] for s in scenarios)
     if not passed and not problem:
-        if any(s["live_rows"] == 0 for s in scenarios if not s["zombie_rows"]):
-            problem = "the live worker's own write matched nothing: the fence must let the current claim through."
-        elif any(s["zombie_rows"] for s in scenarios):
-            problem = ("the zombie's write still lands: carry the claim version it was issued "
-                       "(AND claim_version = %(claim_version)s).")
+        problem = _fence_problem(scenarios)
     return FenceCheck(passed, scenarios, problem)
 
 

@@ -497,6 +497,45 @@ def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) ->
     }
 
 
+def _claim_events(claim: dict, events: list[dict]) -> list[dict]:
+    """The events of one claim: its worker's, at its claim_version, from the claim on."""
+    return [e for e in events if e["worker"] == claim["worker"] and e["claim_version"] == claim["claim_version"]
+            and e["t"] >= claim["t"]]
+
+
+def _reaped_at(claim: dict, events: list[dict]) -> float | None:
+    """When a reaper took the claim back (a ``reaped`` event at its claim_version), or None."""
+    return next((e["t"] for e in events if e["kind"] == "reaped" and e["t"] >= claim["t"]
+                 and e["claim_version"] == claim["claim_version"]), None)
+
+
+def _claim_outcome(end: dict | None) -> str | None:
+    """How a claim ended: ``"stopped"``, ``"landed"`` or ``"refused"``, or None (it did not)."""
+    if end is None:
+        return None
+    if end["kind"] == "handler_stopped":
+        return "stopped"
+    return "landed" if end["rows"] else "refused"
+
+
+def _lease_span(claim: dict, events: list[dict], lease_s: float) -> dict:
+    """One claim's span in :func:`lease_spans`, from the run's timeline."""
+    mine = _claim_events(claim, events)
+    beats = [e["t"] for e in mine if e["kind"] == "heartbeat" and e["rows"]]
+    started = next((e["t"] for e in mine if e["kind"] == "started"), None)
+    end = next((e for e in mine if e["kind"] in ("completed", "handler_stopped")), None)
+    reaped = _reaped_at(claim, events)
+    lease_end = max([claim["t"], *beats]) + lease_s
+    outcome = _claim_outcome(end)
+    held_until = (reaped if reaped is not None
+                  else end["t"] if end is not None and outcome == "landed" else None)
+    return {
+        "worker": claim["worker"], "claim_version": claim["claim_version"], "claimed": claim["t"],
+        "started": started, "ended": None if end is None else end["t"], "heartbeats": beats,
+        "lease_end": lease_end, "expired": held_until is None or lease_end < held_until,
+        "reaped": reaped, "outcome": outcome}
+
+
 def lease_spans(run: dict) -> list[dict]:
     """Each claim of a :func:`heartbeat_trace` (or :func:`zombie_trace`) run, from its
     ``timeline``: ``worker``, ``claim_version``, ``claimed``, ``started`` and ``ended`` (the
@@ -506,26 +545,136 @@ def lease_spans(run: dict) -> list[dict]:
     it back, or None) and ``outcome``: ``"landed"`` or ``"refused"`` (the complete matched 1 row
     or 0), ``"stopped"`` (a heartbeat matched 0 rows and the handler stopped), or None."""
     lease_s, events = run["lease_s"], run["timeline"]
-    spans = []
-    for c in (e for e in events if e["kind"] == "claimed"):
-        mine = [e for e in events if e["worker"] == c["worker"] and e["claim_version"] == c["claim_version"]
-                and e["t"] >= c["t"]]
-        beats = [e["t"] for e in mine if e["kind"] == "heartbeat" and e["rows"]]
-        started = next((e["t"] for e in mine if e["kind"] == "started"), None)
-        end = next((e for e in mine if e["kind"] in ("completed", "handler_stopped")), None)
-        reaped = next((e["t"] for e in events if e["kind"] == "reaped" and e["t"] >= c["t"]
-                       and e["claim_version"] == c["claim_version"]), None)
-        lease_end = max([c["t"], *beats]) + lease_s
-        outcome = None if end is None else (
-            "stopped" if end["kind"] == "handler_stopped" else "landed" if end["rows"] else "refused")
-        held_until = (reaped if reaped is not None
-                      else end["t"] if end is not None and outcome == "landed" else None)
-        spans.append({
-            "worker": c["worker"], "claim_version": c["claim_version"], "claimed": c["t"],
-            "started": started, "ended": None if end is None else end["t"], "heartbeats": beats,
-            "lease_end": lease_end, "expired": held_until is None or lease_end < held_until,
-            "reaped": reaped, "outcome": outcome})
-    return spans
+    return [_lease_span(c, events, lease_s) for c in events if c["kind"] == "claimed"]
+
+
+def _check_lease_runs(runs: tuple[dict, ...], titles: list[str] | None) -> None:
+    """:func:`plot_leases`' arguments: traces' results, and one title per run if any."""
+    if not runs or not all(isinstance(r, dict) and "timeline" in r and "lease_s" in r for r in runs):
+        raise LabkitError("plot_leases draws the results of heartbeat_trace or zombie_trace.",
+                          "pass what they returned, e.g. plot_leases(without, beating).")
+    if titles is not None and len(titles) != len(runs):
+        raise LabkitError(f"{len(titles)} titles for {len(runs)} runs.", "pass one title per run, or none.")
+
+
+def _lease_colours() -> dict[str, str]:
+    """The timeline's colours: the lease, the handler, the handler past its lease, a landed complete."""
+    from ..core.plots import PALETTE
+
+    return {"lease": PALETTE[5], "work": PALETTE[0], "late": PALETTE[2], "done": PALETTE[3]}
+
+
+def _draw_lease(ax: Any, sp: dict, y: float, colour: str) -> bool:
+    """The lease a claim held (a bar), and the part still ahead when its handler ended
+    (dotted); True if there was such a part."""
+    held_to = sp["lease_end"] if sp["expired"] else (sp["reaped"] if sp["reaped"] is not None
+                                                     else sp["ended"])
+    ax.barh(y, held_to - sp["claimed"], left=sp["claimed"], height=0.7, color=colour, alpha=0.45)
+    if not sp["expired"] and sp["ended"] is not None and sp["lease_end"] > sp["ended"]:
+        # the lease the last heartbeat gave, still ahead when the handler ended
+        ax.barh(y, sp["lease_end"] - sp["ended"], left=sp["ended"], height=0.7, fill=False,
+                edgecolor=colour, ls=":", lw=2.5)
+        return True
+    return False
+
+
+def _draw_handler(ax: Any, sp: dict, y: float, colours: dict[str, str]) -> None:
+    """The handler running: in the work colour while the lease held, in the late one after."""
+    if sp["started"] is None or sp["ended"] is None:
+        return
+    cut = min(max(sp["lease_end"], sp["started"]), sp["ended"]) if sp["expired"] else sp["ended"]
+    ax.barh(y, cut - sp["started"], left=sp["started"], height=0.3, color=colours["work"])
+    if cut < sp["ended"]:
+        ax.barh(y, sp["ended"] - cut, left=cut, height=0.3, color=colours["late"])
+
+
+def _draw_claim_marks(ax: Any, sp: dict, y: float, lane: dict[str, int], timeline: list[dict],
+                      colours: dict[str, str]) -> None:
+    """A claim's marks: where its lease ran out, its heartbeats, the reaper (in the reaping
+    worker's lane) and how its complete ended."""
+    if sp["expired"]:
+        ax.plot([sp["lease_end"]] * 2, [y - 0.35, y + 0.35], color="black", ls="--", lw=2)
+    if sp["heartbeats"]:
+        ax.plot(sp["heartbeats"], [y] * len(sp["heartbeats"]), "|", color="black", ms=26, mew=2.5)
+    if sp["reaped"] is not None:
+        reaper = next(e["worker"] for e in timeline if e["kind"] == "reaped" and e["t"] == sp["reaped"])
+        ax.plot(sp["reaped"], lane[reaper], "v", color="black", ms=14)
+    if sp["outcome"] == "landed":
+        ax.plot(sp["ended"], y, "o", color=colours["done"], ms=16, mec="black")
+    elif sp["outcome"] in ("refused", "stopped"):
+        ax.plot(sp["ended"], y, "X", color=colours["late"], ms=18, mec="black")
+        ax.annotate("0 rows: fenced", (sp["ended"], y), xytext=(16, 0),
+                    textcoords="offset points", va="center", color=colours["late"])
+
+
+def _draw_frozen(ax: Any, timeline: list[dict], lane: dict[str, int]) -> bool:
+    """Each SIGSTOP to SIGCONT of a worker, hatched in its lane; True if there was one."""
+    frozen = False
+    for stop in (e for e in timeline if e["kind"] == "signal" and e["signal"] == "SIGSTOP"):
+        cont = next((e["t"] for e in timeline if e["kind"] == "signal"
+                     and e["signal"] == "SIGCONT" and e["t"] > stop["t"]), None)
+        if cont is not None and stop["worker"] in lane:
+            ax.barh(lane[stop["worker"]], cont - stop["t"], left=stop["t"], height=0.3, color="white",
+                    edgecolor="black", hatch="//", lw=0)
+            frozen = True
+    return frozen
+
+
+def _lease_title(run: dict) -> str:
+    """A panel's default title: with or without a heartbeat, the lease, the job, the runs."""
+    times: dict[int | None, str] = {1: "once", 2: "twice"}
+    runs_word = times.get(run.get("runs"), f"{run.get('runs')} times")
+    return (f"{'with' if run.get('heartbeat', True) else 'without'} a heartbeat: "
+            f"lease {run['lease_s']:g} s, job {run['job_s']:g} s, the handler ran {runs_word}")
+
+
+def _draw_lease_panel(ax: Any, run: dict, title: str, colours: dict[str, str]) -> tuple[bool, bool]:
+    """One run's panel, a lane per worker; whether it drew a lease still ahead, and a freeze."""
+    timeline = run["timeline"]
+    names = sorted({e["worker"] for e in timeline if e["worker"].startswith("worker")})
+    lane = {w: len(names) - 1 - i for i, w in enumerate(names)}
+    ahead = False
+    for sp in lease_spans(run):
+        y = lane[sp["worker"]]
+        ahead = _draw_lease(ax, sp, y, colours["lease"]) or ahead
+        ax.annotate(f"claim v{sp['claim_version']}", (sp["claimed"], y + 0.36), xytext=(2, 2),
+                    textcoords="offset points", va="bottom")
+        _draw_handler(ax, sp, y, colours)
+        _draw_claim_marks(ax, sp, y, lane, timeline, colours)
+    frozen = _draw_frozen(ax, timeline, lane)
+    if not [sp for sp in lease_spans(run) if sp["worker"] != names[0]] and len(names) > 1:
+        ax.text(0.5, lane[names[1]], f"{names[1]}: nothing to claim, the lease never ran out",
+                transform=ax.get_yaxis_transform(), ha="center", va="center")
+    ax.set_yticks(list(lane.values()), list(lane))
+    ax.set_ylim(-0.7, len(names) - 0.15)
+    ax.spines["left"].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+    ax.set_title(title, loc="left")
+    return ahead, frozen
+
+
+def _lease_legend(fig: Any, colours: dict[str, str], *, ahead: bool, frozen: bool) -> None:
+    """The legend under the panels: the dotted lease and the freeze only where drawn."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    lease_c, late_c = colours["lease"], colours["late"]
+    handles = [Patch(color=lease_c, alpha=0.45, label="lease held"),
+               Patch(color=colours["work"], label="handler running"),
+               Patch(color=late_c, label="running, lease run out"),
+               Line2D([], [], ls="none", marker="|", color="black", ms=18, mew=2.5, label="heartbeat"),
+               Line2D([], [], ls="--", color="black", lw=2, label="lease runs out"),
+               Line2D([], [], ls="none", marker="v", color="black", ms=12, label="reaper takes it back"),
+               Line2D([], [], ls="none", marker="o", color=colours["done"], mec="black", ms=13,
+                      label="complete: 1 row"),
+               Line2D([], [], ls="none", marker="X", color=late_c, mec="black", ms=14,
+                      label="0 rows: the fence refuses")]
+    if ahead:
+        handles.insert(1, Patch(facecolor="none", edgecolor=lease_c, ls=":", lw=2.5,
+                                label="lease still ahead at the end"))
+    if frozen:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="frozen (SIGSTOP)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
 
 
 def plot_leases(*runs: dict, titles: list[str] | None = None):
@@ -536,93 +685,22 @@ def plot_leases(*runs: dict, titles: list[str] | None = None):
     heartbeat, the reaper taking the job back, and each
     completion, landed or refused by the fence.  Returns the figure."""
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
-    from ..core.plots import PALETTE, setup_matplotlib
+    from ..core.plots import setup_matplotlib
 
-    if not runs or not all(isinstance(r, dict) and "timeline" in r and "lease_s" in r for r in runs):
-        raise LabkitError("plot_leases draws the results of heartbeat_trace or zombie_trace.",
-                          "pass what they returned, e.g. plot_leases(without, beating).")
-    if titles is not None and len(titles) != len(runs):
-        raise LabkitError(f"{len(titles)} titles for {len(runs)} runs.", "pass one title per run, or none.")
+    _check_lease_runs(runs, titles)
     setup_matplotlib()
-    lease_c, work_c, late_c, done_c = PALETTE[5], PALETTE[0], PALETTE[2], PALETTE[3]
     if len(runs) > 2:
         raise LabkitError(f"{len(runs)} runs: a slide has room for two panels.",
                           "pass one or two runs, e.g. plot_leases(without, beating).")
+    colours = _lease_colours()
     fig, axes = plt.subplots(len(runs), 1, figsize=(11.5, 1.6 + 2.1 * len(runs)), sharex=True, squeeze=False)
     frozen = ahead = False
-    for ax, run, n in zip(axes[:, 0], runs, range(len(runs))):
-        names = sorted({e["worker"] for e in run["timeline"] if e["worker"].startswith("worker")})
-        lane = {w: len(names) - 1 - i for i, w in enumerate(names)}
-        for sp in lease_spans(run):
-            y = lane[sp["worker"]]
-            held_to = sp["lease_end"] if sp["expired"] else (sp["reaped"] if sp["reaped"] is not None
-                                                             else sp["ended"])
-            ax.barh(y, held_to - sp["claimed"], left=sp["claimed"], height=0.7, color=lease_c, alpha=0.45)
-            if not sp["expired"] and sp["ended"] is not None and sp["lease_end"] > sp["ended"]:
-                # the lease the last heartbeat gave, still ahead when the handler ended
-                ax.barh(y, sp["lease_end"] - sp["ended"], left=sp["ended"], height=0.7, fill=False,
-                        edgecolor=lease_c, ls=":", lw=2.5)
-                ahead = True
-            ax.annotate(f"claim v{sp['claim_version']}", (sp["claimed"], y + 0.36), xytext=(2, 2),
-                        textcoords="offset points", va="bottom")
-            if sp["started"] is not None and sp["ended"] is not None:
-                cut = min(max(sp["lease_end"], sp["started"]), sp["ended"]) if sp["expired"] else sp["ended"]
-                ax.barh(y, cut - sp["started"], left=sp["started"], height=0.3, color=work_c)
-                if cut < sp["ended"]:
-                    ax.barh(y, sp["ended"] - cut, left=cut, height=0.3, color=late_c)
-            if sp["expired"]:
-                ax.plot([sp["lease_end"]] * 2, [y - 0.35, y + 0.35], color="black", ls="--", lw=2)
-            if sp["heartbeats"]:
-                ax.plot(sp["heartbeats"], [y] * len(sp["heartbeats"]), "|", color="black", ms=26, mew=2.5)
-            if sp["reaped"] is not None:
-                reaper = next(e["worker"] for e in run["timeline"]
-                              if e["kind"] == "reaped" and e["t"] == sp["reaped"])
-                ax.plot(sp["reaped"], lane[reaper], "v", color="black", ms=14)
-            if sp["outcome"] == "landed":
-                ax.plot(sp["ended"], y, "o", color=done_c, ms=16, mec="black")
-            elif sp["outcome"] in ("refused", "stopped"):
-                ax.plot(sp["ended"], y, "X", color=late_c, ms=18, mec="black")
-                ax.annotate("0 rows: fenced", (sp["ended"], y), xytext=(16, 0),
-                            textcoords="offset points", va="center", color=late_c)
-        stops = [e for e in run["timeline"] if e["kind"] == "signal" and e["signal"] == "SIGSTOP"]
-        for stop in stops:
-            cont = next((e["t"] for e in run["timeline"] if e["kind"] == "signal"
-                         and e["signal"] == "SIGCONT" and e["t"] > stop["t"]), None)
-            if cont is not None and stop["worker"] in lane:
-                ax.barh(lane[stop["worker"]], cont - stop["t"], left=stop["t"], height=0.3, color="white",
-                        edgecolor="black", hatch="//", lw=0)
-                frozen = True
-        if not [sp for sp in lease_spans(run) if sp["worker"] != names[0]] and len(names) > 1:
-            ax.text(0.5, lane[names[1]], f"{names[1]}: nothing to claim, the lease never ran out",
-                    transform=ax.get_yaxis_transform(), ha="center", va="center")
-        ax.set_yticks(list(lane.values()), list(lane))
-        ax.set_ylim(-0.7, len(names) - 0.15)
-        ax.spines["left"].set_visible(False)
-        ax.tick_params(axis="y", length=0)
-        times: dict[int | None, str] = {1: "once", 2: "twice"}
-        runs_word = times.get(run.get("runs"), f"{run.get('runs')} times")
-        default = (f"{'with' if run.get('heartbeat', True) else 'without'} a heartbeat: "
-                   f"lease {run['lease_s']:g} s, job {run['job_s']:g} s, the handler ran {runs_word}")
-        ax.set_title(titles[n] if titles else default, loc="left")
+    for n, (ax, run) in enumerate(zip(axes[:, 0], runs)):
+        drew_ahead, drew_frozen = _draw_lease_panel(ax, run, titles[n] if titles else _lease_title(run), colours)
+        ahead, frozen = ahead or drew_ahead, frozen or drew_frozen
     axes[-1, 0].set_xlabel("seconds since worker 1 claimed the job")
-    handles = [Patch(color=lease_c, alpha=0.45, label="lease held"),
-               Patch(color=work_c, label="handler running"),
-               Patch(color=late_c, label="running, lease run out"),
-               Line2D([], [], ls="none", marker="|", color="black", ms=18, mew=2.5, label="heartbeat"),
-               Line2D([], [], ls="--", color="black", lw=2, label="lease runs out"),
-               Line2D([], [], ls="none", marker="v", color="black", ms=12, label="reaper takes it back"),
-               Line2D([], [], ls="none", marker="o", color=done_c, mec="black", ms=13, label="complete: 1 row"),
-               Line2D([], [], ls="none", marker="X", color=late_c, mec="black", ms=14,
-                      label="0 rows: the fence refuses")]
-    if ahead:
-        handles.insert(1, Patch(facecolor="none", edgecolor=lease_c, ls=":", lw=2.5,
-                                label="lease still ahead at the end"))
-    if frozen:
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="frozen (SIGSTOP)"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    _lease_legend(fig, colours, ahead=ahead, frozen=frozen)
     return fig
 
 
@@ -667,6 +745,66 @@ def format_events(events: list[tuple[str, str, int | None]]) -> str:
 # -- 2. graceful shutdown ----------------------------------------------------------------------------
 
 
+def _signal_worker_1(lab: Lab, w1: Worker, sig: signal.Signals, parent: list[dict],
+                     timeout: float) -> tuple[int | None, float]:
+    """Send ``sig`` to worker 1 mid-job (SIGKILL: and kill it); its exit code and the seconds
+    from the signal to its exit, returned once its session is gone from the server too."""
+    backend = next(e["backend_pid"] for e in w1.events if e["kind"] == "ready")
+    t_sig = time.monotonic()
+    _send(w1, sig, parent)
+    if sig == signal.SIGKILL:
+        w1.kill()
+    code = _check_exit(w1, timeout)
+    stop_s = time.monotonic() - t_sig
+    _until(lambda: not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)),
+           timeout, f"the end of {w1.name}'s session")
+    return code, stop_s
+
+
+def _until_the_others_idle(lab: Lab, others: list[Worker], victim: str, timeout: float) -> None:
+    """Wait until the other workers have taken everything claimable and each sits idle."""
+    # the others have taken everything claimable: nothing PENDING, nothing RUNNING but
+    # what the stopped worker still holds, and each of them idle
+    _until(lambda: (lambda s: s["pending"] == 0 and s["running"] == _held(lab, victim)[0])(_statuses(lab)),
+           timeout, "the other workers taking every claimable job")
+    for w in others:
+        w.wait_for("idle", timeout=timeout)
+
+
+def _stop_the_others(others: list[Worker], parent: list[dict], timeout: float) -> None:
+    """SIGTERM every other worker, then wait for each to exit."""
+    for w in others:
+        _send(w, signal.SIGTERM, parent)
+    for w in others:
+        _check_exit(w, timeout)
+
+
+def _stop_events(w1: Worker, parent: list[dict], lease_s: float, *, waiting: int, statuses: dict[str, int],
+                 jobs: int) -> list[tuple[str, str, int | None]]:
+    """Worker 1's events and the signals it got, and the server's last word: its claims
+    still RUNNING, or none."""
+    victim = w1.name
+    events = _events([w1], [p for p in parent if p["to"] == victim], lease_s)
+    if waiting:
+        events.append(("server", f"{waiting} of {victim}'s claims still RUNNING: they wait out the lease "
+                                 f"while the other workers sit idle ({statuses['done']} of {jobs} jobs DONE)",
+                       None))
+    else:
+        events.append(("server", f"no claim of {victim}'s left RUNNING: the other workers ran the rest "
+                                 f"({statuses['done']} of {jobs} jobs DONE)", None))
+    return events
+
+
+def _released_counts(w1: Worker) -> dict[str, Any]:
+    """What worker 1 handed back (unstarted, and stopped mid-run), and whether it finished
+    every job it started."""
+    released = [e for e in w1.events if e["kind"] == "released"]
+    started = [e["id"] for e in w1.events if e["kind"] == "started"]
+    return {"released": sum(len(e["ids"]) for e in released if not e["started"]),
+            "stopped_mid_run": sum(len(e["ids"]) for e in released if e["started"]),
+            "finished_in_deadline": _count(w1, "completed", rows=1) == len(started) and bool(started)}
+
+
 def _one_stop(lab: Lab, sig: signal.Signals, *, workers: int, jobs: int, per_worker_batch: int,
               job_s: float, lease_s: float, deadline_s: float) -> dict:
     """One run: every worker waits at its gate; worker 1 claims its batch and starts its
@@ -684,42 +822,15 @@ def _one_stop(lab: Lab, sig: signal.Signals, *, workers: int, jobs: int, per_wor
         w1.wait_for("started", timeout=timeout)
         for w in others:
             w.resume()
-        backend = next(e["backend_pid"] for e in w1.events if e["kind"] == "ready")
-        t_sig = time.monotonic()
-        _send(w1, sig, parent)
-        if sig == signal.SIGKILL:
-            w1.kill()
-        code = _check_exit(w1, timeout)
-        stop_s = time.monotonic() - t_sig
-        _until(lambda: not lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)),
-               timeout, f"the end of {victim}'s session")
-        # the others have taken everything claimable: nothing PENDING, nothing RUNNING but
-        # what the stopped worker still holds, and each of them idle
-        _until(lambda: (lambda s: s["pending"] == 0 and s["running"] == _held(lab, victim)[0])(_statuses(lab)),
-               timeout, "the other workers taking every claimable job")
-        for w in others:
-            w.wait_for("idle", timeout=timeout)
+        code, stop_s = _signal_worker_1(lab, w1, sig, parent, timeout)
+        _until_the_others_idle(lab, others, victim, timeout)
         waiting, left = _held(lab, victim)
         s = _statuses(lab)
-        for w in others:
-            _send(w, signal.SIGTERM, parent)
-        for w in others:
-            _check_exit(w, timeout)
-    events = _events([w1], [p for p in parent if p["to"] == victim], lease_s)
-    if waiting:
-        events.append(("server", f"{waiting} of {victim}'s claims still RUNNING: they wait out the lease "
-                                 f"while the other workers sit idle ({s['done']} of {jobs} jobs DONE)", None))
-    else:
-        events.append(("server", f"no claim of {victim}'s left RUNNING: the other workers ran the rest "
-                                 f"({s['done']} of {jobs} jobs DONE)", None))
-    released = [e for e in w1.events if e["kind"] == "released"]
-    started = [e["id"] for e in w1.events if e["kind"] == "started"]
+        _stop_the_others(others, parent, timeout)
+    events = _stop_events(w1, parent, lease_s, waiting=waiting, statuses=s, jobs=jobs)
     return {"waiting": waiting, "lease_left_s": round(left, 1) if waiting else 0.0,
             "exit_code": code, "stop_s": stop_s, "claimed": len(claimed["ids"]),
-            "released": sum(len(e["ids"]) for e in released if not e["started"]),
-            "stopped_mid_run": sum(len(e["ids"]) for e in released if e["started"]),
-            "finished_in_deadline": _count(w1, "completed", rows=1) == len(started) and bool(started),
-            "statuses": s, "events": events}
+            **_released_counts(w1), "statuses": s, "events": events}
 
 
 class _Shutdown(TypedDict):

@@ -660,6 +660,153 @@ def _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_
 AUTO = "auto"
 
 
+@dataclasses.dataclass
+class _FrozenRelay:
+    """Relay 1, frozen mid-batch: its process, its backend's pid, the backend's state and
+    transaction id while frozen, when it went idle (the lab's clock), the rows it held, and
+    when it went idle by the server's clock (read once the freeze is shown)."""
+
+    worker: Worker
+    pid: int
+    state: str | None
+    xid: str | None
+    idle_since: float
+    held: int
+    idle_since_server: Any = None
+
+
+def _freeze_title(batch: int, freeze_after: int, idle_timeout_s: float | None) -> str:
+    """The freeze trace's title: the batch, where it freezes, and what bounds the session."""
+    bound = (f"idle_in_transaction_session_timeout = {idle_timeout_s:g} s on its session"
+             if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
+    return f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})"
+
+
+def _freeze_relay_1(tr: Trace, obs: Observer, r1: Worker, *, tag: str, batch: int,
+                    freeze_after: int) -> _FrozenRelay:
+    """Start relay 1, let it run to its pause at ``tag`` and freeze its process (SIGSTOP)
+    there, its transaction open: the trace's freeze step."""
+    r1.start()
+    pid = obs.watch(r1)
+    r1.wait_for("paused", tag=tag, timeout=60)
+    os.kill(started_pid(r1), signal.SIGSTOP)           # the freeze: the process runs no more code
+    r1.resume()                               # read by the process only once it is woken
+    asked = time.monotonic()
+    state, xid, idle_for = obs.backend_state(pid) or (None, None, None)
+    # When the backend went idle: measured from before the question, so that the
+    # released_after_s below is never short of the real time.
+    idle_since = asked - (idle_for or 0.0)
+    frozen = obs.snapshot()
+    tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
+           "a host freeze, a paused VM, a long GC pause: the process stops, its connection "
+           f"stays open, and the server sees a session '{state}'", frozen, kind="freeze")
+    return _FrozenRelay(r1, pid, state, xid, idle_since, frozen["locked_rows"])
+
+
+def _claim_beside_frozen(lab: Lab, tr: Trace, obs: Observer, batch: int) -> int:
+    """Another relay's claim while relay 1 is frozen (the same SQL, its own session, rolled
+    back): the rows it got, and the trace's step."""
+    with lab.connect(role="relay-2", autocommit=False) as other:
+        others = len(other.execute(CLAIM, {"batch": batch}).fetchall())
+        other.rollback()
+    tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
+           "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
+           "nothing publishes them", obs.snapshot())
+    return others
+
+
+def _wait_for_backend_end(obs: Observer, pid: int, watch_s: float) -> tuple[float, Any]:
+    """Poll the frozen backend for at most ``watch_s``: when the last poll ran, and the
+    backend's state then (None: it is gone)."""
+    deadline = time.monotonic() + watch_s
+    while obs.backend_state(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone_at = time.monotonic()
+    return gone_at, obs.backend_state(pid)
+
+
+def _kill_frozen(tr: Trace, obs: Observer, frozen: _FrozenRelay, last: Any, watch_s: float) -> dict[str, Any]:
+    """Nothing on the server ended the frozen session: the lab kills relay 1's process (the
+    trace's step); what was measured: how long the backend was held at least."""
+    measured = {"released_after_s": None, "held_for_at_least_s": round(last[2], 3)}
+    frozen.worker.kill()                      # SIGKILL ends a stopped process too
+    obs.wait_gone(frozen.pid)
+    tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
+                  "SIGKILL the frozen process", "only a process that dies closes its "
+           "connection; the kill is the lab's, to end the demonstration", obs.snapshot(),
+           kind="crash")
+    return measured
+
+
+def _server_ended(tr: Trace, obs: Observer, frozen: _FrozenRelay, granted: list, *, gone_at: float,
+                  idle_timeout_s: float | None) -> dict[str, Any]:
+    """The server ended the frozen backend (the trace's step): how long after it went idle,
+    by the server's clock (to a waiter's lock being granted) and by the lab's."""
+    measured: dict[str, Any] = {}
+    since = frozen.idle_since_server
+    if granted and since and since[0] is not None:
+        measured["released_after_server_s"] = round((granted[0] - since[0]).total_seconds(), 3)
+    # From the moment the backend went idle in its transaction to the first poll
+    # that found it gone (so late by at most one poll, 50 ms).
+    measured["released_after_s"] = round(gone_at - frozen.idle_since, 3)
+    tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server "
+                     "ends relay 1's backend", "its transaction rolls back: nothing "
+           "marked, every lock released, while relay 1 is still frozen", obs.snapshot())
+    return measured
+
+
+def _relay_2_publishes(lab: Lab, broker: Broker, tr: Trace, obs: Observer, *, batch: int,
+                       freeze_after: int) -> None:
+    """Relay 2 claims the released batch and publishes it all (the trace's step)."""
+    with _relay(lab, broker, "relay-2", batch=batch) as r2:
+        obs.watch(r2)
+        again = r2.wait_for("claimed", timeout=60)["ids"]
+        r2.join(60)
+    tr.add("relay 2", f"claim {len(again)} rows; publish all, mark them, COMMIT",
+           f"the {freeze_after} events relay 1 published before it froze go out a second time",
+           obs.snapshot())
+
+
+def _wake_relay_1(tr: Trace, obs: Observer, r1: Worker,
+                  publish_timeout_s: float | None | str) -> tuple[int, dict | None]:
+    """SIGCONT: relay 1 wakes to a connection that is gone (the trace's step).  What it
+    published after waking, and the error it got (None: none)."""
+    seen = len([e for e in r1.events if e["kind"] == "published"])
+    os.kill(started_pid(r1), signal.SIGCONT)       # the freeze ends
+    r1.wait_exit(60)
+    stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
+    errors = [e for e in r1.events if e.get("sqlstate")]
+    woke_to = errors[0] if errors else None
+    gave_up = any(e["kind"] == "publish_timeout" for e in r1.events)
+    what = (f"publish timeout passed ({publish_timeout_s:g} s): give the batch up, ROLLBACK"
+            if gave_up else
+            f"publish the other {stale_publishes} of its batch; then mark")
+    err = f"{woke_to['error']} ({woke_to['sqlstate']})" if woke_to else "no error"
+    tr.add("relay 1", f"SIGCONT (wakes): {what} → {err}",
+           "its connection is gone: nothing it does reaches the database and it cannot "
+           "commit; " + ("it publishes nothing more" if gave_up else
+                         "every event it published after waking is a duplicate"),
+           obs.snapshot(), kind="error")
+    return stale_publishes, woke_to
+
+
+def _stale_writes(obs: Observer, xid: str | None) -> int:
+    """Outbox rows the frozen transaction's xid wrote (0 if it had none)."""
+    if not xid:
+        return 0
+    return one_row(obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
+                                    (xid,)), "the count of stale outbox writes")[0]
+
+
+def _released_by(killed: bool, woke_to: dict | None, watch_s: float) -> str:
+    """Who ended the frozen session: the lab's SIGKILL, or the server (and why)."""
+    if killed:
+        return f"SIGKILL by the lab after {watch_s:g} s (nothing on the server ended it)"
+    if woke_to:
+        return ENDED_BY.get(woke_to["sqlstate"], f"the server ({woke_to['sqlstate']})")
+    return "the server (no reason reached the client)"
+
+
 def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
                  idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
                  watch_s: float = 15.0) -> Trace:
@@ -679,10 +826,7 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
     if publish_timeout_s == AUTO:
         publish_timeout_s = None if idle_timeout_s is None else idle_timeout_s / 2
     _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s)
-    bound = (f"idle_in_transaction_session_timeout = {idle_timeout_s:g} s on its session"
-             if idle_timeout_s is not None else "no idle_in_transaction_session_timeout")
-    title = f"Relay frozen mid-batch: {batch} claimed, frozen after {freeze_after} publishes ({bound})"
-    with _traced(lab, broker, batch, title) as (tr, broker, obs):
+    with _traced(lab, broker, batch, _freeze_title(batch, freeze_after, idle_timeout_s)) as (tr, broker, obs):
         measured: dict[str, Any] = {}
         # Trace (core/trace.py) declares no ``measured``: this trace carries one more attribute
         tr.measured = measured  # type: ignore[attr-defined]
@@ -691,108 +835,37 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
         r1 = _relay(lab, broker, "relay-1", batch=batch, pause_at=[f"{tag}#1"],
                     idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s)
         try:
-            r1.start()
-            pid = obs.watch(r1)
-            r1.wait_for("paused", tag=tag, timeout=60)
-            os.kill(started_pid(r1), signal.SIGSTOP)           # the freeze: the process runs no more code
-            r1.resume()                               # read by the process only once it is woken
-            asked = time.monotonic()
-            state, xid, idle_for = obs.backend_state(pid) or (None, None, None)
-            # When the backend went idle: measured from before the question, so that the
-            # released_after_s below is never short of the real time.
-            idle_since = asked - (idle_for or 0.0)
-            frozen = obs.snapshot()
-            held = frozen["locked_rows"]
-            tr.add("relay 1", f"BEGIN; claim {batch}; publish {freeze_after}; then frozen (SIGSTOP)",
-                   "a host freeze, a paused VM, a long GC pause: the process stops, its connection "
-                   f"stays open, and the server sees a session '{state}'", frozen, kind="freeze")
-            # Another relay's claim, while relay 1 is frozen: the same SQL, its own session.
-            with lab.connect(role="relay-2", autocommit=False) as other:
-                others = len(other.execute(CLAIM, {"batch": batch}).fetchall())
-                other.rollback()
-            tr.add("relay 2", f"BEGIN; claim … FOR UPDATE SKIP LOCKED → {others} rows; ROLLBACK",
-                   "the frozen relay's locks are held: SKIP LOCKED skips every row of its batch, and "
-                   "nothing publishes them", obs.snapshot())
+            frozen = _freeze_relay_1(tr, obs, r1, tag=tag, batch=batch, freeze_after=freeze_after)
+            others = _claim_beside_frozen(lab, tr, obs, batch)
             # Who ends the frozen backend, and when -- by the server's clock: when the backend
             # went idle in its transaction, and when a session waiting for one of its row locks
             # got it (the moment the batch was let go).
-            idle_since_server = obs.conn.execute(_lab_sql("state_since"), {"pid": pid}).fetchone()
+            frozen.idle_since_server = obs.conn.execute(_lab_sql("state_since"), {"pid": frozen.pid}).fetchone()
             first_id = r1.wait_for("claimed", timeout=60)["ids"][0]
             waiter, granted = lab.when_lock_granted(_lab_sql("lock_granted_at"), {"id": first_id}, watch_s + 30)
-            deadline = time.monotonic() + watch_s
-            while obs.backend_state(pid) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            gone_at = time.monotonic()
-            last = obs.backend_state(pid)
+            gone_at, last = _wait_for_backend_end(obs, frozen.pid, watch_s)
             killed = last is not None
-            if not killed:
-                waiter.join(watch_s + 30)
-                if granted and idle_since_server and idle_since_server[0] is not None:
-                    measured["released_after_server_s"] = round(
-                        (granted[0] - idle_since_server[0]).total_seconds(), 3)
-            if last is not None:                      # killed
-                measured.update(released_after_s=None, held_for_at_least_s=round(last[2], 3))
-                r1.kill()                             # SIGKILL ends a stopped process too
-                obs.wait_gone(pid)
-                tr.add("lab", f"nothing on the server ended the frozen session within {watch_s:g} s: "
-                              "SIGKILL the frozen process", "only a process that dies closes its "
-                       "connection; the kill is the lab's, to end the demonstration", obs.snapshot(),
-                       kind="crash")
+            if killed:
+                measured.update(_kill_frozen(tr, obs, frozen, last, watch_s))
             else:
-                # From the moment the backend went idle in its transaction to the first poll
-                # that found it gone (so late by at most one poll, 50 ms).
-                measured["released_after_s"] = round(gone_at - idle_since, 3)
-                tr.add("server", f"idle in transaction longer than {idle_timeout_s:g} s: the server "
-                                 "ends relay 1's backend", "its transaction rolls back: nothing "
-                       "marked, every lock released, while relay 1 is still frozen", obs.snapshot())
-            with _relay(lab, broker, "relay-2", batch=batch) as r2:
-                obs.watch(r2)
-                again = r2.wait_for("claimed", timeout=60)["ids"]
-                r2.join(60)
-            tr.add("relay 2", f"claim {len(again)} rows; publish all, mark them, COMMIT",
-                   f"the {freeze_after} events relay 1 published before it froze go out a second time",
-                   obs.snapshot())
-            stale_publishes, woke_to = 0, None
-            if not killed:
-                seen = len([e for e in r1.events if e["kind"] == "published"])
-                os.kill(started_pid(r1), signal.SIGCONT)       # the freeze ends
-                r1.wait_exit(60)
-                stale_publishes = len([e for e in r1.events if e["kind"] == "published"]) - seen
-                errors = [e for e in r1.events if e.get("sqlstate")]
-                woke_to = errors[0] if errors else None
-                gave_up = any(e["kind"] == "publish_timeout" for e in r1.events)
-                what = (f"publish timeout passed ({publish_timeout_s:g} s): give the batch up, ROLLBACK"
-                        if gave_up else
-                        f"publish the other {stale_publishes} of its batch; then mark")
-                err = f"{woke_to['error']} ({woke_to['sqlstate']})" if woke_to else "no error"
-                tr.add("relay 1", f"SIGCONT (wakes): {what} → {err}",
-                       "its connection is gone: nothing it does reaches the database and it cannot "
-                       "commit; " + ("it publishes nothing more" if gave_up else
-                                     "every event it published after waking is a duplicate"),
-                       obs.snapshot(), kind="error")
+                waiter.join(watch_s + 30)
+                measured.update(_server_ended(tr, obs, frozen, granted, gone_at=gone_at,
+                                              idle_timeout_s=idle_timeout_s))
+            _relay_2_publishes(lab, broker, tr, obs, batch=batch, freeze_after=freeze_after)
+            stale_publishes, woke_to = (0, None) if killed else _wake_relay_1(tr, obs, r1, publish_timeout_s)
         finally:
             if r1.alive:
                 os.kill(started_pid(r1), signal.SIGCONT)
                 r1.kill()
             if waiter is not None:
                 waiter.join(watch_s + 30)
-        stale_writes = 0
-        if xid:
-            stale_writes = one_row(obs.conn.execute("SELECT count(*) FROM outbox WHERE xmin::text = %s",
-                                                    (xid,)), "the count of stale outbox writes")[0]
-        if killed:
-            released_by = f"SIGKILL by the lab after {watch_s:g} s (nothing on the server ended it)"
-        elif woke_to:
-            released_by = ENDED_BY.get(woke_to["sqlstate"], f"the server ({woke_to['sqlstate']})")
-        else:
-            released_by = "the server (no reason reached the client)"
         out = _finish(tr, lab, broker, obs, {
-            "backend_state_while_frozen": state,
-            "locks_held_while_frozen": held,
+            "backend_state_while_frozen": frozen.state,
+            "locks_held_while_frozen": frozen.held,
             "claimed_by_others_while_frozen": others,
-            "released_by": released_by,
+            "released_by": _released_by(killed, woke_to, watch_s),
             "stale_publishes_after_wake": stale_publishes,
-            "stale_writes_after_wake": stale_writes})
+            "stale_writes_after_wake": _stale_writes(obs, frozen.xid)})
         out.summary["duplicates_after_wake"] = out.summary["duplicates"]
         return out
 

@@ -283,6 +283,62 @@ def _at(tick: int, second: float = 0) -> datetime:
     return T0 + timedelta(seconds=tick * TICK_S + second)
 
 
+def _enqueue(conn: Any, enqueue: str, kind: str, n: int, tick: int, second: float,
+             run_at: datetime | None = None) -> list[int]:
+    """``n`` jobs of ``kind`` arriving ``second`` s into ``tick`` (one a second); their ids."""
+    rows = conn.execute(enqueue, {"kind": kind, "priority": PRIORITY[kind], "n": n, "tick": tick,
+                                  "at": _at(tick, second), "run_at": run_at}).fetchall()
+    return [r[0] for r in rows]
+
+
+def _first_arrivals(conn: Any, enqueue: str, *, high_per_tick: int, scheduled_tick: int) -> tuple[int, int, int]:
+    """Tick 0's low-priority job and scheduled job, after its urgent ones: their ids, and how
+    many due jobs are ahead of the low job in due order when it arrives."""
+    (low_id,) = _enqueue(conn, enqueue, "low", 1, 0, high_per_tick)
+    (scheduled_id,) = _enqueue(conn, enqueue, "scheduled", 1, 0, high_per_tick + 1,
+                               run_at=_at(scheduled_tick, SCHEDULED_DUE_S))
+    older_due = int(one_row(conn.execute(_sql("older_due"), {"id": low_id, "now": _at(0, CLAIM_AT_S)}),
+                            "schedule.sql's older_due")[0])
+    return low_id, scheduled_id, older_due
+
+
+def _claim_tick(conn: Any, stmts: dict[str, str], claims: list[dict[str, Any]], tick: int, *,
+                claims_per_tick: int, aging: bool, every: int) -> int:
+    """The tick's claims at its last second, each job completed at once (a turn with nothing
+    due passes), appended to ``claims``; how many were aged turns."""
+    now = _at(tick, CLAIM_AT_S)
+    aged_turns = 0
+    for _ in range(claims_per_tick):
+        turn = len(claims) + 1
+        aged = aging and turn % every == 0
+        row = conn.execute(stmts["claim_oldest"] if aged else stmts["claim_at"],
+                           {"worker": "w1", "now": now, "lease_s": LEASE_S}).fetchone()
+        if row is None:
+            continue                    # nothing due: the turn passes
+        aged_turns += aged
+        job_id, kind, _payload, _attempts, _max, version = row
+        conn.execute(stmts["complete"], {"id": job_id, "claim_version": version})
+        claims.append({"claim": len(claims) + 1, "tick": tick, "kind": kind, "job": job_id,
+                       "priority": PRIORITY[kind], "turn": "aged" if aged else "priority"})
+    return aged_turns
+
+
+def _scheduled_outcome(sched_claim: dict[str, Any] | None, scheduled_tick: int) -> dict[str, Any]:
+    """When the scheduled job fell due and when it was claimed: ticks, and seconds after T0."""
+    return {"due_tick": scheduled_tick,
+            "claimed_tick": None if sched_claim is None else sched_claim["tick"],
+            "due_s": scheduled_tick * TICK_S + SCHEDULED_DUE_S,
+            "claimed_s": None if sched_claim is None else sched_claim["tick"] * TICK_S + CLAIM_AT_S}
+
+
+def _aged_bound(aging: bool, every: int, older_due: int, claims_per_tick: int) -> dict[str, int | None]:
+    """The aged turn's promise: the low job claimed within every·(older_due+1) claims, so by
+    that tick (None without a remedy)."""
+    bound_claims = every * (older_due + 1) if aging else None
+    return {"bound_claims": bound_claims,
+            "bound_ticks": None if bound_claims is None else (bound_claims - 1) // claims_per_tick}
+
+
 def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_tick: int = 3,
                remedy: str | None = None, every: int = 4, scheduled_tick: int = 10,
                sample: int = 12) -> dict[str, Any]:
@@ -315,46 +371,25 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
     if aging:
         lab.execute(_sql("oldest_index"))
     lab.execute("ANALYZE job")
-    enqueue, claim_at, claim_oldest = _sql("enqueue_at"), _sql("claim_at"), _sql("claim_oldest")
-    complete = query("production.sql", "complete").sql
+    enqueue = _sql("enqueue_at")
+    stmts = {"claim_at": _sql("claim_at"), "claim_oldest": _sql("claim_oldest"),
+             "complete": query("production.sql", "complete").sql}
     claims: list[dict[str, Any]] = []
-    made = aged_turns = 0
+    aged_turns = 0
     low_id = scheduled_id = None
     older_due = 0
     conn = lab.connect(role="sched-worker", guards=WORKER_GUARDS)
     try:
         # The run is about order, not durability: commits do not wait for the disk.
         conn.execute("SET synchronous_commit = off")
-
-        def add(kind: str, n: int, tick: int, second: float, run_at: datetime | None = None) -> list[int]:
-            rows = conn.execute(enqueue, {"kind": kind, "priority": PRIORITY[kind], "n": n, "tick": tick,
-                                          "at": _at(tick, second), "run_at": run_at}).fetchall()
-            return [r[0] for r in rows]
-
         for tick in range(ticks):
             if high_per_tick:
-                add("high", high_per_tick, tick, 0)
+                _enqueue(conn, enqueue, "high", high_per_tick, tick, 0)
             if tick == 0:
-                (low_id,) = add("low", 1, 0, high_per_tick)
-                (scheduled_id,) = add("scheduled", 1, 0, high_per_tick + 1,
-                                      run_at=_at(scheduled_tick, SCHEDULED_DUE_S))
-                older_due = int(one_row(conn.execute(_sql("older_due"),
-                                                     {"id": low_id, "now": _at(0, CLAIM_AT_S)}),
-                                        "schedule.sql's older_due")[0])
-            now = _at(tick, CLAIM_AT_S)
-            for _ in range(claims_per_tick):
-                turn = made + 1
-                aged = aging and turn % every == 0
-                row = conn.execute(claim_oldest if aged else claim_at,
-                                   {"worker": "w1", "now": now, "lease_s": LEASE_S}).fetchone()
-                if row is None:
-                    continue                    # nothing due: the turn passes
-                made += 1
-                aged_turns += aged
-                job_id, kind, _payload, _attempts, _max, version = row
-                conn.execute(complete, {"id": job_id, "claim_version": version})
-                claims.append({"claim": made, "tick": tick, "kind": kind, "job": job_id,
-                               "priority": PRIORITY[kind], "turn": "aged" if aged else "priority"})
+                low_id, scheduled_id, older_due = _first_arrivals(conn, enqueue, high_per_tick=high_per_tick,
+                                                                  scheduled_tick=scheduled_tick)
+            aged_turns += _claim_tick(conn, stmts, claims, tick, claims_per_tick=claims_per_tick, aging=aging,
+                                      every=every)
         backlog = int(one_row(conn.execute(_sql("due_count"), {"now": _at(ticks - 1, CLAIM_AT_S)}),
                               "schedule.sql's due_count")[0])
     finally:
@@ -362,22 +397,16 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
 
     by_id = {c["job"]: c for c in claims}
     low_claim = by_id.get(low_id)
-    sched_claim = by_id.get(scheduled_id)
     counts = {k: sum(1 for c in claims if c["kind"] == k) for k in ("high", "low", "scheduled")}
-    bound_claims = every * (older_due + 1) if aging else None
     return {
         "remedy": remedy, "every": every if aging else None, "ticks": ticks,
         "high_per_tick": high_per_tick, "claims_per_tick": claims_per_tick,
-        "claims": made, "aged_turns": aged_turns, "claimed_by_kind": counts,
+        "claims": len(claims), "aged_turns": aged_turns, "claimed_by_kind": counts,
         "waited_ticks": None if low_claim is None else low_claim["tick"],
         "starved": low_claim is None, "older_due": older_due,
-        "bound_claims": bound_claims,
-        "bound_ticks": None if bound_claims is None else (bound_claims - 1) // claims_per_tick,
+        **_aged_bound(aging, every, older_due, claims_per_tick),
         "low_claim": low_claim, "backlog_at_end": backlog,
-        "scheduled": {"due_tick": scheduled_tick,
-                      "claimed_tick": None if sched_claim is None else sched_claim["tick"],
-                      "due_s": scheduled_tick * TICK_S + SCHEDULED_DUE_S,
-                      "claimed_s": None if sched_claim is None else sched_claim["tick"] * TICK_S + CLAIM_AT_S},
+        "scheduled": _scheduled_outcome(by_id.get(scheduled_id), scheduled_tick),
         "claimed_sample": claims[:sample],
         "claim_sql": query(SQL, "claim_oldest" if aging else "claim_at").text,
         "index_sql": query(SQL, "oldest_index").text if aging else None,
