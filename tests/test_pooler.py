@@ -56,50 +56,50 @@ def test_transaction_pooling_breaks_session_state_but_not_claim_mark_commit(lab,
     t = time.monotonic()
     r = pooler.pooler_trace(lab, jobs=12, listen_wait_s=0.5)
     assert time.monotonic() - t < 12
-    assert r["claim_mark_commit_ok"] is True
-    assert r["session_set_leaked"] is True
-    assert r["advisory_lock_misbehaved"] is True
-    assert r["listen_broken"] is True
-    assert r["pgbouncer_version"] == pooler.PgBouncer().version
+    assert r.claim_mark_commit_ok is True
+    assert r.session_set_leaked is True
+    assert r.advisory_lock_misbehaved is True
+    assert r.listen_broken is True
+    assert r.pgbouncer_version == pooler.PgBouncer().version
     # One server connection: every statement of A and B ran on the same backend.
-    assert r["same_backend"] is True and len(r["backend_pids"]) == 1
-    pid = r["backend_pids"][0]
+    assert r.same_backend is True and len(r.backend_pids) == 1
+    pid = r.backend_pids[0]
 
-    c = r["claims"]
-    assert c["claims"] == c["distinct_jobs"] == c["done"] == c["claimed_once"] == 12
-    assert c["by_client"]["A"] >= 5 and c["by_client"]["B"] >= 5     # both ran past psycopg's
-    assert c["backend_pids"] == [pid]                                  # prepare threshold
-    assert c["b_waited_in_pooler"] is True
-    assert c["pool_while_a_open"]["cl_waiting"] == 1 and c["pool_while_a_open"]["sv_active"] == 1
-    assert c["pool_while_a_open"]["server_lock_waits"] == 0           # queued in PgBouncer, not the server
+    c = r.claims
+    assert c.claims == c.distinct_jobs == c.done == c.claimed_once == 12
+    assert c.by_client["A"] >= 5 and c.by_client["B"] >= 5     # both ran past psycopg's
+    assert c.backend_pids == [pid]                                  # prepare threshold
+    assert c.b_waited_in_pooler is True
+    assert c.pool_while_a_open.cl_waiting == 1 and c.pool_while_a_open.sv_active == 1
+    assert c.pool_while_a_open.server_lock_waits == 0           # queued in PgBouncer, not the server
 
-    s = r["session_set"]
-    assert s["a_backend_pid"] == s["b_backend_pid"] == pid
-    assert s["b_sees"] == "4321ms" != s["server_default"]
-    assert s["set_local_inside"] == "4321ms" and s["set_local_leaked"] is False
-    assert s["b_sees_after_set_local"] == s["server_default"]
-    tz = s["tracked"]                       # a parameter PgBouncer tracks follows its client
-    assert tz["leaked"] is False and tz["b_sees"] == tz["server_default"] != tz["a_set"]
-    assert tz["kept_for_a"] is True and tz["a_sees_after_b"] == tz["a_set"]
+    s = r.session_set
+    assert s.a_backend_pid == s.b_backend_pid == pid
+    assert s.b_sees == "4321ms" != s.server_default
+    assert s.set_local_inside == "4321ms" and s.set_local_leaked is False
+    assert s.b_sees_after_set_local == s.server_default
+    tz = s.tracked                       # a parameter PgBouncer tracks follows its client
+    assert tz.leaked is False and tz.b_sees == tz.server_default != tz.a_set
+    assert tz.kept_for_a is True and tz.a_sees_after_b == tz.a_set
 
-    a = r["advisory_lock"]
-    assert a["a_backend_pid"] == a["b_backend_pid"] == pid
-    assert a["held_by_after_a"] == [pid] and a["other_session_try"] is False
-    assert a["b_try_lock"] is True and a["b_unlocks"] == [True, True]
-    assert a["held_by_after_b_unlocks"] == [] and a["other_session_takes_it_after"] is True
-    x = a["xact"]
-    assert x["misbehaved"] is False and x["held_by_during_a"] == [pid]
-    assert x["other_session_try_during_a"] is False and x["held_by_after_a_commit"] == []
+    a = r.advisory_lock
+    assert a.a_backend_pid == a.b_backend_pid == pid
+    assert a.held_by_after_a == [pid] and a.other_session_try is False
+    assert a.b_try_lock is True and a.b_unlocks == [True, True]
+    assert a.held_by_after_b_unlocks == [] and a.other_session_takes_it_after is True
+    x = a.xact
+    assert x.misbehaved is False and x.held_by_during_a == [pid]
+    assert x.other_session_try_during_a is False and x.held_by_after_a_commit == []
 
-    li = r["listen"]
-    assert li["a_received"] == 0 and li["direct_listener_received"] == 1
-    assert 0.45 <= li["a_waited_s"] < 2
-    assert li["b_session_listens_on"] == [li["channel"]]              # B's session listens for A
-    assert li["a_backend_pid"] == li["b_backend_pid"] == pid
+    li = r.listen
+    assert li.a_received == 0 and li.direct_listener_received == 1
+    assert 0.45 <= li.a_waited_s < 2
+    assert li.b_session_listens_on == [li.channel]              # B's session listens for A
+    assert li.a_backend_pid == li.b_backend_pid == pid
 
-    p = r["prepared_statements"]
-    if pooler.version_tuple(r["pgbouncer_version"]) < (1, 21):
-        assert p["broke"] is True and p["sqlstate"] == "42P05" and p["failed_on_run"] == 6
+    p = r.prepared_statements
+    if pooler.version_tuple(r.pgbouncer_version) < (1, 21):
+        assert p.broke is True and p.sqlstate == "42P05" and p.failed_on_run == 6
     assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
 
     assert len(launched) == 1 and running(launched[0]) == []
@@ -118,8 +118,12 @@ def test_the_command_prints_json_and_drops_its_lab(db, capsys, launched):
 
     assert pooler.pooler_command(open_lab=open_lab, jobs=4, listen_wait_s=0.2, json=True) == 0
     r = json.loads(capsys.readouterr().out)
-    assert {"pgbouncer_version", "claim_mark_commit_ok", "session_set_leaked",
-            "advisory_lock_misbehaved", "listen_broken"} <= set(r)
+    assert list(r) == ["pgbouncer_version", "pool_mode", "pool_size", "claim_mark_commit_ok",
+                       "session_set_leaked", "advisory_lock_misbehaved", "listen_broken",
+                       "same_backend", "backend_pids", "claims", "session_set", "advisory_lock",
+                       "listen", "prepared_statements", "seconds"]
+    assert list(r["claims"]["first"][0]) == ["client", "job", "backend_pid", "marked"]
+    assert list(r["session_set"]["tracked"])[:2] == ["parameter", "server_default"]
     assert all(r[k] is True for k in ("claim_mark_commit_ok", "session_set_leaked",
                                       "advisory_lock_misbehaved", "listen_broken"))
     with db.connect() as conn:
@@ -286,43 +290,43 @@ def test_bad_pool_settings_start_nothing(db, launched):
 @needs_pgbouncer
 def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, db, launched):
     r = pooler.transcripts(lab, jobs=8, listen_wait_s=0.3)
-    assert r["same_backend"] is True and len(r["backend_pids"]) == 1
-    texts = {k: r[k]["transcript"].to_text() for k in ("claims", "set", "advisory", "listen",
+    assert r.same_backend is True and len(r.backend_pids) == 1
+    texts = {k: getattr(r, k).transcript.to_text() for k in ("claims", "set", "advisory", "listen",
                                                         "prepared")}
     assert all(max(len(line) for line in t.splitlines()) <= 96 for t in texts.values())
 
-    c = r["claims"]
-    assert c["ok"] and c["done"] == c["claimed_once"] == 8 and c["b_waited_in_pooler"]
-    assert (c["cl_waiting"], c["server_lock_waits"]) == (1, 0)
-    rows = {row.n: row for row in r["claims"]["transcript"].rows}
+    c = r.claims
+    assert c.ok and c.done == c.claimed_once == 8 and c.b_waited_in_pooler
+    assert (c.cl_waiting, c.server_lock_waits) == (1, 0)
+    rows = {row.n: row for row in r.claims.transcript.rows}
     assert rows["3"].kind == "waiting" and "waits in PgBouncer" in rows["3"].note
     assert rows["5"].note == "unblocks B" and rows["3'"].text.startswith("<... completed>")
 
-    s = r["set"]
-    assert s["leaked"] and s["b_sees"] == "4321ms" != s["server_default"]
-    assert not s["tracked"]["leaked"] and s["tracked"]["kept_for_a"]
-    b_rows = [row.text for row in r["set"]["transcript"].rows if row.session == "B"]
+    s = r.set
+    assert s.leaked and s.b_sees == "4321ms" != s.server_default
+    assert not s.tracked.leaked and s.tracked.kept_for_a
+    b_rows = [row.text for row in r.set.transcript.rows if row.session == "B"]
     assert "SHOW statement_timeout  → 4321ms" in b_rows
-    story = s["story"]                      # what the picture draws: one backend, A's value on it
-    assert [(d["client"], d["statement_timeout"]) for d in story] == [
-        ("B", s["server_default"]), ("A", "4321ms"), ("B", "4321ms"), ("B", s["server_default"])]
-    assert {d["backend_pid"] for d in story} == set(r["backend_pids"])
+    story = s.story                      # what the picture draws: one backend, A's value on it
+    assert [(d.client, d.statement_timeout) for d in story] == [
+        ("B", s.server_default), ("A", "4321ms"), ("B", "4321ms"), ("B", s.server_default)]
+    assert {d.backend_pid for d in story} == set(r.backend_pids)
 
-    a = r["advisory"]
-    assert a["misbehaved"] and a["other_session_try"] is False and a["b_unlocks"] == [True, True]
-    assert not a["xact"]["misbehaved"]
+    a = r.advisory
+    assert a.misbehaved and a.other_session_try is False and a.b_unlocks == [True, True]
+    assert not a.xact.misbehaved
 
-    li = r["listen"]
-    assert li["broken"] and li["a_received"] == 0 and li["b_received"] == ["two"]
-    assert li["b_session_listens_on"] == [li["channel"]]
+    li = r.listen
+    assert li.broken and li.a_received == 0 and li.b_received == ["two"]
+    assert li.b_session_listens_on == [li.channel]
 
-    p = r["prepared"]
-    if pooler.version_tuple(r["pgbouncer_version"]) < (1, 21):
-        assert p["broke"] and p["sqlstate"] == "42P05" and p["b_sees"] == [("_pg3_0",)]
-    first = r["prepared"]["transcript"].rows[0]
+    p = r.prepared
+    if pooler.version_tuple(r.pgbouncer_version) < (1, 21):
+        assert p.broke and p.sqlstate == "42P05" and p.b_sees == [("_pg3_0",)]
+    first = r.prepared.transcript.rows[0]
     assert "n = 1, 2, 3, 4, 5" in first.text and "five runs" in first.note
     assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
-    _shared_session_picture(s, r["backend_pids"])
+    _shared_session_picture(s, r.backend_pids)
     with db.connect() as conn:                      # no advisory lock of the lab is left held
         key = pooler._key(lab)
         assert conn.execute("SELECT pg_try_advisory_lock(%s), pg_try_advisory_lock(%s)",
@@ -331,7 +335,7 @@ def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, 
     assert backends_gone(db, f"labkit:{lab.schema}:pooler%") == []
 
 
-def _shared_session_picture(s: dict, pids: list[int]) -> None:
+def _shared_session_picture(s: pooler.SetTurns, pids: list[int]) -> None:
     """The set run's picture: every step drawn, the backend named, and it fits a slide."""
     import io
 
@@ -347,8 +351,8 @@ def _shared_session_picture(s: dict, pids: list[int]) -> None:
     fig = pooler.plot_shared_session(s)
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts if t.get_text()]      # the arrows have none
-    assert [d["sent"] for d in s["story"]] == texts[0::2]
-    assert [d["statement_timeout"] for d in s["story"]] == texts[1::2]
+    assert [d.sent for d in s.story] == texts[0::2]
+    assert [d.statement_timeout for d in s.story] == texts[1::2]
     assert f"backend {pids[0]}" in ax.get_yticklabels()[2].get_text()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")

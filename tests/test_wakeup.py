@@ -6,6 +6,7 @@ behind."""
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import backends_gone, backends_of, child_processes, interrupt_when
@@ -18,39 +19,39 @@ from labkit.labs import wakeup as wk
 
 def test_notify_is_delivered_at_commit_not_before(lab):
     r = wk.delivered_at_commit(lab, wait_ms=300)
-    assert r["before_commit"] == 0          # B's transaction was open for the whole wait
-    assert r["after_commit"] == 1
-    assert r["payload"] == str(r["job_id"]) and r["from_producer"]
-    assert [s["session"] for s in r["steps"]] == ["A", "B", "B", "A", "B", "A"]
+    assert r.before_commit == 0          # B's transaction was open for the whole wait
+    assert r.after_commit == 1
+    assert r.payload == str(r.job_id) and r.from_producer
+    assert [s.session for s in r.steps] == ["A", "B", "B", "A", "B", "A"]
 
 
 def test_same_payload_is_folded_within_one_transaction_only(lab):
     r = wk.coalesced(lab, repeats=3)
-    assert r["sent_in_one_transaction"] == 5 and r["same_payload_sent"] == 3
-    assert r["same_payload_received"] == 1          # three NOTIFYs, one delivery
-    assert r["distinct_payloads_received"] == 3 == r["received"]
-    assert r["payloads"] == sorted(r["payloads"], key=int)   # in the order they were sent
-    assert r["next_transaction_received"] == 1      # another transaction: not folded
+    assert r.sent_in_one_transaction == 5 and r.same_payload_sent == 3
+    assert r.same_payload_received == 1          # three NOTIFYs, one delivery
+    assert r.distinct_payloads_received == 3 == r.received
+    assert r.payloads == sorted(r.payloads, key=int)   # in the order they were sent
+    assert r.next_transaction_received == 1      # another transaction: not folded
 
 
 def test_a_rolled_back_notify_is_never_delivered(lab):
     r = wk.rolled_back(lab)
-    assert r == {**r, "notified": 1, "received": 0, "jobs_in_table": 0}
+    assert (r.notified, r.received, r.jobs_in_table) == (1, 0, 0)
 
 
 def test_a_notification_sent_while_no_one_listens_is_gone_and_the_poll_finds_the_job(lab):
     r = wk.missed_while_not_listening(lab, safety_poll_ms=200)
-    assert r["notifications_received"] == 0
-    assert r["found_by_poll"] == 1 and r["missed_notifications_caught_by_poll"] == 1
-    assert r["waited_ms"] >= 190
-    assert lab.execute("SELECT id, status FROM job") == [(r["job_id"], "DONE")]
+    assert r.notifications_received == 0
+    assert r.found_by_poll == 1 and r.missed_notifications_caught_by_poll == 1
+    assert r.waited_ms >= 190
+    assert lab.execute("SELECT id, status FROM job") == [(r.job_id, "DONE")]
 
 
 def test_every_listener_wakes_and_one_claim_finds_the_job(lab, db):
     r = wk.every_listener_wakes(lab, listeners=3)
-    assert r["woke"] == 3 and r["jobs"] == 1
-    assert sorted(r["found"]) == [0, 0, 1]
-    assert r["claim_queries"] == 4                 # the finder's second claim finds nothing
+    assert r.woke == 3 and r.jobs == 1
+    assert sorted(r.found) == [0, 0, 1]
+    assert r.claim_queries == 4                 # the finder's second claim finds nothing
     assert lab.execute("SELECT status, attempts FROM job") == [("DONE", 1)]
     assert backends_gone(db, f"labkit:{lab.schema}:wake-listen-%") == []
     with pytest.raises(LabkitError, match="listeners"):
@@ -60,23 +61,23 @@ def test_every_listener_wakes_and_one_claim_finds_the_job(lab, db):
 def test_the_limits_of_notify_are_read_from_the_server(lab):
     r = wk.notify_limits(lab)
     page = int(lab.execute("SHOW block_size")[0][0])
-    assert r["page_bytes"] == page
+    assert r.page_bytes == page
     version = lab.execute("SHOW server_version_num")[0][0]
     if int(version) >= 170000:
         pages = int(lab.execute("SHOW max_notify_queue_pages")[0][0])
-        assert r["queue_pages"] == pages and r["queue_bytes"] == pages * page
+        assert r.queue_pages == pages and r.queue_bytes == pages * page
     else:
-        assert r["queue_pages"] is None and r["queue_bytes"] is None
-    assert 0 <= r["queue_usage"] < 1
+        assert r.queue_pages is None and r.queue_bytes is None
+    assert 0 <= r.queue_usage < 1
     # the longest payload goes through; one byte more is refused, when pg_notify is called
-    assert 0 < r["longest_payload"] < page
-    assert r["too_long"] == {"sqlstate": "22023", "message": "payload string too long"}
+    assert 0 < r.longest_payload < page
+    assert r.too_long.as_dict() == {"sqlstate": "22023", "message": "payload string too long"}
     with lab.connect(role="wake-check", autocommit=False) as conn:
         sent = query("wakeup.sql", "notify_payload_of_length").sql
-        conn.execute(sent, {"channel": wk.channel(lab), "n": r["longest_payload"]})
+        conn.execute(sent, {"channel": wk.channel(lab), "n": r.longest_payload})
         conn.rollback()
         with pytest.raises(Exception, match="payload string too long"):
-            conn.execute(sent, {"channel": wk.channel(lab), "n": r["longest_payload"] + 1})
+            conn.execute(sent, {"channel": wk.channel(lab), "n": r.longest_payload + 1})
         conn.rollback()
 
 
@@ -84,39 +85,43 @@ def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
     t = time.monotonic()
     r = wk.notify_trace(lab, jobs=12, poll_ms=400, safety_poll_ms=500)
     assert time.monotonic() - t < 20                  # the notebook's section: about 8 s here
-    assert r["notify_latency_ms_p50"] < r["poll_latency_ms_p50"] / 5
-    assert 400 * 0.1 < r["poll_latency_ms_p50"] < 400            # about half a poll
-    assert r["poll_latency_ms_p99"] < 400 * 1.5
-    assert r["claims_from_notify"] + r["claims_from_poll"] == 12
-    assert r["claims_from_notify"] >= 11               # each job woke the worker itself
-    assert r["missed_notifications_caught_by_poll"] == 1
+    assert r.notify_latency_ms_p50 < r.poll_latency_ms_p50 / 5
+    assert 400 * 0.1 < r.poll_latency_ms_p50 < 400            # about half a poll
+    assert r.poll_latency_ms_p99 < 400 * 1.5
+    assert r.claims_from_notify + r.claims_from_poll == 12
+    assert r.claims_from_notify >= 11               # each job woke the worker itself
+    assert r.missed_notifications_caught_by_poll == 1
     # a claim per job plus an empty one per wake-up and the first sweep: no fewer than polling's
-    assert r["notify_claim_queries"] >= 2 * 12 + 1 and \
-        r["notify_claim_queries"] >= r["poll_claim_queries"]
-    assert 0 <= r["notification_queue_usage"] < 0.01    # every listener read its notifications
+    assert r.notify_claim_queries >= 2 * 12 + 1 and \
+        r.notify_claim_queries >= r.poll_claim_queries
+    assert 0 <= r.notification_queue_usage < 0.01    # every listener read its notifications
     assert backends_gone(db, f"labkit:{lab.schema}:wake-%") == []
 
 
 def test_the_shape_the_notebook_asserts_fails_when_the_wake_up_saves_nothing():
     ok = dict(notify_latency_ms_p50=1.5, poll_latency_ms_p50=180.0, poll_latency_ms_p99=420.0,
               poll_ms=400)
-    holds, seen = wk.saves(ok)
+
+    def trace(**figures):       # the four figures saves() reads of a NotifyTrace
+        return SimpleNamespace(**{**ok, **figures})
+
+    holds, seen = wk.saves(trace())
     assert holds is True and "1.5 ms notified against 180 ms polling" in seen
-    assert wk.saves({**ok, "notify_latency_ms_p50": 40.0})[0] is False     # not 5x shorter
-    assert wk.saves({**ok, "poll_latency_ms_p99": 700.0})[0] is False      # a poll waited too long
+    assert wk.saves(trace(notify_latency_ms_p50=40.0))[0] is False     # not 5x shorter
+    assert wk.saves(trace(poll_latency_ms_p99=700.0))[0] is False      # a poll waited too long
 
 
 def test_the_worker_claims_every_job_from_the_table_in_both_modes(lab):
     for mode in wk.MODES:
         r = wk.latency(lab, jobs=5, poll_ms=50, safety_poll_ms=2000, mode=mode)
-        assert len(r["latencies_ms"]) == 5 and min(r["latencies_ms"]) >= 0
+        assert len(r.latencies_ms) == 5 and min(r.latencies_ms) >= 0
         assert lab.execute("SELECT status, count(*) FROM job GROUP BY status") == [("DONE", 5)]
         if mode == "poll":
-            assert r["claims_from_notify"] == 0 == r["notifications_received"]
+            assert r.claims_from_notify == 0 == r.notifications_received
         else:
             # a job that came while the worker was claiming the one before is claimed in that
             # drain, and the worker may stop before the last NOTIFY reaches it
-            assert 4 <= r["notifications_received"] <= 5 and r["claims_from_notify"] >= 4
+            assert 4 <= r.notifications_received <= 5 and r.claims_from_notify >= 4
 
 
 BAD = [
@@ -160,8 +165,16 @@ def test_command_prints_json_and_text_and_drops_its_lab(db, capsys):
 
     assert wk.notify_command(open_lab=open_lab, jobs=3, poll_ms=50, safety_poll_ms=100, json=True) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"poll_latency_ms_p50", "notify_latency_ms_p50",
-            "missed_notifications_caught_by_poll"} <= set(out)
+    assert list(out) == ["jobs", "poll_ms", "safety_poll_ms", "poll_latency_ms_p50",
+                         "poll_latency_ms_p99", "notify_latency_ms_p50", "notify_latency_ms_p99",
+                         "poll_over_notify_p50", "poll_idle_wakeups", "notify_idle_wakeups",
+                         "poll_claim_queries", "notify_claim_queries", "claims_from_notify",
+                         "claims_from_poll", "missed_notifications_caught_by_poll",
+                         "missed_waited_ms", "notification_queue_usage", "timeline"]
+    assert list(out["timeline"]) == ["poll", "notify", "restart"]
+    assert list(out["timeline"]["restart"]) == ["down", "enqueued", "listening", "claimed"]
+    job = out["timeline"]["notify"]["jobs"][0]      # (job id, enqueued, claimed, what woke it)
+    assert job[0] == 1 and job[3] in ("poll", "notify")
     assert wk.notify_command(open_lab=open_lab, jobs=1, poll_ms=10, safety_poll_ms=10, json=False) == 0
     text = capsys.readouterr().out
     assert "LISTEN/NOTIFY" in text and "safety-net poll" in text
@@ -196,18 +209,18 @@ def test_keyboard_interrupt_mid_run_leaves_no_worker_and_no_session(lab, db):
 
 def test_the_timeline_is_the_runs_own_clock(lab):
     r = wk.notify_trace(lab, jobs=4, poll_ms=100, safety_poll_ms=200)
-    for mode, p50 in (("poll", r["poll_latency_ms_p50"]), ("notify", r["notify_latency_ms_p50"])):
-        tl = r["timeline"][mode]
-        assert [j[0] for j in tl["jobs"]] == [1, 2, 3, 4]
-        assert min(j[1] for j in tl["jobs"]) == 0                    # from the first enqueue
-        waits = sorted((claimed - enq) * 1000 for _, enq, claimed, _ in tl["jobs"])
+    for mode, p50 in (("poll", r.poll_latency_ms_p50), ("notify", r.notify_latency_ms_p50)):
+        tl = getattr(r.timeline, mode)
+        assert [j[0] for j in tl.jobs] == [1, 2, 3, 4]
+        assert min(j[1] for j in tl.jobs) == 0                    # from the first enqueue
+        waits = sorted((claimed - enq) * 1000 for _, enq, claimed, _ in tl.jobs)
         assert abs((waits[1] + waits[2]) / 2 - p50) < 1              # the same waits, measured
-        assert sum(n for _, _, n in tl["wakeups"]) == 4              # every claim on a wake-up
-        assert all(a <= b for (a, _, _), (b, _, _) in zip(tl["wakeups"], tl["wakeups"][1:]))
-    assert {s for *_, s in r["timeline"]["notify"]["jobs"]} == {"notify"}
-    rs = r["timeline"]["restart"]
-    assert rs["down"] == 0 < rs["enqueued"] < rs["listening"] < rs["claimed"]
-    assert rs["claimed"] - rs["listening"] >= 0.19                   # the safety poll's 200 ms
+        assert sum(n for _, _, n in tl.wakeups) == 4              # every claim on a wake-up
+        assert all(a <= b for (a, _, _), (b, _, _) in zip(tl.wakeups, tl.wakeups[1:]))
+    assert {j.woke_by for j in r.timeline.notify.jobs} == {"notify"}
+    rs = r.timeline.restart
+    assert rs.down == 0 < rs.enqueued < rs.listening < rs.claimed
+    assert rs.claimed - rs.listening >= 0.19                   # the safety poll's 200 ms
 
 
 def test_the_picture_draws_a_real_run_and_fits_a_slide(lab):
@@ -227,24 +240,25 @@ def test_the_picture_draws_a_real_run_and_fits_a_slide(lab):
     ax = fig.axes[0]
     drawn = {round(x, 4) for line in ax.get_lines() for x in line.get_xdata()}
     for mode in ("poll", "notify"):
-        for _, enq, claimed, _ in r["timeline"][mode]["jobs"]:
+        for _, enq, claimed, _ in getattr(r.timeline, mode).jobs:
             assert {round(enq, 4), round(claimed, 4)} <= drawn       # every enqueue and claim
-    restart = r["timeline"]["restart"]
-    assert {round(restart[k], 4) for k in ("enqueued", "listening", "claimed")} <= drawn
+    restart = r.timeline.restart
+    assert {round(restart.enqueued, 4), round(restart.listening, 4),
+            round(restart.claimed, 4)} <= drawn
     # overlapping waits of one lane are drawn on different sub-rows
     for mode in ("poll", "notify"):
-        jobs = r["timeline"][mode]["jobs"]
+        jobs = getattr(r.timeline, mode).jobs
         rows = wk._sub_rows(jobs, 0.0)
         for (_, e1, c1, _), r1 in zip(jobs, rows):
             for (_, e2, c2, _), r2 in zip(jobs, rows):
                 if (e1, c1) != (e2, c2) and e1 <= e2 <= c1:
                     assert r1 != r2
-    assert wk._sub_rows([(1, 0.0, 0.5, "poll"), (2, 0.2, 0.5, "poll"), (3, 0.6, 0.7, "poll")],
-                        0.05) == [0, 1, 0]
+    assert wk._sub_rows([wk.JobWait(1, 0.0, 0.5, "poll"), wk.JobWait(2, 0.2, 0.5, "poll"),
+                         wk.JobWait(3, 0.6, 0.7, "poll")], 0.05) == [0, 1, 0]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "a new LISTEN" in legend
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert f"median wait {r['poll_latency_ms_p50']:.3g} ms" in labels[0]
+    assert f"median wait {r.poll_latency_ms_p50:.3g} ms" in labels[0]
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
@@ -371,18 +385,18 @@ def test_stop_ends_a_waiting_worker_at_once(lab):
 
 def test_the_scripted_run_the_notebook_shows(lab, db):
     r = wk.listen_worker_run(lab, safety_poll_s=0.5)
-    assert r["claimed"] == {1: "notify", 2: "notify", 3: "notify", 4: "safety poll",
+    assert r.claimed == {1: "notify", 2: "notify", 3: "notify", 4: "safety poll",
                             5: "sweep", 6: "notify"}
-    assert r["claims"] == {i: 1 for i in range(1, 7)} and r["listens"] == 2
-    did = dict(r["rows"])
+    assert r.claims == {i: 1 for i in range(1, 7)} and r.listens == 2
+    did = dict(r.rows)
     assert did["the worker starts"] == "LISTEN"
     assert did["its connection ended by pg_terminate_backend"] == "connection lost"
     assert did["the server refuses connections (scripted)"] == "connect failed"
     assert did["the server takes connections again"] == "LISTEN; sweep: claimed job 5"
     assert did["stop()"] == "stopped"
     # the safety poll's window opened when jobs 2 and 3 were served, 0.2 s before the insert
-    assert 0.15 <= r["safety_poll_after_s"] <= 3 and r["stopped_in_s"] < 1
-    assert max(len(line) for line in r["table"].splitlines()) <= 96
+    assert 0.15 <= r.safety_poll_after_s <= 3 and r.stopped_in_s < 1
+    assert max(len(line) for line in r.table.splitlines()) <= 96
     for role in ("listen-worker", "wake-enqueue"):
         assert backends_gone(db, f"labkit:{lab.schema}:{role}") == []
     with pytest.raises(LabkitError, match="safety_poll_s"):

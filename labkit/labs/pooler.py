@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import json as jsonlib
 import os
 import pwd
 import re
@@ -57,6 +56,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -71,8 +71,10 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import signals_deferred
 from ..core.queries import query
+from ..core.results import Result, not_json
 from ..core.server import PG_SYSTEM_USER, socket_answers
-from ..core.steps import Result, Step, StepError, classify
+from ..core.steps import Result as StepResult
+from ..core.steps import Step, StepError, classify
 from ..core.text import fill
 from ..core.transcript import Transcript
 from ._checked import one_row
@@ -647,13 +649,76 @@ def _take_turns(a: psycopg.Connection, b: psycopg.Connection,
         turn += 1
 
 
+@dataclass(frozen=True)
+class PooledClaim(Result):
+    """One claim-mark-commit transaction of a client of the pooler.
+
+    client: the client that ran it: "A" or "B"
+    job: the job it claimed
+    backend_pid: the server backend the transaction ran on
+    marked: whether marking the job done updated it
+    """
+
+    client: str
+    job: int
+    backend_pid: int
+    marked: bool
+
+
+@dataclass(frozen=True)
+class PoolWhileAOpen(Result):
+    """The pool while client A's transaction was open and client B's waited for the pool's one
+    server connection.
+
+    cl_waiting: clients waiting for a server connection (SHOW POOLS): 1, B
+    sv_active: server connections lent to a client (SHOW POOLS): 1, A's
+    server_lock_waits: the lab's sessions waiting for a lock in the server (0: B waits in PgBouncer)
+    b_done_before_a_commit: whether B's transaction had ended before A committed (False)
+    """
+
+    cl_waiting: int | None
+    sv_active: int | None
+    server_lock_waits: int
+    b_done_before_a_commit: bool
+
+
+@dataclass(frozen=True)
+class PooledClaims(Result):
+    """Claim-mark-commit through transaction pooling: what works.
+
+    ok: every job claimed once, marked and done, each transaction's mark applied
+    jobs: jobs enqueued
+    claims: claim-mark-commit transactions that claimed a job
+    distinct_jobs: distinct jobs those claimed
+    done: jobs done in the table afterwards
+    claimed_once: jobs done whose attempts are 1, in the table
+    by_client: {client: claims it made}, for "A" and "B"
+    backend_pids: the server backends the claims ran on
+    b_waited_in_pooler: whether B's transaction waited in PgBouncer (not in the server) while A's was open
+    pool_while_a_open: the pool at that moment (a :class:`PoolWhileAOpen`)
+    first: the first four claims, in order (a :class:`PooledClaim` each)
+    """
+
+    ok: bool
+    jobs: int
+    claims: int
+    distinct_jobs: int
+    done: int
+    claimed_once: int
+    by_client: dict[str, int]
+    backend_pids: list[int]
+    b_waited_in_pooler: bool
+    pool_while_a_open: PoolWhileAOpen
+    first: list[PooledClaim]
+
+
 def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Connection,
-            direct: psycopg.Connection, jobs: int) -> dict:
+            direct: psycopg.Connection, jobs: int) -> PooledClaims:
     job = sql.Identifier(lab.schema, "job")
     claim = sql.SQL(_q("claim")).format(job=job)
     complete = sql.SQL(_q("complete")).format(job=job)
     lab.execute(sql.SQL(_q("enqueue")).format(job=job), {"n": jobs})
-    ran: list[dict] = []
+    ran: list[PooledClaim] = []
 
     def one(conn: psycopg.Connection, who: str) -> bool:
         with conn.transaction():
@@ -662,7 +727,7 @@ def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Conn
                 return False
             job_id, version, pid = row
             done = conn.execute(complete, {"id": job_id, "claim_version": version}).fetchone()
-        ran.append({"client": who, "job": job_id, "backend_pid": pid, "marked": done is not None})
+        ran.append(PooledClaim(client=who, job=job_id, backend_pid=pid, marked=done is not None))
         return True
 
     # 1. A's transaction is open (a job claimed, not yet marked): B's transaction waits for
@@ -674,29 +739,86 @@ def _claims(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Conn
         job_id, version, pid = row
         done = a.execute(complete, {"id": job_id, "claim_version": version}).fetchone()
         a.execute("COMMIT")
-        ran.insert(0, {"client": "A", "job": job_id, "backend_pid": pid, "marked": done is not None})
+        ran.insert(0, PooledClaim(client="A", job=job_id, backend_pid=pid, marked=done is not None))
 
     queued, _, _ = _b_queues_behind_a(lab, bouncer, a, direct, lambda: one(b, "B"), a_finishes)
     pool = queued.pool
-    waited = {"cl_waiting": pool.get("cl_waiting"), "sv_active": pool.get("sv_active"),
-              "server_lock_waits": queued.lock_waits, "b_done_before_a_commit": not queued.b_running}
+    waited = PoolWhileAOpen(cl_waiting=pool.get("cl_waiting"), sv_active=pool.get("sv_active"),
+                            server_lock_waits=queued.lock_waits,
+                            b_done_before_a_commit=not queued.b_running)
 
     # 2. Then A and B take turns, one claim-mark-commit transaction each, until the queue is empty.
     _take_turns(a, b, one)
     total, done, once = lab.execute(sql.SQL(_q("tally")).format(job=job))[0]
-    ids = [r["job"] for r in ran]
-    pids = sorted({r["backend_pid"] for r in ran})
+    ids = [r.job for r in ran]
+    pids = sorted({r.backend_pid for r in ran})
     ok = (total == jobs and done == jobs and once == jobs and len(ids) == jobs
-          and len(set(ids)) == jobs and all(r["marked"] for r in ran))
-    return {"ok": ok, "jobs": jobs, "claims": len(ids), "distinct_jobs": len(set(ids)),
-            "done": done, "claimed_once": once,
-            "by_client": {c: sum(1 for r in ran if r["client"] == c) for c in ("A", "B")},
-            "backend_pids": pids, "b_waited_in_pooler": waited.get("cl_waiting", 0) >= 1
-            and not waited.get("b_done_before_a_commit") and waited.get("server_lock_waits") == 0,
-            "pool_while_a_open": waited, "first": ran[:4]}
+          and len(set(ids)) == jobs and all(r.marked for r in ran))
+    return PooledClaims(
+        ok=ok, jobs=jobs, claims=len(ids), distinct_jobs=len(set(ids)), done=done,
+        claimed_once=once,
+        by_client={c: sum(1 for r in ran if r.client == c) for c in ("A", "B")},
+        backend_pids=pids,
+        b_waited_in_pooler=(waited.cl_waiting or 0) >= 1 and not waited.b_done_before_a_commit
+        and waited.server_lock_waits == 0,
+        pool_while_a_open=waited, first=ran[:4])
 
 
-def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> dict:
+@dataclass(frozen=True)
+class TrackedSet(Result):
+    """Client A's SET of a parameter PgBouncer tracks per client (TimeZone), and what B then
+    saw: it does not leak.
+
+    parameter: the parameter ("TimeZone")
+    server_default: its value before A set it (what B saw first)
+    a_set: the value A set
+    b_sees: what B's SHOW gave after A's SET (PgBouncer set B's own value back first)
+    a_sees_after_b: what A's SHOW gave after B's turn
+    leaked: whether B saw A's value
+    kept_for_a: whether A still saw its own value after B's turn
+    """
+
+    parameter: str
+    server_default: str
+    a_set: str
+    b_sees: str
+    a_sees_after_b: str
+    leaked: bool
+    kept_for_a: bool
+
+
+@dataclass(frozen=True)
+class SessionSet(Result):
+    """Client A's plain SET of statement_timeout and its SET LOCAL, and what client B then saw
+    on the shared server connection.
+
+    leaked: whether B saw A's plain SET
+    server_default: statement_timeout before A's SET
+    a_set: the value A set (:data:`SETTING`)
+    b_sees: what B's SHOW gave after A's SET
+    a_backend_pid: the server backend A's statements ran on
+    b_backend_pid: the server backend B's ran on
+    set_local_inside: what A's SHOW gave inside the transaction of its SET LOCAL
+    b_sees_after_set_local: what B's SHOW gave after that transaction
+    set_local_leaked: whether B saw A's SET LOCAL
+    set_local_backend_pid: the server backend A's SET LOCAL ran on
+    tracked: the same with a parameter PgBouncer tracks (a :class:`TrackedSet`)
+    """
+
+    leaked: bool
+    server_default: str
+    a_set: str
+    b_sees: str
+    a_backend_pid: int
+    b_backend_pid: int
+    set_local_inside: str
+    b_sees_after_set_local: str
+    set_local_leaked: bool
+    set_local_backend_pid: int
+    tracked: TrackedSet
+
+
+def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> SessionSet:
     default = _one(b, "show")
     tracked_default = _one(b, "show_tracked")
     a.execute(_q("session_set"))                    # autocommit: outside any transaction
@@ -712,19 +834,72 @@ def _session_set(a: psycopg.Connection, b: psycopg.Connection) -> dict:
         inside = _one(a, "show")
         local_pid = _pid(a)
     b_after_local = _one(b, "show")
-    return {"leaked": b_sees == SETTING, "server_default": default, "a_set": SETTING,
-            "b_sees": b_sees, "a_backend_pid": a_pid, "b_backend_pid": b_pid,
-            "set_local_inside": inside, "b_sees_after_set_local": b_after_local,
-            "set_local_leaked": b_after_local == SETTING, "set_local_backend_pid": local_pid,
-            "tracked": {"parameter": "TimeZone", "server_default": tracked_default,
-                        "a_set": TRACKED_SETTING, "b_sees": b_sees_tracked,
-                        "a_sees_after_b": a_sees_tracked,
-                        "leaked": b_sees_tracked == TRACKED_SETTING,
-                        "kept_for_a": a_sees_tracked == TRACKED_SETTING}}
+    return SessionSet(leaked=b_sees == SETTING, server_default=default, a_set=SETTING,
+                      b_sees=b_sees, a_backend_pid=a_pid, b_backend_pid=b_pid,
+                      set_local_inside=inside, b_sees_after_set_local=b_after_local,
+                      set_local_leaked=b_after_local == SETTING, set_local_backend_pid=local_pid,
+                      tracked=TrackedSet(parameter="TimeZone", server_default=tracked_default,
+                                         a_set=TRACKED_SETTING, b_sees=b_sees_tracked,
+                                         a_sees_after_b=a_sees_tracked,
+                                         leaked=b_sees_tracked == TRACKED_SETTING,
+                                         kept_for_a=a_sees_tracked == TRACKED_SETTING))
+
+
+@dataclass(frozen=True)
+class XactLock(Result):
+    """Client A's transaction-level advisory lock (pg_advisory_xact_lock): it behaves.
+
+    key: the lock's key (the session lock's key plus one)
+    held_by_during_a: backends holding it while A's transaction was open (A's)
+    a_backend_pid: the server backend A's transaction ran on
+    other_session_try_during_a: a direct session's pg_try_advisory_lock meanwhile (False)
+    held_by_after_a_commit: backends holding it after A's COMMIT (none)
+    b_try_after_a_commit: B's pg_try_advisory_xact_lock after that (True)
+    misbehaved: whether it did anything but live exactly as long as A's transaction
+    """
+
+    key: int
+    held_by_during_a: list[int]
+    a_backend_pid: int
+    other_session_try_during_a: bool
+    held_by_after_a_commit: list[int]
+    b_try_after_a_commit: bool
+    misbehaved: bool
+
+
+@dataclass(frozen=True)
+class AdvisoryLock(Result):
+    """Client A's session-level advisory lock, left on the shared server connection: B takes
+    it again and releases it.
+
+    misbehaved: whether B took A's lock and its two unlocks left nobody holding it
+    key: the lock's key (the lab's own: advisory locks are database-wide)
+    a_backend_pid: the server backend A's pg_advisory_lock ran on
+    b_backend_pid: the server backend B's statements ran on
+    held_by_after_a: backends holding it after A's statement ended (A's, now the pool's)
+    other_session_try: a direct session's pg_try_advisory_lock then (False)
+    b_try_lock: B's pg_try_advisory_lock (True: the same server session)
+    b_unlocks: B's two pg_advisory_unlock calls ([True, True])
+    held_by_after_b_unlocks: backends holding it afterwards (none)
+    other_session_takes_it_after: a direct session's pg_try_advisory_lock then (True)
+    xact: the transaction-level lock, for contrast (an :class:`XactLock`)
+    """
+
+    misbehaved: bool
+    key: int
+    a_backend_pid: int
+    b_backend_pid: int
+    held_by_after_a: list[int]
+    other_session_try: bool
+    b_try_lock: bool
+    b_unlocks: list[bool]
+    held_by_after_b_unlocks: list[int]
+    other_session_takes_it_after: bool
+    xact: XactLock
 
 
 def _advisory(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
-              key: int) -> dict:
+              key: int) -> AdvisoryLock:
     a.execute(_q("lock"), {"key": key})             # A's statement, and its transaction, end
     a_pid = _pid(a)
     held_by = _holders(direct, key)
@@ -747,19 +922,39 @@ def _advisory(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Conn
     x_after_commit = _holders(direct, xkey)
     with b.transaction():
         x_b_try = _one(b, "try_xact_lock", {"key": xkey})
-    return {"misbehaved": bool(b_try) and after == [] and b_unlocks == [True, True],
-            "key": key, "a_backend_pid": a_pid, "b_backend_pid": b_pid,
-            "held_by_after_a": held_by, "other_session_try": other_session_try,
-            "b_try_lock": b_try, "b_unlocks": b_unlocks, "held_by_after_b_unlocks": after,
-            "other_session_takes_it_after": other_takes_it,
-            "xact": {"key": xkey, "held_by_during_a": x_held_by, "a_backend_pid": x_pid,
-                     "other_session_try_during_a": x_other_try,
-                     "held_by_after_a_commit": x_after_commit, "b_try_after_a_commit": x_b_try,
-                     "misbehaved": not (x_held_by == [x_pid] and x_other_try is False
-                                        and x_after_commit == [])}}
+    return AdvisoryLock(
+        misbehaved=bool(b_try) and after == [] and b_unlocks == [True, True],
+        key=key, a_backend_pid=a_pid, b_backend_pid=b_pid,
+        held_by_after_a=held_by, other_session_try=other_session_try,
+        b_try_lock=b_try, b_unlocks=b_unlocks, held_by_after_b_unlocks=after,
+        other_session_takes_it_after=other_takes_it,
+        xact=XactLock(key=xkey, held_by_during_a=x_held_by, a_backend_pid=x_pid,
+                      other_session_try_during_a=x_other_try,
+                      held_by_after_a_commit=x_after_commit, b_try_after_a_commit=x_b_try,
+                      misbehaved=not (x_held_by == [x_pid] and x_other_try is False
+                                      and x_after_commit == [])))
 
 
-def _prepared(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
+@dataclass(frozen=True)
+class PreparedStatements(Result):
+    """Two clients with psycopg's automatic prepared statements (its default threshold) on the
+    one server connection.
+
+    broke: whether the second client's statement failed
+    error: the server's message (None when nothing broke)
+    sqlstate: its SQLSTATE (42P05 before PgBouncer tracks prepared statements; None when nothing broke)
+    failed_on_run: the second client's run that failed (6: the run psycopg prepares; None when nothing broke)
+    prepare_threshold: psycopg's prepare_threshold the two clients had (5)
+    """
+
+    broke: bool
+    error: str | None
+    sqlstate: str | None
+    failed_on_run: int | None
+    prepare_threshold: int
+
+
+def _prepared(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> PreparedStatements:
     """Two clients with psycopg's default prepare_threshold (5) on the one server connection."""
     name = session_name(lab.schema, "pooler-prep")
     p1 = bouncer.connect(application_name=name, prepare_threshold=5)
@@ -779,12 +974,39 @@ def _prepared(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
         p1.close()
         p2.close()
         a.execute(_q("deallocate"))          # what p1 left on the shared server session
-    return {"broke": error is not None, "error": error, "sqlstate": sqlstate,
-            "failed_on_run": failed_run, "prepare_threshold": 5}
+    return PreparedStatements(broke=error is not None, error=error, sqlstate=sqlstate,
+                              failed_on_run=failed_run, prepare_threshold=5)
+
+
+@dataclass(frozen=True)
+class PooledListen(Result):
+    """Client A's LISTEN through the pooler, against a direct listener on the same channel.
+
+    broken: whether A received nothing while the direct listener received the notification
+    channel: the channel (the lab's own)
+    a_received: notifications A received
+    a_waited_s: how long A waited for them, seconds
+    direct_listener_received: notifications the direct listener received (1)
+    a_backend_pid: the server backend A's LISTEN ran on
+    b_backend_pid: the server backend B's statements ran on
+    b_session_listens_on: the channels B's session listens on (A's: it is the same server session)
+    pgbouncer_log: PgBouncer's last log line about a notification from a server connection no
+        client was linked to (None if it logged none)
+    """
+
+    broken: bool
+    channel: str
+    a_received: int
+    a_waited_s: float
+    direct_listener_received: int
+    a_backend_pid: int
+    b_backend_pid: int
+    b_session_listens_on: list[str]
+    pgbouncer_log: str | None
 
 
 def _listen(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection, b: psycopg.Connection,
-            direct: psycopg.Connection, wait_s: float) -> dict:
+            direct: psycopg.Connection, wait_s: float) -> PooledListen:
     channel = f"{lab.schema}_pooler"
     listen = sql.SQL(_q("listen")).format(channel=sql.Identifier(channel))
     a.execute(listen)
@@ -806,26 +1028,59 @@ def _listen(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection, b: psycopg.Conn
     # no client was linked to, and PgBouncer dropped it.
     logged = [re.sub(r"^.*?(WARNING|LOG)\s+S-0x[0-9a-f]+:\s*", r"\1 ", line)
               for line in bouncer.log_tail(200).splitlines() if "from server when not linked" in line]
-    return {"broken": a_got == [] and control_got == ["wake up"], "channel": channel,
-            "a_received": len(a_got), "a_waited_s": round(waited, 2),
-            "direct_listener_received": len(control_got), "a_backend_pid": a_pid,
-            "b_backend_pid": b_pid, "b_session_listens_on": [ch for ch, _ in b_listens],
-            "pgbouncer_log": logged[-1] if logged else None}
+    return PooledListen(broken=a_got == [] and control_got == ["wake up"], channel=channel,
+                        a_received=len(a_got), a_waited_s=round(waited, 2),
+                        direct_listener_received=len(control_got), a_backend_pid=a_pid,
+                        b_backend_pid=b_pid, b_session_listens_on=[ch for ch, _ in b_listens],
+                        pgbouncer_log=logged[-1] if logged else None)
 
 
-def pooler_trace(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict:
+@dataclass(frozen=True)
+class PoolerTrace(Result):
+    """Two clients, A and B, through a real PgBouncer in transaction pooling with one server
+    connection (:func:`pooler_trace`; what ``labkit trace pooler --json`` prints).
+
+    pgbouncer_version: the PgBouncer that ran ("1.18.0")
+    pool_mode: its pool mode ("transaction")
+    pool_size: server connections in its pool (1)
+    claim_mark_commit_ok: every job claimed and done exactly once
+    session_set_leaked: B saw A's plain SET
+    advisory_lock_misbehaved: B took and released A's session-level advisory lock
+    listen_broken: A's LISTEN received nothing
+    same_backend: every statement of A and B ran on one server backend
+    backend_pids: the server backends they ran on
+    claims: claim-mark-commit's evidence (a :class:`PooledClaims`)
+    session_set: the plain SET's (a :class:`SessionSet`)
+    advisory_lock: the advisory lock's (an :class:`AdvisoryLock`)
+    listen: LISTEN's (a :class:`PooledListen`)
+    prepared_statements: psycopg's automatic prepared statements' (a :class:`PreparedStatements`)
+    seconds: the run's duration, seconds
+    """
+
+    pgbouncer_version: str
+    pool_mode: str
+    pool_size: int
+    claim_mark_commit_ok: bool
+    session_set_leaked: bool
+    advisory_lock_misbehaved: bool
+    listen_broken: bool
+    same_backend: bool
+    backend_pids: list[int]
+    claims: PooledClaims
+    session_set: SessionSet
+    advisory_lock: AdvisoryLock
+    listen: PooledListen
+    prepared_statements: PreparedStatements
+    seconds: float
+
+
+def pooler_trace(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> PoolerTrace:
     """Two clients, A and B, through a real PgBouncer in transaction pooling with one server
     connection (``pool_size=1``: the sharing happens every time; with a bigger pool the same
-    bugs happen, just not every time).  About ``listen_wait_s`` plus a second.
-
-    Returns ``pgbouncer_version``, ``pool_mode``, ``pool_size``, the four verdicts
-    ``claim_mark_commit_ok`` (every job done exactly once), ``session_set_leaked`` (B sees A's
-    plain SET), ``advisory_lock_misbehaved`` (B takes and releases A's session-level advisory
-    lock) and ``listen_broken`` (A's LISTEN receives nothing), ``same_backend`` (every
-    statement of A and B ran on one server backend) and ``backend_pids``, and the evidence of
-    each: ``claims``, ``session_set``, ``advisory_lock``, ``listen`` and ``prepared_statements``
-    (psycopg's automatic prepared statements with their default threshold: ``broke``,
-    ``error``, ``sqlstate``)."""
+    bugs happen, just not every time).  About ``listen_wait_s`` plus a second.  A
+    :class:`PoolerTrace`: the four verdicts (claim-mark-commit works; a plain SET, a session
+    advisory lock and LISTEN do not) and the evidence of each, with psycopg's automatic
+    prepared statements at their default threshold."""
     check_params(jobs=jobs, listen_wait_s=listen_wait_s)
     bouncer = PgBouncer()
     fresh_table(lab)
@@ -843,48 +1098,47 @@ def pooler_trace(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dic
         finally:
             for conn in (a, b, direct):
                 conn.close()
-    pids = sorted(set(claims["backend_pids"]) | {
-        session["a_backend_pid"], session["b_backend_pid"], session["set_local_backend_pid"],
-        advisory["a_backend_pid"], advisory["b_backend_pid"], advisory["xact"]["a_backend_pid"],
-        listen["a_backend_pid"], listen["b_backend_pid"]})
-    return {"pgbouncer_version": bouncer.version, "pool_mode": "transaction", "pool_size": 1,
-            "claim_mark_commit_ok": claims["ok"], "session_set_leaked": session["leaked"],
-            "advisory_lock_misbehaved": advisory["misbehaved"], "listen_broken": listen["broken"],
-            "same_backend": len(pids) == 1, "backend_pids": pids,
-            "claims": claims, "session_set": session, "advisory_lock": advisory,
-            "listen": listen, "prepared_statements": prepared,
-            "seconds": round(time.monotonic() - t0, 2)}
+    pids = sorted(set(claims.backend_pids) | {
+        session.a_backend_pid, session.b_backend_pid, session.set_local_backend_pid,
+        advisory.a_backend_pid, advisory.b_backend_pid, advisory.xact.a_backend_pid,
+        listen.a_backend_pid, listen.b_backend_pid})
+    return PoolerTrace(pgbouncer_version=bouncer.version, pool_mode="transaction", pool_size=1,
+                       claim_mark_commit_ok=claims.ok, session_set_leaked=session.leaked,
+                       advisory_lock_misbehaved=advisory.misbehaved, listen_broken=listen.broken,
+                       same_backend=len(pids) == 1, backend_pids=pids,
+                       claims=claims, session_set=session, advisory_lock=advisory,
+                       listen=listen, prepared_statements=prepared,
+                       seconds=round(time.monotonic() - t0, 2))
 
 
-def report(r: dict) -> str:
+def report(r: PoolerTrace) -> str:
     """The trace as a few lines of text."""
-    c, s, a, li, p = (r["claims"], r["session_set"], r["advisory_lock"], r["listen"],
-                      r["prepared_statements"])
-    w = c["pool_while_a_open"]
+    c, s, a, li, p = r.claims, r.session_set, r.advisory_lock, r.listen, r.prepared_statements
+    w = c.pool_while_a_open
     yes = {True: "yes", False: "no"}
     lines = [
-        f"PgBouncer {r['pgbouncer_version']}, {r['pool_mode']} pooling, pool_size {r['pool_size']}: "
-        f"every statement of A and B ran on server backend(s) {', '.join(map(str, r['backend_pids']))}",
-        f"  claim-mark-commit ok:        {yes[r['claim_mark_commit_ok']]:3}  {c['jobs']} jobs, "
-        f"A {c['by_client']['A']} / B {c['by_client']['B']} claims, each done once; while A's "
-        f"transaction was open B waited in PgBouncer (cl_waiting {w['cl_waiting']}, "
-        f"lock waits in the server {w['server_lock_waits']})",
-        f"  plain SET leaked:            {yes[r['session_set_leaked']]:3}  A: SET statement_timeout = "
-        f"'{s['a_set']}'; B: SHOW statement_timeout -> {s['b_sees']} (SET LOCAL leaked: "
-        f"{yes[s['set_local_leaked']]}, B saw {s['b_sees_after_set_local']})",
-        f"  tracked SET leaked:          {yes[s['tracked']['leaked']]:3}  A: SET TimeZone = "
-        f"'{s['tracked']['a_set']}'; B: SHOW TimeZone -> {s['tracked']['b_sees']}; "
-        f"A again -> {s['tracked']['a_sees_after_b']}",
-        f"  session advisory lock broke: {yes[r['advisory_lock_misbehaved']]:3}  A locked {a['key']} "
-        f"(held by pid {a['held_by_after_a']}); B: pg_try_advisory_lock -> {a['b_try_lock']}, "
-        f"two unlocks -> {a['b_unlocks']}, now held by {a['held_by_after_b_unlocks'] or 'nobody'} "
-        f"(xact lock misbehaved: {yes[a['xact']['misbehaved']]})",
-        f"  LISTEN broken:               {yes[r['listen_broken']]:3}  A received {li['a_received']} in "
-        f"{li['a_waited_s']:g} s, a direct listener {li['direct_listener_received']}; B's session "
-        f"listens on {li['b_session_listens_on'] or 'nothing'}",
-        f"  prepared statements broke:   {yes[p['broke']]:3}  "
-        + (f"prepare_threshold 5: the second client's run {p['failed_on_run']} failed: "
-           f"{p['error']} ({p['sqlstate']})" if p["broke"] else
+        f"PgBouncer {r.pgbouncer_version}, {r.pool_mode} pooling, pool_size {r.pool_size}: "
+        f"every statement of A and B ran on server backend(s) {', '.join(map(str, r.backend_pids))}",
+        f"  claim-mark-commit ok:        {yes[r.claim_mark_commit_ok]:3}  {c.jobs} jobs, "
+        f"A {c.by_client['A']} / B {c.by_client['B']} claims, each done once; while A's "
+        f"transaction was open B waited in PgBouncer (cl_waiting {w.cl_waiting}, "
+        f"lock waits in the server {w.server_lock_waits})",
+        f"  plain SET leaked:            {yes[r.session_set_leaked]:3}  A: SET statement_timeout = "
+        f"'{s.a_set}'; B: SHOW statement_timeout -> {s.b_sees} (SET LOCAL leaked: "
+        f"{yes[s.set_local_leaked]}, B saw {s.b_sees_after_set_local})",
+        f"  tracked SET leaked:          {yes[s.tracked.leaked]:3}  A: SET TimeZone = "
+        f"'{s.tracked.a_set}'; B: SHOW TimeZone -> {s.tracked.b_sees}; "
+        f"A again -> {s.tracked.a_sees_after_b}",
+        f"  session advisory lock broke: {yes[r.advisory_lock_misbehaved]:3}  A locked {a.key} "
+        f"(held by pid {a.held_by_after_a}); B: pg_try_advisory_lock -> {a.b_try_lock}, "
+        f"two unlocks -> {a.b_unlocks}, now held by {a.held_by_after_b_unlocks or 'nobody'} "
+        f"(xact lock misbehaved: {yes[a.xact.misbehaved]})",
+        f"  LISTEN broken:               {yes[r.listen_broken]:3}  A received {li.a_received} in "
+        f"{li.a_waited_s:g} s, a direct listener {li.direct_listener_received}; B's session "
+        f"listens on {li.b_session_listens_on or 'nothing'}",
+        f"  prepared statements broke:   {yes[p.broke]:3}  "
+        + (f"prepare_threshold 5: the second client's run {p.failed_on_run} failed: "
+           f"{p.error} ({p.sqlstate})" if p.broke else
            "prepare_threshold 5: no collision (PgBouncer tracks prepared statements)"),
     ]
     # what each row found goes on under itself, in its own column
@@ -997,22 +1251,50 @@ def _answer(step: Step) -> str:
     return "; ".join(", ".join("NULL" if v is None else v for v in row) for row in rows)
 
 
-def _results(cur: psycopg.Cursor) -> list[Result]:
+def _results(cur: psycopg.Cursor) -> list[StepResult]:
     out = []
     while True:
         if cur.description:
             rows = cur.fetchall()
-            out.append(Result([c.name for c in cur.description], rows,
-                              [tuple(_text(v) for v in r) for r in rows],
-                              [False] * len(cur.description), cur.statusmessage or ""))
+            out.append(StepResult([c.name for c in cur.description], rows,
+                                  [tuple(_text(v) for v in r) for r in rows],
+                                  [False] * len(cur.description), cur.statusmessage or ""))
         else:
-            out.append(Result([], [], [], [], cur.statusmessage or ""))
+            out.append(StepResult([], [], [], [], cur.statusmessage or ""))
         if not cur.nextset():
             return out
 
 
+@dataclass(frozen=True)
+class ClaimsTurns(Result):
+    """Claim-mark-commit through the pooler, as a transcript (``transcripts(lab).claims``).
+
+    ok: every job claimed once and done, and A's mark applied
+    jobs: jobs enqueued
+    done: jobs done in the table afterwards
+    claimed_once: jobs done whose attempts are 1
+    by_client: {client: claims it made}, for "A" and "B"
+    b_waited_in_pooler: whether B's transaction waited in PgBouncer (not in the server) while A's was open
+    cl_waiting: clients waiting for a server connection then (SHOW POOLS)
+    server_lock_waits: the lab's sessions waiting for a lock in the server then (0)
+    backend_pids: the server backends the claims ran on
+    transcript: what each client sent and saw (not in JSON)
+    """
+
+    ok: bool
+    jobs: int
+    done: int
+    claimed_once: int
+    by_client: dict[str, int]
+    b_waited_in_pooler: bool
+    cl_waiting: int | None
+    server_lock_waits: int
+    backend_pids: list[int]
+    transcript: Transcript = not_json()
+
+
 def _claims_run(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.Connection,
-                direct: psycopg.Connection, jobs: int) -> dict:
+                direct: psycopg.Connection, jobs: int) -> ClaimsTurns:
     """A claims a job in an open transaction; B's claim-mark-commit waits for the pool's one
     server connection, in PgBouncer; A marks it and commits, B goes on.  Then A and B take
     turns until the queue is empty."""
@@ -1061,23 +1343,82 @@ def _claims_run(lab: Lab, bouncer: PgBouncer, a: psycopg.Connection, b: psycopg.
     ids = [j for _, j, _ in ran]
     ok = (total == finished == once == jobs == len(ids) == len(set(ids))
           and done.rows != [])
-    return {"ok": ok, "jobs": jobs, "done": finished, "claimed_once": once,
-            "by_client": {c: sum(1 for w, _, _ in ran if w == c) for c in ("A", "B")},
-            "b_waited_in_pooler": b_waited and lock_waits == 0,
-            "cl_waiting": pool.get("cl_waiting"), "server_lock_waits": lock_waits,
-            "backend_pids": sorted({p for _, _, p in ran}), "transcript": run.transcript()}
+    return ClaimsTurns(ok=ok, jobs=jobs, done=finished, claimed_once=once,
+                       by_client={c: sum(1 for w, _, _ in ran if w == c) for c in ("A", "B")},
+                       b_waited_in_pooler=bool(b_waited) and lock_waits == 0,
+                       cl_waiting=pool.get("cl_waiting"), server_lock_waits=lock_waits,
+                       backend_pids=sorted({p for _, _, p in ran}), transcript=run.transcript())
 
 
-def _set_run(a: psycopg.Connection, b: psycopg.Connection) -> dict:
+@dataclass(frozen=True)
+class SharedSessionStep(Result):
+    """One of the first four steps of the ``set`` transcript, and the server session under it:
+    what :func:`plot_shared_session` draws.
+
+    client: who sent it: "A" or "B"
+    sent: what it sent, short (as the picture shows it)
+    statement_timeout: the server session's statement_timeout after the step
+    backend_pid: the server backend that ran it
+    """
+
+    client: str
+    sent: str
+    statement_timeout: str
+    backend_pid: int
+
+
+@dataclass(frozen=True)
+class TrackedTurns(Result):
+    """Client A's SET of a parameter PgBouncer tracks (TimeZone) in the ``set`` transcript.
+
+    parameter: the parameter ("TimeZone")
+    a_set: the value A set
+    b_sees: what B's SHOW gave next (its own value: PgBouncer set it back)
+    a_sees_after_b: what A's SHOW gave after that
+    leaked: whether B saw A's value
+    kept_for_a: whether A still saw its own value
+    """
+
+    parameter: str
+    a_set: str
+    b_sees: str
+    a_sees_after_b: str
+    leaked: bool
+    kept_for_a: bool
+
+
+@dataclass(frozen=True)
+class SetTurns(Result):
+    """A plain SET through the pooler, as a transcript (``transcripts(lab).set``).
+
+    server_default: statement_timeout before A's SET
+    a_set: the value A set (:data:`SETTING`)
+    b_sees: what B's SHOW gave next
+    leaked: whether B saw A's value
+    tracked: the same with a parameter PgBouncer tracks (a :class:`TrackedTurns`)
+    story: the first four steps and the server session under each (a :class:`SharedSessionStep` each)
+    transcript: what each client sent and saw (not in JSON)
+    """
+
+    server_default: str
+    a_set: str
+    b_sees: str
+    leaked: bool
+    tracked: TrackedTurns
+    story: list[SharedSessionStep]
+    transcript: Transcript = not_json()
+
+
+def _set_run(a: psycopg.Connection, b: psycopg.Connection) -> SetTurns:
     """A plain SET leaks to B; a parameter PgBouncer tracks does not.  After each of the
     first four steps (A's SET and B's looks at it) the server backend that ran it is read,
     outside the transcript, for :func:`plot_shared_session`."""
     run = Clients(A=a, B=b)
-    story: list[dict] = []
+    story: list[SharedSessionStep] = []
 
     def told(client: str, conn: psycopg.Connection, sent: str, value: str) -> None:
-        story.append({"client": client, "sent": sent, "statement_timeout": value,
-                      "backend_pid": _pid(conn)})
+        story.append(SharedSessionStep(client=client, sent=sent, statement_timeout=value,
+                                       backend_pid=_pid(conn)))
 
     default = run("B", _q("show"), note="the server's default").rows[0][0]
     told("B", b, f"SHOW → {default}", default)
@@ -1091,15 +1432,15 @@ def _set_run(a: psycopg.Connection, b: psycopg.Connection) -> dict:
     b_tz = run("B", _q("show_tracked"), note="PgBouncer set B's own value back").rows[0][0]
     a_tz = run("A", _q("show_tracked"), note="and A's, when A came back").rows[0][0]
     run("A", _q("reset_tracked"))
-    return {"server_default": default, "a_set": SETTING, "b_sees": b_sees,
-            "leaked": b_sees == SETTING,
-            "tracked": {"parameter": "TimeZone", "a_set": TRACKED_SETTING, "b_sees": b_tz,
-                        "a_sees_after_b": a_tz, "leaked": b_tz == TRACKED_SETTING,
-                        "kept_for_a": a_tz == TRACKED_SETTING},
-            "story": story, "transcript": run.transcript()}
+    return SetTurns(server_default=default, a_set=SETTING, b_sees=b_sees,
+                    leaked=b_sees == SETTING,
+                    tracked=TrackedTurns(parameter="TimeZone", a_set=TRACKED_SETTING, b_sees=b_tz,
+                                         a_sees_after_b=a_tz, leaked=b_tz == TRACKED_SETTING,
+                                         kept_for_a=a_tz == TRACKED_SETTING),
+                    story=story, transcript=run.transcript())
 
 
-def plot_shared_session(s: dict):
+def plot_shared_session(s: SetTurns):
     """The first four steps of :func:`transcripts`' ``set`` run drawn: client A's and
     client B's statements, each going down through PgBouncer to the server backend that ran
     it (its pid, read after each step), and that backend's ``statement_timeout`` after the
@@ -1111,14 +1452,13 @@ def plot_shared_session(s: dict):
 
     from ..core.plots import PALETTE
 
-    try:
-        story, default = s["story"], s["server_default"]
-        steps = [(d["client"], d["sent"], d["statement_timeout"], d["backend_pid"]) for d in story]
-    except (KeyError, TypeError):
+    if not isinstance(s, SetTurns):
         raise LabkitError("plot_shared_session draws the 'set' run of pooler.transcripts.",
-                          "pass pooler.transcripts(lab)['set'].") from None
+                          "pass pooler.transcripts(lab).set.")
+    default = s.server_default
+    steps = [(d.client, d.sent, d.statement_timeout, d.backend_pid) for d in s.story]
     if not steps:
-        raise LabkitError("The run has no steps to draw.", "pass pooler.transcripts(lab)['set'].")
+        raise LabkitError("The run has no steps to draw.", "pass pooler.transcripts(lab).set.")
     colour = {"A": PALETTE[0], "B": PALETTE[4]}
     leaked_c, plain_c = PALETTE[1], "#eeeeee"
     lane = {"A": 2.0, "B": 1.0}
@@ -1158,8 +1498,46 @@ def plot_shared_session(s: dict):
     return fig
 
 
+@dataclass(frozen=True)
+class XactTurns(Result):
+    """Client A's transaction-level advisory lock in the ``advisory`` transcript.
+
+    other_session_try_during_a: a direct session's pg_try_advisory_lock while A's transaction was open (False)
+    free_after_a_commit: whether a direct session took it after A's COMMIT (True)
+    misbehaved: whether it did anything but live exactly as long as A's transaction
+    """
+
+    other_session_try_during_a: bool
+    free_after_a_commit: bool
+    misbehaved: bool
+
+
+@dataclass(frozen=True)
+class AdvisoryTurns(Result):
+    """A session advisory lock through the pooler, as a transcript (``transcripts(lab).advisory``).
+
+    key: the lock's key (the lab's own)
+    other_session_try: a direct session's pg_try_advisory_lock after A's transaction ended (False)
+    b_try_lock: B's pg_try_advisory_lock (True: the same server session)
+    b_unlocks: B's two pg_advisory_unlock calls ([True, True])
+    other_session_takes_it_after: whether a direct session took it afterwards (True)
+    misbehaved: whether B took A's lock and released it
+    xact: the transaction-level lock, for contrast (an :class:`XactTurns`)
+    transcript: what each client sent and saw (not in JSON)
+    """
+
+    key: int
+    other_session_try: bool
+    b_try_lock: bool
+    b_unlocks: list[bool]
+    other_session_takes_it_after: bool
+    misbehaved: bool
+    xact: XactTurns
+    transcript: Transcript = not_json()
+
+
 def _advisory_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
-                  key: int) -> dict:
+                  key: int) -> AdvisoryTurns:
     """A's session advisory lock stays on the server connection: B takes it again and
     releases it; a transaction-level lock ends with A's transaction.  A direct session
     tries each lock after the step that its note names."""
@@ -1189,16 +1567,37 @@ def _advisory_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.
     x_free = direct_try(x)
     run.say("7", note=f"the lock ends with the transaction; a direct session's try: "
                       f"{_text(x_free)}")
-    return {"key": key, "other_session_try": other, "b_try_lock": b_try, "b_unlocks": b_unlocks,
-            "other_session_takes_it_after": free,
-            "misbehaved": b_try is True and b_unlocks == [True, True] and free is True,
-            "xact": {"other_session_try_during_a": x_other, "free_after_a_commit": x_free,
-                     "misbehaved": not (x_other is False and x_free is True)},
-            "transcript": run.transcript()}
+    return AdvisoryTurns(key=key, other_session_try=other, b_try_lock=b_try, b_unlocks=b_unlocks,
+                         other_session_takes_it_after=free,
+                         misbehaved=b_try is True and b_unlocks == [True, True] and free is True,
+                         xact=XactTurns(other_session_try_during_a=x_other,
+                                        free_after_a_commit=x_free,
+                                        misbehaved=not (x_other is False and x_free is True)),
+                         transcript=run.transcript())
+
+
+@dataclass(frozen=True)
+class ListenTurns(Result):
+    """LISTEN through the pooler, as a transcript (``transcripts(lab).listen``).
+
+    channel: the channel (the lab's own)
+    a_received: notifications A received, at the wait and afterwards (0)
+    b_session_listens_on: the channels B's session listens on (A's)
+    b_received: the payloads B received, though it never listened (["two"])
+    broken: whether A heard nothing and B heard what it never asked for
+    transcript: what each client sent and saw (not in JSON)
+    """
+
+    channel: str
+    a_received: int
+    b_session_listens_on: list[str]
+    b_received: list[str]
+    broken: bool
+    transcript: Transcript = not_json()
 
 
 def _listen_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Connection,
-                channel: str, wait_s: float) -> dict:
+                channel: str, wait_s: float) -> ListenTurns:
     """A LISTENs; a direct session's NOTIFY reaches nobody; B's session turns out to be the
     one listening, and B receives a notification it never asked for."""
     run = Clients(A=a, B=b, direct=direct)
@@ -1218,13 +1617,34 @@ def _listen_run(a: psycopg.Connection, b: psycopg.Connection, direct: psycopg.Co
     a_later = [n.payload for n in a.notifies(timeout=0.05)]
     run.did("A", "read notifications", ", ".join(a_later) or "nothing")
     run("B", _q("unlisten"))
-    return {"channel": channel, "a_received": len(a_got) + len(a_later),
-            "b_session_listens_on": [c for c in b_listens if c], "b_received": b_got,
-            "broken": not a_got and not a_later and b_got == ["two"],
-            "transcript": run.transcript()}
+    return ListenTurns(channel=channel, a_received=len(a_got) + len(a_later),
+                       b_session_listens_on=[c for c in b_listens if c], b_received=b_got,
+                       broken=not a_got and not a_later and b_got == ["two"],
+                       transcript=run.transcript())
 
 
-def _prepared_run(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
+@dataclass(frozen=True)
+class PreparedTurns(Result):
+    """Automatic prepared statements through the pooler, as a transcript
+    (``transcripts(lab).prepared``).
+
+    broke: whether B's statement failed
+    sqlstate: its SQLSTATE (42P05 before PgBouncer tracks prepared statements; None when nothing broke)
+    error: the server's message (None when nothing broke)
+    b_sees: the prepared statements B's session holds, as rows of pg_prepared_statements (A's)
+    prepare_threshold: psycopg's prepare_threshold the two clients had (5)
+    transcript: what each client sent and saw (not in JSON)
+    """
+
+    broke: bool
+    sqlstate: str | None
+    error: str | None
+    b_sees: list[tuple[Any, ...]]
+    prepare_threshold: int
+    transcript: Transcript = not_json()
+
+
+def _prepared_run(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> PreparedTurns:
     """Two clients with psycopg's default prepare_threshold (5) on the one server connection."""
     name = session_name(lab.schema, "pooler-prep")
     p1 = bouncer.connect(application_name=name, prepare_threshold=5)
@@ -1246,22 +1666,41 @@ def _prepared_run(bouncer: PgBouncer, lab: Lab, a: psycopg.Connection) -> dict:
     err = b_step.error
     if err is not None:
         run.say("4", note="on run 6, psycopg prepares B's query under the same name")
-    return {"broke": err is not None, "sqlstate": err.sqlstate if err else None,
-            "error": err.message if err else None, "b_sees": seen,
-            "prepare_threshold": 5, "transcript": run.transcript()}
+    return PreparedTurns(broke=err is not None, sqlstate=err.sqlstate if err else None,
+                         error=err.message if err else None, b_sees=seen,
+                         prepare_threshold=5, transcript=run.transcript())
 
 
-def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict:
+@dataclass(frozen=True)
+class PoolerTranscripts(Result):
+    """What :func:`pooler_trace` shows, as transcripts (:func:`transcripts`): each story with
+    its transcript and what it found.
+
+    pgbouncer_version: the PgBouncer that ran ("1.18.0")
+    backend_pids: the server backends A's and B's statements ran on
+    same_backend: every statement of A and B ran on one server backend
+    claims: claim-mark-commit (a :class:`ClaimsTurns`): it works
+    set: a plain SET and a tracked one (a :class:`SetTurns`; its ``story`` is what
+        :func:`plot_shared_session` draws)
+    advisory: a session advisory lock (an :class:`AdvisoryTurns`)
+    listen: LISTEN (a :class:`ListenTurns`): A hears nothing, B hears what it never asked for
+    prepared: automatic prepared statements (a :class:`PreparedTurns`)
+    """
+
+    pgbouncer_version: str
+    backend_pids: list[int]
+    same_backend: bool
+    claims: ClaimsTurns
+    set: SetTurns
+    advisory: AdvisoryTurns
+    listen: ListenTurns
+    prepared: PreparedTurns
+
+
+def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> PoolerTranscripts:
     """What :func:`pooler_trace` shows, as transcripts: two clients, A and B, through a real
     PgBouncer in transaction pooling with one server connection, and a direct session.
-    About ``listen_wait_s`` plus a second.
-
-    Returns ``pgbouncer_version``, ``backend_pids`` and ``same_backend`` (every statement of
-    A and B on one server backend), and per story a dict with its ``transcript`` and what
-    it found: ``claims`` (``ok``: every job claimed once and done; ``b_waited_in_pooler``),
-    ``set`` (``leaked``; ``tracked``; ``story``: what :func:`plot_shared_session` draws),
-    ``advisory`` (``misbehaved``; ``xact``), ``listen`` (``broken``: A heard nothing, B heard what it never asked for) and
-    ``prepared`` (``broke``, ``sqlstate``)."""
+    About ``listen_wait_s`` plus a second.  A :class:`PoolerTranscripts`."""
     check_params(jobs=jobs, listen_wait_s=listen_wait_s)
     bouncer = PgBouncer()
     fresh_table(lab)
@@ -1276,14 +1715,14 @@ def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> dict
             advisory = _advisory_run(a, b, direct, _key(lab))
             listen = _listen_run(a, b, direct, f"{lab.schema}_pooler", listen_wait_s)
             prepared = _prepared_run(bouncer, lab, a)
-            pids |= ({_pid(a), _pid(b)} | set(claims["backend_pids"])
-                     | {d["backend_pid"] for d in setting["story"]})
+            pids |= ({_pid(a), _pid(b)} | set(claims.backend_pids)
+                     | {d.backend_pid for d in setting.story})
         finally:
             for conn in (a, b, direct):
                 conn.close()
-    return {"pgbouncer_version": bouncer.version, "backend_pids": sorted(pids),
-            "same_backend": len(pids) == 1, "claims": claims, "set": setting,
-            "advisory": advisory, "listen": listen, "prepared": prepared}
+    return PoolerTranscripts(pgbouncer_version=bouncer.version, backend_pids=sorted(pids),
+                             same_backend=len(pids) == 1, claims=claims, set=setting,
+                             advisory=advisory, listen=listen, prepared=prepared)
 
 
 # -- command line: labkit pooler ---------------------------------------------------------------
@@ -1299,5 +1738,5 @@ def pooler_command(*, open_lab: Callable[[], Lab], jobs: int = 20, listen_wait_s
         return 2
     with open_lab() as lab:
         r = pooler_trace(lab, jobs=jobs, listen_wait_s=listen_wait_s)
-    print(jsonlib.dumps(r, indent=2) if json else report(r))
+    print(r.to_json() if json else report(r))
     return 0

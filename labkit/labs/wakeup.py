@@ -49,13 +49,13 @@ documentation and source, not measured here):
 
 from __future__ import annotations
 
-import json as jsonlib
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -66,6 +66,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from ..core.text import table as text_table
 from ._checked import one_row
 from .production import fresh_table
@@ -155,14 +156,51 @@ def check_params(*, jobs: Any = None, poll_ms: Any = None, safety_poll_ms: Any =
 # -- the server's guarantees, scripted step by step ---------------------------------------------
 
 
-def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
-    """Session A LISTENs; session B begins, inserts a job and notifies; A waits ``wait_ms``
-    and receives nothing; B commits; A receives the notification, its payload the job's id.
+@dataclass(frozen=True)
+class WakeStep(Result):
+    """One step of a scripted NOTIFY story, in the order it happened.
 
-    Returns ``before_commit`` and ``after_commit`` (notifications A received), ``payload``,
-    ``job_id``, ``from_producer`` (the notification names B's backend), ``waited_ms``,
-    ``delivered_ms`` (from B's COMMIT returning to A holding the notification) and ``steps``
-    (session, what it did, what it saw)."""
+    session: who acted: "A" (the listener) or "B" (the producer)
+    did: what it did (a statement, or a wait)
+    saw: what it saw, in words
+    """
+
+    session: str
+    did: str
+    saw: str
+
+
+@dataclass(frozen=True)
+class DeliveredAtCommit(Result):
+    """A NOTIFY sent inside a transaction, watched by a listener before and after the commit
+    (:func:`delivered_at_commit`).
+
+    channel: the lab's notification channel
+    job_id: the job B enqueued (and notified) in its transaction
+    before_commit: notifications A received while B's transaction was open (0)
+    after_commit: notifications A received once B committed (1)
+    payload: the payload A received (the job's id, as text); None if nothing came
+    from_producer: whether the notification names B's backend as its sender
+    waited_ms: how long A waited, ms, while B's transaction was open
+    delivered_ms: ms from B's COMMIT returning to A holding the notification
+    steps: what each session did and saw, in order (a :class:`WakeStep` each)
+    """
+
+    channel: str
+    job_id: int
+    before_commit: int
+    after_commit: int
+    payload: str | None
+    from_producer: bool
+    waited_ms: float
+    delivered_ms: float
+    steps: list[WakeStep]
+
+
+def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> DeliveredAtCommit:
+    """Session A LISTENs; session B begins, inserts a job and notifies; A waits ``wait_ms``
+    and receives nothing; B commits; A receives the notification, its payload the job's id:
+    a :class:`DeliveredAtCommit`."""
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
         steps = [("A", f"LISTEN {ch}", "listening")]
@@ -179,22 +217,44 @@ def delivered_at_commit(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
         delivered_ms = (time.monotonic() - t) * 1000
         steps.append(("A", "wait", f"{len(after)} notification: payload "
                                    f"{after[0].payload if after else '-'}"))
-        return {"channel": ch, "job_id": job_id, "before_commit": len(before),
-                "after_commit": len(after), "payload": after[0].payload if after else None,
-                "from_producer": bool(after) and after[0].pid == b.info.backend_pid,
-                "waited_ms": wait_ms, "delivered_ms": round(delivered_ms, 2),
-                "steps": [dict(zip(("session", "did", "saw"), s)) for s in steps]}
+        return DeliveredAtCommit(
+            channel=ch, job_id=job_id, before_commit=len(before), after_commit=len(after),
+            payload=after[0].payload if after else None,
+            from_producer=bool(after) and after[0].pid == b.info.backend_pid,
+            waited_ms=wait_ms, delivered_ms=round(delivered_ms, 2),
+            steps=[WakeStep(session=who, did=did, saw=saw) for who, did, saw in steps])
 
 
-def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
+@dataclass(frozen=True)
+class Coalesced(Result):
+    """Notifications folded within one transaction, and not across two (:func:`coalesced`).
+
+    channel: the lab's notification channel
+    sent_in_one_transaction: NOTIFYs the first transaction sent
+    same_payload_sent: of those, how many carried the same payload (the first job's id)
+    received: notifications the listener received from that transaction
+    same_payload_received: of those, how many carried the repeated payload (1: folded)
+    distinct_payloads_received: distinct payloads received (every distinct one arrives)
+    payloads: the payloads received, in arrival order
+    next_transaction_received: deliveries of the same payload notified again by a second
+        transaction (1: never folded with the first's)
+    """
+
+    channel: str
+    sent_in_one_transaction: int
+    same_payload_sent: int
+    received: int
+    same_payload_received: int
+    distinct_payloads_received: int
+    payloads: list[str]
+    next_transaction_received: int
+
+
+def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> Coalesced:
     """One transaction enqueues three jobs and notifies the first one's id ``repeats`` times,
     then the other two ids once each; it commits.  The listener receives each distinct
     payload once.  A second transaction then notifies the first id again: received again
-    (folding happens only within one transaction).
-
-    Returns ``sent_in_one_transaction``, ``same_payload_sent``, ``received``,
-    ``same_payload_received``, ``distinct_payloads_received``, ``payloads`` (in arrival
-    order) and ``next_transaction_received`` (the repeat from another transaction)."""
+    (folding happens only within one transaction).  A :class:`Coalesced`."""
     number("repeats", repeats, low=2, high=100, whole=True, example=3)
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
@@ -207,35 +267,68 @@ def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> dict:
         b.execute(_q("notify"), {"channel": ch, "payload": str(ids[0])})
         b.commit()
         again = [n.payload for n in _received(a, wait_ms / 1000)]
-        return {"channel": ch, "sent_in_one_transaction": len(sent), "same_payload_sent": repeats,
-                "received": len(got), "same_payload_received": got.count(str(ids[0])),
-                "distinct_payloads_received": len(set(got)), "payloads": got,
-                "next_transaction_received": again.count(str(ids[0]))}
+        return Coalesced(channel=ch, sent_in_one_transaction=len(sent), same_payload_sent=repeats,
+                         received=len(got), same_payload_received=got.count(str(ids[0])),
+                         distinct_payloads_received=len(set(got)), payloads=got,
+                         next_transaction_received=again.count(str(ids[0])))
 
 
-def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> dict:
-    """Session B inserts a job, notifies, and rolls back; the listener waits ``wait_ms``.
+@dataclass(frozen=True)
+class RolledBack(Result):
+    """A NOTIFY whose transaction rolled back (:func:`rolled_back`).
 
-    Returns ``notified`` (1), ``received`` (0: never delivered) and ``jobs_in_table`` (0: the
-    job went with it)."""
+    channel: the lab's notification channel
+    notified: NOTIFYs sent in the rolled-back transaction (1)
+    received: notifications the listener received (0: never delivered)
+    waited_ms: how long the listener waited, ms
+    jobs_in_table: jobs in the table afterwards (0: the job went with the transaction)
+    """
+
+    channel: str
+    notified: int
+    received: int
+    waited_ms: float
+    jobs_in_table: int
+
+
+def rolled_back(lab: Lab, *, wait_ms: float = WAIT_MS) -> RolledBack:
+    """Session B inserts a job, notifies, and rolls back; the listener waits ``wait_ms``: a
+    :class:`RolledBack` (nothing delivered, no job left)."""
     check_params(wait_ms=wait_ms)
     with _listener_and_enqueuer(lab) as (a, b, ch):
         job_id = one_row(b.execute(_q("enqueue")), "wakeup.sql's enqueue")[0]
         b.execute(_q("notify"), {"channel": ch, "payload": str(job_id)})
         b.rollback()
         got = _received(a, wait_ms / 1000)
-        return {"channel": ch, "notified": 1, "received": len(got), "waited_ms": wait_ms,
-                "jobs_in_table": lab.execute("SELECT count(*) FROM job")[0][0]}
+        return RolledBack(channel=ch, notified=1, received=len(got), waited_ms=wait_ms,
+                          jobs_in_table=lab.execute("SELECT count(*) FROM job")[0][0])
 
 
-def every_listener_wakes(lab: Lab, *, listeners: int = 3) -> dict:
+@dataclass(frozen=True)
+class ListenersWoken(Result):
+    """Several listeners, one job and its NOTIFY (:func:`every_listener_wakes`).
+
+    channel: the lab's notification channel
+    listeners: sessions listening on the channel
+    jobs: jobs enqueued (1)
+    woke: listeners that received the notification (all of them)
+    found: jobs each listener's claims found, in turn (one 1, the rest 0)
+    claim_queries: claim queries all the listeners ran, the empty ones included
+    """
+
+    channel: str
+    listeners: int
+    jobs: int
+    woke: int
+    found: list[int]
+    claim_queries: int
+
+
+def every_listener_wakes(lab: Lab, *, listeners: int = 3) -> ListenersWoken:
     """``listeners`` sessions LISTEN on the lab's channel; a producer enqueues one job with its
     NOTIFY.  Each listener waits for its notification and then, as a notified worker does,
-    claims until nothing is due (production.sql "claim"), one listener after the other.
-
-    Returns ``listeners``, ``jobs`` (1), ``woke`` (listeners that received the notification),
-    ``found`` (jobs each listener's claims found, in turn) and ``claim_queries`` (all of
-    them, the empty ones included)."""
+    claims until nothing is due (production.sql "claim"), one listener after the other.  A
+    :class:`ListenersWoken`: every listener woke, one claim found the job."""
     number("listeners", listeners, low=2, high=20, whole=True, example=3)
     create_table(lab)
     ch = channel(lab)
@@ -255,22 +348,50 @@ def every_listener_wakes(lab: Lab, *, listeners: int = 3) -> dict:
                     break
                 n += 1
             found.append(n)
-        return {"channel": ch, "listeners": listeners, "jobs": 1,
-                "woke": sum(1 for g in got if g), "found": found, "claim_queries": queries}
+        return ListenersWoken(channel=ch, listeners=listeners, jobs=1,
+                              woke=sum(1 for g in got if g), found=found, claim_queries=queries)
     finally:
         _close(*conns)
 
 
-def notify_limits(lab: Lab) -> dict:
+@dataclass(frozen=True)
+class ServerError(Result):
+    """An error the server raised.
+
+    sqlstate: its SQLSTATE code
+    message: its primary message
+    """
+
+    sqlstate: str | None
+    message: str
+
+
+@dataclass(frozen=True)
+class NotifyLimits(Result):
+    """Two limits of NOTIFY, read from the server (:func:`notify_limits`).
+
+    queue_pages: the notification queue's size in pages (max_notify_queue_pages; None before PostgreSQL 17)
+    page_bytes: bytes in a page of the queue (block_size)
+    queue_bytes: the queue's size in bytes (None before PostgreSQL 17)
+    queue_usage: the share of the queue in use now, 0 to 1 (pg_notification_queue_usage())
+    longest_payload: the longest payload pg_notify accepts, bytes
+    too_long: the error a payload one byte longer gives (a :class:`ServerError`)
+    """
+
+    queue_pages: int | None
+    page_bytes: int
+    queue_bytes: int | None
+    queue_usage: float
+    longest_payload: int
+    too_long: ServerError
+
+
+def notify_limits(lab: Lab) -> NotifyLimits:
     """Two limits of NOTIFY, read from the server: the notification queue's maximum size
     (``max_notify_queue_pages`` pages of ``block_size`` bytes; the setting exists from
     PostgreSQL 17) and how full it is now (``pg_notification_queue_usage()``); and the
     longest payload ``pg_notify`` accepts, found by trying lengths in transactions that are
-    rolled back, with the error one byte more gives.
-
-    Returns ``queue_pages`` (None before 17), ``page_bytes``, ``queue_bytes`` (None before
-    17), ``queue_usage`` (0 to 1), ``longest_payload`` (bytes) and ``too_long`` (the error's
-    SQLSTATE and message)."""
+    rolled back, with the error one byte more gives.  A :class:`NotifyLimits`."""
     ch = channel(lab)
     with lab.connect(role="wake-limits", autocommit=False) as conn:
         pages, page_bytes = one_row(conn.execute(_q("queue_size")), "wakeup.sql's queue_size")
@@ -301,11 +422,11 @@ def notify_limits(lab: Lab) -> dict:
             raise LabkitError(f"pg_notify accepted a payload of {high} bytes that it refused a moment "
                               "before.", "run it again; if it happens again, check the server with "
                               "`labkit doctor`.")
-    return {"queue_pages": pages, "page_bytes": page_bytes,
-            "queue_bytes": pages * page_bytes if pages is not None else None,
-            "queue_usage": usage, "longest_payload": low,
-            "too_long": {"sqlstate": exc.sqlstate,
-                         "message": (exc.diag.message_primary or str(exc)).strip()}}
+    return NotifyLimits(queue_pages=pages, page_bytes=page_bytes,
+                        queue_bytes=pages * page_bytes if pages is not None else None,
+                        queue_usage=usage, longest_payload=low,
+                        too_long=ServerError(sqlstate=exc.sqlstate,
+                                             message=(exc.diag.message_primary or str(exc)).strip()))
 
 
 def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, float] | None:
@@ -324,17 +445,51 @@ def _claim(conn: psycopg.Connection, worker: str, lease_s: float) -> tuple[int, 
     return job_id, waited
 
 
-def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dict:
+@dataclass(frozen=True)
+class RestartTimeline(Result):
+    """A restarted listener's run, in seconds on the server's clock from the moment its old
+    session went: what :func:`plot_wakeups` draws in its last lane.
+
+    down: when the old session (and its LISTEN) went (0)
+    enqueued: when the job and its NOTIFY were committed, nobody listening
+    listening: when the new session's LISTEN ran
+    claimed: when its safety-net poll claimed the job
+    """
+
+    down: float
+    enqueued: float
+    listening: float
+    claimed: float
+
+
+@dataclass(frozen=True)
+class MissedWhileAway(Result):
+    """A notification committed while the worker restarted, and the poll that found its job
+    (:func:`missed_while_not_listening`).
+
+    channel: the lab's notification channel
+    job_id: the job enqueued, with its NOTIFY, while no session listened
+    notifications_received: notifications the new session received (0: LISTEN does not replay the past)
+    waited_ms: how long the new session waited for one, ms, before its poll
+    found_by_poll: jobs the safety-net poll claimed
+    missed_notifications_caught_by_poll: of those, the jobs no notification announced
+    timeline: when each thing happened (a :class:`RestartTimeline`)
+    """
+
+    channel: str
+    job_id: int
+    notifications_received: int
+    waited_ms: float
+    found_by_poll: int
+    missed_notifications_caught_by_poll: int
+    timeline: RestartTimeline
+
+
+def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> MissedWhileAway:
     """The worker restarts: its old session (and its LISTEN) is gone when a producer commits
     a job and its NOTIFY.  The new session LISTENs and waits ``safety_poll_ms``: no
     notification comes (LISTEN does not replay the past).  Its safety-net poll claims from
-    the table and finds the job.
-
-    Returns ``job_id``, ``notifications_received`` (0), ``waited_ms``, ``found_by_poll``
-    (jobs the poll claimed), ``missed_notifications_caught_by_poll`` (of those, the ones
-    no notification announced) and ``timeline``: when the old session went (0), the job and
-    its NOTIFY were committed, the new session listened and the poll claimed the job, in
-    seconds on the server's clock."""
+    the table and finds the job.  A :class:`MissedWhileAway`."""
     check_params(safety_poll_ms=safety_poll_ms)
     create_table(lab)
     ch = channel(lab)
@@ -360,12 +515,12 @@ def missed_while_not_listening(lab: Lab, *, safety_poll_ms: float = 1000) -> dic
             waits[c[0]] = c[1]
         missed = [i for i in found if str(i) not in announced]
         enqueued = dict(lab.execute(_q("enqueued_times")))[job_id]
-        timeline = {"down": 0.0, "enqueued": round(enqueued - down, 4),
-                    "listening": round(listening - down, 4),
-                    "claimed": round(enqueued - down + waits.get(job_id, float("nan")) / 1000, 4)}
-        return {"channel": ch, "job_id": job_id, "notifications_received": len(got),
-                "waited_ms": round(waited_ms, 1), "found_by_poll": len(found),
-                "missed_notifications_caught_by_poll": len(missed), "timeline": timeline}
+        timeline = RestartTimeline(
+            down=0.0, enqueued=round(enqueued - down, 4), listening=round(listening - down, 4),
+            claimed=round(enqueued - down + waits.get(job_id, float("nan")) / 1000, 4))
+        return MissedWhileAway(channel=ch, job_id=job_id, notifications_received=len(got),
+                               waited_ms=round(waited_ms, 1), found_by_poll=len(found),
+                               missed_notifications_caught_by_poll=len(missed), timeline=timeline)
     finally:
         _close(old, producer, worker)
 
@@ -377,7 +532,11 @@ def wake_worker(ctx: Context, dsn: str, schema: str, mode: str, channel: str, jo
                 poll_ms: float, safety_poll_ms: float, deadline_s: float) -> dict:
     """The worker process.  ``poll``: claim until the table is empty, sleep ``poll_ms``,
     again.  ``notify``: LISTEN, then the same claims on every wake-up, a wake-up being a
-    notification or ``safety_poll_ms`` without one.  Ends once it has claimed ``jobs``."""
+    notification or ``safety_poll_ms`` without one.  Ends once it has claimed ``jobs``.
+    Returns plain values (they go back to :func:`latency` through the worker's pipe):
+    ``claimed`` (job id, latency ms, what woke it), ``wakes`` (server clock, what woke it,
+    jobs claimed), ``wakeups``, ``idle_wakeups``, ``claim_queries``,
+    ``notifications_received`` and ``missed``."""
     with open_connection(dsn, schema=schema, role="wake-worker", guards=WORKER_GUARDS) as conn:
         if mode == "notify":
             listen(conn, channel)
@@ -446,21 +605,98 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+class JobWait(NamedTuple):
+    """One job of a worker's run, in seconds on the server's clock from the run's first
+    enqueue (a tuple: JSON prints it as a list, in this order).
+
+    job_id: the job's id
+    enqueued_s: when it was enqueued
+    claimed_s: when the worker claimed it
+    woke_by: what woke the worker before that claim: "poll" (a poll, or the first sweep) or "notify"
+    """
+
+    job_id: int
+    enqueued_s: float
+    claimed_s: float
+    woke_by: str
+
+
+class WakeUp(NamedTuple):
+    """One time a worker woke and claimed, in seconds on the server's clock from the run's
+    first enqueue (a tuple: JSON prints it as a list, in this order).
+
+    at_s: when it woke (before the first enqueue for its first sweep: negative)
+    woke_by: what woke it: "poll" or "notify"
+    claimed: jobs it claimed on that wake-up
+    """
+
+    at_s: float
+    woke_by: str
+    claimed: int
+
+
+@dataclass(frozen=True)
+class WorkerTimeline(Result):
+    """One worker's run on the server's clock, from the first enqueue: what
+    :func:`plot_wakeups` draws in that worker's lane.
+
+    jobs: each job's enqueue and claim, by job id (a :class:`JobWait` each)
+    wakeups: each time the worker woke and claimed, in order (a :class:`WakeUp` each)
+    """
+
+    jobs: list[JobWait]
+    wakeups: list[WakeUp]
+
+
+@dataclass(frozen=True)
+class Latency(Result):
+    """One worker process, polling or notified, and the enqueue-to-claim wait of each job,
+    measured on the server's clock (:func:`latency`).
+
+    mode: how the worker was woken: "poll" or "notify"
+    jobs: jobs enqueued
+    poll_ms: the polling worker's interval, ms (what spaced the arrivals in either mode)
+    safety_poll_ms: the notified worker's safety-net poll, ms
+    latency_ms_p50: the median enqueue-to-claim wait, ms
+    latency_ms_p99: the 99th percentile of that wait, ms
+    latency_ms_max: the longest wait, ms
+    claims_from_poll: claims made after a poll woke the worker (or in its first sweep)
+    claims_from_notify: claims made after a notification woke it
+    wakeups: times the worker woke
+    idle_wakeups: wake-ups whose claims found nothing (the cost of polling)
+    claim_queries: claim queries it ran, the empty ones included
+    notifications_received: notifications it received
+    missed_notifications_caught_by_poll: jobs a poll claimed that no notification announced
+    wall_s: seconds from the first enqueue to the worker's end, on this machine's clock
+    latencies_ms: each job's wait, ms, by job id
+    timeline: the run on the server's clock (a :class:`WorkerTimeline`)
+    """
+
+    mode: str
+    jobs: int
+    poll_ms: float
+    safety_poll_ms: float
+    latency_ms_p50: float
+    latency_ms_p99: float
+    latency_ms_max: float
+    claims_from_poll: int
+    claims_from_notify: int
+    wakeups: int
+    idle_wakeups: int
+    claim_queries: int
+    notifications_received: int
+    missed_notifications_caught_by_poll: int
+    wall_s: float
+    latencies_ms: list[float]
+    timeline: WorkerTimeline
+
+
 def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: float = 5000,
-            mode: str = "notify", seed: int = 0) -> dict:
+            mode: str = "notify", seed: int = 0) -> Latency:
     """A worker process waits for work (``mode`` "poll" or "notify"); this process enqueues
     ``jobs`` jobs at the times :func:`arrivals` gives (in notify mode each with its NOTIFY, in
     the same statement).  The worker measures each job's enqueue-to-claim latency on the
-    server's clock.
-
-    Returns ``mode``, ``jobs``, ``poll_ms``, ``safety_poll_ms``, ``latency_ms_p50``,
-    ``latency_ms_p99``, ``latency_ms_max``, ``claims_from_poll`` and ``claims_from_notify``
-    (what woke the worker before each claim), ``wakeups``, ``idle_wakeups`` (wake-ups that
-    found nothing: the cost of polling), ``claim_queries``, ``notifications_received``,
-    ``missed_notifications_caught_by_poll``, ``wall_s``, ``latencies_ms`` (by job id) and
-    ``timeline``: ``jobs`` (job id, enqueued, claimed, what woke the worker) and ``wakeups``
-    (when, what woke it, jobs claimed), in seconds on the server's clock from the first
-    enqueue."""
+    server's clock: a :class:`Latency`."""
     check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode=mode)
     number("seed", seed, low=0, high=2**31, whole=True, example=0)
     create_table(lab)
@@ -496,72 +732,128 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
     lat = [ms for _, ms, _ in by_id]
     enqueued = dict(lab.execute(_q("enqueued_times")))
     t0 = min(enqueued.values())
-    timeline = {"jobs": [(i, round(enqueued[i] - t0, 4), round(enqueued[i] - t0 + ms / 1000, 4), s)
-                         for i, ms, s in by_id],
-                "wakeups": [(round(at - t0, 4), s, n) for at, s, n in r["wakes"]]}
-    return {"mode": mode, "jobs": jobs, "poll_ms": poll_ms, "safety_poll_ms": safety_poll_ms,
-            "latency_ms_p50": round(percentile(lat, 50), 2),
-            "latency_ms_p99": round(percentile(lat, 99), 2),
-            "latency_ms_max": round(max(lat), 2),
-            "claims_from_poll": sum(1 for *_, s in claimed if s == "poll"),
-            "claims_from_notify": sum(1 for *_, s in claimed if s == "notify"),
-            "wakeups": r["wakeups"], "idle_wakeups": r["idle_wakeups"],
-            "claim_queries": r["claim_queries"],
-            "notifications_received": r["notifications_received"],
-            "missed_notifications_caught_by_poll": r["missed"],
-            "wall_s": round(wall_s, 2), "latencies_ms": [round(x, 2) for x in lat],
-            "timeline": timeline}
+    timeline = WorkerTimeline(
+        jobs=[JobWait(i, round(enqueued[i] - t0, 4), round(enqueued[i] - t0 + ms / 1000, 4), s)
+              for i, ms, s in by_id],
+        wakeups=[WakeUp(round(at - t0, 4), s, n) for at, s, n in r["wakes"]])
+    return Latency(mode=mode, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms,
+                   latency_ms_p50=round(percentile(lat, 50), 2),
+                   latency_ms_p99=round(percentile(lat, 99), 2),
+                   latency_ms_max=round(max(lat), 2),
+                   claims_from_poll=sum(1 for *_, s in claimed if s == "poll"),
+                   claims_from_notify=sum(1 for *_, s in claimed if s == "notify"),
+                   wakeups=r["wakeups"], idle_wakeups=r["idle_wakeups"],
+                   claim_queries=r["claim_queries"],
+                   notifications_received=r["notifications_received"],
+                   missed_notifications_caught_by_poll=r["missed"],
+                   wall_s=round(wall_s, 2), latencies_ms=[round(x, 2) for x in lat],
+                   timeline=timeline)
 
 
-def saves(r: dict) -> tuple[bool, str]:
+def saves(r: NotifyTrace) -> tuple[bool, str]:
     """The shape of :func:`notify_trace`'s result that notebook 12 asserts, and what was
     measured: the notified worker's median wait is under a fifth of the polling worker's, and
     the polling worker's worst wait is within one and a half intervals (one interval, plus the
     claim).  Both waits are on the server's clock."""
-    holds = (r["notify_latency_ms_p50"] * 5 < r["poll_latency_ms_p50"]
-             and r["poll_latency_ms_p99"] <= r["poll_ms"] * 1.5)
-    return holds, (f"median {r['notify_latency_ms_p50']:g} ms notified against "
-                   f"{r['poll_latency_ms_p50']:g} ms polling; polling's worst "
-                   f"{r['poll_latency_ms_p99']:g} ms, every {r['poll_ms']:g} ms")
+    holds = (r.notify_latency_ms_p50 * 5 < r.poll_latency_ms_p50
+             and r.poll_latency_ms_p99 <= r.poll_ms * 1.5)
+    return holds, (f"median {r.notify_latency_ms_p50:g} ms notified against "
+                   f"{r.poll_latency_ms_p50:g} ms polling; polling's worst "
+                   f"{r.poll_latency_ms_p99:g} ms, every {r.poll_ms:g} ms")
+
+
+@dataclass(frozen=True)
+class WakeTimelines(Result):
+    """The three runs of :func:`notify_trace` on the server's clock: what
+    :func:`plot_wakeups` draws.
+
+    poll: the polling worker's run (a :class:`WorkerTimeline`)
+    notify: the notified worker's run (a :class:`WorkerTimeline`)
+    restart: the restarted listener's run (a :class:`RestartTimeline`)
+    """
+
+    poll: WorkerTimeline
+    notify: WorkerTimeline
+    restart: RestartTimeline
+
+
+@dataclass(frozen=True)
+class NotifyTrace(Result):
+    """Polling against notification on the same arrivals, then a restart that misses a
+    notification (:func:`notify_trace`; what ``labkit trace notify --json`` prints).  Every
+    wait is enqueue to claim, on the server's clock.
+
+    jobs: jobs enqueued in each worker's run
+    poll_ms: the polling worker's interval, ms
+    safety_poll_ms: the notified worker's safety-net poll, ms (and the restarted worker's wait before its poll)
+    poll_latency_ms_p50: the polling worker's median wait, ms
+    poll_latency_ms_p99: the polling worker's 99th-percentile wait, ms
+    notify_latency_ms_p50: the notified worker's median wait, ms
+    notify_latency_ms_p99: the notified worker's 99th-percentile wait, ms
+    poll_over_notify_p50: how many times shorter the notified worker's median wait is
+    poll_idle_wakeups: the polling worker's wake-ups that found nothing
+    notify_idle_wakeups: the notified worker's wake-ups that found nothing
+    poll_claim_queries: claim queries the polling worker ran, the empty ones included
+    notify_claim_queries: claim queries the notified worker ran, the empty ones included
+    claims_from_notify: the notified worker's claims made after a notification
+    claims_from_poll: the notified worker's claims made after a safety poll (or its first sweep)
+    missed_notifications_caught_by_poll: jobs of the restart that no notification announced, found by the poll
+    missed_waited_ms: how long the restarted worker waited, ms, before its poll found that job
+    notification_queue_usage: the share of the notification queue in use at the end, 0 to 1
+        (0 when every listener reads)
+    timeline: the three runs on the server's clock (a :class:`WakeTimelines`)
+    """
+
+    jobs: int
+    poll_ms: float
+    safety_poll_ms: float
+    poll_latency_ms_p50: float
+    poll_latency_ms_p99: float
+    notify_latency_ms_p50: float
+    notify_latency_ms_p99: float
+    poll_over_notify_p50: float
+    poll_idle_wakeups: int
+    notify_idle_wakeups: int
+    poll_claim_queries: int
+    notify_claim_queries: int
+    claims_from_notify: int
+    claims_from_poll: int
+    missed_notifications_caught_by_poll: int
+    missed_waited_ms: float
+    notification_queue_usage: float
+    timeline: WakeTimelines
 
 
 def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: float = 1000,
-                 seed: int = 0) -> dict:
-    """Polling against notification on the same arrivals, then the restart that misses a
-    notification.  ``safety_poll_ms`` is the notified worker's safety-net poll (and what
-    the restarted worker waits before its poll finds the missed job).  About
-    ``1.2 x jobs x poll_ms`` plus ``safety_poll_ms`` plus two process starts.
-
-    Returns ``poll_latency_ms_p50``, ``poll_latency_ms_p99``, ``notify_latency_ms_p50``,
-    ``notify_latency_ms_p99``, ``poll_over_notify_p50`` (how many times faster the
-    notified worker's median is), ``poll_idle_wakeups`` and ``notify_idle_wakeups``,
-    ``poll_claim_queries`` and ``notify_claim_queries``, ``claims_from_notify`` and
-    ``claims_from_poll`` (the notified worker's), ``missed_notifications_caught_by_poll``
-    (the restart), ``missed_waited_ms``, ``notification_queue_usage`` (the share of the
-    notification queue in use at the end: 0 when every listener reads), ``jobs``,
-    ``poll_ms``, ``safety_poll_ms``, and ``timeline`` (``poll``, ``notify``: :func:`latency`'s;
-    ``restart``: :func:`missed_while_not_listening`'s), what :func:`plot_wakeups` draws."""
+                 seed: int = 0) -> NotifyTrace:
+    """Polling against notification on the same arrivals (:func:`latency` in each mode), then
+    the restart that misses a notification (:func:`missed_while_not_listening`).
+    ``safety_poll_ms`` is the notified worker's safety-net poll (and what the restarted
+    worker waits before its poll finds the missed job).  About ``1.2 x jobs x poll_ms`` plus
+    ``safety_poll_ms`` plus two process starts.  A :class:`NotifyTrace`, whose ``timeline``
+    :func:`plot_wakeups` draws."""
     check_params(jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)
     p = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="poll", seed=seed)
     n = latency(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms, mode="notify", seed=seed)
     m = missed_while_not_listening(lab, safety_poll_ms=safety_poll_ms)
-    return {"jobs": jobs, "poll_ms": poll_ms, "safety_poll_ms": safety_poll_ms,
-            "poll_latency_ms_p50": p["latency_ms_p50"], "poll_latency_ms_p99": p["latency_ms_p99"],
-            "notify_latency_ms_p50": n["latency_ms_p50"], "notify_latency_ms_p99": n["latency_ms_p99"],
-            "poll_over_notify_p50": round(p["latency_ms_p50"] / max(n["latency_ms_p50"], 0.01), 1),
-            "poll_idle_wakeups": p["idle_wakeups"], "notify_idle_wakeups": n["idle_wakeups"],
-            "poll_claim_queries": p["claim_queries"], "notify_claim_queries": n["claim_queries"],
-            "claims_from_notify": n["claims_from_notify"], "claims_from_poll": n["claims_from_poll"],
-            "missed_notifications_caught_by_poll": m["missed_notifications_caught_by_poll"],
-            "missed_waited_ms": m["waited_ms"],
-            "notification_queue_usage": lab.execute(_q("queue_usage"))[0][0],
-            "timeline": {"poll": p["timeline"], "notify": n["timeline"], "restart": m["timeline"]}}
+    return NotifyTrace(
+        jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms,
+        poll_latency_ms_p50=p.latency_ms_p50, poll_latency_ms_p99=p.latency_ms_p99,
+        notify_latency_ms_p50=n.latency_ms_p50, notify_latency_ms_p99=n.latency_ms_p99,
+        poll_over_notify_p50=round(p.latency_ms_p50 / max(n.latency_ms_p50, 0.01), 1),
+        poll_idle_wakeups=p.idle_wakeups, notify_idle_wakeups=n.idle_wakeups,
+        poll_claim_queries=p.claim_queries, notify_claim_queries=n.claim_queries,
+        claims_from_notify=n.claims_from_notify, claims_from_poll=n.claims_from_poll,
+        missed_notifications_caught_by_poll=m.missed_notifications_caught_by_poll,
+        missed_waited_ms=m.waited_ms,
+        notification_queue_usage=lab.execute(_q("queue_usage"))[0][0],
+        timeline=WakeTimelines(poll=p.timeline, notify=n.timeline, restart=m.timeline))
 
 
 # -- the picture: when jobs arrive, and when each worker notices them ------------------------
 
 
-def _sub_rows(jobs: list, margin: float) -> list[int]:
+def _sub_rows(jobs: list[JobWait], margin: float) -> list[int]:
     """A sub-row for each job (in the order given) so that no two waits on one sub-row
     overlap, nor come within ``margin`` of each other: the first sub-row that is free."""
     ends: list[float] = []
@@ -576,7 +868,7 @@ def _sub_rows(jobs: list, margin: float) -> list[int]:
     return rows
 
 
-def plot_wakeups(t: dict):
+def plot_wakeups(t: NotifyTrace):
     """:func:`notify_trace`'s ``timeline`` drawn, one lane per worker, on the server's clock:
     each job's enqueue (open circle) and claim (filled), the wait between them (a bar; waits
     that overlap go on sub-rows of their lane, one above the other), and each time the worker
@@ -590,18 +882,16 @@ def plot_wakeups(t: dict):
 
     from ..core.plots import PALETTE
 
-    try:
-        tl, poll_ms, safety_ms = t["timeline"], t["poll_ms"], t["safety_poll_ms"]
-        lanes = [(tl["poll"], f"polling every\n{poll_ms:g} ms", t["poll_latency_ms_p50"]),
-                 (tl["notify"], "LISTEN, woken\nby NOTIFY", t["notify_latency_ms_p50"])]
-        restart = tl["restart"]
-        r = {k: restart[k] for k in ("enqueued", "listening", "claimed")}
-    except (KeyError, TypeError):
+    if not isinstance(t, NotifyTrace):
         raise LabkitError("plot_wakeups draws what notify_trace returns.",
-                          "pass t = wakeup.notify_trace(lab, ...).") from None
+                          "pass t = wakeup.notify_trace(lab, ...).")
+    tl, poll_ms, safety_ms = t.timeline, t.poll_ms, t.safety_poll_ms
+    lanes = [(tl.poll, f"polling every\n{poll_ms:g} ms", t.poll_latency_ms_p50),
+             (tl.notify, "LISTEN, woken\nby NOTIFY", t.notify_latency_ms_p50)]
+    r = tl.restart
     wait_c, job_c, idle_c, lost_c, listen_c = (PALETTE[1], PALETTE[0], PALETTE[7], PALETTE[2],
                                                PALETTE[3])
-    end = max([j[2] for lane, _, _ in lanes for j in lane["jobs"]] + [r["claimed"] + 1.1])
+    end = max([j.claimed_s for lane, _, _ in lanes for j in lane.jobs] + [r.claimed + 1.1])
     margin = 0.025 * (end + 0.15)           # about a marker's width, in seconds
     step = 0.26                             # between the sub-rows of a lane
     fig, ax = plt.subplots(figsize=(12, 6.2))
@@ -609,15 +899,15 @@ def plot_wakeups(t: dict):
     for row, (lane, name, median) in enumerate(lanes):
         y = 2.1 - row * 1.05
         ys.append(y)
-        sub = _sub_rows(lane["jobs"], margin)
+        sub = _sub_rows(lane.jobs, margin)
         n = max(sub, default=0) + 1
         at = [y + (n - 1) / 2 * step - k * step for k in sub]
-        for (_, enq, claimed, _), yy in zip(lane["jobs"], at):
+        for (_, enq, claimed, _), yy in zip(lane.jobs, at):
             ax.plot([enq, claimed], [yy, yy], color=wait_c, lw=9, solid_capstyle="butt", zorder=1)
-        ax.plot([j[1] for j in lane["jobs"]], at, "o", mfc="white", mec=job_c, mew=2, ms=11,
+        ax.plot([j.enqueued_s for j in lane.jobs], at, "o", mfc="white", mec=job_c, mew=2, ms=11,
                 ls="none", zorder=2)
-        ax.plot([j[2] for j in lane["jobs"]], at, "o", color=job_c, ms=7, ls="none", zorder=3)
-        woke = [w for w, _, _ in lane["wakeups"] if w >= -0.05]
+        ax.plot([j.claimed_s for j in lane.jobs], at, "o", color=job_c, ms=7, ls="none", zorder=3)
+        woke = [w.at_s for w in lane.wakeups if w.at_s >= -0.05]
         half = max(0.2, (n - 1) / 2 * step + 0.14)
         ax.vlines(woke, y - half, y + half, color=idle_c, lw=1.5, zorder=0)
         labels.append(f"{name}\nmedian wait {median:.3g} ms")
@@ -625,18 +915,18 @@ def plot_wakeups(t: dict):
     # LISTEN; no sweep follows that LISTEN here, so the first claim is the safety-net poll
     y = 0
     ys.append(y)
-    ax.plot([r["enqueued"], r["claimed"]], [y, y], color=wait_c, lw=9, solid_capstyle="butt")
-    ax.plot([r["enqueued"]], [y], "o", mfc="white", mec=job_c, mew=2, ms=11, zorder=2)
-    ax.plot([r["enqueued"]], [y + 0.36], "x", color=lost_c, ms=14, mew=3)
-    ax.plot([r["listening"]], [y - 0.36], "^", color=listen_c, ms=13)
-    ax.vlines([r["claimed"]], y - 0.2, y + 0.2, color=idle_c, lw=1.5, zorder=0)
-    ax.plot([r["claimed"]], [y], "o", color=job_c, ms=7, zorder=3)
-    ax.annotate("its NOTIFY, sent while no session listened", (r["enqueued"], y + 0.36),
+    ax.plot([r.enqueued, r.claimed], [y, y], color=wait_c, lw=9, solid_capstyle="butt")
+    ax.plot([r.enqueued], [y], "o", mfc="white", mec=job_c, mew=2, ms=11, zorder=2)
+    ax.plot([r.enqueued], [y + 0.36], "x", color=lost_c, ms=14, mew=3)
+    ax.plot([r.listening], [y - 0.36], "^", color=listen_c, ms=13)
+    ax.vlines([r.claimed], y - 0.2, y + 0.2, color=idle_c, lw=1.5, zorder=0)
+    ax.plot([r.claimed], [y], "o", color=job_c, ms=7, zorder=3)
+    ax.annotate("its NOTIFY, sent while no session listened", (r.enqueued, y + 0.36),
                 xytext=(14, 0), textcoords="offset points", va="center")
-    ax.annotate("the new LISTEN, and no sweep after it (on purpose)", (r["listening"], y - 0.36),
+    ax.annotate("the new LISTEN, and no sweep after it (on purpose)", (r.listening, y - 0.36),
                 xytext=(14, 0), textcoords="offset points", va="center")
     ax.annotate(f"the safety-net poll, {safety_ms / 1000:g} s after the LISTEN",
-                (r["claimed"], y), xytext=(14, 0), textcoords="offset points", va="center")
+                (r.claimed, y), xytext=(14, 0), textcoords="offset points", va="center")
     labels.append("a restarted\nlistener")
     ax.set_yticks(ys)
     ax.set_yticklabels(labels)
@@ -763,7 +1053,37 @@ def _until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
+@dataclass(frozen=True)
+class ListenWorkerRun(Result):
+    """A :class:`ListenWorker` against a scripted producer (:func:`listen_worker_run`).
+
+    rows: (what happened, what the worker did about it), one per step of the script
+    claimed: {job id: what woke the worker before it claimed that job: "notify", "safety poll" or "sweep"}
+    claims: {job id: times it was claimed}, read from the table afterwards
+    jobs: jobs in the table
+    quiet_job: the job inserted with no NOTIFY
+    away_job: the job enqueued, with its NOTIFY, while the worker had no connection
+    safety_poll_after_s: seconds from the quiet job's insert to its claim by the safety poll
+    listens: connections that LISTENed (2: the first, and the one after the cut)
+    stopped_in_s: seconds from stop() to the worker's end
+    log: the worker's log: (seconds since it started, what happened, job id or None)
+    table: the rows as a text table
+    """
+
+    rows: list[tuple[str, str]]
+    claimed: dict[int, str]
+    claims: dict[int, int]
+    jobs: int
+    quiet_job: int
+    away_job: int
+    safety_poll_after_s: float
+    listens: int
+    stopped_in_s: float
+    log: list[tuple[float, str, int | None]]
+    table: str
+
+
+def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> ListenWorkerRun:
     """A :class:`ListenWorker` in a thread of this process, and a scripted producer:
 
     1. three jobs enqueued with their NOTIFY (two of them in one transaction);
@@ -774,11 +1094,7 @@ def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
     4. the server answers again: the worker LISTENs on a new connection and its sweep
        claims that job; one more job with its NOTIFY; then stop().
 
-    Each step waits for the worker's answer, read from its log.  Returns ``rows`` (what
-    happened, what the worker did), ``claimed`` ({job id: what woke the worker}),
-    ``claims`` (how many times each job was claimed, from the table), ``jobs``,
-    ``safety_poll_after_s`` (step 2's insert to its claim), ``listens`` (connections that
-    LISTENed), ``stopped_in_s``, ``log`` and ``table`` (the rows as text)."""
+    Each step waits for the worker's answer, read from its log.  A :class:`ListenWorkerRun`."""
     number("safety_poll_s", safety_poll_s, low=0.05, high=30, unit=" s", example=1)
     create_table(lab)
     ch = channel(lab)
@@ -875,11 +1191,11 @@ def listen_worker_run(lab: Lab, *, safety_poll_s: float = 1.0) -> dict:
         _close(producer)
     claims = dict(lab.execute("SELECT id, attempts FROM job ORDER BY id"))
     table = text_table(["what happened", "what the worker did"], [list(r) for r in rows])
-    return {"rows": rows, "claimed": claimed(), "claims": claims, "jobs": len(claims),
-            "quiet_job": quiet, "away_job": away[0],
-            "safety_poll_after_s": round(quiet_after, 2),
-            "listens": sum(1 for _, w, _ in worker.log if w == "LISTEN"),
-            "stopped_in_s": round(stopped_in, 2), "log": list(worker.log), "table": table}
+    return ListenWorkerRun(rows=rows, claimed=claimed(), claims=claims, jobs=len(claims),
+                           quiet_job=quiet, away_job=away[0],
+                           safety_poll_after_s=round(quiet_after, 2),
+                           listens=sum(1 for _, w, _ in worker.log if w == "LISTEN"),
+                           stopped_in_s=round(stopped_in, 2), log=list(worker.log), table=table)
 
 
 def _did(log: list[tuple[float, str, int | None]], skip: tuple[str, ...] = ()) -> str:
@@ -911,17 +1227,17 @@ def notify_command(*, open_lab: Callable[[], Lab], jobs: int = 20, poll_ms: floa
     with open_lab() as lab:
         r = notify_trace(lab, jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms)
     if json:
-        print(jsonlib.dumps(r, indent=2))
+        print(r.to_json())
         return 0
     print(f"{jobs} jobs, one every {sum(GAP) / 2 * poll_ms:g} ms on average; enqueue to claim, "
           "on the server's clock")
-    print(f"  polling every {poll_ms:g} ms:  p50 {r['poll_latency_ms_p50']:8.1f} ms   "
-          f"p99 {r['poll_latency_ms_p99']:8.1f} ms   {r['poll_claim_queries']} claim queries")
-    print(f"  LISTEN/NOTIFY:        p50 {r['notify_latency_ms_p50']:8.1f} ms   "
-          f"p99 {r['notify_latency_ms_p99']:8.1f} ms   {r['notify_claim_queries']} claim queries "
-          f"({r['claims_from_notify']} claims after a notification, {r['claims_from_poll']} "
+    print(f"  polling every {poll_ms:g} ms:  p50 {r.poll_latency_ms_p50:8.1f} ms   "
+          f"p99 {r.poll_latency_ms_p99:8.1f} ms   {r.poll_claim_queries} claim queries")
+    print(f"  LISTEN/NOTIFY:        p50 {r.notify_latency_ms_p50:8.1f} ms   "
+          f"p99 {r.notify_latency_ms_p99:8.1f} ms   {r.notify_claim_queries} claim queries "
+          f"({r.claims_from_notify} claims after a notification, {r.claims_from_poll} "
           f"after a safety poll)")
-    print(f"  the notified worker's median is {r['poll_over_notify_p50']:g}x shorter")
-    print(f"  a restart: {r['missed_notifications_caught_by_poll']} job enqueued while no one "
-          f"listened, found by the safety-net poll after {r['missed_waited_ms']:g} ms")
+    print(f"  the notified worker's median is {r.poll_over_notify_p50:g}x shorter")
+    print(f"  a restart: {r.missed_notifications_caught_by_poll} job enqueued while no one "
+          f"listened, found by the safety-net poll after {r.missed_waited_ms:g} ms")
     return 0
