@@ -33,45 +33,45 @@ def _clean(run) -> None:
 def test_the_high_water_mark_loses_the_event_p1_held_open(lab, db):
     r = cg.cursor_gap(lab)
     n = cg.PRELOAD + 1
-    assert r["p1_event"] == n and r["newer_events"] == [n + 1, n + 2, n + 3]
-    assert r["cursor_lost_events"] == [n] and r["lost_event_ids"] == [rl.event_id(n)]
-    assert r["publish_order"] == [n + 1, n + 2, n + 3]           # all of P2's, while P1 was open
-    assert r["published_while_open"] == 3 and r["held_back_while_open"] == 0
-    assert r["published_after_commit"] == [] and r["cursor_at_end"] == n + 3
-    _clean(r["run"])
+    assert r.p1_event == n and r.newer_events == [n + 1, n + 2, n + 3]
+    assert r.cursor_lost_events == [n] and r.lost_event_ids == [rl.event_id(n)]
+    assert r.publish_order == [n + 1, n + 2, n + 3]           # all of P2's, while P1 was open
+    assert r.published_while_open == 3 and r.held_back_while_open == 0
+    assert r.published_after_commit == [] and r.cursor_at_end == n + 3
+    _clean(r.run)
     # The row is there and committed, and the relay's read will never return it.
     assert lab.execute("SELECT event_id FROM outbox WHERE id = %s", (n,)) == [(rl.event_id(n),)]
     assert lab.execute(query("cursor.sql", "cursor_read").sql, {"batch": 100}) == []
-    assert f"{rl.event_id(n)} is lost" in r["transcript"]
-    assert "read id > 2" in r["transcript"] and "read id > 6" in r["transcript"]
+    assert f"{rl.event_id(n)} is lost" in r.transcript
+    assert "read id > 2" in r.transcript and "read id > 6" in r.transcript
     _no_sessions_left(db, lab.schema)
 
 
 def test_the_flag_relay_publishes_the_event_once_p1_commits(lab, db):
     r = cg.flag_gap(lab)
-    n = r["p1_event"]
-    assert r["flag_lost_events"] == []
-    assert r["publish_order"] == [n + 1, n + 2, n + 3, n]        # n as soon as P1 committed
-    assert r["published_while_open"] == 3 and r["published_after_commit"] == [n]
+    n = r.p1_event
+    assert r.flag_lost_events == []
+    assert r.publish_order == [n + 1, n + 2, n + 3, n]        # n as soon as P1 committed
+    assert r.published_while_open == 3 and r.published_after_commit == [n]
     assert lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL") == [(0,)]
     assert lab.execute("SELECT count(*) FROM published WHERE relay = 'flag' "
                        "GROUP BY outbox_id HAVING count(*) > 1") == []    # each exactly once
-    _clean(r["run"])
+    _clean(r.run)
     _no_sessions_left(db, lab.schema)
 
 
 def test_the_transaction_id_cursor_loses_nothing_and_waits_for_p1(lab, db):
     r = cg.safe_cursor_gap(lab)
-    n = r["p1_event"]
-    assert r["safe_cursor_lost_events"] == []
-    assert r["published_while_open"] == 0 and r["held_back_while_open"] == 3
-    assert r["oldest_writer"] == "P1"
-    assert r["publish_order"] == [n, n + 1, n + 2, n + 3]        # xid order: P1's first
-    assert r["cursor_at_end"] == n + 3
+    n = r.p1_event
+    assert r.safe_cursor_lost_events == []
+    assert r.published_while_open == 0 and r.held_back_while_open == 3
+    assert r.oldest_writer == "P1"
+    assert r.publish_order == [n, n + 1, n + 2, n + 3]        # xid order: P1's first
+    assert r.cursor_at_end == n + 3
     cur_xid, row_xid = lab.execute("SELECT c.last_xid::text, o.xid::text FROM relay_cursor c, outbox o "
                                    "WHERE c.relay = 'safe' AND o.id = %s", (n + 3,))[0]
     assert cur_xid == row_xid
-    _clean(r["run"])
+    _clean(r.run)
     _no_sessions_left(db, lab.schema)
 
 
@@ -79,51 +79,51 @@ def test_the_three_relays_differ_only_in_their_read(lab):
     """Same producers, same preload, same interleaving: only the relay's read differs."""
     out = {k: f(lab, later=1) for k, f in (("cursor", cg.cursor_gap), ("flag", cg.flag_gap),
                                            ("safe", cg.safe_cursor_gap))}
-    p1 = [[st.label for st in r["run"].steps if st.session in ("P1", "P2")] for r in out.values()]
+    p1 = [[st.label for st in r.run.steps if st.session in ("P1", "P2")] for r in out.values()]
     assert p1[0] == p1[1] == p1[2] == ["BEGIN", "place order 3", "place order 4", "COMMIT"]
-    assert out["cursor"]["cursor_lost_events"] == [3] and out["cursor"]["publish_order"] == [4]
-    assert out["flag"]["flag_lost_events"] == [] and out["flag"]["publish_order"] == [4, 3]
-    assert out["safe"]["safe_cursor_lost_events"] == [] and out["safe"]["publish_order"] == [3, 4]
-    assert out["safe"]["held_back_while_open"] == 1
+    assert out["cursor"].cursor_lost_events == [3] and out["cursor"].publish_order == [4]
+    assert out["flag"].flag_lost_events == [] and out["flag"].publish_order == [4, 3]
+    assert out["safe"].safe_cursor_lost_events == [] and out["safe"].publish_order == [3, 4]
+    assert out["safe"].held_back_while_open == 1
 
 
 def test_the_id_alone_under_the_bound_loses_a_row_the_xid_id_cursor_publishes(lab, db):
     r = cg.id_cursor_gap(lab)
     n = cg.PRELOAD + 1
-    assert r["xid_order"] == [n + 1, n]                    # ids and xids in different orders
-    assert r["id_cursor_lost_events"] == [n] and r["lost_event_ids"] == [rl.event_id(n)]
-    assert r["safe_cursor_lost_events"] == []
-    assert r["publish_order"] == {"bounded": [n + 1], "safe": [n + 1, n]}
+    assert r.xid_order == [n + 1, n]                    # ids and xids in different orders
+    assert r.id_cursor_lost_events == [n] and r.lost_event_ids == [rl.event_id(n)]
+    assert r.safe_cursor_lost_events == []
+    assert r.publish_order == {"bounded": [n + 1], "safe": [n + 1, n]}
     # the id cursor stands past row n, which is committed, and its read will never return it
     assert cg.cursor_position(lab, "bounded") == n + 1
     assert lab.execute(query("cursor.sql", "bounded_read").sql, {"batch": 100}) == []
-    _clean(r["run"])
-    labels = [(st.session, st.label) for st in r["run"].steps]
+    _clean(r.run)
+    labels = [(st.session, st.label) for st in r.run.steps]
     assert labels[:4] == [("P1", f"BEGIN; order {n + 1}"), ("P2", f"BEGIN; place order {n}"),
                           ("P1", f"order {n + 1}'s event"), ("P1", "COMMIT")]
     assert labels.index(("P2", "COMMIT")) > labels.index(("relay", f"B cursor := row {n + 1}"))
-    assert f"{rl.event_id(n)} is lost" in r["transcript"]
-    assert r["transcript"] == cg.id_cursor_gap(lab)["transcript"]        # reproduces exactly
-    assert max(map(len, r["transcript"].splitlines())) <= 96
+    assert f"{rl.event_id(n)} is lost" in r.transcript
+    assert r.transcript == cg.id_cursor_gap(lab).transcript        # reproduces exactly
+    assert max(map(len, r.transcript.splitlines())) <= 96
     _no_sessions_left(db, lab.schema)
 
 
 def test_a_writer_anywhere_holds_the_safe_cursor_back_a_reader_does_not(lab, db):
     r = cg.open_writer_stall(lab)
-    assert r["held_back_by_open_reader"] == 0 and r["published_while_reader_open"] == 1
-    assert r["held_back_by_open_writer"] == 1 and r["oldest_writer"] == "batch"
-    assert r["safe_cursor_lost_events"] == []
-    _clean(r["run"])
+    assert r.held_back_by_open_reader == 0 and r.published_while_reader_open == 1
+    assert r.held_back_by_open_writer == 1 and r.oldest_writer == "batch"
+    assert r.safe_cursor_lost_events == []
+    _clean(r.run)
     _no_sessions_left(db, lab.schema)
 
 
 def test_transcripts_reproduce_exactly_and_show_no_transaction_ids(lab):
-    first = cg.safe_cursor_gap(lab)["transcript"]
-    again = cg.safe_cursor_gap(lab)["transcript"]          # other xids, the same text
+    first = cg.safe_cursor_gap(lab).transcript
+    again = cg.safe_cursor_gap(lab).transcript          # other xids, the same text
     assert first == again
-    stall = cg.open_writer_stall(lab)["transcript"]
-    assert stall == cg.open_writer_stall(lab)["transcript"]
-    assert cg.cursor_gap(lab)["transcript"] == cg.cursor_gap(lab)["transcript"]
+    stall = cg.open_writer_stall(lab).transcript
+    assert stall == cg.open_writer_stall(lab).transcript
+    assert cg.cursor_gap(lab).transcript == cg.cursor_gap(lab).transcript
     assert not re.search(r"\d{4,}", re.sub(r"evt-\d+", "", first + stall))
 
 
@@ -136,10 +136,10 @@ def test_an_older_writer_of_another_session_is_named_not_waited_for_forever(lab,
             with pytest.raises(LabkitError) as err:
                 cg.safe_cursor_gap(lab, wait_s=0.3)
             assert f"pid {pid}" in str(err.value) and "Fix:" in str(err.value)
-            assert cg.cursor_gap(lab)["cursor_lost_events"] == [3]   # it does not wait for anyone
+            assert cg.cursor_gap(lab).cursor_lost_events == [3]   # it does not wait for anyone
         finally:
             other.execute("ROLLBACK")
-    assert cg.safe_cursor_gap(lab, later=1)["safe_cursor_lost_events"] == []
+    assert cg.safe_cursor_gap(lab, later=1).safe_cursor_lost_events == []
     _no_sessions_left(db, lab.schema)
 
 
@@ -250,33 +250,33 @@ def test_the_timeline_is_read_from_the_server_and_drawn(lab):
     import matplotlib.pyplot as plt
 
     high, safe = cg.cursor_gap(lab), cg.safe_cursor_gap(lab)
-    n, hw, sc = high["p1_event"], high["timeline"], safe["timeline"]
-    assert hw["order"] == sc["order"] == [1, 2, n, n + 1, n + 2, n + 3]
-    assert (hw["order_by"], sc["order_by"]) == ("id", "(xid, id)")
-    rows = {r["id"]: r for r in hw["rows"]}
+    n, hw, sc = high.p1_event, high.timeline, safe.timeline
+    assert hw.order == sc.order == [1, 2, n, n + 1, n + 2, n + 3]
+    assert (hw.order_by, sc.order_by) == ("id", "(xid, id)")
+    rows = {r.id: r for r in hw.rows}
     # P1's row: inserted at step 2, committed at step 9 (its COMMIT), never published; the
     # cursor moved from 2 to n + 3 at step 8, between the two
-    assert (rows[n]["inserted"], rows[n]["committed"], rows[n]["published"]) == (2, 9, None)
-    assert hw["cursor"] == [(0, cg.PRELOAD), (8, n + 3)]
-    assert [(p["step"], p["ids"]) for p in hw["polls"]] == [(6, [n + 1, n + 2, n + 3]), (10, [])]
-    assert all(rows[i]["inserted"] == rows[i]["committed"] < rows[i]["published"] == 7 for i in (n + 1, n + 2, n + 3))
+    assert (rows[n].inserted, rows[n].committed, rows[n].published) == (2, 9, None)
+    assert hw.cursor == [(0, cg.PRELOAD), (8, n + 3)]
+    assert [(p.step, p.ids) for p in hw.polls] == [(6, [n + 1, n + 2, n + 3]), (10, [])]
+    assert all(rows[i].inserted == rows[i].committed < rows[i].published == 7 for i in (n + 1, n + 2, n + 3))
     # the safe cursor: its first read stops below P1's row (2 rows below the bound), the
     # second, after P1's COMMIT, has all six below it and returns n...n+3
-    assert [(p["step"], p["ids"], p["below_bound"]) for p in sc["polls"]] == [
+    assert [(p.step, p.ids, p.below_bound) for p in sc.polls] == [
         (6, [], 2), (9, [n, n + 1, n + 2, n + 3], 6), (12, [], 6)]
-    assert {r["id"]: r["published"] for r in sc["rows"]}[n] == 10
-    assert sc["cursor"] == [(0, cg.PRELOAD), (11, n + 3)]
+    assert {r.id: r.published for r in sc.rows}[n] == 10
+    assert sc.cursor == [(0, cg.PRELOAD), (11, n + 3)]
     # the bound after every step: two rows below it until P1's COMMIT (step 8), all six after
-    assert sc["bound"] == [(k, 2 if k < 8 else 6) for k in range(1, sc["steps"] + 1)]
-    assert rows[n]["committed"] == 9 and {r["id"]: r for r in sc["rows"]}[n]["committed"] == 8
-    assert hw["bound"] == []
-    assert not re.search(r"\d{4,}", json.dumps([hw, sc]))          # no transaction id in it
+    assert sc.bound == [(k, 2 if k < 8 else 6) for k in range(1, sc.steps + 1)]
+    assert rows[n].committed == 9 and {r.id: r for r in sc.rows}[n].committed == 8
+    assert hw.bound == []
+    assert not re.search(r"\d{4,}", json.dumps([hw.as_dict(), sc.as_dict()]))   # no transaction id
     fig = cg.plot_cursors(high, safe)
     left, right = fig.axes[:2]
     lost = [line for line in left.get_lines() if line.get_label() == "committed, never published"]
-    assert len(lost) == 1 and set(lost[0].get_ydata()) == {hw["order"].index(n) + 1}
+    assert len(lost) == 1 and set(lost[0].get_ydata()) == {hw.order.index(n) + 1}
     assert not [line for line in right.get_lines() if line.get_label() == "committed, never published"]
-    assert [t.get_text() for t in left.get_yticklabels()] == [f"id {i}" for i in hw["order"]]
+    assert [t.get_text() for t in left.get_yticklabels()] == [f"id {i}" for i in hw.order]
     bound = [line for line in right.get_lines() if "oldest open writer" in line.get_label()]
     assert len(bound) == 1 and not right.collections           # a dashed line, nothing shaded
     fig.canvas.draw()

@@ -61,10 +61,10 @@ def test_inversions_are_pairs_of_one_aggregate_with_the_later_version_first():
              ("b", 2, "b2")]
     r = od.count_inversions(order)
     # (a2, a1), (a2, a1 again), (a3, a1 again); b is in order; a duplicate is no inversion
-    assert r["per_aggregate_inversions"] == 3
-    assert r["late_messages"] == 2 and r["aggregates_out_of_order"] == 1
-    assert r["inversions"][0] == {"aggregate": "a", "published_first": 2, "then": 1, "position": 2}
-    assert od.count_inversions([("a", 1, ""), ("a", 1, ""), ("a", 2, "")])["per_aggregate_inversions"] == 0
+    assert r.per_aggregate_inversions == 3
+    assert r.late_messages == 2 and r.aggregates_out_of_order == 1
+    assert r.inversions[0].as_dict() == {"aggregate": "a", "published_first": 2, "then": 1, "position": 2}
+    assert od.count_inversions([("a", 1, ""), ("a", 1, ""), ("a", 2, "")]).per_aggregate_inversions == 0
 
 
 def test_the_partition_in_python_is_the_partition_in_sql(lab):
@@ -80,75 +80,75 @@ def test_the_partition_in_python_is_the_partition_in_sql(lab):
 
 def test_one_relay_publishes_every_aggregate_in_version_order(lab, db):
     r = od.ordering_trace(lab, relays=1, aggregates=10, events=120, batch=5)
-    assert (r["published"], r["distinct_events"], r["unpublished_left"]) == (120, 120, 0)
-    assert r["per_aggregate_inversions"] == 0 and r["late_messages"] == 0 and r["inversions"] == []
-    assert r["published_by"] == [120] and r["ticks_by"] == [24]
-    assert r["max_claimed_at_once"] == 1
+    assert (r.published, r.distinct_events, r.unpublished_left) == (120, 120, 0)
+    assert r.per_aggregate_inversions == 0 and r.late_messages == 0 and r.inversions == []
+    assert r.published_by == [120] and r.ticks_by == [24]
+    assert r.max_claimed_at_once == 1
     _relays_gone(db, lab)
 
 
 def test_two_skip_locked_relays_publish_later_versions_first(lab, db, broker):
     r = od.ordering_trace(lab, broker, relays=2, aggregates=10, events=200, batch=5, seed=0)
-    assert r["broker"] == broker.kind
-    assert (r["published"], r["distinct_events"], r["unpublished_left"]) == (200, 200, 0)
-    assert r["per_aggregate_inversions"] > 0 and r["late_messages"] > 0
-    assert not _versions_in_order(r["delivered"])
-    for s in r["inversions"]:                        # each sample is a real inversion
-        agg, first, then, pos = s["aggregate"], s["published_first"], s["then"], s["position"]
-        assert first > then and r["delivered"][pos][:2] == [agg, then]
-        assert [agg, first] in [d[:2] for d in r["delivered"][:pos]]
-    assert r["max_claimed_at_once"] == 2             # both relays held events of one aggregate
-    assert sum(r["published_by"]) == 200 and min(r["published_by"]) > 0
-    assert r["steps"][0].startswith("relay-1: claims 5") and r["steps"][1].startswith("relay-2: claims 5")
+    assert r.broker == broker.kind
+    assert (r.published, r.distinct_events, r.unpublished_left) == (200, 200, 0)
+    assert r.per_aggregate_inversions > 0 and r.late_messages > 0
+    assert not _versions_in_order(r.delivered)
+    for s in r.inversions:                        # each sample is a real inversion
+        agg, first, then, pos = s.aggregate, s.published_first, s.then, s.position
+        assert first > then and r.delivered[pos][:2] == [agg, then]
+        assert [agg, first] in [d[:2] for d in r.delivered[:pos]]
+    assert r.max_claimed_at_once == 2             # both relays held events of one aggregate
+    assert sum(r.published_by) == 200 and min(r.published_by) > 0
+    assert r.steps[0].startswith("relay-1: claims 5") and r.steps[1].startswith("relay-2: claims 5")
     _relays_gone(db, lab)
 
 
 def test_the_scripted_schedule_reproduces_exactly(lab):
     runs = [od.ordering_trace(lab, relays=2, aggregates=6, events=60, batch=4, seed=7) for _ in range(2)]
-    assert runs[0]["delivered"] == runs[1]["delivered"]
-    assert runs[0]["per_aggregate_inversions"] == runs[1]["per_aggregate_inversions"] > 0
-    assert runs[0]["steps"] == runs[1]["steps"]
+    assert runs[0].delivered == runs[1].delivered
+    assert runs[0].per_aggregate_inversions == runs[1].per_aggregate_inversions > 0
+    assert runs[0].steps == runs[1].steps
 
 
 @pytest.mark.parametrize("relays, batch", [(2, 5), (3, 3)])
 def test_the_per_aggregate_claim_gives_no_inversion(lab, db, relays, batch):
     # relays x batch <= aggregates: each relay finds heads of its own to claim
     r = od.ordering_trace(lab, relays=relays, aggregates=10, events=200, batch=batch, per_aggregate=True)
-    assert r["claim"] == "per-key"
-    assert (r["published"], r["distinct_events"], r["unpublished_left"]) == (200, 200, 0)
-    assert r["per_aggregate_inversions"] == 0 and _versions_in_order(r["delivered"])
-    assert r["max_claimed_at_once"] == 1
-    assert min(r["published_by"]) > 0                # every relay still takes part
+    assert r.claim == "per-key"
+    assert (r.published, r.distinct_events, r.unpublished_left) == (200, 200, 0)
+    assert r.per_aggregate_inversions == 0 and _versions_in_order(r.delivered)
+    assert r.max_claimed_at_once == 1
+    assert min(r.published_by) > 0                # every relay still takes part
     _relays_gone(db, lab)
 
 
 def test_partitioned_relays_give_no_inversion_and_split_by_hash(lab, db, broker):
     r = od.ordering_trace(lab, broker, relays=2, aggregates=10, events=150, batch=5,
                           per_aggregate=True, remedy="partition")
-    assert r["claim"] == "partition"
-    assert (r["published"], r["unpublished_left"]) == (150, 0)
-    assert r["per_aggregate_inversions"] == 0 and r["max_claimed_at_once"] == 1
-    share = Counter(od.partition_of(a, 2) for a, _, _ in r["delivered"])
-    assert r["published_by"] == [share[0], share[1]]
+    assert r.claim == "partition"
+    assert (r.published, r.unpublished_left) == (150, 0)
+    assert r.per_aggregate_inversions == 0 and r.max_claimed_at_once == 1
+    share = Counter(od.partition_of(a, 2) for a, _, _ in r.delivered)
+    assert r.published_by == [share[0], share[1]]
     _relays_gone(db, lab)
 
 
 def test_free_relays_one_claimer_per_aggregate_holds_without_a_script(lab, db):
     r = od.ordering_trace(lab, relays=2, aggregates=10, events=150, batch=5, per_aggregate=True,
                           schedule="free", hold_ms=3, seed=1)
-    assert r["steps"] == [] and r["hold_ms"] == 3
-    assert (r["published"], r["unpublished_left"]) == (150, 0)
-    assert r["per_aggregate_inversions"] == 0 and r["max_claimed_at_once"] == 1
+    assert r.steps == [] and r.hold_ms == 3
+    assert (r.published, r.unpublished_left) == (150, 0)
+    assert r.per_aggregate_inversions == 0 and r.max_claimed_at_once == 1
     _relays_gone(db, lab)
 
 
 def test_free_skip_locked_relays_overlap_on_one_aggregate(lab, db):
     r = od.ordering_trace(lab, relays=2, aggregates=10, events=150, batch=5, schedule="free",
                           hold_ms=20, seed=1)
-    assert (r["published"], r["distinct_events"], r["unpublished_left"]) == (150, 150, 0)
+    assert (r.published, r.distinct_events, r.unpublished_left) == (150, 150, 0)
     # with a 0-20 ms publish delay the two relays' claims overlap: both held one aggregate
-    assert r["max_claimed_at_once"] == 2
-    assert r["per_aggregate_inversions"] == od.count_inversions(r["delivered"])["per_aggregate_inversions"]
+    assert r.max_claimed_at_once == 2
+    assert r.per_aggregate_inversions == od.count_inversions(r.delivered).per_aggregate_inversions
     _relays_gone(db, lab)
 
 
@@ -157,18 +157,18 @@ def test_free_skip_locked_relays_overlap_on_one_aggregate(lab, db):
 
 def test_three_consumers_over_an_inverted_stream(lab):
     r = od.ordering_trace(lab, relays=2, aggregates=10, events=200, batch=5, seed=0)
-    c = od.consumer_check(lab, r["delivered"])
-    assert c["messages"] == 200 and c["per_aggregate_inversions"] == r["per_aggregate_inversions"] > 0
-    naive, stale, ordered = c["apply_all"], c["drop_stale"], c["in_order"]
-    assert naive["applied"] == 200 and naive["applied_late"] == r["late_messages"] > 0
-    assert naive["never_applied"] == 0
-    assert stale["applied_late"] == 0 and stale["dropped"] == r["late_messages"]
-    assert stale["never_applied"] == r["late_messages"] and stale["aggregates_behind"] == 0
-    assert ordered["applied"] == 200 and ordered["applied_late"] == 0 and ordered["never_applied"] == 0
-    assert ordered["applied_twice"] == 0 and ordered["dropped"] == 0
-    assert ordered["parked"] > 0 and ordered["parked_max"] > 0 and ordered["still_parked"] == 0
-    assert ordered["aggregates_behind"] == 0
-    assert set(od.CONSUMERS) <= set(c) and all(c[k]["guarantee"] for k in od.CONSUMERS)
+    c = od.consumer_check(lab, r.delivered)
+    assert c.messages == 200 and c.per_aggregate_inversions == r.per_aggregate_inversions > 0
+    naive, stale, ordered = c.apply_all, c.drop_stale, c.in_order
+    assert naive.applied == 200 and naive.applied_late == r.late_messages > 0
+    assert naive.never_applied == 0
+    assert stale.applied_late == 0 and stale.dropped == r.late_messages
+    assert stale.never_applied == r.late_messages and stale.aggregates_behind == 0
+    assert ordered.applied == 200 and ordered.applied_late == 0 and ordered.never_applied == 0
+    assert ordered.applied_twice == 0 and ordered.dropped == 0
+    assert ordered.parked > 0 and ordered.parked_max > 0 and ordered.still_parked == 0
+    assert ordered.aggregates_behind == 0
+    assert all(getattr(c, k).guarantee for k in od.CONSUMERS)
 
 
 def test_the_in_order_consumer_drops_duplicates_and_waits_for_a_missing_version(lab):
@@ -182,16 +182,16 @@ def test_the_in_order_consumer_drops_duplicates_and_waits_for_a_missing_version(
     # a's v1 twice, then a's v3 (v2 never comes), then the rest of a
     msgs = [by[(a, 1)], by[(a, 1)], by[(a, 3)]] + [by[(a, v)] for v in range(4, top + 1)]
     c = od.consumer_check(lab, msgs)
-    ordered = c["in_order"]
-    assert ordered["applied"] == 1 and ordered["dropped"] == 1
-    assert ordered["still_parked"] == top - 2 == ordered["parked_max"]
-    assert ordered["aggregates_behind"] == 2            # a stuck at v1; the other got nothing
-    naive = c["apply_all"]
-    assert naive["applied"] == len(msgs) and naive["applied_twice"] == 1
+    ordered = c.in_order
+    assert ordered.applied == 1 and ordered.dropped == 1
+    assert ordered.still_parked == top - 2 == ordered.parked_max
+    assert ordered.aggregates_behind == 2            # a stuck at v1; the other got nothing
+    naive = c.apply_all
+    assert naive.applied == len(msgs) and naive.applied_twice == 1
     # the missing v2 arrives: everything parked behind it is applied in order
     c = od.consumer_check(lab, msgs + [by[(a, 2)]])
-    assert c["in_order"]["applied"] == top and c["in_order"]["still_parked"] == 0
-    assert c["in_order"]["applied_late"] == 0
+    assert c.in_order.applied == top and c.in_order.still_parked == 0
+    assert c.in_order.applied_late == 0
 
 
 # -- bad input, clean-up, the command --------------------------------------------------------------

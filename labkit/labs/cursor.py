@@ -47,11 +47,14 @@ from __future__ import annotations
 import json as _json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query, statements
+from ..core.results import Result, not_json
 from ..core.sessions import Sessions
 from . import fencing
 from . import relay as rl
@@ -268,6 +271,65 @@ def _publish_all(lab: Lab, relay: str, wait_s: float) -> None:
 # -- what the server showed at every step: the figure's data ------------------------------------
 
 
+@dataclass(frozen=True)
+class TimelineRow(Result):
+    """One outbox row in a run's timeline; each time is a step of the transcript (0: before
+    the script started).
+
+    id: the row's outbox id.
+    inserted: the step whose INSERT returned its id (None: not placed by a step).
+    committed: the first step after which another session could see it.
+    published: the step after which the broker had it (None: never published).
+    """
+
+    id: int
+    inserted: int | None
+    committed: int | None
+    published: int | None
+
+
+@dataclass(frozen=True)
+class TimelinePoll(Result):
+    """One read (or claim) of the relay in a run's timeline.
+
+    step: the transcript's step of the read.
+    ids: the outbox ids it returned, in order.
+    below_bound: for the safe cursor, how many outbox rows lay below the oldest open writer
+        at that read (None for the other relays).
+    """
+
+    step: int
+    ids: list[int]
+    below_bound: int | None
+
+
+@dataclass(frozen=True)
+class Timeline(Result):
+    """One run as the server showed it after every step (:func:`plot_cursors` draws it), with
+    no transaction id in it (they differ on every run); steps are the transcript's.
+
+    relay: the relay that ran: ``cursor``, ``flag`` or ``safe``.
+    steps: how many steps the transcript has.
+    bound: for the safe cursor, (step, outbox rows below the oldest open writer) after every
+        step; [] for the other relays.
+    order: the outbox ids in the relay's read order.
+    order_by: that order: ``id``, or ``(xid, id)`` for the safe cursor.
+    rows: each outbox row, in ``order``: when it was inserted, committed and published.
+    cursor: (step, the id the cursor stood at from that step on), one pair per move, the first
+        at step 0; [] for the flag relay, which keeps no cursor.
+    polls: each read of the relay, in order.
+    """
+
+    relay: str
+    steps: int
+    bound: list[tuple[int, int]]
+    order: list[int]
+    order_by: str
+    rows: list[TimelineRow]
+    cursor: list[tuple[int, int]]
+    polls: list[TimelinePoll]
+
+
 class _Timeline:
     """Sampled from the server after every step of a run: when each outbox row was inserted
     (the producer's step that returned its id), when another session could first see it
@@ -308,7 +370,7 @@ class _Timeline:
         if st.session == "relay" and st.label.startswith(("read", "BEGIN; claim")):
             self.polls.append({"step": k, "ids": [int(r[0]) for r in st.rows], "bound": bound})
 
-    def result(self, steps: int) -> dict:
+    def result(self, steps: int) -> Timeline:
         """The timeline, with no transaction id in it (they differ on every run): rows in the
         relay's read order ("id", or "(xid, id)" for the safe cursor) and, per poll of the safe
         cursor, how many of them lay below the oldest open writer; ``bound``: that count after
@@ -316,23 +378,95 @@ class _Timeline:
         xids = {i: int(x) for i, x in self.lab.execute("SELECT id, xid::text FROM outbox")}
         key = (lambda i: (xids[i], i)) if self.relay == "safe" else (lambda i: i)
         order = sorted(xids, key=key)
-        polls = [{"step": p["step"], "ids": p["ids"],
-                  "below_bound": sum(xids[i] < p["bound"] for i in order) if self.relay == "safe" else None}
+        polls = [TimelinePoll(step=p["step"], ids=p["ids"],
+                              below_bound=sum(xids[i] < p["bound"] for i in order)
+                              if self.relay == "safe" else None)
                  for p in self.polls]
         bound = [(k, sum(xids[i] < b for i in order)) for k, b in self.bounds]
-        return {"relay": self.relay, "steps": steps, "bound": bound,
-                "order": order, "order_by": "(xid, id)" if self.relay == "safe" else "id",
-                "rows": [{"id": i, "inserted": self.inserted.get(i), "committed": self.committed.get(i),
-                          "published": self.published.get(i)} for i in order],
-                "cursor": self.cursor, "polls": polls}
+        return Timeline(relay=self.relay, steps=steps, bound=bound,
+                        order=order, order_by="(xid, id)" if self.relay == "safe" else "id",
+                        rows=[TimelineRow(id=i, inserted=self.inserted.get(i),
+                                          committed=self.committed.get(i),
+                                          published=self.published.get(i)) for i in order],
+                        cursor=self.cursor, polls=polls)
 
 
 # -- the interleaving --------------------------------------------------------------------------
 
 
-def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class RelayGap(Result):
+    """One relay in the interleaving: P1 holds order n open while P2 commits ``later`` newer
+    orders, the relay reads, P1 commits, the relay reads until it publishes nothing.  Ids are
+    outbox ids, read back from the server; :class:`CursorGap`, :class:`FlagGap` and
+    :class:`SafeCursorGap` add the ids the relay lost, each under its relay's name.
+
+    lost_event_ids: the event ids of the rows the relay never published (``evt-0003``).
+    p1_event: n, the id of P1's row.
+    newer_events: the ids of P2's rows, n+1 onwards.
+    published_while_open: rows the relay published in its read while P1 was open.
+    held_back_while_open: committed rows it had not published after that read.
+    published_after_commit: the ids it published after P1's COMMIT, in order.
+    publish_order: the ids the broker got, in order, after the rows placed before the script.
+    cursor_at_end: the last id the relay's cursor passed (None for the flag relay: no cursor).
+    oldest_writer: the session whose transaction was the safe cursor's bound while P1 was open
+        ("P1"); None for the other relays.
+    transcript: the run as text, a column per session, with notes.
+    timeline: the run as the server showed it after every step, for :func:`plot_cursors`.
+    run: the Sessions run (``fencing.story(run)`` prints it); not in the JSON.
+    """
+
+    lost_event_ids: list[str]
+    p1_event: int
+    newer_events: list[int]
+    published_while_open: int
+    held_back_while_open: int
+    published_after_commit: list[int]
+    publish_order: list[int]
+    cursor_at_end: int | None
+    oldest_writer: str | None
+    transcript: str
+    timeline: Timeline
+    run: Sessions = not_json()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CursorGap(RelayGap):
+    """The high-water-mark relay in the interleaving (:func:`cursor_gap`): the fields of
+    :class:`RelayGap`, and
+
+    cursor_lost_events: the ids it never published ([n]).
+    """
+
+    cursor_lost_events: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagGap(RelayGap):
+    """The seed's relay, the published flag, in the interleaving (:func:`flag_gap`): the
+    fields of :class:`RelayGap`, and
+
+    flag_lost_events: the ids it never published ([]).
+    """
+
+    flag_lost_events: list[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SafeCursorGap(RelayGap):
+    """The transaction-id cursor in the interleaving (:func:`safe_cursor_gap`): the fields of
+    :class:`RelayGap`, and
+
+    safe_cursor_lost_events: the ids it never published ([]).
+    """
+
+    safe_cursor_lost_events: list[int]
+
+
+def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict[str, Any]:
     """P1 BEGIN + INSERT (id n); P2 commits ``later`` orders; the relay ticks; P1 commits; the
-    relay ticks until it publishes nothing.  What was lost is read from the server."""
+    relay ticks until it publishes nothing.  What was lost is read from the server.  Returns
+    the fields of a :class:`RelayGap`, and ``lost_events``."""
     create_cursor_outbox(lab, relay, wait_s=wait_s)
     n = PRELOAD + 1
     newer = list(range(n + 1, n + later + 1))
@@ -431,42 +565,42 @@ def _end_note(lost: list[int], idle: str) -> str:
             else f"{idle}, yet row(s) {_ids(lost)} were never published")
 
 
-def _gap(lab: Lab, relay: str, later: int, wait_s: float, key: str) -> dict:
+def _gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict[str, Any]:
     check_params(later=later, wait_s=wait_s)
-    out = _relay_gap(lab, relay, later, wait_s)
-    out[key] = out.pop("lost_events")
-    return out
+    return _relay_gap(lab, relay, later, wait_s)
 
 
-def cursor_gap(lab: Lab, *, later: int = 3) -> dict:
+def cursor_gap(lab: Lab, *, later: int = 3) -> CursorGap:
     """The high-water-mark relay (``WHERE id > cursor ORDER BY id``) in the interleaving:
     P1 BEGIN + INSERT gets id n; P2 commits ``later`` orders (n+1...); the relay reads,
     publishes them and moves its cursor past n; P1 commits; the relay reads again: nothing.
 
-    Returns ``cursor_lost_events`` (outbox ids: [n]), ``lost_event_ids``, ``p1_event`` (n),
-    ``newer_events``, ``published_while_open``, ``held_back_while_open``,
-    ``published_after_commit``, ``publish_order``, ``cursor_at_end``, ``transcript`` (the run
-    as text, with notes), ``timeline`` (sampled from the server after every step, for
-    :func:`plot_cursors`) and ``run`` (the Sessions run: ``fencing.story(run)`` prints it)."""
-    return _gap(lab, "cursor", later, 0.0, "cursor_lost_events")
+    Returns a :class:`CursorGap`: ``cursor_lost_events`` (outbox ids: [n]), what it published
+    and when, the ``transcript`` (the run as text, with notes), the ``timeline`` (sampled
+    from the server after every step, for :func:`plot_cursors`) and the ``run``."""
+    fields = _gap(lab, "cursor", later, 0.0)
+    return CursorGap(cursor_lost_events=fields.pop("lost_events"), **fields)
 
 
-def flag_gap(lab: Lab, *, later: int = 3) -> dict:
+def flag_gap(lab: Lab, *, later: int = 3) -> FlagGap:
     """The same interleaving with the seed's relay (``published_at IS NULL ... FOR UPDATE SKIP
-    LOCKED``, relay.py's claim and mark): it publishes n once P1 commits.  The same keys as
-    :func:`cursor_gap`, with ``flag_lost_events`` ([])."""
-    return _gap(lab, "flag", later, 0.0, "flag_lost_events")
+    LOCKED``, relay.py's claim and mark): it publishes n once P1 commits.  Returns a
+    :class:`FlagGap`: the same fields as :func:`cursor_gap`'s, with ``flag_lost_events`` ([])."""
+    fields = _gap(lab, "flag", later, 0.0)
+    return FlagGap(flag_lost_events=fields.pop("lost_events"), **fields)
 
 
-def safe_cursor_gap(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
+def safe_cursor_gap(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> SafeCursorGap:
     """The same interleaving with the transaction-id cursor (``xid < pg_snapshot_xmin(
     pg_current_snapshot())``, ordered and kept by (xid, id)): it loses nothing, and while P1 is
-    open it publishes none of the ``later`` newer events (``held_back_while_open``).  The same
-    keys as :func:`cursor_gap`, with ``safe_cursor_lost_events`` ([]) and
-    ``oldest_writer`` ("P1": whose transaction id was ``pg_snapshot_xmin``).  ``wait_s``: how
-    long to wait for older transactions of other sessions to end, before the script and
-    before each of the relay's reads (:func:`settle_other_writers`)."""
-    return _gap(lab, "safe", later, wait_s, "safe_cursor_lost_events")
+    open it publishes none of the ``later`` newer events (``held_back_while_open``).  Returns
+    a :class:`SafeCursorGap`: the same fields as :func:`cursor_gap`'s, with
+    ``safe_cursor_lost_events`` ([]) and ``oldest_writer`` ("P1": whose transaction id was
+    ``pg_snapshot_xmin``).  ``wait_s``: how long to wait for older transactions of other
+    sessions to end, before the script and before each of the relay's reads
+    (:func:`settle_other_writers`)."""
+    fields = _gap(lab, "safe", later, wait_s)
+    return SafeCursorGap(safe_cursor_lost_events=fields.pop("lost_events"), **fields)
 
 
 class _Script:
@@ -495,7 +629,32 @@ class _Script:
 # -- why the cursor is (xid, id), not the id alone -----------------------------------------------
 
 
-def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> dict:
+@dataclass(frozen=True)
+class IdCursorGap(Result):
+    """The bound with the id alone as the cursor (relay A) beside the (xid, id) cursor
+    (relay B), in one script where ids and transaction ids come in different orders
+    (:func:`id_cursor_gap`).  Ids are outbox ids; n is the row P2 placed.
+
+    id_cursor_lost_events: the ids relay A never published ([n]).
+    safe_cursor_lost_events: the ids relay B never published ([]).
+    lost_event_ids: relay A's lost rows as event ids.
+    xid_order: rows n and n+1 in their writers' transaction-id order ([n+1, n]).
+    publish_order: per relay, ``bounded`` (A) and ``safe`` (B), the ids the broker got, in
+        order, after the rows placed before the script.
+    transcript: the run as text, a column per session, with notes.
+    run: the Sessions run (``fencing.story(run)`` prints it); not in the JSON.
+    """
+
+    id_cursor_lost_events: list[int]
+    safe_cursor_lost_events: list[int]
+    lost_event_ids: list[str]
+    xid_order: list[int]
+    publish_order: dict[str, list[int]]
+    transcript: str
+    run: Sessions = not_json()
+
+
+def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> IdCursorGap:
     """Ids and transaction ids in different orders: the bound with the id alone as the cursor
     (relay A, ``bounded_read``) loses a row that the (xid, id) cursor (relay B, ``safe_read``)
     publishes, in one script.  P1 writes its order row first (so its transaction gets the
@@ -505,10 +664,9 @@ def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> dict:
     B's is (xid, id) of row n+1.  P2 commits: ``id > n+1`` never returns row n, while row n
     sorts after B's cursor, its writer being newer.
 
-    Returns ``id_cursor_lost_events`` ([n]), ``safe_cursor_lost_events`` ([]),
-    ``lost_event_ids`` (A's, as event ids), ``xid_order`` (the two rows' ids in their writers'
-    xid order: [n+1, n]), ``publish_order`` (per relay, "bounded" and "safe", after the
-    preload), ``transcript`` and ``run``.  ``wait_s``: how long to wait for older transactions
+    Returns an :class:`IdCursorGap`: ``id_cursor_lost_events`` ([n]),
+    ``safe_cursor_lost_events`` ([]), ``xid_order`` ([n+1, n]), ``publish_order`` (per relay),
+    ``transcript`` and ``run``.  ``wait_s``: how long to wait for older transactions
     of other sessions, before the script and before each read (:func:`settle_other_writers`)."""
     check_params(wait_s=wait_s)
     create_cursor_outbox(lab, "safe", wait_s=wait_s)
@@ -552,27 +710,54 @@ def id_cursor_gap(lab: Lab, *, wait_s: float = 10.0) -> dict:
         raise _held_back_error(who, "one began while the script ran")
     xid_order = [i for (i,) in lab.execute("SELECT id FROM outbox WHERE id = ANY(%s) ORDER BY xid",
                                            ([n, n + 1],))]
-    return {"id_cursor_lost_events": lost,
-            "safe_cursor_lost_events": safe_lost,
-            "lost_event_ids": [rl.event_id(i) for i in lost],
-            "xid_order": xid_order,
-            "publish_order": {r: publish_order(lab, r)[PRELOAD:] for r in ("bounded", "safe")},
-            "transcript": _story(run, dict(sorted(notes.items()))),
-            "run": run}
+    return IdCursorGap(id_cursor_lost_events=lost,
+                       safe_cursor_lost_events=safe_lost,
+                       lost_event_ids=[rl.event_id(i) for i in lost],
+                       xid_order=xid_order,
+                       publish_order={r: publish_order(lab, r)[PRELOAD:] for r in ("bounded", "safe")},
+                       transcript=_story(run, dict(sorted(notes.items()))),
+                       run=run)
 
 
 # -- what holds the safe cursor back -----------------------------------------------------------
 
 
-def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> dict:
+@dataclass(frozen=True)
+class WriterStall(Result):
+    """What holds the transaction-id cursor back (:func:`open_writer_stall`): session
+    ``batch`` first only reads, then writes a row to another table, while P1 places orders.
+    Counts are outbox rows.
+
+    held_back_by_open_reader: committed rows the safe cursor had not published after its read
+        while ``batch`` had only read (0).
+    published_while_reader_open: rows it published in that read (1).
+    held_back_by_open_writer: committed rows it held back while ``batch``, having written, was
+        open (1).
+    oldest_writer: the session whose transaction was the cursor's bound then ("batch").
+    safe_cursor_lost_events: the outbox ids it never published ([]).
+    transcript: the run as text, a column per session, with notes.
+    run: the Sessions run (``fencing.story(run)`` prints it); not in the JSON.
+    """
+
+    held_back_by_open_reader: int
+    published_while_reader_open: int
+    held_back_by_open_writer: int
+    oldest_writer: str | None
+    safe_cursor_lost_events: list[int]
+    transcript: str
+    run: Sessions = not_json()
+
+
+def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> WriterStall:
     """What holds the transaction-id cursor back: a transaction that has written something,
     not one that only reads.  Session ``batch`` opens a REPEATABLE READ transaction and reads
     (a snapshot, no transaction id): P1's order goes through.  The same transaction then
     inserts a row into ``batch_log``, a table the outbox has nothing to do with, and so gets a
     transaction id: P1's next order is held back until ``batch`` commits.
 
-    Returns ``held_back_by_open_reader`` (0), ``held_back_by_open_writer`` (1),
-    ``oldest_writer`` ("batch"), ``safe_cursor_lost_events`` ([]), ``transcript``, ``run``."""
+    Returns a :class:`WriterStall`: ``held_back_by_open_reader`` (0),
+    ``held_back_by_open_writer`` (1), ``oldest_writer`` ("batch"), ``safe_cursor_lost_events``
+    ([]), ``transcript``, ``run``."""
     check_params(wait_s=wait_s)
     create_cursor_outbox(lab, "safe", wait_s=wait_s)
     n = PRELOAD + 1
@@ -608,13 +793,13 @@ def open_writer_stall(lab: Lab, *, wait_s: float = 10.0) -> dict:
     lost = unpublished(lab, "safe")
     if lost and (who := _older_writers(lab, "safe")):
         raise _held_back_error(who, "one began while the script ran")
-    return {"held_back_by_open_reader": held_reader,
-            "published_while_reader_open": len(sent_reader),
-            "held_back_by_open_writer": held_writer,
-            "oldest_writer": holder,
-            "safe_cursor_lost_events": lost,
-            "transcript": _story(run, notes),
-            "run": run}
+    return WriterStall(held_back_by_open_reader=held_reader,
+                       published_while_reader_open=len(sent_reader),
+                       held_back_by_open_writer=held_writer,
+                       oldest_writer=holder,
+                       safe_cursor_lost_events=lost,
+                       transcript=_story(run, notes),
+                       run=run)
 
 
 # -- the figure ----------------------------------------------------------------------------------
@@ -625,7 +810,7 @@ LEGEND_ORDER = ["inserted, not committed (no one else sees it)", "committed, wai
                 "a poll (the read)", "oldest open writer: the read stays below it"]
 
 
-def _draw_timeline(ax, tl: dict, title: str) -> None:
+def _draw_timeline(ax, tl: Timeline, title: str) -> None:
     """One run's timeline on ``ax``: a row per outbox id (in the relay's read order, the first
     read at the bottom), x the transcript's step; each row dotted while it is inserted but not
     committed, solid while committed and waiting, a dot when the broker got it, a cross at the
@@ -633,11 +818,13 @@ def _draw_timeline(ax, tl: dict, title: str) -> None:
     the safe cursor, the oldest open writer's bound after every step as a dashed line."""
     from ..core.plots import PALETTE
 
-    end = tl["steps"] + 0.6
-    rank = {row["id"]: y for y, row in enumerate(tl["rows"], start=1)}
-    for y, row in enumerate(tl["rows"], start=1):
-        ins, com, pub = row["inserted"], row["committed"], row["published"]
-        if com is not None and com > ins:
+    end = tl.steps + 0.6
+    rank = {row.id: y for y, row in enumerate(tl.rows, start=1)}
+    for y, row in enumerate(tl.rows, start=1):
+        ins, com, pub = row.inserted, row.committed, row.published
+        if com is None:                     # never seen committed: nothing to draw
+            continue
+        if ins is not None and com > ins:
             ax.plot([ins, com], [y, y], ls=":", lw=3, color=PALETTE[7],
                     label="inserted, not committed (no one else sees it)")
         if pub is None:
@@ -647,28 +834,28 @@ def _draw_timeline(ax, tl: dict, title: str) -> None:
             if pub > com:
                 ax.plot([com, pub], [y, y], lw=4, color=PALETTE[5], label="committed, waiting")
             ax.plot([pub], [y], "o", ms=12, color=PALETTE[3], label="published")
-    xs = [k for k, _ in tl["cursor"]] + [end]
-    ys = [rank[i] + 0.5 for _, i in tl["cursor"]]
+    xs = [k for k, _ in tl.cursor] + [end]
+    ys = [rank[i] + 0.5 for _, i in tl.cursor]
     ax.step(xs, ys + ys[-1:], where="post", lw=3, color=PALETTE[0],
             label="the relay's cursor: rows below it count as published")
     level = dict(zip(xs, ys))
-    for poll in tl["polls"]:
-        at = max(k for k in level if k <= poll["step"])
-        ax.plot([poll["step"]], [level[at]], "v", ms=14, color=PALETTE[0], label="a poll (the read)")
-    if tl["order_by"] == "(xid, id)" and tl["bound"]:
-        steps = [k for k, _ in tl["bound"]]
-        below = [b + 0.5 for _, b in tl["bound"]]
+    for poll in tl.polls:
+        at = max(k for k in level if k <= poll.step)
+        ax.plot([poll.step], [level[at]], "v", ms=14, color=PALETTE[0], label="a poll (the read)")
+    if tl.order_by == "(xid, id)" and tl.bound:
+        steps = [k for k, _ in tl.bound]
+        below = [b + 0.5 for _, b in tl.bound]
         ax.step(steps + [end], below + below[-1:], where="post", ls="--", lw=3, color=PALETTE[1],
                 label="oldest open writer: the read stays below it")
     ax.set_yticks(list(rank.values()), [f"id {i}" for i in rank])
     ax.set_ylim(0.4, len(rank) + 0.9)
     ax.set_xlim(-0.4, end + 0.4)
-    ax.set_xticks(range(0, tl["steps"] + 1, 2))
+    ax.set_xticks(range(0, tl.steps + 1, 2))
     ax.set_xlabel("step of the transcript")
     ax.set_title(title)
 
 
-def plot_cursors(high_water: dict, safe: dict):
+def plot_cursors(high_water: RelayGap, safe: RelayGap):
     """The high-water mark (left) and the transaction-id cursor (right) in the same script,
     from :func:`cursor_gap`'s and :func:`safe_cursor_gap`'s ``timeline``: each outbox row from
     its INSERT to its COMMIT and to the broker, the cursor at each poll, and the row the
@@ -679,16 +866,16 @@ def plot_cursors(high_water: dict, safe: dict):
     from ..core.plots import setup_matplotlib
 
     for name, r in (("high_water", high_water), ("safe", safe)):
-        if not isinstance(r, dict) or "timeline" not in r:
+        if not isinstance(getattr(r, "timeline", None), Timeline):
             raise LabkitError(f"{name} is not a run with a timeline.",
                               "pass the results of cursor.cursor_gap(lab) and cursor.safe_cursor_gap(lab).")
-    if high_water["timeline"]["relay"] != "cursor" or safe["timeline"]["relay"] != "safe":
+    if high_water.timeline.relay != "cursor" or safe.timeline.relay != "safe":
         raise LabkitError("plot_cursors takes the high-water mark's run, then the safe cursor's.",
                           "pass cursor.cursor_gap(lab), then cursor.safe_cursor_gap(lab).")
     setup_matplotlib()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 6.3))
-    _draw_timeline(left, high_water["timeline"], "id > cursor")
-    _draw_timeline(right, safe["timeline"], "(xid, id) below the oldest writer")
+    _draw_timeline(left, high_water.timeline, "id > cursor")
+    _draw_timeline(right, safe.timeline, "(xid, id) below the oldest writer")
     left.set_ylabel("outbox row, in read order")
     handles: dict[str, Artist] = {}
     for ax in (left, right):
@@ -703,35 +890,75 @@ def plot_cursors(high_water: dict, safe: dict):
 # -- the trace and its command -------------------------------------------------------------------
 
 
-def cursor_gap_trace(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> dict:
+@dataclass(frozen=True)
+class CursorGapTrace(Result):
+    """The three relays in the same interleaving, then what holds the safe cursor back
+    (:func:`cursor_gap_trace`; ``labkit trace cursor-gap --json`` prints it without the
+    transcripts).  Ids are outbox ids; n is P1's row; "per relay" means keys ``cursor``,
+    ``flag`` and ``safe``.
+
+    cursor_lost_events: the ids the high-water mark never published ([n]).
+    flag_lost_events: the ids the published-flag relay never published ([]).
+    safe_cursor_lost_events: the ids the transaction-id cursor never published ([]).
+    lost_event_ids: the high-water mark's lost rows as event ids.
+    p1_event: n.
+    later: the orders P2 committed while P1 was open.
+    held_back_while_open: committed rows the transaction-id cursor held back while P1 was
+        open (``later``).
+    published_while_open: per relay, the rows it published while P1 was open.
+    publish_order: per relay, the ids the broker got, in order.
+    oldest_writer: the session whose transaction was the safe cursor's bound while P1 was
+        open ("P1").
+    held_back_by_open_reader: rows an open transaction that had only read held back (0).
+    held_back_by_open_writer: rows an open transaction that had written to another table held
+        back (1).
+    stalled_by: the session of that writer ("batch").
+    transcripts: per relay, and ``stall`` for the last run, the runs as text.
+    """
+
+    cursor_lost_events: list[int]
+    flag_lost_events: list[int]
+    safe_cursor_lost_events: list[int]
+    lost_event_ids: list[str]
+    p1_event: int
+    later: int
+    held_back_while_open: int
+    published_while_open: dict[str, int]
+    publish_order: dict[str, list[int]]
+    oldest_writer: str | None
+    held_back_by_open_reader: int
+    held_back_by_open_writer: int
+    stalled_by: str | None
+    transcripts: dict[str, str]
+
+
+def cursor_gap_trace(lab: Lab, *, later: int = 3, wait_s: float = 10.0) -> CursorGapTrace:
     """The three relays in the same interleaving, then what holds the safe cursor back.
 
-    Returns ``cursor_lost_events`` ([n]), ``flag_lost_events`` ([]),
-    ``safe_cursor_lost_events`` ([]), ``lost_event_ids`` (the high-water mark's, as event ids),
-    ``p1_event`` (n), ``later``, ``held_back_while_open`` (the safe cursor's: ``later``),
-    ``published_while_open`` and ``publish_order`` (per relay), ``oldest_writer`` ("P1"),
-    ``held_back_by_open_reader`` (0), ``held_back_by_open_writer`` (1), ``stalled_by``
-    ("batch") and ``transcripts`` (per relay, and "stall": the runs as text)."""
+    Returns a :class:`CursorGapTrace`: ``cursor_lost_events`` ([n]), ``flag_lost_events``
+    ([]), ``safe_cursor_lost_events`` ([]), ``held_back_while_open`` (the safe cursor's:
+    ``later``), ``published_while_open`` and ``publish_order`` (per relay),
+    ``held_back_by_open_reader`` (0), ``held_back_by_open_writer`` (1) and ``transcripts``."""
     check_params(later=later, wait_s=wait_s)
-    runs = {"cursor": cursor_gap(lab, later=later), "flag": flag_gap(lab, later=later),
-            "safe": safe_cursor_gap(lab, later=later, wait_s=wait_s)}
+    c, f, s = (cursor_gap(lab, later=later), flag_gap(lab, later=later),
+               safe_cursor_gap(lab, later=later, wait_s=wait_s))
+    runs: dict[str, RelayGap] = {"cursor": c, "flag": f, "safe": s}
     stall = open_writer_stall(lab, wait_s=wait_s)
-    c, f, s = runs["cursor"], runs["flag"], runs["safe"]
-    return {"cursor_lost_events": c["cursor_lost_events"],
-            "flag_lost_events": f["flag_lost_events"],
-            "safe_cursor_lost_events": s["safe_cursor_lost_events"],
-            "lost_event_ids": c["lost_event_ids"],
-            "p1_event": c["p1_event"],
-            "later": later,
-            "held_back_while_open": s["held_back_while_open"],
-            "published_while_open": {k: r["published_while_open"] for k, r in runs.items()},
-            "publish_order": {k: r["publish_order"] for k, r in runs.items()},
-            "oldest_writer": s["oldest_writer"],
-            "held_back_by_open_reader": stall["held_back_by_open_reader"],
-            "held_back_by_open_writer": stall["held_back_by_open_writer"],
-            "stalled_by": stall["oldest_writer"],
-            "transcripts": {**{k: r["transcript"] for k, r in runs.items()},
-                            "stall": stall["transcript"]}}
+    return CursorGapTrace(cursor_lost_events=c.cursor_lost_events,
+                          flag_lost_events=f.flag_lost_events,
+                          safe_cursor_lost_events=s.safe_cursor_lost_events,
+                          lost_event_ids=c.lost_event_ids,
+                          p1_event=c.p1_event,
+                          later=later,
+                          held_back_while_open=s.held_back_while_open,
+                          published_while_open={k: r.published_while_open for k, r in runs.items()},
+                          publish_order={k: r.publish_order for k, r in runs.items()},
+                          oldest_writer=s.oldest_writer,
+                          held_back_by_open_reader=stall.held_back_by_open_reader,
+                          held_back_by_open_writer=stall.held_back_by_open_writer,
+                          stalled_by=stall.oldest_writer,
+                          transcripts={**{k: r.transcript for k, r in runs.items()},
+                                       "stall": stall.transcript})
 
 
 TITLES = {"cursor": "the high-water mark: WHERE id > cursor ORDER BY id",
@@ -750,20 +977,20 @@ def cursor_gap_command(*, open_lab: Callable[[], Lab], later: int = 3, wait_s: f
     with open_lab() as lab:
         r = cursor_gap_trace(lab, later=later, wait_s=wait_s)
     if json:
-        print(_json.dumps({k: v for k, v in r.items() if k != "transcripts"}, indent=2))
+        print(_json.dumps({k: v for k, v in r.as_dict().items() if k != "transcripts"}, indent=2))
         return 0
-    for kind, text in r["transcripts"].items():
+    for kind, text in r.transcripts.items():
         print(f"-- {TITLES[kind]}")
         print(text)
         print()
-    n, ids = r["p1_event"], r["lost_event_ids"]
+    n, ids = r.p1_event, r.lost_event_ids
     print(f"P1 held event {n} open while P2 committed {later} newer one(s):")
-    print(f"  high-water mark   lost {r['cursor_lost_events']} ({', '.join(ids) or 'none'}); "
-          f"published {r['published_while_open']['cursor']} while P1 was open")
-    print(f"  published flag    lost {r['flag_lost_events']}; "
-          f"published {r['published_while_open']['flag']} while P1 was open")
-    print(f"  transaction-id    lost {r['safe_cursor_lost_events']}; held back "
-          f"{r['held_back_while_open']} while P1 was open (the oldest open writer: {r['oldest_writer']})")
-    print(f"  an open reader held back {r['held_back_by_open_reader']}, an open writer on another "
-          f"table {r['held_back_by_open_writer']} ({r['stalled_by']})")
+    print(f"  high-water mark   lost {r.cursor_lost_events} ({', '.join(ids) or 'none'}); "
+          f"published {r.published_while_open['cursor']} while P1 was open")
+    print(f"  published flag    lost {r.flag_lost_events}; "
+          f"published {r.published_while_open['flag']} while P1 was open")
+    print(f"  transaction-id    lost {r.safe_cursor_lost_events}; held back "
+          f"{r.held_back_while_open} while P1 was open (the oldest open writer: {r.oldest_writer})")
+    print(f"  an open reader held back {r.held_back_by_open_reader}, an open writer on another "
+          f"table {r.held_back_by_open_writer} ({r.stalled_by})")
     return 0

@@ -42,6 +42,7 @@ import json as _json
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -51,6 +52,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from . import broker as brokers
 from ._checked import one_row
 from .broker import Broker
@@ -127,7 +129,39 @@ def produce(lab: Lab, events: int, aggregates: int, *, seed: int = 0) -> list[tu
 # -- counting inversions ---------------------------------------------------------------------
 
 
-def count_inversions(order: Sequence[Sequence[Any]]) -> dict:
+@dataclass(frozen=True)
+class Inversion(Result):
+    """A message that reached the broker after a later version of its aggregate.
+
+    aggregate: the aggregate (``order-07``).
+    published_first: the highest version of it the broker already had.
+    then: the late message's version.
+    position: the late message's place in the broker's order (0-based).
+    """
+
+    aggregate: str
+    published_first: int
+    then: int
+    position: int
+
+
+@dataclass(frozen=True)
+class Inversions(Result):
+    """Per-aggregate inversions in one order of messages (:func:`count_inversions`).
+
+    per_aggregate_inversions: pairs of messages of one aggregate with the later version first.
+    late_messages: messages a later version of their aggregate arrived before.
+    aggregates_out_of_order: aggregates with at least one inversion.
+    inversions: the first late messages (at most ``SAMPLE``), in order.
+    """
+
+    per_aggregate_inversions: int
+    late_messages: int
+    aggregates_out_of_order: int
+    inversions: list[Inversion]
+
+
+def count_inversions(order: Sequence[Sequence[Any]]) -> Inversions:
     """Per-aggregate inversions in ``order`` ((aggregate, version, ...) in the broker's
     order): pairs of messages of one aggregate with the later version first.  Also the
     late messages (a later version of their aggregate arrived before them), the
@@ -135,7 +169,7 @@ def count_inversions(order: Sequence[Sequence[Any]]) -> dict:
     and the highest version already there)."""
     seen: dict[str, list[int]] = {}
     pairs = late = 0
-    sample: list[dict[str, Any]] = []
+    sample: list[Inversion] = []
     out_of_order: set[str] = set()
     for position, (agg, version, *_) in enumerate(order):
         versions = seen.setdefault(agg, [])
@@ -145,11 +179,11 @@ def count_inversions(order: Sequence[Sequence[Any]]) -> dict:
             late += 1
             out_of_order.add(agg)
             if len(sample) < SAMPLE:
-                sample.append({"aggregate": agg, "published_first": versions[-1],
-                               "then": version, "position": position})
+                sample.append(Inversion(aggregate=agg, published_first=versions[-1],
+                                        then=version, position=position))
         bisect.insort(versions, version)
-    return {"per_aggregate_inversions": pairs, "late_messages": late,
-            "aggregates_out_of_order": len(out_of_order), "inversions": sample}
+    return Inversions(per_aggregate_inversions=pairs, late_messages=late,
+                      aggregates_out_of_order=len(out_of_order), inversions=sample)
 
 
 # -- the relay process ------------------------------------------------------------------------------
@@ -329,10 +363,68 @@ def _max_claimed_at_once(workers: list[Worker]) -> int:
     return best
 
 
+@dataclass(frozen=True)
+class OrderingTrace(Result):
+    """Events of several aggregates drained by several relays, and the per-aggregate
+    inversions in the broker's order (:func:`ordering_trace`; ``labkit trace relay --relays 2
+    --json`` prints it without ``delivered``).
+
+    relays: the relay processes.
+    aggregates: the aggregates (orders) the events were drawn from.
+    events: the events the producer wrote.
+    batch: the most events one claim takes.
+    claim: the claim the relays ran: ``skip-locked``, ``per-key`` or ``partition``.
+    guarantee: what that claim guarantees about order, in words (:data:`GUARANTEES`).
+    per_aggregate: whether one claimer per aggregate was asked for.
+    schedule: ``scripted`` (the relay that goes on drawn with ``seed``) or ``free``.
+    seed: the seed of the producer and of the schedule.
+    hold_ms: the free relays' longest wait between claim and publish, in ms (None: scripted).
+    broker: the broker's kind: ``recording`` or ``rabbitmq``.
+    published: messages the broker holds.
+    distinct_events: distinct event ids among them.
+    unpublished_left: outbox events never published.
+    per_aggregate_inversions: pairs of messages of one aggregate with the later version first.
+    late_messages: messages a later version of their aggregate arrived before.
+    aggregates_out_of_order: aggregates with at least one inversion.
+    inversions: the first late messages (at most ``SAMPLE``), in the broker's order.
+    max_claimed_at_once: the most relays that held events of one aggregate at once.
+    published_by: per relay, the events it published (None: it did not end).
+    ticks_by: per relay, its claims that returned events (None: it did not end).
+    steps: the scripted schedule's first moves, in words ([] when free).
+    seconds: how long the relays ran, in seconds.
+    delivered: every message in the broker's order, as [aggregate, version, event_id].
+    """
+
+    relays: int
+    aggregates: int
+    events: int
+    batch: int
+    claim: str
+    guarantee: str
+    per_aggregate: bool
+    schedule: str
+    seed: int
+    hold_ms: float | None
+    broker: str
+    published: int
+    distinct_events: int
+    unpublished_left: int
+    per_aggregate_inversions: int
+    late_messages: int
+    aggregates_out_of_order: int
+    inversions: list[Inversion]
+    max_claimed_at_once: int
+    published_by: list[int | None]
+    ticks_by: list[int | None]
+    steps: list[str]
+    seconds: float
+    delivered: list[list[Any]]
+
+
 def ordering_trace(lab: Lab, broker: Broker | None = None, *, relays: int = 2, aggregates: int = 10,
                    events: int = 200, per_aggregate: bool = False, remedy: str = "per-key",
                    batch: int = 5, schedule: str = "scripted", hold_ms: float = 5.0,
-                   seed: int = 0) -> dict:
+                   seed: int = 0) -> OrderingTrace:
     """``events`` events over ``aggregates`` aggregates, drained by ``relays`` relay
     processes claiming ``batch`` at a time, with the plain SKIP LOCKED claim or, with
     ``per_aggregate``, one claimer per aggregate (``remedy`` "per-key" or "partition").
@@ -340,13 +432,11 @@ def ordering_trace(lab: Lab, broker: Broker | None = None, *, relays: int = 2, a
     (the relay that goes on is drawn with ``seed``: reproducible) or "free" (the relays run
     at once, waiting 0..``hold_ms`` ms between claim and publish).
 
-    Returns: relays, aggregates, events, batch, claim, guarantee (:data:`GUARANTEES`),
-    schedule, seed, broker, published
-    (messages the broker holds), distinct_events, unpublished_left, per_aggregate_inversions,
-    late_messages, aggregates_out_of_order, inversions (a sample: aggregate,
-    published_first, then, position), max_claimed_at_once (relays holding one aggregate at
-    once), published_by and ticks_by (per relay), steps (scripted: the first moves),
-    seconds, and delivered: [aggregate, version, event_id] in the broker's order."""
+    Returns an :class:`OrderingTrace`: the parameters, what the broker got
+    (``published``, ``distinct_events``, ``unpublished_left``), the inversions counted in
+    its order (``per_aggregate_inversions``, ``late_messages``, ``inversions`` ...),
+    ``max_claimed_at_once``, per relay ``published_by`` and ``ticks_by``, the scripted
+    ``steps``, and ``delivered``: [aggregate, version, event_id] in the broker's order."""
     check_params(relays=relays, aggregates=aggregates, events=events, batch=batch,
                  per_aggregate=per_aggregate, remedy=remedy, schedule=schedule,
                  hold_ms=hold_ms, seed=seed)
@@ -380,16 +470,20 @@ def ordering_trace(lab: Lab, broker: Broker | None = None, *, relays: int = 2, a
         left = lab.execute(_q("unpublished"), {"partition": None, "relays": relays})[0][0]
     delivered = [[body["aggregate"], int(body["version"]), ev] for ev, body in messages]
     counted = count_inversions(delivered)
-    return {"relays": relays, "aggregates": aggregates, "events": events, "batch": batch,
-            "claim": claim, "guarantee": GUARANTEES[claim], "per_aggregate": per_aggregate,
-            "schedule": schedule, "seed": seed,
-            "hold_ms": None if scripted else hold_ms, "broker": bk.kind,
-            "published": len(delivered), "distinct_events": len({d[2] for d in delivered}),
-            "unpublished_left": left, **counted,
-            "max_claimed_at_once": _max_claimed_at_once(workers),
-            "published_by": [d["result"]["published"] if d else None for d in done],
-            "ticks_by": [d["result"]["ticks"] if d else None for d in done],
-            "steps": steps[:SAMPLE], "seconds": round(seconds, 3), "delivered": delivered}
+    return OrderingTrace(relays=relays, aggregates=aggregates, events=events, batch=batch,
+                         claim=claim, guarantee=GUARANTEES[claim], per_aggregate=per_aggregate,
+                         schedule=schedule, seed=seed,
+                         hold_ms=None if scripted else hold_ms, broker=bk.kind,
+                         published=len(delivered), distinct_events=len({d[2] for d in delivered}),
+                         unpublished_left=left,
+                         per_aggregate_inversions=counted.per_aggregate_inversions,
+                         late_messages=counted.late_messages,
+                         aggregates_out_of_order=counted.aggregates_out_of_order,
+                         inversions=counted.inversions,
+                         max_claimed_at_once=_max_claimed_at_once(workers),
+                         published_by=[d["result"]["published"] if d else None for d in done],
+                         ticks_by=[d["result"]["ticks"] if d else None for d in done],
+                         steps=steps[:SAMPLE], seconds=round(seconds, 3), delivered=delivered)
 
 
 # -- the consumer that checks versions ------------------------------------------------------------
@@ -406,7 +500,36 @@ CONSUMERS = {
 }
 
 
-def _consume(conn: psycopg.Connection, messages: Sequence[Sequence[Any]], kind: str) -> dict:
+@dataclass(frozen=True)
+class ConsumerOutcome(Result):
+    """What one consumer did with the messages, as its tables show it afterwards.  Counts
+    are events (messages).
+
+    applied: times an effect was applied.
+    applied_late: applications after a later version of the same aggregate.
+    applied_twice: applications beyond the first of one event (aggregate, version).
+    never_applied: events of the outbox never applied.
+    dropped: messages dropped, their version not newer than the last one applied.
+    parked: times an event was parked, waiting for a gap to fill.
+    parked_max: the most events parked at once.
+    still_parked: events still parked at the end.
+    aggregates_behind: aggregates whose last applied version is not their latest.
+    guarantee: what this consumer guarantees, in words (:data:`CONSUMERS`).
+    """
+
+    applied: int
+    applied_late: int
+    applied_twice: int
+    never_applied: int
+    dropped: int
+    parked: int
+    parked_max: int
+    still_parked: int
+    aggregates_behind: int
+    guarantee: str
+
+
+def _consume(conn: psycopg.Connection, messages: Sequence[Sequence[Any]], kind: str) -> ConsumerOutcome:
     """Run one consumer over ``messages``, one transaction per message (the version read
     and locked, the decision, the effect and the new version commit together)."""
     last_sql = query(SQL, "last_applied").statements
@@ -435,39 +558,61 @@ def _consume(conn: psycopg.Connection, messages: Sequence[Sequence[Any]], kind: 
                     nxt += 1
     applied, late, twice, never, still, behind = one_row(conn.execute(_q("consumer_outcome")),
                                                          f"{SQL}'s consumer_outcome")
-    return {"applied": applied, "applied_late": late, "applied_twice": twice,
-            "never_applied": never, "dropped": dropped, "parked": parked, "parked_max": parked_max,
-            "still_parked": still, "aggregates_behind": behind, "guarantee": CONSUMERS[kind]}
+    return ConsumerOutcome(applied=applied, applied_late=late, applied_twice=twice,
+                           never_applied=never, dropped=dropped, parked=parked,
+                           parked_max=parked_max, still_parked=still, aggregates_behind=behind,
+                           guarantee=CONSUMERS[kind])
 
 
-def consumer_check(lab: Lab, delivered: Sequence[Sequence[Any]] | None = None, **trace: Any) -> dict:
+@dataclass(frozen=True)
+class ConsumerCheck(Result):
+    """Three consumers over the same messages, in the broker's order (:func:`consumer_check`).
+
+    messages: the messages each consumer got.
+    per_aggregate_inversions: pairs of those messages of one aggregate with the later version
+        first.
+    apply_all: what the consumer that applies every message did.
+    drop_stale: what the consumer that drops a version not newer than the last applied did.
+    in_order: what the consumer that drops duplicates and parks a version after a gap did.
+    """
+
+    messages: int
+    per_aggregate_inversions: int
+    apply_all: ConsumerOutcome
+    drop_stale: ConsumerOutcome
+    in_order: ConsumerOutcome
+
+
+def consumer_check(lab: Lab, delivered: Sequence[Sequence[Any]] | None = None,
+                   **trace: Any) -> ConsumerCheck:
     """Three consumers over the same messages, in the broker's order (``delivered`` of an
     :func:`ordering_trace` run on this lab; None: run one now with ``trace``'s parameters):
     apply_all, drop_stale and in_order (:data:`CONSUMERS` says what each guarantees).
 
-    Returns messages, per_aggregate_inversions (of those messages), and per consumer:
-    applied, applied_late (after a later version of its aggregate), applied_twice,
-    never_applied (events of the outbox never applied), dropped, parked (times an event
-    waited for a gap), parked_max (events parked at once), still_parked, aggregates_behind
-    (whose last applied version is not their latest), guarantee."""
+    Returns a :class:`ConsumerCheck`: ``messages``, ``per_aggregate_inversions`` (of those
+    messages), and per consumer (``apply_all``, ``drop_stale``, ``in_order``) a
+    :class:`ConsumerOutcome`: applied, applied_late, applied_twice, never_applied, dropped,
+    parked, parked_max, still_parked, aggregates_behind, guarantee."""
     if delivered is None:
-        delivered = ordering_trace(lab, **trace)["delivered"]
+        delivered = ordering_trace(lab, **trace).delivered
     elif trace:
         raise LabkitError(f"consumer_check got messages and trace parameters ({', '.join(trace)}).",
-                          "pass either delivered=result['delivered'] or the trace's parameters.")
+                          "pass either delivered=result.delivered or the trace's parameters.")
     messages = _messages(delivered)
     if lab.execute("SELECT to_regclass('outbox') IS NULL OR to_regclass('aggregate_state') IS NULL")[0][0]:
         raise LabkitError("This lab has no ordered outbox to check the consumers against.",
-                          "run ordering_trace(lab) on this lab first and pass its 'delivered'.")
-    out: dict[str, Any] = {"messages": len(messages),
-                           "per_aggregate_inversions": count_inversions(messages)["per_aggregate_inversions"]}
+                          "run ordering_trace(lab) on this lab first and pass its delivered.")
+    outcomes: dict[str, ConsumerOutcome] = {}
     with lab.connect(role="consumer") as conn:
         for kind in CONSUMERS:
             conn.execute("DROP TABLE IF EXISTS applied_version, parked_event, applied_event")
             for stmt in query(SQL, "consumer_tables").statements:
                 conn.execute(stmt)
-            out[kind] = _consume(conn, messages, kind)
-    return out
+            outcomes[kind] = _consume(conn, messages, kind)
+    return ConsumerCheck(messages=len(messages),
+                         per_aggregate_inversions=count_inversions(messages).per_aggregate_inversions,
+                         apply_all=outcomes["apply_all"], drop_stale=outcomes["drop_stale"],
+                         in_order=outcomes["in_order"])
 
 
 def _messages(delivered: Sequence[Sequence[Any]]) -> list[tuple[str, int, str]]:
@@ -504,28 +649,29 @@ def ordering_command(*, open_lab: Callable[[], Lab], relays: int = 2, aggregates
             r = ordering_trace(lab, bk, relays=relays, aggregates=aggregates, events=events,
                                per_aggregate=per_aggregate, remedy=remedy, batch=batch,
                                schedule=schedule, hold_ms=hold_ms, seed=seed)
-            c = consumer_check(lab, r["delivered"])
+            c = consumer_check(lab, r.delivered)
         finally:
             bk.discard()
-    r = {k: v for k, v in r.items() if k != "delivered"}
-    r["consumers"] = {k: v for k, v in c.items() if k in CONSUMERS}
+    consumers: dict[str, ConsumerOutcome] = {k: getattr(c, k) for k in CONSUMERS}
     if json:
-        print(_json.dumps(r, indent=2))
+        out = {k: v for k, v in r.as_dict().items() if k != "delivered"}
+        out["consumers"] = {k: v.as_dict() for k, v in consumers.items()}
+        print(_json.dumps(out, indent=2))
         return 0
     how = {"skip-locked": "FOR UPDATE SKIP LOCKED", "per-key": "the per-aggregate claim",
-           "partition": "partitioned by hash(aggregate)"}[r["claim"]]
+           "partition": "partitioned by hash(aggregate)"}[r.claim]
     sched = (f"scripted (seed {seed})" if schedule == "scripted"
              else f"free, 0-{hold_ms:g} ms between claim and publish")
     print(f"{relays} relay(s), {how}, batch {batch}; {events} events over {aggregates} aggregates; "
-          f"{sched}; {r['broker']} broker")
-    print(f"published {r['published']} ({r['distinct_events']} distinct), by relay: "
-          f"{', '.join(str(n) for n in r['published_by'])}")
-    print(f"per-aggregate inversions: {r['per_aggregate_inversions']} "
-          f"({r['late_messages']} late messages, {r['aggregates_out_of_order']} aggregates out of order)")
-    for s in r["inversions"][:3]:
-        print(f"  {s['aggregate']}: v{s['published_first']} reached the broker before v{s['then']}")
-    for kind, v in r["consumers"].items():
-        print(f"consumer {kind}: applied {v['applied']}, {v['applied_late']} late, "
-              f"{v['never_applied']} never, parked at most {v['parked_max']}, "
-              f"{v['aggregates_behind']} aggregates behind")
+          f"{sched}; {r.broker} broker")
+    print(f"published {r.published} ({r.distinct_events} distinct), by relay: "
+          f"{', '.join(str(n) for n in r.published_by)}")
+    print(f"per-aggregate inversions: {r.per_aggregate_inversions} "
+          f"({r.late_messages} late messages, {r.aggregates_out_of_order} aggregates out of order)")
+    for s in r.inversions[:3]:
+        print(f"  {s.aggregate}: v{s.published_first} reached the broker before v{s.then}")
+    for kind, v in consumers.items():
+        print(f"consumer {kind}: applied {v.applied}, {v.applied_late} late, "
+              f"{v.never_applied} never, parked at most {v.parked_max}, "
+              f"{v.aggregates_behind} aggregates behind")
     return 0

@@ -19,11 +19,14 @@ first, round after round, and reads the broker's order back from what it recorde
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.limits import number
 from ...core.queries import query as named_query
 from ...core.sessions import Sessions
+from ...core.steps import Step
 from ...labs import cursor as cg
 from ...labs import fencing
 from ...labs import ordering as od
@@ -75,18 +78,22 @@ def check_safe_read(lab: Lab, query: str, *, wait_s: float = 10.0) -> Check:
         box.drop()
 
 
+def _placed(step: Step) -> int:
+    """The outbox id a producer's step returned; a step that failed raises, saying so."""
+    if step.error or not step.rows:
+        raise LabkitError(f"A producer's step failed in the checker's scene ({step.outcome()}).",
+                          "run the check again; if it fails again, the scene's tables are broken.")
+    return int(step.rows[-1][0])
+
+
 def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
+    """The producers' three acts with the relay's reads between them, then the findings (no
+    more once a read failed: its finding says why)."""
     cursor = ("0", 0)
     polls: list[list[int]] = []
     early: list[str] = []
     story: dict[int, str] = {}
     with Sessions(box, "P1", "P2", "P3", "relay") as run:
-        def placed(step) -> int:
-            if step.error or not step.rows:
-                raise LabkitError(f"A producer's step failed in the checker's scene ({step.outcome()}).",
-                                  "run the check again; if it fails again, the scene's tables are broken.")
-            return int(step.rows[-1][0])
-
         def poll() -> bool:
             nonlocal cursor
             cg.settle_other_writers(box, run, wait_s)
@@ -108,9 +115,9 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
             return True
 
         run.P1("BEGIN")
-        p1 = placed(run.P1(cg.place_text(box, 1)))
+        p1 = _placed(run.P1(cg.place_text(box, 1)))
         story[p1] = "P1's: inserted first, committed after read 1"
-        p2 = placed(run.P2(cg.place_text(box, 2)))
+        p2 = _placed(run.P2(cg.place_text(box, 2)))
         story[p2] = "P2's: committed at once"
         ok = poll()
         run.P1("COMMIT")
@@ -119,8 +126,8 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
         run.P3("BEGIN")
         run.P3(order3)                                     # P3's first write: its xid
         run.P2("BEGIN")
-        p4 = placed(run.P2(cg.place_text(box, 4)))         # a newer xid, an older id
-        p3 = placed(run.P3(event3))
+        p4 = _placed(run.P2(cg.place_text(box, 4)))        # a newer xid, an older id
+        p3 = _placed(run.P3(event3))
         run.P3("COMMIT")
         story[p3] = "P3's: its transaction began writing before P2's second, committed before read 3"
         story[p4] = "P2's second: a lower id than P3's row, a newer xid, committed after read 3"
@@ -130,23 +137,30 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
         order5, event5 = cg.place_parts(box, 5)
         run.P1("BEGIN")
         run.P1(order5)                                     # P1's first write: the oldest xid of the act
-        p5 = placed(run.P2(cg.place_text(box, 6)))
-        p6 = placed(run.P3(cg.place_text(box, 7)))
-        p7 = placed(run.P1(event5))                        # the oldest xid, the highest id
+        p5 = _placed(run.P2(cg.place_text(box, 6)))
+        p6 = _placed(run.P3(cg.place_text(box, 7)))
+        p7 = _placed(run.P1(event5))                       # the oldest xid, the highest id
         run.P1("COMMIT")
         story[p5] = story[p6] = "committed at once, a newer xid than row 7's"
         story[p7] = ("P1's second: its transaction wrote before rows 5 and 6, its outbox row came "
                      "last, all three committed before read 5")
         while ok and len(polls) < POLLS:
             ok = poll()
-    if not ok:
-        return check
+    if ok:
+        _judge_safe_read(check, box, polls, early, story)
+    return check
+
+
+def _judge_safe_read(check: Check, box: Lab, polls: list[list[int]], early: list[str],
+                     story: dict[int, str]) -> None:
+    """The findings on what the reads returned, against every row committed by the end: none
+    lost, none twice, none before it had committed."""
     every = [int(i) for (i,) in box.execute("SELECT id FROM outbox ORDER BY id")]
     returned = [i for got in polls for i in got]
     shown = "; ".join(_ids(got) for got in polls)
     if not returned:
         check.add(False, f"the reads returned no row at all ({shown}), while {len(every)} were committed")
-        return check
+        return
     lost = [i for i in every if i not in returned]
     check.add(not lost, f"every committed event was returned (the reads, in turn: {shown})" if not lost else
               f"the reads returned, in turn: {shown}. " + "; ".join(
@@ -157,7 +171,6 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
               f"row(s) {_ids(twice)} returned more than once: the cursor did not move past them")
     check.add(not early, "every row a read returned had committed before that read" if not early
               else f"returned rows that were not committed outbox rows at that moment: {', '.join(early)}")
-    return check
 
 
 # -- two relays, one claim ----------------------------------------------------------------------
@@ -193,75 +206,139 @@ def check_aggregate_claim(lab: Lab, query: str, *, batch: int = 2) -> Check:
         box.drop()
 
 
-def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Check:
-    text = bind(box, query, {"batch": batch})
-    version = {i: (a, v) for i, a, v in box.execute("SELECT id, aggregate, version FROM outbox")}
-    broker: list[int] = []
-    shared: list[str] = []
-    by_both: set[int] = set()          # events both relays claimed in one round
-    stalled = False                    # a round where both claims came back empty
+@dataclass
+class _Rounds:
+    """What the two relays' rounds gave, as they went."""
+
+    broker: list[int] = field(default_factory=list)     # the ids published, in the broker's order
+    shared: list[str] = field(default_factory=list)     # orders with events held by both relays at once
+    by_both: set[int] = field(default_factory=set)      # events both relays claimed in one round
+    stalled: bool = False                               # a round where both claims came back empty
+
+
+def _claim(run: Sessions, relay: str, text: str, version: dict, check: Check) -> list[int] | None:
+    """BEGIN, then the relay's claim: the outbox ids it returned, or None once it failed
+    (its finding says why)."""
+    run.step(relay, "BEGIN")
+    st = run.step(relay, text, label="claim")
+    if st.error or st.waited:
+        why = st.error.short() if st.error else "it waited for the other relay's lock"
+        check.add(False, f"relay {relay}'s claim failed: {why}")
+        return None
+    try:
+        ids = [int(r[0]) for r in st.rows]
+    except (TypeError, ValueError, IndexError):
+        check.add(False, f"relay {relay}'s claim returned {st.rows[:3]}: its first column "
+                  "should be the outbox id")
+        return None
+    if any(i not in version for i in ids):
+        check.add(False, f"relay {relay}'s claim returned ids that are not outbox rows")
+        return None
+    return ids
+
+
+def _mark_and_commit(run: Sessions, box: Lab, relay: str, ids: list[int], check: Check) -> bool:
+    """The relay marks what it claimed (if anything) and commits; False once its mark failed
+    (its finding says why)."""
+    if ids:
+        st = run.step(relay, fencing.bind(box, rl.MARK, ids=ids), label="mark")
+        if st.error or st.waited:
+            why = (st.error.short() if st.error else
+                   "it waited for the other relay's lock on rows both relays had claimed")
+            check.add(False, f"relay {relay}'s mark failed: {why}")
+            return False
+    run.step(relay, "COMMIT")
+    return True
+
+
+def _play_round(run: Sessions, box: Lab, text: str, version: dict, check: Check,
+                rounds: _Rounds) -> dict[str, list[int]] | None:
+    """One round: A claims, B claims, then B publishes, marks and commits, then A.  Returns
+    what each relay claimed, or None once a step failed (its finding says why)."""
+    claimed = {}
+    for relay in ("A", "B"):
+        ids = _claim(run, relay, text, version, check)
+        if ids is None:
+            return None
+        claimed[relay] = ids
+    rounds.by_both |= set(claimed["A"]) & set(claimed["B"])
+    both = {version[i][0] for i in claimed["A"]} & {version[i][0] for i in claimed["B"]}
+    rounds.shared += sorted(both - set(rounds.shared))
+    for relay in ("B", "A"):                       # the second claimer publishes first
+        rounds.broker += claimed[relay]
+        if not _mark_and_commit(run, box, relay, claimed[relay], check):
+            return None
+    return claimed
+
+
+def _play_rounds(box: Lab, text: str, version: dict, check: Check) -> _Rounds | None:
+    """Up to ROUNDS rounds, until both claims come back empty; None once a step failed."""
+    rounds = _Rounds()
     with Sessions(box, "A", "B", lock_timeout="3s") as run:
         for _ in range(ROUNDS):
-            claimed = {}
-            for relay in ("A", "B"):
-                run.step(relay, "BEGIN")
-                st = run.step(relay, text, label="claim")
-                if st.error or st.waited:
-                    why = st.error.short() if st.error else "it waited for the other relay's lock"
-                    check.add(False, f"relay {relay}'s claim failed: {why}")
-                    return check
-                try:
-                    claimed[relay] = [int(r[0]) for r in st.rows]
-                except (TypeError, ValueError, IndexError):
-                    check.add(False, f"relay {relay}'s claim returned {st.rows[:3]}: its first column "
-                              "should be the outbox id")
-                    return check
-                if any(i not in version for i in claimed[relay]):
-                    check.add(False, f"relay {relay}'s claim returned ids that are not outbox rows")
-                    return check
-            by_both |= set(claimed["A"]) & set(claimed["B"])
-            both = {version[i][0] for i in claimed["A"]} & {version[i][0] for i in claimed["B"]}
-            shared += sorted(both - set(shared))
-            for relay in ("B", "A"):                       # the second claimer publishes first
-                broker += claimed[relay]
-                if claimed[relay]:
-                    st = run.step(relay, fencing.bind(box, rl.MARK, ids=claimed[relay]), label="mark")
-                    if st.error or st.waited:
-                        why = (st.error.short() if st.error else
-                               "it waited for the other relay's lock on rows both relays had claimed")
-                        check.add(False, f"relay {relay}'s mark failed: {why}")
-                        return check
-                run.step(relay, "COMMIT")
+            claimed = _play_round(run, box, text, version, check, rounds)
+            if claimed is None:
+                return None
             if not claimed["A"] and not claimed["B"]:
-                stalled = True
+                rounds.stalled = True
                 break
-    left = [i for (i,) in box.execute("SELECT id FROM outbox WHERE published_at IS NULL")]
-    once = sorted(set(broker)) == sorted(version) and len(broker) == len(version)
+    return rounds
+
+
+def _never_published(left: list[int], version: dict, stalled: bool) -> str:
+    """What the finding says of the events left unpublished."""
+    oldest: dict[str, int] = {}                         # per order, its oldest event left
+    for i in left:
+        agg, v = version[i]
+        oldest[agg] = min(oldest.get(agg, v), v)
+    free = all(j not in left for j, (agg, v) in version.items() if agg in oldest and v < oldest[agg])
+    why = ("" if not stalled else
+           ": both claims came back empty while no relay held anything" +
+           (", though in each order the oldest of them had no older event left unpublished"
+            if free else ""))
+    return f"{len(left)} of {len(version)} events never reached the broker{why}"
+
+
+def _delivery_mistakes(left: list[int], version: dict, rounds: _Rounds) -> list[str]:
+    """What went wrong with the broker's messages: events never published, events published
+    more than once."""
+    broker = rounds.broker
     twice = sorted({i for i in broker if broker.count(i) > 1})
     wrong = []
     if left:
-        oldest: dict[str, int] = {}                         # per order, its oldest event left
-        for i in left:
-            agg, v = version[i]
-            oldest[agg] = min(oldest.get(agg, v), v)
-        free = all(j not in left for j, (agg, v) in version.items() if agg in oldest and v < oldest[agg])
-        why = ("" if not stalled else
-               ": both claims came back empty while no relay held anything" +
-               (", though in each order the oldest of them had no older event left unpublished"
-                if free else ""))
-        wrong.append(f"{len(left)} of {len(version)} events never reached the broker{why}")
+        wrong.append(_never_published(left, version, rounds.stalled))
     if twice:
-        how = (f"both relays claimed {_ids(sorted(by_both))} in the same round: nothing kept the "
-               "second claim from returning rows the first one held" if by_both
+        how = (f"both relays claimed {_ids(sorted(rounds.by_both))} in the same round: nothing kept the "
+               "second claim from returning rows the first one held" if rounds.by_both
                else "a claim returned events already published")
         wrong.append(f"{len(twice)} of {len(version)} events reached the broker more than once: {how}")
+    return wrong
+
+
+def _judge_aggregate_claim(check: Check, box: Lab, version: dict, rounds: _Rounds) -> None:
+    """The findings: every event published once, no order held by both relays at once, each
+    order's events in version order."""
+    left = [i for (i,) in box.execute("SELECT id FROM outbox WHERE published_at IS NULL")]
+    broker, shared = rounds.broker, rounds.shared
+    once = sorted(set(broker)) == sorted(version) and len(broker) == len(version)
+    wrong = _delivery_mistakes(left, version, rounds)
     check.add(once, f"every event reached the broker exactly once ({len(broker)} messages)" if once else
               "; ".join(wrong) or "the broker got other messages than the outbox's events")
     check.add(not shared, "no order had events held by both relays at once" if not shared else
               f"order(s) {', '.join(shared)} had events held by both relays at once")
     inv = od.count_inversions([version[i] for i in broker])
-    check.add(inv["per_aggregate_inversions"] == 0,
-              "each order reached the broker in version order" if inv["per_aggregate_inversions"] == 0
-              else "; ".join(f"{s['aggregate']}: v{s['published_first']} reached the broker before "
-                             f"v{s['then']}" for s in inv["inversions"][:3]))
+    check.add(inv.per_aggregate_inversions == 0,
+              "each order reached the broker in version order" if inv.per_aggregate_inversions == 0
+              else "; ".join(f"{s.aggregate}: v{s.published_first} reached the broker before "
+                             f"v{s.then}" for s in inv.inversions[:3]))
+
+
+def _run_aggregate_claim(box: Lab, query: str, batch: int, check: Check) -> Check:
+    """The two relays' rounds, then the findings (no more once a step failed: its finding
+    says why)."""
+    text = bind(box, query, {"batch": batch})
+    version = {i: (a, v) for i, a, v in box.execute("SELECT id, aggregate, version FROM outbox")}
+    rounds = _play_rounds(box, text, version, check)
+    if rounds is not None:
+        _judge_aggregate_claim(check, box, version, rounds)
     return check
