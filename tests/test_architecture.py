@@ -120,3 +120,88 @@ def test_imports_flow_one_way_tools_to_labs_to_core() -> None:
 def test_every_module_lives_in_a_room() -> None:
     loose = sorted(n for n in modules() if room(n) not in MAY_IMPORT)
     assert not loose, f"modules outside core/labs/tools/cli: {loose}"
+
+
+def notebook_imports(path: Path) -> set[str]:
+    """The modules a notebook's code cells import (``import x`` and ``from x import y``)."""
+    import json
+
+    found: set[str] = set()
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        lines = [ln for ln in "".join(cell["source"]).splitlines() if not ln.lstrip().startswith(("%", "!"))]
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+    return found
+
+
+def test_notebooks_import_the_facade_and_the_labs_never_the_engine() -> None:
+    """A notebook reads ``import labkit as lk`` and ``from labkit.labs import ...``; what it
+    needs from ``labkit.core`` the facade offers, so the engine's layout can change under it."""
+    root = PKG.parent
+    wrong = {p.name: sorted(m for m in notebook_imports(p) if m.startswith("labkit.core"))
+             for folder in ("notebooks", "student") for p in sorted((root / folder).glob("*.ipynb"))}
+    wrong = {name: mods for name, mods in wrong.items() if mods}
+    assert not wrong, f"notebooks importing labkit.core (add the name to labkit/__init__.py): {wrong}"
+
+
+def test_the_notebook_import_reader_sees_a_core_import(tmp_path) -> None:
+    nb = tmp_path / "x.ipynb"
+    nb.write_text('{"cells": [{"cell_type": "code", "source": ["%matplotlib inline\\n", '
+                  '"def f():\\n", "    from labkit.core.text import fill\\n"]}]}')
+    assert notebook_imports(nb) == {"labkit.core.text"}
+
+
+ARCHITECTURE = PKG.parent / "ARCHITECTURE.md"
+
+
+def _room_blocks() -> dict[str, str]:
+    """ARCHITECTURE.md's picture of the rooms: the text beside each room's name."""
+    text = ARCHITECTURE.read_text()
+    picture = text.split("```")[1]
+    blocks: dict[str, str] = {}
+    room_name = None
+    for line in picture.splitlines():
+        head = line.split()[0] if line.strip() and not line.startswith(" ") else None
+        if head in ("cli.py", "tools/", "labs/", "core/"):
+            room_name = head.rstrip("/").removesuffix(".py")
+        if room_name:
+            blocks[room_name] = blocks.get(room_name, "") + " " + line
+    return blocks
+
+
+def test_architecture_names_every_module_in_its_room() -> None:
+    """A contributor finds each module in the picture at the top of ARCHITECTURE.md, in the
+    room it lives in; a module added or moved without it fails here."""
+    import re
+
+    blocks = _room_blocks()
+    assert set(blocks) == {"cli", "tools", "labs", "core"}, blocks.keys()
+    missing = []
+    for name in modules():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[-1].startswith("_") or parts[1] not in blocks:
+            continue            # the facade, cli itself, a room's __init__, private helpers
+        leaf = parts[2]         # tools.exercises.cdc is named as "exercises"
+        if not re.search(rf"\b{leaf}\b", blocks[parts[1]]):
+            missing.append(f"{name} (in {parts[1]}/)")
+    assert not missing, "ARCHITECTURE.md does not name: " + ", ".join(sorted(missing))
+
+
+def test_architecture_lists_the_facades_names_and_the_files_it_points_to_exist() -> None:
+    import re
+
+    text = ARCHITECTURE.read_text()
+    facade = text[text.index("`labkit/__init__.py` is the facade"):]
+    facade = facade[:facade.index("\n\n")]
+    named = set(re.findall(r"`lk\.(\w+)`", facade))
+    assert named == set(labkit.__all__) - {"__version__"}, (named ^ (set(labkit.__all__) - {"__version__"}))
+    pointed = set(re.findall(r"`((?:core|labs|tools)/[\w/]+\.py)", text))
+    gone = sorted(p for p in pointed if not (PKG / p).is_file())
+    assert not gone, f"ARCHITECTURE.md points at files that do not exist: {gone}"
+    for sql in set(re.findall(r"`(?:labkit/)?sql/(\w+\.sql)`", text)):
+        assert (PKG / "sql" / sql).is_file(), sql

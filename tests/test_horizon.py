@@ -16,6 +16,10 @@ from labkit.labs import horizon as hz
 matplotlib.use("Agg")
 
 
+def _superuser(lab) -> bool:
+    return lab.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")[0][0]
+
+
 def _lab_sessions_gone(db, lab) -> None:
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.WORKER_ROLE}%") == []
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.REPORT_ROLE}") == []
@@ -68,6 +72,17 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
     # every version the run replaced counts as dead; with the report open VACUUM removes none
     assert r["unremovable_with"] == r["dead_tuples_with"] == 2 * r["claims_with"]
     assert r["unremovable_without"] < r["unremovable_with"] / 10
+    # the horizons, as 32-bit xids: the report's snapshot holds this database's horizon
+    # (VACUUM's cutoff on the job table) and, where the role may vacuum it, a shared
+    # catalog's; with no transaction id, not the xmin of a new snapshot, which is the oldest
+    # transaction running anywhere
+    assert r["holder_xid"] == int(holder["backend_xmin"]) and holder["backend_xid"] is None
+    assert not hz.xid_newer(r["vacuum_cutoff_with"], r["holder_xid"])
+    assert hz.xid_newer(r["claim_xmin_with"], r["holder_xid"])
+    assert r["shared_cutoff_with"] is None or not hz.xid_newer(r["shared_cutoff_with"], r["holder_xid"])
+    if _superuser(lab):
+        assert r["shared_cutoff_with"] is not None
+    assert r["shared_cutoff_without"] is None                    # measured with a holder only
     assert r["horizon_age_with"] >= r["claims_with"]
     for name in ("without", "with"):
         series = r[name]["series"]
@@ -210,10 +225,18 @@ def test_trace_horizon_other_database_json(db, capsys):
     assert r["vacuum_unremovable_with"] == 0
     assert f"{r['dead_tuples_with']} removed" in r["vacuum_line_with"]
     assert r["dead_tuples_with"] == 2 * r["claims_with"]
-    # the who-holds query names the writer, its database, and that it holds every database
+    # the who-holds query names the writer, its database, and that every snapshot counts it
     [h] = r["holders"]
     assert (h["datname"], h["application_name"], h["state"], h["holds_back"]) == (
-        r["holder_database"], f"labkit:{schema}:writer", "idle in transaction", "every database")
+        r["holder_database"], f"labkit:{schema}:writer", "idle in transaction",
+        "every snapshot on the server")
+    # two horizons: a new snapshot here has the writer's id (or older) as its xmin, so the
+    # claims walk; VACUUM's cutoff on the job table counts this database's sessions only and
+    # is newer than the writer; on a shared catalog, every database's: the writer's again
+    assert r["holder_xid"] == int(h["backend_xid"])
+    assert not hz.xid_newer(r["claim_xmin_with"], r["holder_xid"])
+    assert hz.xid_newer(r["vacuum_cutoff_with"], r["holder_xid"])
+    assert r["shared_cutoff_with"] is None or not hz.xid_newer(r["shared_cutoff_with"], r["holder_xid"])
     assert h["backend_xid"] is not None and h["last_query"].startswith("INSERT INTO ledger")
     assert r["horizon_held_by"] == (f"labkit:{schema}:writer (idle in transaction) "
                                     f"in database {r['holder_database']}")
@@ -240,7 +263,9 @@ def test_an_existing_database_is_used_when_none_is_created_and_left_as_it_was(la
     assert r["buffers_per_claim_with"] > 10 * r["buffers_per_claim_without"]
     assert r["vacuum_unremovable_with"] == 0
     [h] = r["holders"]
-    assert (h["datname"], h["holds_back"]) == (r["holder_database"], "every database")
+    assert (h["datname"], h["holds_back"]) == (r["holder_database"], "every snapshot on the server")
+    assert hz.xid_newer(r["vacuum_cutoff_with"], r["holder_xid"])
+    assert not hz.xid_newer(r["claim_xmin_with"], r["holder_xid"])
     _lab_sessions_gone(db, lab)
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.WRITER_ROLE}") == []
 
@@ -335,11 +360,19 @@ def test_the_versions_scene_counts_what_its_drawing_shows(lab, db):
     fig = hz.plot_versions(s)
     left, right = fig.axes
     assert [t.get_text() for t in left.get_yticklabels()] == [f"job {j['id']}" for j in s["jobs"]]
-    assert f"{s['horizon']:,}" in [t.get_text() for t in right.get_xticklabels()]
+    # the transactions evenly spaced, one tick each: the fill, then a claim and a completion
+    # per done job; the dashed horizon between the last one before the report and the first
+    # after it, its xid in the legend
+    steps = 1 + 2 * 7
+    assert list(right.get_xticks()) == list(range(steps))
+    assert [t.get_text() for t in right.get_xticklabels()] == [str(i + 1) for i in range(steps)]
+    [line] = [ln for ln in right.get_lines() if ln.get_linestyle() == "--"]
+    assert list(line.get_xdata()) == [1 + 2 * 3 - 0.5] * 2
     # three versions a done job, one a pending one: each a line of its own
     assert len(right.get_lines()) == 3 * 7 + 3 + 1                         # and the horizon
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "VACUUM may remove (6)" in labels[1] and "VACUUM must keep (8)" in labels[2]
+    assert f"xid {s['horizon']:,}" in labels[3]
     assert "(4 a claim)" in labels[5]
     matplotlib.pyplot.close(fig)
 
@@ -397,3 +430,49 @@ def test_a_run_someone_else_held_is_told_from_a_clean_one():
     assert not hz.held_by_someone_else(run(1500, 1700, 3, 4, 2, 3, 2), seconds=4)
     # ... and late in the run, where buffers_per_claim is read: run it again
     assert hz.held_by_someone_else(run(3, 2, 3, 4, 2, 400, 650), seconds=4)
+
+
+# -- the printed tables ------------------------------------------------------------------------
+
+
+def _result(**kw):
+    base = {f"{f}_{run}": None for f in hz.FIGURES for run in ("without", "with")}
+    return {**base, **kw}
+
+
+def test_the_runs_table_prints_counts_as_whole_numbers():
+    r = _result(claims_without=8323, claims_with=4657, claim_ms_p50_without=0.497,
+                claim_ms_p50_with=0.874, claim_ms_p99_with=11.9996, buffers_per_claim_without=40.0,
+                buffers_per_claim_with=4049.5, select_ms_without=0.0895, select_ms_with=1.0325,
+                unremovable_without=0, unremovable_with=9314)
+    t = hz.runs_table(r, "report idle in transaction")
+    assert list(t.columns) == ["no long transaction", "report idle in transaction"]
+    assert list(t.index) == list(hz.FIGURES)
+    assert t.loc["claims"].tolist() == ["8,323", "4,657"]
+    assert t.loc["unremovable"].tolist() == ["0", "9,314"]
+    assert t.loc["buffers_per_claim"].tolist() == ["40", "4,049.5"]
+    assert t.loc["claim_ms_p50"].tolist() == ["0.497", "0.874"]
+    assert t.loc["claim_ms_p99"].tolist() == ["-", "12.000"]      # "-": a figure a run has not
+    assert t.loc["select_ms"].tolist() == ["0.089", "1.032"]
+    assert all(len(ln) <= 96 for ln in t.to_string().splitlines())
+
+
+def test_the_two_horizons_table_puts_the_report_and_the_writer_side_by_side():
+    report = {"holder_xid": 1000, "claim_xmin_with": 1787, "vacuum_cutoff_with": 1000,
+              "shared_cutoff_with": 1000, "buffers_per_claim_with": 4049.5, "unremovable_with": 9314}
+    writer = {"holder_xid": 12000, "claim_xmin_with": 12000, "vacuum_cutoff_with": 20107,
+              "shared_cutoff_with": None, "buffers_per_claim_with": 3551, "unremovable_with": 0}
+    t = hz.two_horizons(report, writer)
+    assert list(t.columns) == ["report here", "writer elsewhere"]
+    assert list(t.index) == [label for _, label in hz.HORIZONS]
+    assert t.loc["VACUUM's cutoff: job"].tolist() == ["1,000", "20,107"]
+    assert t.loc["a new snapshot's xmin here"].tolist() == ["1,787", "12,000"]
+    assert t.loc["VACUUM's cutoff: pg_database"].tolist() == ["1,000", "-"]
+    assert t.loc["VACUUM kept on job"].tolist() == ["9,314", "0"]
+    assert all(len(ln) <= 96 for ln in t.to_string().splitlines())
+
+
+def test_xids_compare_as_the_server_compares_them():
+    assert hz.xid_newer(5, 4) and not hz.xid_newer(4, 5) and not hz.xid_newer(7, 7)
+    assert hz.xid_newer(3, 2**32 - 10)                  # past the wrap, still newer
+    assert not hz.xid_newer(2**32 - 10, 3)

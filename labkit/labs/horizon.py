@@ -5,11 +5,13 @@ and completes leaves that index an entry pointing at a row version that is now d
 Normally the next claim that walks over it finds the version dead to every snapshot and
 marks the entry dead (the index scan's "kill_prior_tuple"), so later claims skip it without
 visiting the table, and page pruning and VACUUM take the versions away.  A transaction that
-keeps an old snapshot open -- a report under REPEATABLE READ, a session idle in
-transaction, anywhere in the database -- holds the xmin horizon back: no version that died
-after its snapshot was taken is dead to everyone, so no entry is marked dead, nothing is
-pruned, VACUUM removes nothing, and every claim visits every job done since the report
-began.
+keeps an old snapshot open -- a report under REPEATABLE READ idle in its transaction,
+anywhere in the database -- holds the xmin horizon back: no version that died after its
+snapshot was taken is dead to everyone, so no entry is marked dead, nothing is pruned,
+VACUUM removes nothing, and every claim visits every job done since the report began.  A
+transaction that has written, in any database of the server, holds back every snapshot's
+xmin, and so every claim's scan; VACUUM of the job table counts only the sessions of its
+own database, and removes the versions all the same (:func:`two_horizons`).
 
 :func:`churn` runs real worker processes claiming and completing jobs, with or without such
 a report open, and samples what one claim reads; :func:`horizon_trace` runs it both ways on
@@ -40,6 +42,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..core.checked import column_names, one_row
 from ..core.db import WORKER_GUARDS, Guards, open_connection, session_name
 from ..core.errors import LabkitError
 from ..core.lab import Lab
@@ -74,6 +77,10 @@ BACKLOG_S = 30
 TOP_UP_S = 10
 
 _TUPLES = re.compile(r"tuples: (\d+) removed, (\d+) remain, (\d+) are dead but not yet removable")
+_CUTOFF = re.compile(r"removable cutoff: (\d+)")
+# A catalog every database shares: VACUUM computes its cutoff from the sessions of every
+# database, where for a table of one database it counts that database's sessions only.
+SHARED_CATALOG = "pg_catalog.pg_database"
 
 
 def check_params(*, seconds: float, workers: int) -> None:
@@ -192,19 +199,19 @@ def open_report(lab: Lab, *, lasts_s: float) -> psycopg.Connection:
 def holder_info(lab: Lab, pid: int) -> dict | None:
     """A session as pg_stat_activity shows it: pid, database, application_name, state,
     xmin_age and xid_age (how many transactions old its snapshot and its transaction id are;
-    None when it has none)."""
+    None when it has none), backend_xmin and backend_xid (as text; None when it has none)."""
     rows = lab.execute(query("horizon.sql", "holder").sql, {"pid": pid})
     if not rows:
         return None
-    pid, database, app, state, xmin_age, xid_age = rows[0]
+    pid, database, app, state, xmin_age, xid_age, xmin, xid = rows[0]
     return {"pid": pid, "database": database, "application_name": app, "state": state,
-            "xmin_age": xmin_age, "xid_age": xid_age}
+            "xmin_age": xmin_age, "xid_age": xid_age, "backend_xmin": xmin, "backend_xid": xid}
 
 
 def snapshot_xmin(conn: psycopg.Connection) -> str:
     """The xmin of the snapshot of ``conn``'s open transaction (horizon.sql "snapshot_xmin"),
     as text: what pg_stat_activity shows as that session's ``backend_xmin``."""
-    return conn.execute(query("horizon.sql", "snapshot_xmin").sql).fetchone()[0]
+    return one_row(conn.execute(query("horizon.sql", "snapshot_xmin").sql), "horizon.sql's snapshot_xmin")[0]
 
 
 def _plain(v: Any) -> Any:
@@ -214,12 +221,14 @@ def _plain(v: Any) -> Any:
 def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[dict]:
     """The sessions of every database of the server (walsenders included) that hold an xmin
     horizon back, oldest first (horizon.sql "who_holds_the_horizon"): pid, datname,
-    application_name, backend_type, state, holds_back ("this database", "its own database"
-    or "every database"), backend_xmin and backend_xid (as text), xmin_age and xid_age (in
-    transactions), xact_age_s, in_state_s, last_query."""
+    application_name, backend_type, state, holds_back ("this database" or "its own
+    database" for a snapshot, "every snapshot on the server" for a transaction id, "every
+    database" for a physical standby's walsender, "the catalogs (a logical slot)"),
+    backend_xmin and backend_xid (as text), xmin_age and xid_age (in transactions),
+    xact_age_s, in_state_s, last_query."""
     number("limit", limit, low=1, high=100, whole=True, example=5)
     cur = lab.admin.execute(query("horizon.sql", "who_holds_the_horizon").sql, {"limit": limit})
-    cols = [c.name for c in cur.description]
+    cols = column_names(cur, "horizon.sql's who_holds_the_horizon")
     return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
 
 
@@ -230,7 +239,7 @@ def other_horizon_holders(lab: Lab) -> list[dict]:
     catalog_xmin); each with kind, name, database (None for a physical slot), xmin_age and
     age_s (prepared transactions)."""
     cur = lab.admin.execute(query("horizon.sql", "other_horizon_holders").sql)
-    cols = [c.name for c in cur.description]
+    cols = column_names(cur, "horizon.sql's other_horizon_holders")
     return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
 
 
@@ -361,8 +370,8 @@ def explain_claim(lab: Lab) -> dict:
     not count that page again.  ``select_ms``: its execution time on the server."""
     conn = lab.admin
     with conn.transaction(force_rollback=True):
-        out = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                           + query("horizon.sql", "claim_select").sql).fetchone()[0][0]
+        out = one_row(conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                                   + query("horizon.sql", "claim_select").sql), "EXPLAIN of the claim")[0][0]
     plan = out["Plan"]
     return {"buffers": int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
             "select_ms": round(float(out.get("Execution Time", 0.0)), 3)}
@@ -394,14 +403,18 @@ def durability(lab: Lab) -> dict[str, str]:
     return {"fsync": fsync, "synchronous_commit": sync}
 
 
-def vacuum(lab: Lab) -> dict:
-    """VACUUM (VERBOSE) the job table.  Returns ``removed`` and ``not_yet_removable`` (the
-    dead row versions VACUUM took away, and those it found but had to keep for an older
-    snapshot, read from its VERBOSE report, PostgreSQL 15 and later), ``n_dead_tup`` right
-    after (VACUUM sets it, as it ends, to the dead versions it kept), ``line``, the
-    report's tuples line, and ``index_line``, its line about the claim's index
-    (``index "job_due_idx": pages: ... in total, ... newly deleted, ...``; "" when VACUUM
-    did not scan the indexes)."""
+def vacuum(lab: Lab, table: str = "job") -> dict:
+    """VACUUM (VERBOSE) the job table (or ``table``, schema-qualified where it must be).
+    Returns ``removed`` and ``not_yet_removable`` (the dead row versions VACUUM took away,
+    and those it found but had to keep for an older snapshot, read from its VERBOSE report,
+    PostgreSQL 15 and later), ``cutoff`` (its "removable cutoff", a 32-bit xid: a version
+    whose replacing transaction is older may go), ``n_dead_tup`` right after (VACUUM sets
+    it, as it ends, to the dead versions it kept; the job table only), ``line``, the
+    report's tuples line, and ``index_line``, its line about the claim's index (``index
+    "job_due_idx": pages: ... in total, ... newly deleted, ...``; "" when VACUUM did not
+    scan the indexes).  Where the role may not vacuum ``table`` (a shared catalog, to a role
+    that is not a superuser), the server skips it with a warning, and every figure is None
+    or ""."""
     notes: list[str] = []
 
     def note(diag: psycopg.errors.Diagnostic) -> None:
@@ -410,17 +423,19 @@ def vacuum(lab: Lab) -> dict:
     conn = lab.admin
     conn.add_notice_handler(note)
     try:
-        conn.execute("VACUUM (VERBOSE) job")
+        conn.execute(sql.SQL("VACUUM (VERBOSE) {}").format(sql.Identifier(*table.split("."))))
     finally:
         conn.remove_notice_handler(note)
     text = "\n".join(notes)
-    m = _TUPLES.search(text)
+    m, cut = _TUPLES.search(text), _CUTOFF.search(text)       # the table's own, before TOAST's
     line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("tuples:")), "")
     index_line = next((ln.strip() for ln in text.splitlines()
                        if ln.strip().startswith('index "job_due_idx"')), "")
     return {"removed": int(m.group(1)) if m else None,
             "not_yet_removable": int(m.group(3)) if m else None,
-            "n_dead_tup": dead_tuples(lab), "line": line, "index_line": index_line}
+            "cutoff": int(cut.group(1)) if cut else None,
+            "n_dead_tup": dead_tuples(lab) if table == "job" else None,
+            "line": line, "index_line": index_line}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -501,12 +516,19 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
         elif report is None:
             wait_for_horizon(lab)   # on a shared server, someone else's snapshot would keep some
         dead = dead_tuples(lab)
+        # the horizons as they stand with the holder still open: a new snapshot's xmin here
+        # (the oldest transaction running anywhere on the server), VACUUM's cutoff on the job
+        # table (this database's horizon), and, with a holder, its cutoff on a catalog every
+        # database shares (every database's)
+        snap = int(lab.execute(query("horizon.sql", "snapshot_xmin").sql)[0][0])
         vac = vacuum(lab)                       # with the report still open
+        shared = vacuum(lab, SHARED_CATALOG)["cutoff"] if report is not None else None
     finally:
         if report is not None:
             report.close()
     return {"t0": t0, "samples": samples, "series": series, "held_by": held_by, "dry": dry,
-            "dead": dead, "vacuum": vac, "jobs": jobs, "named": named}
+            "dead": dead, "vacuum": vac, "jobs": jobs, "named": named,
+            "snapshot_xmin": snap, "shared_cutoff": shared}
 
 
 def _summary(raw: dict, *, seconds: float) -> dict:
@@ -531,6 +553,9 @@ def _summary(raw: dict, *, seconds: float) -> dict:
         "dead_tuples": raw["dead"],
         "unremovable": raw["vacuum"]["not_yet_removable"],
         "vacuum_line": raw["vacuum"]["line"],
+        "claim_xmin": raw["snapshot_xmin"],
+        "vacuum_cutoff": raw["vacuum"]["cutoff"],
+        "shared_cutoff": raw["shared_cutoff"],
         "ran_dry": raw["dry"],
         "jobs": raw["jobs"],
         "series": out_series,
@@ -556,10 +581,15 @@ def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
     (what the walk costs, without the commit and the round trip);
     ``dead_tuples``: n_dead_tup once the run is over and every worker's session has ended
     (every version replaced, removable or not); ``unremovable``: the dead versions a VACUUM
-    run right then (the report still open) found but could not remove, and
-    ``vacuum_line``, its report's tuples line; ``ran_dry``: claims that found no job (0:
-    the backlog was enough); ``jobs``: the table's pending jobs at the start, plus any top
-    up; ``series``: per sample, ``t`` (seconds), ``claim_ms`` (median) and ``claims`` since
+    run right then (the report still open) found but could not remove, ``vacuum_line``,
+    its report's tuples line, and ``vacuum_cutoff``, its removable cutoff (this database's
+    horizon); ``claim_xmin``, the xmin of a snapshot taken in the lab's database just before
+    that VACUUM (the oldest transaction then running anywhere on the server, as for a
+    claim's own snapshot); ``shared_cutoff``, with the report open,
+    VACUUM's removable cutoff on a catalog every database shares (``SHARED_CATALOG``; None
+    without the report, or where the role may not vacuum it); ``ran_dry``: claims that
+    found no job (0: the backlog was enough); ``jobs``: the table's pending jobs at the
+    start, plus any top up; ``series``: per sample, ``t`` (seconds), ``claim_ms`` (median) and ``claims`` since
     the previous sample, ``buffers``, ``select_ms``, ``dead`` (n_dead_tup, which lags by about
     a second) and ``horizon_age`` (the oldest other snapshot in the database, in transactions);
     ``horizon_held_by``: None, or the report's pid, application_name, state and xmin_age
@@ -600,13 +630,16 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
 
     Returns ``claim_ms_p50_without`` / ``_with``, ``claim_ms_p99_without`` / ``_with``,
     ``buffers_per_claim_without`` / ``_with``, ``select_ms_without`` / ``_with``,
-    ``claims_without`` / ``_with``, ``dead_tuples_without`` / ``_with`` and
-    ``unremovable_without`` / ``_with`` (see :func:`churn`); ``horizon_age_without`` /
-    ``_with`` (the largest age of the claim's horizon as other sessions held it during the
-    run, in transactions: small without the report, unless someone else's transaction held
-    the horizon then); ``horizon_held_by`` ("labkit:<schema>:report (idle in
-    transaction)"); ``holder`` (its pid, database, application_name, state, xmin_age and
-    xid_age at the end of the run); ``durability`` (fsync and synchronous_commit, as SHOW
+    ``claims_without`` / ``_with``, ``dead_tuples_without`` / ``_with``,
+    ``unremovable_without`` / ``_with``, ``claim_xmin_without`` / ``_with``,
+    ``vacuum_cutoff_without`` / ``_with`` and ``shared_cutoff_without`` / ``_with`` (see
+    :func:`churn`); ``horizon_age_without`` / ``_with`` (the largest age of the claim's
+    horizon as other sessions held it during the run, in transactions: small without the
+    report, unless someone else's transaction held the horizon then); ``horizon_held_by``
+    ("labkit:<schema>:report (idle in transaction)"); ``holder`` (its pid, database,
+    application_name, state, xmin_age, xid_age, backend_xmin and backend_xid at the end of
+    the run); ``holder_xid``, what it held as a 32-bit xid (the writer's transaction id, or
+    the report's snapshot xmin; None without a holder); ``durability`` (fsync and synchronous_commit, as SHOW
     gives them); ``server``, ``seconds``, ``workers``, ``jobs``; and ``without`` / ``with``,
     each run's whole result (its ``series`` included).  On a shared server, a run without
     the report that someone else's long transaction held back (:func:`held_by_someone_else`)
@@ -657,7 +690,7 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
     held = (ran or {}).get("horizon_held_by") or {}
     result: dict[str, Any] = {}
     for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
-                "dead_tuples", "unremovable"):
+                "dead_tuples", "unremovable", "claim_xmin", "vacuum_cutoff", "shared_cutoff"):
         result[f"{key}_without"] = out["without"][key]
         result[f"{key}_with"] = ran[key] if ran else None
     for name in ("without", "with"):        # was the run without a held horizon clean?
@@ -667,6 +700,7 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
     result.update({
         "horizon_held_by": f"{held.get('application_name')} ({held.get('state')}){where}" if held else None,
         "holder": held or None,
+        "holder_xid": int(held.get("backend_xid") or held.get("backend_xmin") or 0) or None,
         "durability": durability(lab),
         "server": lab.db.version,
         "seconds": seconds, "workers": workers, "jobs": jobs,
@@ -715,6 +749,64 @@ def plot(result: dict, ax=None):
                  f"PostgreSQL {result.get('server')}, fsync={d.get('fsync')}, "
                  f"synchronous_commit={d.get('synchronous_commit')}")
     return fig
+
+
+# The rows of :func:`runs_table`, each a figure of :func:`churn` (see there).
+FIGURES = ("claims", "claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "unremovable")
+
+
+# The figures that are times, in milliseconds: printed with three decimals each.
+TIMES = ("claim_ms_p50", "claim_ms_p99", "select_ms")
+
+
+def _figure(name: str, v: Any) -> str:
+    if v is not None and name in TIMES:
+        return f"{v:,.3f}"
+    return _fmt(v)
+
+
+def runs_table(result: dict, held_by: str):
+    """:func:`horizon_trace`'s two runs side by side, a row per figure (:data:`FIGURES`) and a
+    column per run ("no long transaction", and ``held_by``): a pandas DataFrame of the
+    numbers as text, counts as whole numbers, times (:data:`TIMES`) with three decimals, a
+    median of buffers with its half where it has one; "-" for a figure a run has not."""
+    import pandas as pd
+
+    return pd.DataFrame({"no long transaction": [_figure(f, result[f"{f}_without"]) for f in FIGURES],
+                         held_by: [_figure(f, result[f"{f}_with"]) for f in FIGURES]},
+                        index=list(FIGURES))
+
+
+# The rows of :func:`two_horizons`: a key of :func:`horizon_trace`'s result, and its label.
+HORIZONS = (("holder_xid", "the holder's xmin or xid"),
+            ("claim_xmin_with", "a new snapshot's xmin here"),
+            ("vacuum_cutoff_with", "VACUUM's cutoff: job"),
+            ("shared_cutoff_with", "VACUUM's cutoff: pg_database"),
+            ("buffers_per_claim_with", "buffers one claim reads"),
+            ("unremovable_with", "VACUUM kept on job"))
+
+
+def two_horizons(report: dict, writer: dict):
+    """The horizons a report in the lab's database and a writer in another database held,
+    side by side, from two :func:`horizon_trace` results (the second with
+    ``other_database``): a row per :data:`HORIZONS` (the holder's snapshot xmin or
+    transaction id; the xmin of a new snapshot in the lab's database, the oldest transaction
+    running anywhere on the server; VACUUM's removable cutoff on the job table, this
+    database's horizon, and on a catalog every database shares; what one claim read and
+    what VACUUM kept), xids as the server shows them (32-bit), "-" where there is none.  A
+    claim's scan marks an entry dead only for a version that died before both the first
+    two horizons: each holder held one.  A pandas DataFrame of text."""
+    import pandas as pd
+
+    return pd.DataFrame({"report here": [_fmt(report.get(k)) for k, _ in HORIZONS],
+                         "writer elsewhere": [_fmt(writer.get(k)) for k, _ in HORIZONS]},
+                        index=[label for _, label in HORIZONS])
+
+
+def xid_newer(a: int, b: int) -> bool:
+    """Whether 32-bit transaction id ``a`` is newer than ``b`` (modulo 2^32, as the server
+    compares them)."""
+    return 0 < (a - b) % 2**32 < 2**31
 
 
 # -- VACUUM while the report is open, and after -------------------------------------------------
@@ -783,7 +875,7 @@ MARK_TRIES = 20              # claims, after the report ends, until one reads a 
 def xact_id(conn: psycopg.Connection) -> int:
     """The transaction id of ``conn``'s open transaction (horizon.sql "xact_id"), as the
     64-bit number that only grows."""
-    return int(conn.execute(query("horizon.sql", "xact_id").sql).fetchone()[0])
+    return int(one_row(conn.execute(query("horizon.sql", "xact_id").sql), "horizon.sql's xact_id")[0])
 
 
 def wait_until_dead_to_all(lab: Lab, xid: int, *, timeout: float = 30.0) -> None:
@@ -824,9 +916,9 @@ def entries_read(lab: Lab) -> int:
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         conn.execute("SET LOCAL enable_bitmapscan = off")
-        before = conn.execute(counted, {"index": "job_due_idx"}).fetchone()[0]
+        before = one_row(conn.execute(counted, {"index": "job_due_idx"}), "the index's page count")[0]
         conn.execute(query("horizon.sql", "claim_select").sql).fetchall()
-        after = conn.execute(counted, {"index": "job_due_idx"}).fetchone()[0]
+        after = one_row(conn.execute(counted, {"index": "job_due_idx"}), "the index's page count")[0]
     return int(after - before)
 
 
@@ -910,7 +1002,8 @@ def versions_scene(lab: Lab, *, jobs: int = 10, before: int = 3, after: int = 4,
         report = open_report(lab, lasts_s=REPORT_MARGIN_S)
         try:
             rpid = report.info.backend_pid
-            horizon = int(report.execute(query("horizon.sql", "snapshot_horizon").sql).fetchone()[0])
+            horizon = int(one_row(report.execute(query("horizon.sql", "snapshot_horizon").sql),
+                                  "horizon.sql's snapshot_horizon")[0])
             for _ in range(after):
                 j = _work_one(worker)
                 done[j["id"]] = {**j, "phase": "after"}
@@ -944,10 +1037,11 @@ def plot_versions(scene: dict):
     """:func:`versions_scene` drawn: one row per job, in the order the claim takes them.
     Left, the job's entry in the claim's index: marked dead and skipped, read and passed
     over (its version died after the horizon), the pending job the claim stops at, or not
-    reached.  Right, the job's row versions along the transaction ids that wrote and
-    replaced them (one step per transaction of the scene, the first, the horizon and the
-    last labelled with their ids), coloured by what VACUUM may do with them, and the
-    horizon as a dashed line.  Returns the figure."""
+    reached.  Right, the job's row versions along the scene's transactions in the order
+    they ran, evenly spaced (one step each, numbered from 1, the fill; other sessions'
+    transactions left out), coloured by what VACUUM may do with them, and the horizon as a
+    dashed line between the last transaction before the report's snapshot and the first
+    after it (its xid in the legend).  Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -988,17 +1082,19 @@ def plot_versions(scene: dict):
     left.set_xticks([])
     left.set_title("its index entry")
     left.set_yticks(range(len(jobs)), [f"job {j['id']}" for j in jobs])
-    left.invert_yaxis()
     for side in ("bottom", "left"):
         left.spines[side].set_visible(False)
     left.tick_params(axis="y", length=0)
 
     right.axvline(line_at, color="black", ls="--", lw=2)
-    right.set_xticks([0, line_at, len(xids) - 1],
-                     [f"{xids[0]:,}", f"{horizon:,}", f"{xids[-1]:,}"])
+    right.annotate("the horizon", (line_at, -0.75), xytext=(6, 0), textcoords="offset points",
+                   va="center", ha="left")
+    right.set_xticks(range(len(xids)), [str(i + 1) for i in range(len(xids))])
     right.set_xlim(-0.5, now + 0.5)
-    right.set_xlabel("transaction id (one step per transaction of the scene)")
-    right.set_title("its row versions, from the xid that wrote each to the xid that replaced it")
+    right.set_ylim(len(jobs) - 0.5, -1.25)           # a row above the jobs for the label
+    right.set_xlabel("the scene's transactions in order, evenly spaced (1 wrote the jobs)")
+    right.set_title("its row versions, from the transaction that wrote each to the one that "
+                    "replaced it")
     right.spines["left"].set_visible(False)
     right.tick_params(axis="y", length=0)
     handles = [Line2D([], [], color=live, lw=9, label="live version"),

@@ -1,8 +1,9 @@
 -- The xmin horizon and the queue (notebook 10): a long transaction keeps every row version
 -- that died after it started, so the claim's index scan walks the entries of every job done
--- since. A snapshot holds back its own database; a transaction that has written (it has a
--- transaction id) holds back the claim's scan in every database of the server, although
--- VACUUM in the other databases still removes the versions.
+-- since. A snapshot holds back its own database. A transaction that has written (it has a
+-- transaction id) counts as running in every snapshot taken on the server, so it holds back
+-- the claim's scan in every database; VACUUM of a table in another database computes its
+-- cutoff from that database's sessions only, and removes the versions all the same.
 
 -- name: fill
 -- %(n)s pending jobs, all due, enqueued one millisecond apart over the time before now. A
@@ -42,13 +43,12 @@ SELECT count(*) FROM job;
 -- session with a snapshot (backend_xmin) or a transaction id (backend_xid, a writer idle
 -- between statements), and walsenders, whose xmin is a standby's (hot_standby_feedback).
 -- holds_back says where it counts: a snapshot, in its own database only; a transaction id,
--- or a physical standby's xmin, in every database (there VACUUM ignores it, but each index
--- scan's marking of dead entries and page pruning do not); a logical walsender (it has a
--- database) holds back only the catalogs, through its slot's catalog_xmin. A session busy
--- in this database while a writer elsewhere is open shows that writer's xid as its own
--- backend_xmin: the holder is the session whose backend_xid the others' xmin equals.
+-- in every snapshot taken on the server while it runs; a physical standby's xmin, in every
+-- database; a logical walsender (it has a database), only the catalogs, through its slot's
+-- catalog_xmin. A session busy in this database while a writer elsewhere is open shows
+-- that writer's xid as its own backend_xmin: the holder is the one whose backend_xid it is.
 SELECT pid, datname, application_name, backend_type, state,
-       CASE WHEN backend_xid IS NOT NULL THEN 'every database'
+       CASE WHEN backend_xid IS NOT NULL THEN 'every snapshot on the server'
             WHEN backend_type = 'walsender' AND datname IS NULL THEN 'every database'
             WHEN backend_type = 'walsender' THEN 'the catalogs (a logical slot)'
             WHEN datname = current_database() THEN 'this database'
@@ -69,10 +69,11 @@ SELECT pid, datname, application_name, backend_type, state,
 -- name: other_horizon_holders
 -- What else holds the horizon, with no session to show for it: prepared transactions of
 -- every database (PREPARE TRANSACTION, waiting for their COMMIT PREPARED; each keeps its
--- transaction id, so it holds back every database as an idle writer does) and replication
--- slots, even while their consumer is disconnected. A slot's xmin (a standby's feedback
--- through a physical slot) holds every table of every database back; a logical slot's
--- catalog_xmin holds back only the system catalogs' cleanup (and its restart_lsn holds WAL).
+-- transaction id, which every snapshot on the server counts as running, as for an idle
+-- writer) and replication slots, even while their consumer is disconnected. A slot's xmin
+-- (a standby's feedback through a physical slot) holds every table of every database back;
+-- a logical slot's catalog_xmin holds back only the system catalogs' cleanup (and its
+-- restart_lsn holds WAL).
 SELECT 'prepared transaction' AS kind, gid AS name, database, age(transaction) AS xmin_age,
        round(extract(epoch FROM now() - prepared)::numeric, 1) AS age_s
   FROM pg_prepared_xacts
@@ -93,10 +94,11 @@ SELECT 'replication slot: catalog_xmin (system catalogs only)', slot_name, datab
 SELECT xid(pg_snapshot_xmin(pg_current_snapshot()))::text;
 
 -- name: holder
--- The holder as the server sees it: its database, its state and how many transactions old its
--- snapshot and its transaction id are.
+-- The holder as the server sees it: its database, its state, its snapshot's xmin and its
+-- transaction id, and how many transactions old each is.
 SELECT pid, datname, application_name, state,
-       age(backend_xmin) AS xmin_age, age(backend_xid) AS xid_age
+       age(backend_xmin) AS xmin_age, age(backend_xid) AS xid_age,
+       backend_xmin::text AS backend_xmin, backend_xid::text AS backend_xid
   FROM pg_stat_activity
  WHERE pid = %(pid)s;
 
