@@ -229,7 +229,8 @@ def _held_back_error(who: list[tuple], waited: str) -> LabkitError:
     return LabkitError(
         f"Transactions of other sessions that have written something ({names or 'not visible to you'}) "
         f"are older than the outbox rows, so the safe cursor may not read past them; {waited}. "
-        "A transaction with an id holds it back on every table of every database of the server.",
+        "A transaction with an id, in any database of the server, holds back every snapshot's xmin, "
+        "which is where the safe cursor stops.",
         "end those transactions (`labkit doctor` lists them, `labkit clean` ends your own idle "
         "ones), then run it again.")
 
