@@ -172,21 +172,23 @@ def check_slot_alert(lab: Lab, query: str) -> Check:
             s.drop()
 
 
-def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected: str,
-           before: dict, after: dict) -> None:
-    if width != 3:
-        check.add(False, f"it returns {width} column(s); the alert needs three: the slot's name, "
-                         "whether a consumer is connected, and the WAL it keeps in bytes")
-        return
-    ours = {lagging, connected}
-    name_col = next((c for c in range(3) if any(isinstance(r[c], str) and r[c] in ours
-                                                 for r in rows)), None)
-    if name_col is None:
-        check.add(False, "neither of the checker's two slots is in the result: an alert lists "
-                         "every slot, by its name (slot_name)")
-        return
+def _who(lagging: str, connected: str) -> dict[str, str]:
+    """How the findings name each of the checker's slots."""
+    return {lagging: "the slot nobody reads", connected: "the slot a session reads"}
+
+
+def _name_column(rows: list[tuple], ours: set[str]) -> int | None:
+    """The first of the three columns that names one of the checker's slots, if any does."""
+    return next((c for c in range(3) if any(isinstance(r[c], str) and r[c] in ours
+                                            for r in rows)), None)
+
+
+def _judge_listed(check: Check, rows: list[tuple], name_col: int, lagging: str,
+                  connected: str) -> tuple[dict[str, tuple], list[str]]:
+    """The finding on whether each slot is listed once; returns each listed slot's (first)
+    row, and the slots missing."""
     seen = {name: [r for r in rows if r[name_col] == name] for name in (lagging, connected)}
-    who = {lagging: "the slot nobody reads", connected: "the slot a session reads"}
+    who = _who(lagging, connected)
     missing = [name for name in (lagging, connected) if not seen[name]]
     twice = [name for name in seen if len(seen[name]) > 1]
     check.add(not missing and not twice,
@@ -194,17 +196,20 @@ def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected:
               f"a slot is missing ({' and '.join(who[n] for n in missing)}): an alert lists "
               "every slot, and a WHERE clause hid it" if missing else
               "a slot is listed more than once: one row per slot")
-    row = {name: found[0] for name, found in seen.items() if found}
-    # what the findings below can say: only of the slots the result lists
-    only = "" if not missing else " (the one slot listed)"
-    listed = "each slot" if not missing else f"{' and '.join(who[n] for n in row)}{only}"
-    others = [c for c in range(3) if c != name_col]
-    flags = [c for c in others if all(isinstance(r[c], bool) for r in row.values())]
-    if len(flags) != 1:
-        check.add(False, "no column says true or false whether a consumer is connected "
-                         "(pg_replication_slots.active)")
-        return
-    flag = flags[0]
+    return {name: found[0] for name, found in seen.items() if found}, missing
+
+
+def _flag_column(row: dict[str, tuple], name_col: int) -> int | None:
+    """The one other column that is a boolean in every listed row (None unless exactly one is)."""
+    flags = [c for c in range(3) if c != name_col and all(isinstance(r[c], bool) for r in row.values())]
+    return flags[0] if len(flags) == 1 else None
+
+
+def _judge_connected(check: Check, row: dict[str, tuple], flag: int, lagging: str,
+                     connected: str, only: str) -> None:
+    """The finding on the connected column: true for the slot a session reads, false for the
+    one nobody reads."""
+    who = _who(lagging, connected)
     expected = {lagging: False, connected: True}
     says = {name: r[flag] for name, r in row.items()}
     right = all(says[name] is expected[name] for name in says)
@@ -212,16 +217,49 @@ def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected:
     check.add(right, f"the connected column is {said}{only}" if right else
               "the connected column is wrong: it should be true for the slot a session reads and "
               "false for the one nobody reads (active)")
-    wal = next(c for c in others if c != flag)
-    cells = {name: r[wal] for name, r in row.items()}
-    texts = [v for v in cells.values() if isinstance(v, str)]
-    if texts:
+
+
+def _judge_wal_type(check: Check, cells: dict[str, object]) -> bool:
+    """The finding on a WAL column that is not a number; False when its bytes cannot be
+    judged at all (pg_size_pretty's text still can be)."""
+    if any(isinstance(v, str) for v in cells.values()):
         check.add(False, "the WAL column is text, as pg_size_pretty gives: an alert compares "
                          "numbers, and as text '9 MB' sorts above '10 GB'. Keep the bytes")
     elif not all(isinstance(v, Real) or isinstance(v, Decimal) for v in cells.values()):
         check.add(False, "the WAL column is not a number of bytes (NULL, or not a number)")
+        return False
+    return True
+
+
+def _judge(check: Check, rows: list[tuple], width: int, lagging: str, connected: str,
+           before: dict, after: dict) -> None:
+    """The findings on the alert's result in order: its width, the slots it lists, the
+    connected column, then the WAL column; a finding the rest cannot be judged without
+    ends the check."""
+    if width != 3:
+        check.add(False, f"it returns {width} column(s); the alert needs three: the slot's name, "
+                         "whether a consumer is connected, and the WAL it keeps in bytes")
         return
-    _judge_bytes(check, cells, lagging, connected, before, after, listed)
+    name_col = _name_column(rows, {lagging, connected})
+    if name_col is None:
+        check.add(False, "neither of the checker's two slots is in the result: an alert lists "
+                         "every slot, by its name (slot_name)")
+        return
+    row, missing = _judge_listed(check, rows, name_col, lagging, connected)
+    # what the findings below can say: only of the slots the result lists
+    who = _who(lagging, connected)
+    only = "" if not missing else " (the one slot listed)"
+    listed = "each slot" if not missing else f"{' and '.join(who[n] for n in row)}{only}"
+    flag = _flag_column(row, name_col)
+    if flag is None:
+        check.add(False, "no column says true or false whether a consumer is connected "
+                         "(pg_replication_slots.active)")
+        return
+    _judge_connected(check, row, flag, lagging, connected, only)
+    wal = next(c for c in range(3) if c not in (name_col, flag))
+    cells = {name: r[wal] for name, r in row.items()}
+    if _judge_wal_type(check, cells):
+        _judge_bytes(check, cells, lagging, connected, before, after, listed)
 
 
 def _judge_bytes(check: Check, cells: dict, lagging: str, connected: str, before: dict,

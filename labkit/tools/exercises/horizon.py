@@ -137,47 +137,59 @@ def check_holders(lab: Lab, query: str) -> Check:
         work.drop()
 
 
-def _judge(check: Check, rows: list[tuple] | None, names: dict[int, str],
-           holds: dict[int, tuple[bool, int | None]], where: str) -> None:
-    if rows is None:
-        check.add(False, "the statement returned no rows at all: write a SELECT whose first "
-                         "column is the pid")
-        return
-    bad = [r[0] if r else None for r in rows
-           if not r or not isinstance(r[0], int) or isinstance(r[0], bool)]
-    if bad:
-        check.add(False, f"the first column should hold pids (whole numbers); it held {bad[0]!r}")
-        return
-    got = [names[r[0]] for r in rows if r[0] in names]          # other people's are left out
+def _not_pids(rows: list[tuple]) -> list:
+    """The first cells of the rows whose first column is not a pid (None for an empty row)."""
+    return [r[0] if r else None for r in rows
+            if not r or not isinstance(r[0], int) or isinstance(r[0], bool)]
+
+
+def _holders_oldest_first(names: dict[int, str], holds: dict[int, tuple[bool, int | None]]) -> list[str]:
+    """The scene as the server showed it: the report and the writer hold, oldest first;
+    a scene that did not hold so raises the LabkitError that says what to do."""
     pid_of = {name: pid for pid, name in names.items()}
-    # the scene as the server showed it: the report and the writer hold, nobody else
     expected = sorted((n for n in ("report", "writer") if holds.get(pid_of[n], (False,))[0]),
                       key=lambda n: -(holds[pid_of[n]][1] or 0))
     if expected != ["report", "writer"]:
         raise LabkitError(f"The checker's scene did not hold as it should (the server showed "
                           f"{', '.join(expected) or 'no holder'}).",
                           "run the cell again; if it persists, run `labkit doctor`.")
-    check.add("report" in got,
-              "the REPEATABLE READ report idle in its transaction came back (a snapshot: "
-              "backend_xmin)" if "report" in got else
-              "the REPEATABLE READ report idle in its transaction did not come back: its snapshot "
-              "(backend_xmin) holds the horizon whatever the session's state")
-    check.add("writer" in got,
-              f"the writer idle in a transaction {where} came back (a transaction id: "
-              "backend_xid)" if "writer" in got else
-              f"the writer idle in a transaction {where} did not come back: once a transaction "
-              "has written it keeps its id (backend_xid, with no backend_xmin between "
-              "statements) until it ends, and that counts in every database")
+    return expected
+
+
+def _who_came_back(got: list[str], where: str) -> list[tuple[bool, str]]:
+    """The findings on which of the scene's sessions came back: each rule is (condition,
+    what it says when right, what it says when wrong)."""
     innocent = [n for n in ("idle-rc", "idle") if n in got]
     said = {"idle-rc": "the session idle in a READ COMMITTED transaction came back: between "
                        "statements it holds no snapshot and no transaction id",
             "idle": "the idle session came back: it holds nothing"}
-    check.add(not innocent, "neither innocent session came back (one idle, one idle in a READ "
-                            "COMMITTED transaction: no snapshot, no id)" if not innocent
-              else "; ".join(said[n] for n in innocent))
-    check.add("own" not in got, "the query's own session did not come back" if "own" not in got
-              else "the query's own session came back: while a statement runs, its session "
-                   "holds a snapshot (backend_xmin); leave it out with pid <> pg_backend_pid()")
+    rules = [
+        ("report" in got,
+         "the REPEATABLE READ report idle in its transaction came back (a snapshot: "
+         "backend_xmin)",
+         "the REPEATABLE READ report idle in its transaction did not come back: its snapshot "
+         "(backend_xmin) holds the horizon whatever the session's state"),
+        ("writer" in got,
+         f"the writer idle in a transaction {where} came back (a transaction id: "
+         "backend_xid)",
+         f"the writer idle in a transaction {where} did not come back: once a transaction "
+         "has written it keeps its id (backend_xid, with no backend_xmin between "
+         "statements) until it ends, and that counts in every database"),
+        (not innocent,
+         "neither innocent session came back (one idle, one idle in a READ "
+         "COMMITTED transaction: no snapshot, no id)",
+         "; ".join(said[n] for n in innocent)),
+        ("own" not in got,
+         "the query's own session did not come back",
+         "the query's own session came back: while a statement runs, its session "
+         "holds a snapshot (backend_xmin); leave it out with pid <> pg_backend_pid()"),
+    ]
+    return [(ok, right if ok else wrong) for ok, right, wrong in rules]
+
+
+def _judge_order(check: Check, got: list[str], expected: list[str]) -> None:
+    """The findings on the result's rows: one per session, and the holders oldest first
+    (judged when both came back)."""
     if len(got) != len(set(got)):
         check.add(False, "a session came back more than once: one row per session")
     order = [n for n in dict.fromkeys(got) if n in ("report", "writer")]
@@ -189,3 +201,21 @@ def _judge(check: Check, rows: list[tuple] | None, names: dict[int, str],
                   "the holders came back newest first: the report's snapshot is older than the "
                   "writer's transaction id; order by how old the snapshot or the id is, oldest "
                   "first (age(backend_xmin), or age(backend_xid) where there is no snapshot)")
+
+
+def _judge(check: Check, rows: list[tuple] | None, names: dict[int, str],
+           holds: dict[int, tuple[bool, int | None]], where: str) -> None:
+    """The findings, from the pids the query returned and what the scene's sessions held."""
+    if rows is None:
+        check.add(False, "the statement returned no rows at all: write a SELECT whose first "
+                         "column is the pid")
+        return
+    bad = _not_pids(rows)
+    if bad:
+        check.add(False, f"the first column should hold pids (whole numbers); it held {bad[0]!r}")
+        return
+    got = [names[r[0]] for r in rows if r[0] in names]          # other people's are left out
+    expected = _holders_oldest_first(names, holds)
+    for ok, text in _who_came_back(got, where):
+        check.add(ok, text)
+    _judge_order(check, got, expected)

@@ -27,6 +27,8 @@ gives the statement.  The SQL must be one statement, and must take the event's i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import psycopg
 
 from ...core.errors import LabkitError
@@ -126,6 +128,140 @@ def _one_statement(scene: Lab, sql_text: str, event: str) -> None:
                                   "steps), with no semicolon between parts.") from None
 
 
+@dataclass(frozen=True)
+class _Deliveries:
+    """What the record step gave on each scripted delivery: True (a row, so the effect was
+    applied), False (no row: taken for a copy) or None (it failed)."""
+
+    ids: list[str]                       # the events, evt-0001 first
+    firsts: dict[str, bool | None]       # each event's first delivery but the twin's
+    later: bool | None                   # the later copy of the first event
+    a: bool | None                       # A's copy of the twin
+    b: bool | None                       # B's copy of the twin
+    b_waited: bool                       # did B's copy wait (for A's transaction)?
+    failed: list[str]                    # each failed delivery, with its error
+    sqlstates: list[str]                 # each failed delivery's SQLSTATE
+
+    @property
+    def copy(self) -> str:
+        """The event delivered again after its first delivery committed."""
+        return self.ids[LATER_COPY - 1]
+
+    @property
+    def twin(self) -> str:
+        """The event whose two copies arrive at the same moment."""
+        return self.ids[AT_ONCE - 1]
+
+
+def _refuse_unusable(lab: Lab, sql_text: str, ids: list[str]) -> None:
+    """Refuse, with the fix, SQL that is not a string, is empty, takes unknown parameters,
+    or never reads the event's id."""
+    if not isinstance(sql_text, str):
+        raise LabkitError(f"check_record takes the SQL as a string, not {type(sql_text).__name__}.",
+                          'write the statement in a string: check_record(lab, """INSERT ...""").')
+    if bind(lab, sql_text, {"event_id": ids[0]}) == bind(lab, sql_text, {"event_id": ids[1]}):
+        raise LabkitError("The statement does not use %(event_id)s, so it does the same for every "
+                          "event.",
+                          "write %(event_id)s wherever the statement needs the event's id: the "
+                          "checker fills in each delivery's id there.")
+
+
+def _bound(scene: Lab, sql_text: str, ids: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each event's record step and effect, its parameters written in."""
+    texts = {e: bind(scene, sql_text, {"event_id": e}) for e in ids}
+    effect = query("inbox.sql", "effect").text
+    effects = {e: bind(scene, effect, {"order_id": n}) for n, e in enumerate(ids, 1)}
+    return texts, effects
+
+
+def _deliver_the_rest(c: _Consumers, ids: list[str], first: bool) -> _Deliveries:
+    """After the first event's delivery: the next two first deliveries, the later copy, then
+    the twin's two copies at the same moment (A records, B records, A finishes, B finishes)."""
+    firsts: dict[str, bool | None] = {ids[0]: first}
+    firsts[ids[1]] = c.deliver("A", ids[1])
+    firsts[ids[2]] = c.deliver("B", ids[2])
+    copy, twin = ids[LATER_COPY - 1], ids[AT_ONCE - 1]
+    later = c.deliver("B", copy)
+    a_step = c.record("A", twin)
+    b_step = c.record("B", twin)
+    b_waited_for_a = not b_step.done
+    a = c.finish("A", twin, a_step)
+    b = c.finish("B", twin, b_step)
+    return _Deliveries(ids, firsts, later, a, b, b_step.waited or b_waited_for_a,
+                       c.failed, c.sqlstates)
+
+
+def _none_failed(d: _Deliveries) -> tuple[bool, str]:
+    """No delivery may fail: a copy comes back empty."""
+    return (not d.failed, "no delivery failed" if not d.failed else
+            "a copy must come back empty, not fail (a consumer reports a failed delivery as an "
+            "error and does not acknowledge it): " + "; ".join(d.failed[:2]))
+
+
+def _firsts_new(d: _Deliveries) -> tuple[bool, str]:
+    """Each first delivery comes back as new."""
+    firsts = d.firsts
+    new = [e for e, applied in firsts.items() if applied]
+    return (len(new) == len(firsts), f"the first delivery of {', '.join(firsts)} came back as new"
+            if len(new) == len(firsts) else
+            "a first delivery came back without a row, so its effect was never applied ("
+            + ", ".join(f"{e}: {_said(v)}" for e, v in firsts.items() if not v) + ")")
+
+
+def _later_copy_skipped(d: _Deliveries) -> tuple[bool, str]:
+    """The later copy comes back empty."""
+    later, copy = d.later, d.copy
+    return (later is False, f"the later copy of {copy} came back empty: skipped" if later is False
+            else f"the later copy of {copy} came back with {_said(later)}"
+            + (": its label was printed again" if later else ""))
+
+
+def _twins_once(d: _Deliveries) -> tuple[bool, str]:
+    """Of the two copies at the same moment, exactly one comes back as new, and neither fails."""
+    a, b, twin = d.a, d.b, d.twin
+    once = [a, b].count(True) == 1 and None not in (a, b)
+    waited = " (after waiting for A's COMMIT)" if d.b_waited else ""
+    return (once, f"the two copies of {twin} at the same moment: A's came back as new; B's waited "
+            "for A's transaction, then came back empty" if once and d.b_waited else
+            f"the two copies of {twin} at the same moment: one came back as new, the other empty"
+            if once else f"the two copies of {twin} at the same moment: A's came back with "
+            f"{_said(a)}, B's{waited} with {_said(b)}"
+            + (", so both were applied" if a and b else ", so neither was applied" if a is b is False else ""))
+
+
+def _labels_once(labels: dict[int, int], ids: list[str]) -> tuple[bool, str]:
+    """Each order's label was printed exactly once."""
+    counts = [labels.get(n, 0) for n in range(1, EVENTS + 1)]
+    wrong = {ids[n - 1]: k for n, k in enumerate(counts, 1) if k != 1}
+    return (not wrong, f"every effect happened exactly once (labels printed per order: "
+            f"{', '.join(map(str, counts))})" if not wrong else
+            f"labels printed per order: {', '.join(map(str, counts))} ("
+            + "; ".join(f"{e} {'twice' if k == 2 else 'never' if k == 0 else f'{k} times'}"
+                        for e, k in wrong.items()) + ")")
+
+
+def _all_recorded(recorded: list[str], ids: list[str]) -> tuple[bool, str]:
+    """The inbox holds every event id."""
+    return (recorded == ids, f"the inbox holds all {EVENTS} event ids" if recorded == ids else
+            f"the inbox holds {len(recorded)} of the {EVENTS} event ids"
+            + (": nothing was recorded, so no later copy can be recognised" if not recorded else ""))
+
+
+def _hint(d: _Deliveries, recorded: list[str]) -> str:
+    """The hint for the most telling way the step failed (the first rule that applies)."""
+    key_failed = UNIQUE_VIOLATION in d.sqlstates
+    a, b, later = d.a, d.b, d.later
+    for applies, hint in ((not any(d.firsts.values()), HINT_NEVER_A_ROW),
+                          (not recorded, HINT_NOTHING_RECORDED),
+                          (key_failed and later is False, HINT_RACE_FAILED),
+                          (key_failed, HINT_KEY_FAILED),
+                          (a is True and b is True and later is False, HINT_RACE_BOTH),
+                          (later is True or (a is True and b is True), HINT_COPY_ROW)):
+        if applies:
+            return hint
+    return HINT_OTHER
+
+
 def check_record(lab: Lab, sql_text: str) -> Check:
     """Check ``sql_text``, an inbox consumer's record step: one statement taking
     ``%(event_id)s`` that returns a row only when this event was not seen before.  The
@@ -134,84 +270,30 @@ def check_record(lab: Lab, sql_text: str) -> Check:
     It passes when no delivery fails, each first delivery comes back as new, the later copy
     and exactly one of the two simultaneous copies come back empty, each order's label was
     printed once and the inbox holds every event id."""
-    if not isinstance(sql_text, str):
-        raise LabkitError(f"check_record takes the SQL as a string, not {type(sql_text).__name__}.",
-                          'write the statement in a string: check_record(lab, """INSERT ...""").')
     ids = [event_id(i) for i in range(1, EVENTS + 1)]
     # empty SQL, unknown parameters: refused now; so is SQL that never reads the event's id
-    if bind(lab, sql_text, {"event_id": ids[0]}) == bind(lab, sql_text, {"event_id": ids[1]}):
-        raise LabkitError("The statement does not use %(event_id)s, so it does the same for every "
-                          "event.",
-                          "write %(event_id)s wherever the statement needs the event's id: the "
-                          "checker fills in each delivery's id there.")
+    _refuse_unusable(lab, sql_text, ids)
     check = Check("an inbox consumer's record step: 4 events, a later copy, two copies at once")
     scene = scratch(lab)
     try:
         create_outbox(scene)
         _one_statement(scene, sql_text, ids[0])
         place_orders(scene, EVENTS)
-        texts = {e: bind(scene, sql_text, {"event_id": e}) for e in ids}
-        effect = query("inbox.sql", "effect").text
-        effects = {e: bind(scene, effect, {"order_id": n}) for n, e in enumerate(ids, 1)}
-        copy, twin = ids[LATER_COPY - 1], ids[AT_ONCE - 1]
+        texts, effects = _bound(scene, sql_text, ids)
         with Sessions(scene, "A", "B", lock_timeout="3s", statement_timeout="5s") as run:
             c = _Consumers(run, texts, effects)
-            firsts = {ids[0]: c.deliver("A", ids[0])}
-            if firsts[ids[0]] is None:
+            first = c.deliver("A", ids[0])
+            if first is None:
                 check.add(False, f"the record step failed on the first delivery: {c.failed[0]}")
                 check.hint = HINT_FIRST_FAILED
                 return check
-            firsts[ids[1]] = c.deliver("A", ids[1])
-            firsts[ids[2]] = c.deliver("B", ids[2])
-            later = c.deliver("B", copy)
-            a_step = c.record("A", twin)
-            b_step = c.record("B", twin)
-            b_waited_for_a = not b_step.done
-            a = c.finish("A", twin, a_step)
-            b = c.finish("B", twin, b_step)
-            b_waited = b_step.waited or b_waited_for_a
+            d = _deliver_the_rest(c, ids, first)
         labels, recorded = _labels(scene), _recorded(scene)
     finally:
         scene.drop()
 
-    check.add(not c.failed, "no delivery failed" if not c.failed else
-              "a copy must come back empty, not fail (a consumer reports a failed delivery as an "
-              "error and does not acknowledge it): " + "; ".join(c.failed[:2]))
-    new = [e for e, applied in firsts.items() if applied]
-    check.add(len(new) == len(firsts), f"the first delivery of {', '.join(firsts)} came back as new"
-              if len(new) == len(firsts) else
-              "a first delivery came back without a row, so its effect was never applied ("
-              + ", ".join(f"{e}: {_said(v)}" for e, v in firsts.items() if not v) + ")")
-    check.add(later is False, f"the later copy of {copy} came back empty: skipped" if later is False
-              else f"the later copy of {copy} came back with {_said(later)}"
-              + (": its label was printed again" if later else ""))
-    once = [a, b].count(True) == 1 and None not in (a, b)
-    waited = " (after waiting for A's COMMIT)" if b_waited else ""
-    check.add(once, f"the two copies of {twin} at the same moment: A's came back as new; B's waited "
-              "for A's transaction, then came back empty" if once and b_waited else
-              f"the two copies of {twin} at the same moment: one came back as new, the other empty"
-              if once else f"the two copies of {twin} at the same moment: A's came back with "
-              f"{_said(a)}, B's{waited} with {_said(b)}"
-              + (", so both were applied" if a and b else ", so neither was applied" if a is b is False else ""))
-    counts = [labels.get(n, 0) for n in range(1, EVENTS + 1)]
-    wrong = {ids[n - 1]: k for n, k in enumerate(counts, 1) if k != 1}
-    check.add(not wrong, f"every effect happened exactly once (labels printed per order: "
-              f"{', '.join(map(str, counts))})" if not wrong else
-              f"labels printed per order: {', '.join(map(str, counts))} ("
-              + "; ".join(f"{e} {'twice' if k == 2 else 'never' if k == 0 else f'{k} times'}"
-                          for e, k in wrong.items()) + ")")
-    check.add(recorded == ids, f"the inbox holds all {EVENTS} event ids" if recorded == ids else
-              f"the inbox holds {len(recorded)} of the {EVENTS} event ids"
-              + (": nothing was recorded, so no later copy can be recognised" if not recorded else ""))
-    key_failed = UNIQUE_VIOLATION in c.sqlstates
-    for applies, hint in ((not any(firsts.values()), HINT_NEVER_A_ROW),
-                          (not recorded, HINT_NOTHING_RECORDED),
-                          (key_failed and later is False, HINT_RACE_FAILED),
-                          (key_failed, HINT_KEY_FAILED),
-                          (a is True and b is True and later is False, HINT_RACE_BOTH),
-                          (later is True or (a is True and b is True), HINT_COPY_ROW),
-                          (True, HINT_OTHER)):
-        if applies:
-            check.hint = hint
-            break
+    for ok, text in (_none_failed(d), _firsts_new(d), _later_copy_skipped(d), _twins_once(d),
+                     _labels_once(labels, ids), _all_recorded(recorded, ids)):
+        check.add(ok, text)
+    check.hint = _hint(d, recorded)
     return check

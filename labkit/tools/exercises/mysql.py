@@ -16,6 +16,7 @@ Each WRONG line says what happened; the hint, for the first of them, says where 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from ...core import mysql
@@ -247,133 +248,217 @@ def _who(names) -> str:
     return ", ".join(names)
 
 
-def _judge(check: Check, scratch: mysql.MyLab, names: list[str], jobs: int,
-           sent: dict[str, list[Step]], held: dict[str, set], isolation: str) -> Check:
-    """The findings, from what the server did and what the table holds; the hint is the one
-    for the first finding that is WRONG."""
-    hints: list[str] = []
+class _Findings:
+    """A check's findings as they are added, with the hint of each WRONG one, in order."""
 
-    def add(ok: bool, text: str, why: str) -> None:
-        check.add(ok, text)
+    def __init__(self, check: Check) -> None:
+        self.check = check
+        self.hints: list[str] = []
+
+    def add(self, ok: bool, text: str, why: str) -> None:
+        """One finding; a WRONG one queues the hint for ``why``."""
+        self.check.add(ok, text)
         if not ok:
-            hints.append(HINTS[why])
+            self.hints.append(HINTS[why])
 
-    errors = {n: s.error for n in names for s in sent[n] if s.error}
-    other = {n: e for n, e in errors.items() if e.kind not in ("lock_timeout", "deadlock")}
-    if other:
-        first = next(iter(other))
-        more = [n for n in other if n != first]
-        add(False, f"the statements failed on the server: {first}: {_short(other[first])}"
-            + (f" (and the same for {_who(more)})" if more and all(
-                other[m].sqlstate == other[first].sqlstate for m in more) else ""), "failed")
-        check.hint = hints[0]
-        return check
-    waits = {n: [(s.label, sorted(s.blocked_by)) for s in sent[n] if s.waited] for n in names}
-    waited = {n: w for n, w in waits.items() if w}
-    add(not waited, "no worker waited" if not waited else
-        "worker(s) waited for another one's lock: " + "; ".join(
-            f"{n} for {', '.join(sorted({b for _, who in w for b in who}))} "
-            f"(at {', '.join(dict.fromkeys(label for label, _ in w))})" for n, w in waited.items()),
-        "waited")
-    for n, e in errors.items():
-        what = ("was rolled back as a deadlock victim (1213): its whole transaction is gone"
-                if e.kind == "deadlock" else
-                f"gave up waiting after {LOCK_WAIT_S} s (1205): its statement was rolled back")
-        add(False, f"worker {n} {what}", "waited")
-    if errors:
-        check.hint = hints[0]
-        return check
+    def done(self) -> Check:
+        """The check, with the hint for its first WRONG finding (if there is one)."""
+        if self.hints:
+            self.check.hint = self.hints[0]
+        return self.check
 
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the workers took and what the table holds after the commits."""
+
+    rows: dict[int, tuple[str, str | None]]     # job -> (status, worker_id)
+    got: dict[str, int | None]                  # the job each worker read back
+    marked: dict[str, list[int]]                # the jobs IN_PROGRESS under each worker
+    took: dict[str, int | None]                 # the one it read back, else the one it marked
+
+    @property
+    def pending(self) -> int:
+        """How many jobs are still PENDING."""
+        return sum(1 for status, _ in self.rows.values() if status == "PENDING")
+
+    @property
+    def ids(self) -> list[int]:
+        """The jobs the workers took, a job taken twice listed twice."""
+        return [v for v in self.took.values() if v is not None]
+
+
+def _read_outcome(scratch: mysql.MyLab, names: list[str], sent: dict[str, list[Step]]) -> _Outcome:
+    """The table after the commits, and the job each worker read back, marked and took."""
     rows = {r[0]: (r[1], r[2]) for r in scratch.execute("SELECT id, status, worker_id FROM job")}
-    pending = sum(1 for status, _ in rows.values() if status == "PENDING")
     got = {n: _claimed(sent[n]) for n in names}
     marked = {n: [j for j, (status, w) in rows.items() if w == n and status == "IN_PROGRESS"]
               for n in names}
     # the job each worker took: the one it read back, else the one row it marked as its own
     took = {n: got[n] if got[n] is not None else (marked[n][0] if len(marked[n]) == 1 else None)
             for n in names}
+    return _Outcome(rows, got, marked, took)
 
-    # 1. the read-back
+
+def _judge_failures(findings: _Findings, errors: dict) -> bool:
+    """The finding for statements that failed other than by waiting; True if any did."""
+    other = {n: e for n, e in errors.items() if e.kind not in ("lock_timeout", "deadlock")}
+    if not other:
+        return False
+    first = next(iter(other))
+    more = [n for n in other if n != first]
+    same = bool(more) and all(other[m].sqlstate == other[first].sqlstate for m in more)
+    findings.add(False, f"the statements failed on the server: {first}: {_short(other[first])}"
+                 + (f" (and the same for {_who(more)})" if same else ""), "failed")
+    return True
+
+
+def _waits(names: list[str], sent: dict[str, list[Step]]) -> dict[str, list[tuple[str, list[str]]]]:
+    """Each worker that waited: the label of each statement that waited, and for whom."""
+    waits = {n: [(s.label, sorted(s.blocked_by)) for s in sent[n] if s.waited] for n in names}
+    return {n: w for n, w in waits.items() if w}
+
+
+def _judge_waits(findings: _Findings, waited: dict[str, list[tuple[str, list[str]]]],
+                 errors: dict) -> None:
+    """The finding on waits, and one for each worker whose wait ended in an error."""
+    findings.add(not waited, "no worker waited" if not waited else
+                 "worker(s) waited for another one's lock: " + "; ".join(
+                     f"{n} for {', '.join(sorted({b for _, who in w for b in who}))} "
+                     f"(at {', '.join(dict.fromkeys(label for label, _ in w))})" for n, w in waited.items()),
+                 "waited")
+    for n, e in errors.items():
+        what = ("was rolled back as a deadlock victim (1213): its whole transaction is gone"
+                if e.kind == "deadlock" else
+                f"gave up waiting after {LOCK_WAIT_S} s (1205): its statement was rolled back")
+        findings.add(False, f"worker {n} {what}", "waited")
+
+
+def _judge_read_back(findings: _Findings, names: list[str], sent: dict[str, list[Step]],
+                     outcome: _Outcome) -> None:
+    """1. Did each worker read back the id of its job?"""
+    got, marked = outcome.got, outcome.marked
     silent = [n for n in names if not _returned_rows(sent[n])]
     empty = [n for n in names if n not in silent and got[n] is None]
     shown = ", ".join(f"{n} {'-' if v is None else v}" for n, v in got.items())
     if silent:
-        add(False, f"no statement of {_who(silent)} returned rows, so that worker cannot tell "
-            "which job it holds" + (f" (it marked {_jobs(marked[silent[0]])})"
-                                    if len(silent) == 1 and marked[silent[0]] else ""),
-            "read_back")
+        findings.add(False, f"no statement of {_who(silent)} returned rows, so that worker cannot tell "
+                     "which job it holds" + (f" (it marked {_jobs(marked[silent[0]])})"
+                                             if len(silent) == 1 and marked[silent[0]] else ""),
+                     "read_back")
     if empty:
-        add(False, f"{_who(empty)} read back no job (no row, or NULL) although "
-            f"{pending} job{'s' if pending != 1 else ''} were still PENDING after every commit",
-            "no_job")
+        pending = outcome.pending
+        findings.add(False, f"{_who(empty)} read back no job (no row, or NULL) although "
+                     f"{pending} job{'s' if pending != 1 else ''} were still PENDING after every commit",
+                     "no_job")
     if not silent and not empty:
-        add(True, f"each worker read back the id of its job (read back: {shown})", "read_back")
+        findings.add(True, f"each worker read back the id of its job (read back: {shown})", "read_back")
 
-    # 2. one job, one worker
-    ids = [v for v in took.values() if v is not None]
+
+def _judge_one_worker_per_job(findings: _Findings, outcome: _Outcome) -> None:
+    """2. Did any job go to two workers?"""
+    ids = outcome.ids
     twice = sorted({v for v in ids if ids.count(v) > 1})
-    add(not twice, "no job was handed to two workers" if not twice else
-        f"{_jobs(twice)} went to more than one worker", "waited")
+    findings.add(not twice, "no job was handed to two workers" if not twice else
+                 f"{_jobs(twice)} went to more than one worker", "waited")
 
-    # 3. the oldest first
+
+def _judge_oldest_first(findings: _Findings, names: list[str], jobs: int, outcome: _Outcome) -> None:
+    """3. Did the oldest jobs go first (if any job was taken)?"""
+    ids = outcome.ids
+    if not ids:
+        return
     oldest = list(range(jobs, jobs - len(names), -1))
-    if ids:
-        right = sorted(ids) == sorted(oldest)
-        taken = ", ".join(f"{n} job {v}" for n, v in took.items() if v is not None)
-        none = [n for n, v in took.items() if v is None]
-        add(right, f"the oldest jobs went first (taken: {taken}; the checker numbers jobs newest "
-            "first)" if right else
-            f"the workers took: {taken}" + (f" ({_who(none)}: none)" if none else "")
-            + f"; the oldest, {_jobs(oldest)}, should have gone first (the checker numbers jobs "
-            "newest first)", "oldest")
+    right = sorted(ids) == sorted(oldest)
+    taken = ", ".join(f"{n} job {v}" for n, v in outcome.took.items() if v is not None)
+    none = [n for n, v in outcome.took.items() if v is None]
+    findings.add(right, f"the oldest jobs went first (taken: {taken}; the checker numbers jobs newest "
+                 "first)" if right else
+                 f"the workers took: {taken}" + (f" ({_who(none)}: none)" if none else "")
+                 + f"; the oldest, {_jobs(oldest)}, should have gone first (the checker numbers jobs "
+                 "newest first)", "oldest")
 
-    # 4. each worker's lock, held until its COMMIT, on its own job and no other
+
+def _judge_locks(findings: _Findings, names: list[str], held: dict[str, set], outcome: _Outcome) -> None:
+    """4. Did each worker hold the lock of its own job, and of no other, until its COMMIT?"""
+    took = outcome.took
     loose = [n for n in names if took[n] is not None and took[n] not in held.get(n, set())]
     if loose:
-        add(False, f"just before its COMMIT, {_who(loose)} held no lock on the job it took "
-            f"({', '.join(str(took[n]) for n in loose)}): another session's NOWAIT got it, so "
-            "another worker could have claimed it between your statements", "released")
+        findings.add(False, f"just before its COMMIT, {_who(loose)} held no lock on the job it took "
+                     f"({', '.join(str(took[n]) for n in loose)}): another session's NOWAIT got it, so "
+                     "another worker could have claimed it between your statements", "released")
     for n in names:
         locks = held.get(n, set())
         if locks - {took[n]}:
-            add(False, f"{n} held the locks of {_jobs(locks)} until its COMMIT, "
-                + (f"though it took only job {took[n]}" if took[n] is not None else
-                   "though it took no job")
-                + ": another worker's SKIP LOCKED passed over all of them", "no_job")
-    if ids and not loose and not any(held.get(n, set()) - {took[n]} for n in names):
-        add(True, "until its COMMIT each worker held the lock of its own job and of no other "
-            "(another session's NOWAIT was refused before the COMMIT, granted after it)", "released")
+            findings.add(False, f"{n} held the locks of {_jobs(locks)} until its COMMIT, "
+                         + (f"though it took only job {took[n]}" if took[n] is not None else
+                            "though it took no job")
+                         + ": another worker's SKIP LOCKED passed over all of them", "no_job")
+    if outcome.ids and not loose and not any(held.get(n, set()) - {took[n]} for n in names):
+        findings.add(True, "until its COMMIT each worker held the lock of its own job and of no other "
+                     "(another session's NOWAIT was refused before the COMMIT, granted after it)", "released")
 
-    # 5. the table after the commits
+
+def _mark_wrong(status: str, worker: str | None) -> str:
+    """What is wrong with a taken job's row, its verbs left to fill in for one job or several."""
+    if status == "PENDING":
+        return "{is} still PENDING: the next claim takes {it} again"
+    if status == "IN_PROGRESS":
+        return ("{reads} IN_PROGRESS under "
+                + (f"worker {worker}" if worker else "no worker_id") + ": nothing says who runs {it}")
+    return "{reads} " + status
+
+
+def _table_mistakes(outcome: _Outcome) -> list[str]:
+    """What the table holds that it should not: taken jobs not IN_PROGRESS under their
+    worker (grouped by what is wrong), and jobs no worker took that are no longer PENDING."""
     wrong: dict[str, list[str]] = {}
-    for n, v in took.items():
+    for n, v in outcome.took.items():
         if v is None:
             continue
-        status, worker = rows.get(v, ("missing", None))
-        if (status, worker) == ("IN_PROGRESS", n):
-            continue
-        if status == "PENDING":
-            what = "{is} still PENDING: the next claim takes {it} again"
-        elif status == "IN_PROGRESS":
-            what = ("{reads} IN_PROGRESS under "
-                    + (f"worker {worker}" if worker else "no worker_id") + ": nothing says who runs {it}")
-        else:
-            what = "{reads} " + status
-        wrong.setdefault(what, []).append(f"{n}'s job {v}")
+        status, worker = outcome.rows.get(v, ("missing", None))
+        if (status, worker) != ("IN_PROGRESS", n):
+            wrong.setdefault(_mark_wrong(status, worker), []).append(f"{n}'s job {v}")
     texts = [f"{', '.join(taken_)} " + what.format(**({"is": "is", "reads": "reads", "it": "it"}
                                                     if len(taken_) == 1 else
                                                     {"is": "are", "reads": "read", "it": "them"}))
              for what, taken_ in wrong.items()]
-    others = sorted(j for j, (status, _) in rows.items() if j not in ids and status != "PENDING")
+    ids = outcome.ids
+    others = sorted(j for j, (status, _) in outcome.rows.items() if j not in ids and status != "PENDING")
     if others:
         texts.append(f"{_jobs(others)}, which no worker took, "
                      f"{'is' if len(others) == 1 else 'are'} no longer PENDING")
-    if ids:
-        add(not texts, "after COMMIT each job taken reads IN_PROGRESS with its worker's id; the "
-            "rest are PENDING" if not texts else "after COMMIT " + "; ".join(texts), "marked")
+    return texts
 
-    if hints:
-        check.hint = hints[0]
+
+def _judge_table(findings: _Findings, outcome: _Outcome) -> None:
+    """5. Does the table after the commits hold each taken job IN_PROGRESS under its worker,
+    and the rest PENDING (if any job was taken)?"""
+    texts = _table_mistakes(outcome)
+    if outcome.ids:
+        findings.add(not texts, "after COMMIT each job taken reads IN_PROGRESS with its worker's id; the "
+                     "rest are PENDING" if not texts else "after COMMIT " + "; ".join(texts), "marked")
+
+
+def _judge(check: Check, scratch: mysql.MyLab, names: list[str], jobs: int,
+           sent: dict[str, list[Step]], held: dict[str, set], isolation: str) -> Check:
+    """The findings, from what the server did and what the table holds; the hint is the one
+    for the first finding that is WRONG."""
+    findings = _Findings(check)
+    errors = {n: s.error for n in names for s in sent[n] if s.error}
+    if _judge_failures(findings, errors):
+        return findings.done()
+    waited = _waits(names, sent)
+    _judge_waits(findings, waited, errors)
+    if errors:
+        return findings.done()
+    outcome = _read_outcome(scratch, names, sent)
+    _judge_read_back(findings, names, sent, outcome)
+    _judge_one_worker_per_job(findings, outcome)
+    _judge_oldest_first(findings, names, jobs, outcome)
+    _judge_locks(findings, names, held, outcome)
+    _judge_table(findings, outcome)
+    findings.done()
     rest_ok = all(ok for ok, _ in check.findings[1:])
     if waited and rest_ok and isolation == "REPEATABLE READ":
         check.hint = GAP_HINT          # the statements are right; the isolation level is not
