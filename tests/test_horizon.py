@@ -1,6 +1,7 @@
 """The xmin horizon lab on a real server: a REPEATABLE READ report idle in transaction
 makes every claim walk the jobs done since it began, and VACUUM remove none of them."""
 
+import dataclasses
 import json
 import math
 import time
@@ -51,44 +52,45 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
     before = child_pids()
     r = hz.horizon_trace(lab, seconds=2, workers=2)
     # the report held the horizon, as the server shows it
-    assert r["horizon_held_by"] == f"labkit:{lab.schema}:report (idle in transaction)"
-    holder = r["holder"]
-    assert holder["application_name"] == f"labkit:{lab.schema}:report"
-    assert holder["xmin_age"] >= 2 * r["claims_with"]          # a claim and a complete each
-    assert r["durability"].keys() == {"fsync", "synchronous_commit"}
-    assert r["jobs"] >= hz.MIN_JOBS and r["with"]["ran_dry"] == r["without"]["ran_dry"] == 0
+    assert r.horizon_held_by == f"labkit:{lab.schema}:report (idle in transaction)"
+    holder = r.holder
+    assert holder.application_name == f"labkit:{lab.schema}:report"
+    assert holder.xmin_age >= 2 * r.claims_with          # a claim and a complete each
+    assert r.durability.as_dict().keys() == {"fsync", "synchronous_commit"}
+    assert r.jobs >= hz.MIN_JOBS and r.with_.ran_dry == r.without.ran_dry == 0
     # both runs did real work
-    assert r["claims_without"] > 100 and r["claims_with"] > 100
+    assert r.claims_without > 100 and r.claims_with > 100
     # without it, a claim reads a few dozen buffers; with it, it visits every job done since
     # (on a two-core machine: ~35 against ~3,000; with both cores kept busy by other
     # processes, ~7 against ~270)
-    assert r["buffers_per_claim_with"] > 10 * r["buffers_per_claim_without"]
-    later = [p["buffers"] for p in r["with"]["series"]]
+    assert r.buffers_per_claim_with > 10 * r.buffers_per_claim_without
+    later = [p.buffers for p in r.with_.series]
     assert later[-1] > later[0]                                   # it grows with the churn
     # (the walk also costs the server time, ~0.05 ms against ~0.35 ms per claim's SELECT on an
     # idle two-core machine; that is a timing, asserted as a shape in notebook 10, not here:
     # the buffers above are the measure that does not depend on the load)
-    assert r["select_ms_with"] > 0 and r["select_ms_without"] > 0
+    assert r.select_ms_with > 0 and r.select_ms_without > 0
     # every version the run replaced counts as dead; with the report open VACUUM removes none
-    assert r["unremovable_with"] == r["dead_tuples_with"] == 2 * r["claims_with"]
-    assert r["unremovable_without"] < r["unremovable_with"] / 10
+    assert r.unremovable_with == r.dead_tuples_with == 2 * r.claims_with
+    assert r.unremovable_without < r.unremovable_with / 10
     # the horizons, as 32-bit xids: the report's snapshot holds this database's horizon
     # (VACUUM's cutoff on the job table) and, where the role may vacuum it, a shared
     # catalog's; with no transaction id, not the xmin of a new snapshot, which is the oldest
     # transaction running anywhere
-    assert r["holder_xid"] == int(holder["backend_xmin"]) and holder["backend_xid"] is None
-    assert not hz.xid_newer(r["vacuum_cutoff_with"], r["holder_xid"])
-    assert hz.xid_newer(r["claim_xmin_with"], r["holder_xid"])
-    assert r["shared_cutoff_with"] is None or not hz.xid_newer(r["shared_cutoff_with"], r["holder_xid"])
+    assert r.holder_xid == int(holder.backend_xmin) and holder.backend_xid is None
+    assert not hz.xid_newer(r.vacuum_cutoff_with, r.holder_xid)
+    assert hz.xid_newer(r.claim_xmin_with, r.holder_xid)
+    assert r.shared_cutoff_with is None or not hz.xid_newer(r.shared_cutoff_with, r.holder_xid)
     if _superuser(lab):
-        assert r["shared_cutoff_with"] is not None
-    assert r["shared_cutoff_without"] is None                    # measured with a holder only
-    assert r["horizon_age_with"] >= r["claims_with"]
-    for name in ("without", "with"):
-        series = r[name]["series"]
+        assert r.shared_cutoff_with is not None
+    assert r.shared_cutoff_without is None                    # measured with a holder only
+    assert r.horizon_age_with >= r.claims_with
+    for run in (r.without, r.with_):
+        series = run.series
         assert len(series) >= 2
-        assert [p["t"] for p in series] == sorted(p["t"] for p in series)
-        assert set(series[0]) == {"t", "claim_ms", "claims", "buffers", "select_ms", "dead", "horizon_age"}
+        assert [p.t for p in series] == sorted(p.t for p in series)
+        assert set(series[0].as_dict()) == {"t", "claim_ms", "claims", "buffers", "select_ms", "dead",
+                                            "horizon_age"}
     fig = hz.plot(r)
     assert len(fig.axes) == 2 and "fsync=" in fig._suptitle.get_text()
     # the growth is the point: the buffers are drawn on a linear axis from 0, and the line
@@ -108,32 +110,32 @@ def test_who_holds_the_horizon_names_the_idle_report(lab):
     try:
         lab.execute("SELECT pg_current_xact_id()")      # one transaction after its snapshot
         rows = hz.who_holds_the_horizon(lab, limit=100)
-        mine = [r for r in rows if r["pid"] == report.info.backend_pid]
+        mine = [r for r in rows if r.pid == report.info.backend_pid]
         assert len(mine) == 1
-        assert mine[0]["application_name"] == f"labkit:{lab.schema}:report"
-        assert mine[0]["state"] == "idle in transaction"
-        assert mine[0]["xmin_age"] >= 1 and mine[0]["last_query"].startswith("SELECT count(*)")
-        ages = [max(r["xmin_age"] or 0, r["xid_age"] or 0) for r in rows]
+        assert mine[0].application_name == f"labkit:{lab.schema}:report"
+        assert mine[0].state == "idle in transaction"
+        assert mine[0].xmin_age >= 1 and mine[0].last_query.startswith("SELECT count(*)")
+        ages = [max(r.xmin_age or 0, r.xid_age or 0) for r in rows]
         assert ages == sorted(ages, reverse=True)
     finally:
         report.close()
     # the client's close returns at once; the server's backend leaves a moment later
     assert backends_gone(lab.db, f"labkit:{lab.schema}:{hz.REPORT_ROLE}") == []
-    assert all(r["application_name"] != f"labkit:{lab.schema}:report"
+    assert all(r.application_name != f"labkit:{lab.schema}:report"
                for r in hz.who_holds_the_horizon(lab, limit=100))
     assert isinstance(hz.other_horizon_holders(lab), list)
 
 
 def test_vacuum_removes_nothing_while_the_report_is_open_and_everything_after(lab, db):
     r = hz.vacuum_removable(lab, jobs=500)
-    assert r["dead_versions"] == 1000
-    assert r["holder"]["state"] == "idle in transaction"
-    held = (r["removed_while_held"], r["not_removable_while_held"], r["n_dead_tup_while_held"])
+    assert r.dead_versions == 1000
+    assert r.holder.state == "idle in transaction"
+    held = (r.removed_while_held, r.not_removable_while_held, r.n_dead_tup_while_held)
     assert held == (0, 1000, 1000)
-    assert "1000 are dead but not yet removable" in r["line_while_held"]
-    assert (r["removed_after"], r["not_removable_after"], r["n_dead_tup_after"]) == (1000, 0, 0)
-    assert r["ended_by"] == "idle_in_transaction_session_timeout = 1s"
-    assert 0.9 <= r["ended_after_s"] < 10
+    assert "1000 are dead but not yet removable" in r.line_while_held
+    assert (r.removed_after, r.not_removable_after, r.n_dead_tup_after) == (1000, 0, 0)
+    assert r.ended_by == "idle_in_transaction_session_timeout = 1s"
+    assert 0.9 <= r.ended_after_s < 10
     _lab_sessions_gone(db, lab)
 
 
@@ -153,6 +155,7 @@ def test_command_prints_json_and_drops_its_lab(db, capsys):
                 "horizon_held_by", "durability"):
         assert key in out
     assert out["horizon_held_by"].endswith(":report (idle in transaction)")
+    assert list(out)[-2:] == ["without", "with"] and out["with"]["series"]     # the runs' JSON keys
     schema = opened[0].schema
     with db.connect() as conn:
         assert conn.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone()[0] is None
@@ -189,10 +192,10 @@ def test_the_who_holds_query_names_the_reports_snapshot_and_its_database(lab):
     try:
         xmin = hz.snapshot_xmin(report)                     # the report's own snapshot
         lab.execute("SELECT pg_current_xact_id()")
-        mine = [h for h in hz.who_holds_the_horizon(lab, limit=100) if h["pid"] == report.info.backend_pid]
+        mine = [h for h in hz.who_holds_the_horizon(lab, limit=100) if h.pid == report.info.backend_pid]
         here = lab.execute("SELECT current_database()")[0][0]
-        assert len(mine) == 1 and mine[0]["backend_xmin"] == xmin and mine[0]["backend_xid"] is None
-        assert (mine[0]["datname"], mine[0]["holds_back"]) == (here, "this database")
+        assert len(mine) == 1 and mine[0].backend_xmin == xmin and mine[0].backend_xid is None
+        assert (mine[0].datname, mine[0].holds_back) == (here, "this database")
     finally:
         report.close()
 
@@ -253,19 +256,19 @@ def test_an_existing_database_is_used_when_none_is_created_and_left_as_it_was(la
     r = hz.horizon_trace(lab, seconds=1, workers=1, other_database=True, create_database=False)
     here = lab.execute("SELECT current_database()")[0][0]
     if not existing:        # the embedded server has no database but the lab's (and templates)
-        assert r["holder_database"] is None and r["note"].startswith("no other database")
-        assert r["buffers_per_claim_with"] is None and r["claims_without"] > 0
+        assert r.holder_database is None and r.note.startswith("no other database")
+        assert r.buffers_per_claim_with is None and r.claims_without > 0
         return
-    assert r["holder_database"] == existing[0][0]
-    assert r["other_database_created"] is False and r["holder_database"] not in (None, here)
-    assert r["holder_database"] in _databases(db)             # an existing one: not dropped
-    assert r["writer_statement"] == "SELECT pg_current_xact_id()"
-    assert r["buffers_per_claim_with"] > 10 * r["buffers_per_claim_without"]
-    assert r["vacuum_unremovable_with"] == 0
-    [h] = r["holders"]
-    assert (h["datname"], h["holds_back"]) == (r["holder_database"], "every snapshot on the server")
-    assert hz.xid_newer(r["vacuum_cutoff_with"], r["holder_xid"])
-    assert not hz.xid_newer(r["claim_xmin_with"], r["holder_xid"])
+    assert r.holder_database == existing[0][0]
+    assert r.other_database_created is False and r.holder_database not in (None, here)
+    assert r.holder_database in _databases(db)             # an existing one: not dropped
+    assert r.writer_statement == "SELECT pg_current_xact_id()"
+    assert r.buffers_per_claim_with > 10 * r.buffers_per_claim_without
+    assert r.vacuum_unremovable_with == 0
+    [h] = r.holders
+    assert (h.datname, h.holds_back) == (r.holder_database, "every snapshot on the server")
+    assert hz.xid_newer(r.vacuum_cutoff_with, r.holder_xid)
+    assert not hz.xid_newer(r.claim_xmin_with, r.holder_xid)
     _lab_sessions_gone(db, lab)
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.WRITER_ROLE}") == []
 
@@ -278,9 +281,10 @@ def test_with_no_other_database_the_result_says_so(lab, monkeypatch):
 
     monkeypatch.setattr(hz, "query", lambda f, n: NoDatabase() if n == "other_databases" else real(f, n))
     r = hz.horizon_trace(lab, seconds=1, workers=1, other_database=True, create_database=False)
-    assert r["holder_database"] is None and r["note"].startswith("no other database")
-    assert r["buffers_per_claim_with"] is None and r["vacuum_unremovable_with"] is None
-    assert r["claims_without"] > 0                             # the run without still ran
+    assert r.holder_database is None and r.note.startswith("no other database")
+    assert r.buffers_per_claim_with is None and r.vacuum_unremovable_with is None
+    assert r.with_ is None and r.as_dict()["with"] is None
+    assert r.claims_without > 0                             # the run without still ran
 
 
 def test_a_snapshot_in_another_database_holds_only_its_own(lab, db):
@@ -338,28 +342,28 @@ def test_the_scene_refuses_bad_parameters_before_touching_the_table(lab, kw, nam
 
 def test_the_versions_scene_counts_what_its_drawing_shows(lab, db):
     s = hz.versions_scene(lab, jobs=10, before=3, after=4)
-    phases = [j["phase"] for j in s["jobs"]]
+    phases = [j.phase for j in s.jobs]
     assert phases == ["before"] * 3 + ["after"] * 4 + ["pending"] * 3      # the claim's order
-    done = [j for j in s["jobs"] if j["phase"] != "pending"]
-    assert all(s["fill_xid"] < j["claim_xid"] < j["complete_xid"] for j in done)
+    done = [j for j in s.jobs if j.phase != "pending"]
+    assert all(s.fill_xid < j.claim_xid < j.complete_xid for j in done)
     # the horizon sits between the two phases: the report's snapshot came after the first
-    assert max(j["complete_xid"] for j in done if j["phase"] == "before") < s["horizon"]
-    assert s["horizon"] <= min(j["claim_xid"] for j in done if j["phase"] == "after")
+    assert max(j.complete_xid for j in done if j.phase == "before") < s.horizon
+    assert s.horizon <= min(j.claim_xid for j in done if j.phase == "after")
     # two dead versions a job, split by the horizon exactly as VACUUM splits them
-    assert (s["removable"], s["kept"]) == (6, 8)
-    assert (s["vacuum_held"]["removed"], s["vacuum_held"]["not_yet_removable"]) == (6, 8)
-    assert (s["vacuum_after"]["removed"], s["vacuum_after"]["not_yet_removable"]) == (8, 0)
+    assert (s.removable, s.kept) == (6, 8)
+    assert (s.vacuum_held.removed, s.vacuum_held.not_yet_removable) == (6, 8)
+    assert (s.vacuum_after.removed, s.vacuum_after.not_yet_removable) == (8, 0)
     # a claim reads one entry when every dead one is marked; with the report open, also each
     # entry whose version died after the horizon; the first claim after it ends marks them
-    assert (s["skipped"], s["walked_past"]) == (3, 4)
-    assert s["read_clean"] == 1
-    assert s["read_held"] == s["walked_past"] + 1 == 5
-    assert (s["read_released"], s["read_after"]) == (5, 1)
+    assert (s.skipped, s.walked_past) == (3, 4)
+    assert s.read_clean == 1
+    assert s.read_held == s.walked_past + 1 == 5
+    assert (s.read_released, s.read_after) == (5, 1)
     assert backends_gone(db, f"labkit:{lab.schema}:{hz.SCENE_ROLE}") == []
     _lab_sessions_gone(db, lab)
     fig = hz.plot_versions(s)
     left, right = fig.axes
-    assert [t.get_text() for t in left.get_yticklabels()] == [f"job {j['id']}" for j in s["jobs"]]
+    assert [t.get_text() for t in left.get_yticklabels()] == [f"job {j.id}" for j in s.jobs]
     # the transactions evenly spaced, one tick each: the fill, then a claim and a completion
     # per done job; the dashed horizon between the last one before the report and the first
     # after it, its xid in the legend
@@ -372,7 +376,7 @@ def test_the_versions_scene_counts_what_its_drawing_shows(lab, db):
     assert len(right.get_lines()) == 3 * 7 + 3 + 1                         # and the horizon
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "VACUUM may remove (6)" in labels[1] and "VACUUM must keep (8)" in labels[2]
-    assert f"xid {s['horizon']:,}" in labels[3]
+    assert f"xid {s.horizon:,}" in labels[3]
     assert "(4 a claim)" in labels[5]
     matplotlib.pyplot.close(fig)
 
@@ -389,20 +393,20 @@ def test_index_recovery_refuses_bad_parameters(lab, kw):
 
 def test_vacuum_keeps_the_index_size_and_reindex_concurrently_gives_it_back(lab, db):
     r = hz.index_recovery(lab, backlog=200, churn=10_000, batch=500)
-    assert r["pages_held"] > 10 * r["pages_clean"]              # the incident grew the index
-    assert r["buffers_held"] > 10 * r["buffers_clean"]
-    assert r["vacuum"]["removed"] == 2 * 10_000 and r["vacuum"]["not_yet_removable"] == 0
-    assert r["pages_vacuumed"] == r["pages_held"]               # VACUUM: the file keeps its size
-    assert "newly deleted" in r["vacuum"]["index_line"]
-    assert r["buffers_vacuumed"] < r["buffers_held"] / 10       # ... but the claim is quick again
-    assert r["pages_reindexed"] <= r["pages_clean"] + 1         # REINDEX: the space comes back
-    runs = r["reindex"]
-    c = runs["concurrently_steps"]
+    assert r.pages_held > 10 * r.pages_clean              # the incident grew the index
+    assert r.buffers_held > 10 * r.buffers_clean
+    assert r.vacuum.removed == 2 * 10_000 and r.vacuum.not_yet_removable == 0
+    assert r.pages_vacuumed == r.pages_held               # VACUUM: the file keeps its size
+    assert "newly deleted" in r.vacuum.index_line
+    assert r.buffers_vacuumed < r.buffers_held / 10       # ... but the claim is quick again
+    assert r.pages_reindexed <= r.pages_clean + 1         # REINDEX: the space comes back
+    runs = r.reindex
+    c = runs.concurrently_steps
     assert c["reindex"].waited and c["reindex"].blocked_by == ["W1"]   # it waits for the claim ...
     assert not c["W2 claim"].waited and c["W2 claim"].rows            # ... no claim waits for it
-    p = runs["plain_steps"]
+    p = runs.plain_steps
     assert p["W2 claim"].waited and p["W2 claim"].blocked_by == ["R"]  # a plain one blocks claims
-    assert "REINDEX CONCURRENTLY" in str(runs["concurrently"])
+    assert "REINDEX CONCURRENTLY" in str(runs.concurrently)
     assert backends_gone(db, f"labkit:{lab.schema}:W%") == []
     assert backends_gone(db, f"labkit:{lab.schema}:R") == []
     _lab_sessions_gone(db, lab)
@@ -422,7 +426,8 @@ def test_an_existing_database_comes_first_when_preferred(lab, db):
 
 def test_a_run_someone_else_held_is_told_from_a_clean_one():
     def run(*ages):
-        return {"series": [{"t": 0.5 * (i + 1), "horizon_age": a} for i, a in enumerate(ages)]}
+        series = [_typed(hz.SeriesPoint, t=0.5 * (i + 1), horizon_age=a) for i, a in enumerate(ages)]
+        return _typed(hz.HorizonRun, series=series)
 
     # the workers' own snapshots are a few transactions old; None: no other session held any
     assert not hz.held_by_someone_else(run(3, 2, None, 4, 2, 3, 2), seconds=4)
@@ -435,9 +440,13 @@ def test_a_run_someone_else_held_is_told_from_a_clean_one():
 # -- the printed tables ------------------------------------------------------------------------
 
 
+def _typed(cls, **kw):
+    """A ``cls`` with the fields given, and None in every other."""
+    return cls(**{**{f.name: None for f in dataclasses.fields(cls)}, **kw})
+
+
 def _result(**kw):
-    base = {f"{f}_{run}": None for f in hz.FIGURES for run in ("without", "with")}
-    return {**base, **kw}
+    return _typed(hz.HorizonTrace, **kw)
 
 
 def test_the_runs_table_prints_counts_as_whole_numbers():
@@ -458,10 +467,10 @@ def test_the_runs_table_prints_counts_as_whole_numbers():
 
 
 def test_the_two_horizons_table_puts_the_report_and_the_writer_side_by_side():
-    report = {"holder_xid": 1000, "claim_xmin_with": 1787, "vacuum_cutoff_with": 1000,
-              "shared_cutoff_with": 1000, "buffers_per_claim_with": 4049.5, "unremovable_with": 9314}
-    writer = {"holder_xid": 12000, "claim_xmin_with": 12000, "vacuum_cutoff_with": 20107,
-              "shared_cutoff_with": None, "buffers_per_claim_with": 3551, "unremovable_with": 0}
+    report = _result(holder_xid=1000, claim_xmin_with=1787, vacuum_cutoff_with=1000,
+                     shared_cutoff_with=1000, buffers_per_claim_with=4049.5, unremovable_with=9314)
+    writer = _result(holder_xid=12000, claim_xmin_with=12000, vacuum_cutoff_with=20107,
+                     shared_cutoff_with=None, buffers_per_claim_with=3551, unremovable_with=0)
     t = hz.two_horizons(report, writer)
     assert list(t.columns) == ["report here", "writer elsewhere"]
     assert list(t.index) == [label for _, label in hz.HORIZONS]

@@ -29,15 +29,15 @@ claims go on (:func:`reindex_runs`).  ``labkit trace horizon`` is :func:`horizon
 from __future__ import annotations
 
 import contextlib
-import json as _json
 import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
@@ -49,8 +49,13 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result, not_json
 from .claims import wait_for_horizon
 from .production import fresh_table
+
+if TYPE_CHECKING:
+    from ..core.steps import Step
+    from ..core.transcript import Transcript
 
 LEASE_S = 60                 # a claim's lease: far longer than any run, so none runs out
 SAMPLE_S = 0.5               # how often the parent samples what one claim reads
@@ -196,16 +201,40 @@ def open_report(lab: Lab, *, lasts_s: float) -> psycopg.Connection:
     return conn
 
 
-def holder_info(lab: Lab, pid: int) -> dict | None:
-    """A session as pg_stat_activity shows it: pid, database, application_name, state,
-    xmin_age and xid_age (how many transactions old its snapshot and its transaction id are;
-    None when it has none), backend_xmin and backend_xid (as text; None when it has none)."""
+@dataclass(frozen=True)
+class HolderInfo(Result):
+    """A session as pg_stat_activity shows it (:func:`holder_info`): the one that held the
+    horizon, read while it was still open.
+
+    pid: its backend's process id.
+    database: the database it is connected to.
+    application_name: its application_name (``labkit:<schema>:report`` for the lab's report).
+    state: what it was doing (``idle in transaction`` for a holder between statements).
+    xmin_age: how many transactions old its snapshot's xmin is; None when it has no snapshot.
+    xid_age: how many transactions old its transaction id is; None when it has none.
+    backend_xmin: its snapshot's xmin, a 32-bit xid as text; None when it has no snapshot.
+    backend_xid: its transaction id, a 32-bit xid as text; None when it has none.
+    """
+
+    pid: int
+    database: str | None
+    application_name: str
+    state: str | None
+    xmin_age: int | None
+    xid_age: int | None
+    backend_xmin: str | None
+    backend_xid: str | None
+
+
+def holder_info(lab: Lab, pid: int) -> HolderInfo | None:
+    """The session ``pid`` as pg_stat_activity shows it (horizon.sql "holder"); None when the
+    server shows no such session."""
     rows = lab.execute(query("horizon.sql", "holder").sql, {"pid": pid})
     if not rows:
         return None
     pid, database, app, state, xmin_age, xid_age, xmin, xid = rows[0]
-    return {"pid": pid, "database": database, "application_name": app, "state": state,
-            "xmin_age": xmin_age, "xid_age": xid_age, "backend_xmin": xmin, "backend_xid": xid}
+    return HolderInfo(pid=pid, database=database, application_name=app, state=state,
+                      xmin_age=xmin_age, xid_age=xid_age, backend_xmin=xmin, backend_xid=xid)
 
 
 def snapshot_xmin(conn: psycopg.Connection) -> str:
@@ -218,29 +247,81 @@ def _plain(v: Any) -> Any:
     return float(v) if isinstance(v, Decimal) else v
 
 
-def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[dict]:
+@dataclass(frozen=True)
+class HorizonHolder(Result):
+    """A session that holds an xmin horizon back, as :func:`who_holds_the_horizon` names it
+    (a row of horizon.sql "who_holds_the_horizon").
+
+    pid: its backend's process id.
+    datname: its database (None for a physical standby's walsender).
+    application_name: its application_name.
+    backend_type: ``client backend``, ``walsender``, ...
+    state: what it is doing (``idle in transaction``, ``active``, ...).
+    holds_back: where it counts: "this database" or "its own database" for a snapshot,
+        "every snapshot on the server" for a transaction id, "every database" for a physical
+        standby's walsender, "the catalogs (a logical slot)" for a logical one.
+    backend_xmin: its snapshot's xmin, a 32-bit xid as text; None when it has no snapshot.
+    backend_xid: its transaction id, a 32-bit xid as text; None when it has none.
+    xmin_age: how many transactions old its snapshot's xmin is; None without a snapshot.
+    xid_age: how many transactions old its transaction id is; None without one.
+    xact_age_s: seconds since its transaction began (None outside a transaction).
+    in_state_s: seconds since its state last changed.
+    last_query: the first 60 characters of its last statement.
+    """
+
+    pid: int
+    datname: str | None
+    application_name: str
+    backend_type: str
+    state: str | None
+    holds_back: str
+    backend_xmin: str | None
+    backend_xid: str | None
+    xmin_age: int | None
+    xid_age: int | None
+    xact_age_s: float | None
+    in_state_s: float | None
+    last_query: str | None
+
+
+def who_holds_the_horizon(lab: Lab, *, limit: int = 5) -> list[HorizonHolder]:
     """The sessions of every database of the server (walsenders included) that hold an xmin
-    horizon back, oldest first (horizon.sql "who_holds_the_horizon"): pid, datname,
-    application_name, backend_type, state, holds_back ("this database" or "its own
-    database" for a snapshot, "every snapshot on the server" for a transaction id, "every
-    database" for a physical standby's walsender, "the catalogs (a logical slot)"),
-    backend_xmin and backend_xid (as text), xmin_age and xid_age (in transactions),
-    xact_age_s, in_state_s, last_query."""
+    horizon back, oldest first, at most ``limit`` (horizon.sql "who_holds_the_horizon"): a
+    :class:`HorizonHolder` each."""
     number("limit", limit, low=1, high=100, whole=True, example=5)
     cur = lab.admin.execute(query("horizon.sql", "who_holds_the_horizon").sql, {"limit": limit})
     cols = column_names(cur, "horizon.sql's who_holds_the_horizon")
-    return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
+    return [HorizonHolder(**dict(zip(cols, map(_plain, r)))) for r in cur.fetchall()]
 
 
-def other_horizon_holders(lab: Lab) -> list[dict]:
+@dataclass(frozen=True)
+class OtherHorizonHolder(Result):
+    """Something that holds the horizon with no session to show for it, as
+    :func:`other_horizon_holders` names it (a row of horizon.sql "other_horizon_holders").
+
+    kind: ``prepared transaction``, ``replication slot: xmin (every table)`` (a standby's
+        hot_standby_feedback kept in its slot) or ``replication slot: catalog_xmin (system
+        catalogs only)`` (a logical consumer's).
+    name: the prepared transaction's gid, or the slot's name.
+    database: its database (None for a physical slot).
+    xmin_age: how many transactions old the xid it holds is.
+    age_s: seconds since the transaction was prepared (None for a slot).
+    """
+
+    kind: str
+    name: str
+    database: str | None
+    xmin_age: int | None
+    age_s: float | None
+
+
+def other_horizon_holders(lab: Lab) -> list[OtherHorizonHolder]:
     """What else holds the horizon with no session to show for it (horizon.sql
     "other_horizon_holders"): prepared transactions of every database and replication slots
-    with an xmin (a standby's hot_standby_feedback kept in its slot, a logical consumer's
-    catalog_xmin); each with kind, name, database (None for a physical slot), xmin_age and
-    age_s (prepared transactions)."""
+    with an xmin, oldest first; an :class:`OtherHorizonHolder` each."""
     cur = lab.admin.execute(query("horizon.sql", "other_horizon_holders").sql)
     cols = column_names(cur, "horizon.sql's other_horizon_holders")
-    return [dict(zip(cols, map(_plain, r))) for r in cur.fetchall()]
+    return [OtherHorizonHolder(**dict(zip(cols, map(_plain, r)))) for r in cur.fetchall()]
 
 
 # -- a writer in another database ----------------------------------------------------------------
@@ -361,25 +442,36 @@ def another_database(lab: Lab, *, create: bool = True,
 # -- measuring ------------------------------------------------------------------------------------
 
 
-def explain_claim(lab: Lab) -> dict:
+@dataclass(frozen=True)
+class ClaimExecution(Result):
+    """One execution of the claim's SELECT, measured by the server (:func:`explain_claim`).
+
+    buffers: the shared buffers (hit + read, 8 kB pages) its execution touched, planning not
+        counted: index pages and table pages both count, and entries that point into the
+        page the scan is already on do not count that page again.
+    select_ms: its execution time on the server, in milliseconds.
+    """
+
+    buffers: int
+    select_ms: float
+
+
+def explain_claim(lab: Lab) -> ClaimExecution:
     """One execution of the claim's SELECT, measured by the server: EXPLAIN (ANALYZE,
     BUFFERS) of horizon.sql "claim_select" (the SELECT inside production.sql's claim, FOR
-    UPDATE SKIP LOCKED included) in a transaction that is rolled back.  ``buffers``: the
-    shared buffers (hit + read) its execution touched, planning not counted: index pages and
-    table pages both count, and entries that point into the page the scan is already on do
-    not count that page again.  ``select_ms``: its execution time on the server."""
+    UPDATE SKIP LOCKED included) in a transaction that is rolled back."""
     conn = lab.admin
     with conn.transaction(force_rollback=True):
         out = one_row(conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
                                    + query("horizon.sql", "claim_select").sql), "EXPLAIN of the claim")[0][0]
     plan = out["Plan"]
-    return {"buffers": int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
-            "select_ms": round(float(out.get("Execution Time", 0.0)), 3)}
+    return ClaimExecution(buffers=int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)),
+                          select_ms=round(float(out.get("Execution Time", 0.0)), 3))
 
 
 def claim_buffers(lab: Lab) -> int:
     """The shared buffers one execution of the claim's SELECT touches (:func:`explain_claim`)."""
-    return explain_claim(lab)["buffers"]
+    return explain_claim(lab).buffers
 
 
 def dead_tuples(lab: Lab) -> int:
@@ -397,24 +489,55 @@ def horizon_age(lab: Lab) -> int | None:
     return lab.execute(query("horizon.sql", "horizon_age").sql)[0][0]
 
 
-def durability(lab: Lab) -> dict[str, str]:
+@dataclass(frozen=True)
+class Durability(Result):
+    """What each commit waits for, as the server runs it (:func:`durability`; SHOW's text).
+
+    fsync: ``on`` or ``off``: whether the server forces its writes to disk.
+    synchronous_commit: ``on``, ``off``, ``local``, ...: whether a commit waits for its WAL to
+        reach the disk (or a standby) before it returns.
+    """
+
+    fsync: str
+    synchronous_commit: str
+
+
+def durability(lab: Lab) -> Durability:
     """What each commit waits for: fsync and synchronous_commit as the server runs them."""
     fsync, sync = lab.execute(query("horizon.sql", "durability").sql)[0]
-    return {"fsync": fsync, "synchronous_commit": sync}
+    return Durability(fsync=fsync, synchronous_commit=sync)
 
 
-def vacuum(lab: Lab, table: str = "job") -> dict:
-    """VACUUM (VERBOSE) the job table (or ``table``, schema-qualified where it must be).
-    Returns ``removed`` and ``not_yet_removable`` (the dead row versions VACUUM took away,
-    and those it found but had to keep for an older snapshot, read from its VERBOSE report,
-    PostgreSQL 15 and later), ``cutoff`` (its "removable cutoff", a 32-bit xid: a version
-    whose replacing transaction is older may go), ``n_dead_tup`` right after (VACUUM sets
-    it, as it ends, to the dead versions it kept; the job table only), ``line``, the
-    report's tuples line, and ``index_line``, its line about the claim's index (``index
-    "job_due_idx": pages: ... in total, ... newly deleted, ...``; "" when VACUUM did not
-    scan the indexes).  Where the role may not vacuum ``table`` (a shared catalog, to a role
-    that is not a superuser), the server skips it with a warning, and every figure is None
-    or ""."""
+@dataclass(frozen=True)
+class VacuumReport(Result):
+    """What one VACUUM (VERBOSE) said (:func:`vacuum`).  Where the role may not vacuum the
+    table (a shared catalog, to a role that is not a superuser), the server skips it with a
+    warning, and every figure is None or "".
+
+    removed: the dead row versions VACUUM took away (read from its VERBOSE report,
+        PostgreSQL 15 and later; None before).
+    not_yet_removable: the dead row versions it found but had to keep for an older snapshot.
+    cutoff: its "removable cutoff", a 32-bit xid: a version whose replacing transaction is
+        older may go.
+    n_dead_tup: pg_stat_user_tables.n_dead_tup right after (VACUUM sets it, as it ends, to the
+        dead versions it kept); the job table only, None for another.
+    line: the report's tuples line (``tuples: ... removed, ... remain, ... are dead but not
+        yet removable``).
+    index_line: its line about the claim's index (``index "job_due_idx": pages: ... in
+        total, ... newly deleted, ...``); "" when VACUUM did not scan the indexes.
+    """
+
+    removed: int | None
+    not_yet_removable: int | None
+    cutoff: int | None
+    n_dead_tup: int | None
+    line: str
+    index_line: str
+
+
+def vacuum(lab: Lab, table: str = "job") -> VacuumReport:
+    """VACUUM (VERBOSE) the job table (or ``table``, schema-qualified where it must be), and
+    what it said: a :class:`VacuumReport`."""
     notes: list[str] = []
 
     def note(diag: psycopg.errors.Diagnostic) -> None:
@@ -431,11 +554,11 @@ def vacuum(lab: Lab, table: str = "job") -> dict:
     line = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("tuples:")), "")
     index_line = next((ln.strip() for ln in text.splitlines()
                        if ln.strip().startswith('index "job_due_idx"')), "")
-    return {"removed": int(m.group(1)) if m else None,
-            "not_yet_removable": int(m.group(3)) if m else None,
-            "cutoff": int(cut.group(1)) if cut else None,
-            "n_dead_tup": dead_tuples(lab) if table == "job" else None,
-            "line": line, "index_line": index_line}
+    return VacuumReport(removed=int(m.group(1)) if m else None,
+                        not_yet_removable=int(m.group(3)) if m else None,
+                        cutoff=int(cut.group(1)) if cut else None,
+                        n_dead_tup=dead_tuples(lab) if table == "job" else None,
+                        line=line, index_line=index_line)
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -490,7 +613,7 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
                 time.sleep(min(0.02, max(0.0, deadline - now)))
             if now >= end:
                 break
-            series.append({"t": round(now - t0, 3), **explain_claim(lab),
+            series.append({"t": round(now - t0, 3), **explain_claim(lab).as_dict(),
                            "dead": dead_tuples(lab), "horizon_age": horizon_age(lab)})
             next_at += SAMPLE_S
             left = jobs - len(samples)
@@ -511,7 +634,7 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
         named = None
         if report is not None and other is not None:    # the query a reader runs names it
             named = [h for h in who_holds_the_horizon(lab, limit=100)
-                     if h["pid"] == report.info.backend_pid]
+                     if h.pid == report.info.backend_pid]
             wait_for_horizon(lab)   # no session of this database is older: VACUUM's own cutoff
         elif report is None:
             wait_for_horizon(lab)   # on a shared server, someone else's snapshot would keep some
@@ -522,7 +645,7 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
         # database shares (every database's)
         snap = int(lab.execute(query("horizon.sql", "snapshot_xmin").sql)[0][0])
         vac = vacuum(lab)                       # with the report still open
-        shared = vacuum(lab, SHARED_CATALOG)["cutoff"] if report is not None else None
+        shared = vacuum(lab, SHARED_CATALOG).cutoff if report is not None else None
     finally:
         if report is not None:
             report.close()
@@ -531,18 +654,113 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
             "snapshot_xmin": snap, "shared_cutoff": shared}
 
 
-def _summary(raw: dict, *, seconds: float) -> dict:
+@dataclass(frozen=True)
+class SeriesPoint(Result):
+    """One sample of a churn run, taken by the parent about every ``SAMPLE_S`` seconds.
+
+    t: seconds into the run.
+    claim_ms: the median claim, in milliseconds (the claim statement alone, timed in the
+        worker), over the claims since the previous sample; None when there was none.
+    claims: how many claims the workers made since the previous sample.
+    buffers: the shared buffers one execution of the claim's SELECT touched then
+        (:func:`explain_claim`).
+    select_ms: that execution's time on the server, in milliseconds.
+    dead: pg_stat_user_tables.n_dead_tup of the job table then (it lags by about a second).
+    horizon_age: the claim's horizon as other client sessions held it then, in transactions
+        (:func:`horizon_age`); None when no other session had one.
+    """
+
+    t: float
+    claim_ms: float | None
+    claims: int
+    buffers: int
+    select_ms: float
+    dead: int
+    horizon_age: int | None
+
+
+@dataclass(frozen=True)
+class ChurnRun(Result):
+    """One churn run: worker processes claiming and completing jobs on a fresh job table,
+    with or without something holding the xmin horizon (:func:`churn`).
+
+    claims: the claims that took a job, all workers together.
+    claims_per_s: those per second of the run.
+    claim_ms_p50: the median claim, in milliseconds (the claim statement alone, timed in the
+        worker); None without a claim.
+    claim_ms_p99: the 99th percentile of the same.
+    buffers_per_claim: the median, over the samples taken in the last third of the run, of
+        the shared buffers one execution of the claim's SELECT touched (:func:`explain_claim`).
+    select_ms: the same samples' median execution time of that SELECT on the server, in
+        milliseconds (what the walk costs, without the commit and the round trip).
+    dead_tuples: n_dead_tup once the run was over and every worker's session had ended (every
+        version replaced, removable or not).
+    unremovable: the dead versions a VACUUM run right then (the holder still open) found but
+        could not remove.
+    vacuum_line: that VACUUM's tuples line.
+    claim_xmin: the xmin of a snapshot taken in the lab's database just before that VACUUM
+        (the oldest transaction then running anywhere on the server, as for a claim's own
+        snapshot), a 32-bit xid.
+    vacuum_cutoff: that VACUUM's removable cutoff (this database's horizon), a 32-bit xid.
+    shared_cutoff: with a holder open, VACUUM's removable cutoff on a catalog every database
+        shares (``SHARED_CATALOG``); None without a holder, or where the role may not vacuum it.
+    ran_dry: claims that found no job (0: the backlog was enough).
+    jobs: the table's pending jobs at the start, plus any top up.
+    series: the samples, in order (:class:`SeriesPoint`).
+    horizon_held_by: the holder as pg_stat_activity showed it at the end of the run (its pid,
+        database, application_name, state, ages and xids); None without one.
+    named_by_query: the rows of :func:`who_holds_the_horizon` that named the holder, read
+        while it was open (a writer in another database only; None otherwise).
+    workers: how many worker processes ran.
+    seconds: how long they ran.
+    """
+
+    claims: int
+    claims_per_s: float
+    claim_ms_p50: float | None
+    claim_ms_p99: float | None
+    buffers_per_claim: float | None
+    select_ms: float | None
+    dead_tuples: int
+    unremovable: int | None
+    vacuum_line: str
+    claim_xmin: int
+    vacuum_cutoff: int | None
+    shared_cutoff: int | None
+    ran_dry: int
+    jobs: int
+    series: list[SeriesPoint]
+    horizon_held_by: HolderInfo | None
+    named_by_query: list[HorizonHolder] | None
+    workers: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class HorizonRun(ChurnRun):
+    """One of :func:`horizon_trace`'s two runs: the fields of :class:`ChurnRun`, and
+
+    runs: how many runs it took to get it (a run someone else's transaction held back is run
+        again, up to ``CLEAN_TRIES``).
+    """
+
+    runs: int
+
+
+def _summary(raw: dict, *, seconds: float) -> dict[str, Any]:
+    """The fields of a :class:`ChurnRun` but ``workers`` and ``seconds``, from :func:`_run`'s."""
     t0, samples, series = raw["t0"], raw["samples"], raw["series"]
     ms = [m for _, m in samples]
     out_series = []
     lo = 0.0
     for p in series:
         inside = [m for t, m in samples if lo <= t - t0 < p["t"]]
-        out_series.append({"t": p["t"], "claim_ms": round(statistics.median(inside), 3) if inside else None,
-                           "claims": len(inside), "buffers": p["buffers"], "select_ms": p["select_ms"],
-                           "dead": p["dead"], "horizon_age": p["horizon_age"]})
+        out_series.append(SeriesPoint(t=p["t"], claim_ms=round(statistics.median(inside), 3) if inside else None,
+                                      claims=len(inside), buffers=p["buffers"], select_ms=p["select_ms"],
+                                      dead=p["dead"], horizon_age=p["horizon_age"]))
         lo = p["t"]
     late = [p for p in series if p["t"] >= seconds * 2 / 3] or series[-1:]
+    vac: VacuumReport = raw["vacuum"]
     return {
         "claims": len(samples),
         "claims_per_s": round(len(samples) / seconds, 1),
@@ -551,10 +769,10 @@ def _summary(raw: dict, *, seconds: float) -> dict:
         "buffers_per_claim": statistics.median(p["buffers"] for p in late) if late else None,
         "select_ms": statistics.median(p["select_ms"] for p in late) if late else None,
         "dead_tuples": raw["dead"],
-        "unremovable": raw["vacuum"]["not_yet_removable"],
-        "vacuum_line": raw["vacuum"]["line"],
+        "unremovable": vac.not_yet_removable,
+        "vacuum_line": vac.line,
         "claim_xmin": raw["snapshot_xmin"],
-        "vacuum_cutoff": raw["vacuum"]["cutoff"],
+        "vacuum_cutoff": vac.cutoff,
         "shared_cutoff": raw["shared_cutoff"],
         "ran_dry": raw["dry"],
         "jobs": raw["jobs"],
@@ -565,7 +783,7 @@ def _summary(raw: dict, *, seconds: float) -> dict:
 
 
 def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
-          jobs: int | None = None) -> dict:
+          jobs: int | None = None) -> ChurnRun:
     """``workers`` worker processes claim and complete jobs for ``seconds`` seconds on a
     fresh production job table of ``jobs`` pending jobs (by default enough that they never
     run dry; a long run is topped up as it goes), with (``hold_horizon=True``) or without a
@@ -573,27 +791,9 @@ def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
     began a REPEATABLE READ transaction, counted the jobs, and sits idle in transaction for
     the whole run.
 
-    Returns ``claims``, ``claims_per_s``, ``claim_ms_p50`` and ``claim_ms_p99`` (the claim
-    statement alone, timed in the worker); ``buffers_per_claim``: the median, over the
-    samples taken in the last third of the run, of what one claim reads (every ~0.5 s,
-    :func:`explain_claim`: the shared buffers one execution of the claim's SELECT touches),
-    and ``select_ms``, the same samples' median execution time of that SELECT on the server
-    (what the walk costs, without the commit and the round trip);
-    ``dead_tuples``: n_dead_tup once the run is over and every worker's session has ended
-    (every version replaced, removable or not); ``unremovable``: the dead versions a VACUUM
-    run right then (the report still open) found but could not remove, ``vacuum_line``,
-    its report's tuples line, and ``vacuum_cutoff``, its removable cutoff (this database's
-    horizon); ``claim_xmin``, the xmin of a snapshot taken in the lab's database just before
-    that VACUUM (the oldest transaction then running anywhere on the server, as for a
-    claim's own snapshot); ``shared_cutoff``, with the report open,
-    VACUUM's removable cutoff on a catalog every database shares (``SHARED_CATALOG``; None
-    without the report, or where the role may not vacuum it); ``ran_dry``: claims that
-    found no job (0: the backlog was enough); ``jobs``: the table's pending jobs at the
-    start, plus any top up; ``series``: per sample, ``t`` (seconds), ``claim_ms`` (median) and ``claims`` since
-    the previous sample, ``buffers``, ``select_ms``, ``dead`` (n_dead_tup, which lags by about
-    a second) and ``horizon_age`` (the oldest other snapshot in the database, in transactions);
-    ``horizon_held_by``: None, or the report's pid, application_name, state and xmin_age
-    as pg_stat_activity showed them at the end of the run; ``workers``, ``seconds``."""
+    Returns a :class:`ChurnRun`: the claims and their latency, what one claim read (sampled
+    every ~0.5 s), the dead versions and what a VACUUM run at the end could not remove, the
+    samples, and the report as the server showed it at the end of the run."""
     check_params(seconds=seconds, workers=workers)
     jobs = backlog(seconds, workers) if jobs is None else int(
         number("jobs", jobs, low=1, high=MAX_JOBS, whole=True, example=MIN_JOBS))
@@ -606,59 +806,148 @@ def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
     finally:
         for w in procs:
             w.kill()
-    return {**_summary(raw, seconds=seconds), "workers": workers, "seconds": seconds}
+    return ChurnRun(**_summary(raw, seconds=seconds), workers=workers, seconds=seconds)
 
 
 # -- both runs, and the figure --------------------------------------------------------------------
 
 
-def held_by_someone_else(run: dict, *, seconds: float) -> bool:
+def held_by_someone_else(run: ChurnRun, *, seconds: float) -> bool:
     """Whether, in a run without the report, someone else's transaction on the server held
     the claim's horizon back during the samples ``buffers_per_claim`` is read from (the last
     third): the horizon older than ``FOREIGN_AGE`` transactions in one of them."""
-    late = [p["horizon_age"] for p in run["series"] if p["t"] >= seconds * 2 / 3]
+    late = [p.horizon_age for p in run.series if p.t >= seconds * 2 / 3]
     return any(age is not None and age > FOREIGN_AGE for age in late)
 
 
+@dataclass(frozen=True)
+class HorizonTrace(Result):
+    """:func:`horizon_trace`: the same churn run without and then with something holding the
+    horizon, side by side.  Each ``..._without`` / ``..._with`` pair is that figure of
+    :class:`ChurnRun` for the run without and the run with the holder (``_with`` None when
+    there was no run with it); xids are 32-bit, as the server shows them.
+
+    claim_ms_p50_without, claim_ms_p50_with: the median claim, in milliseconds.
+    claim_ms_p99_without, claim_ms_p99_with: its 99th percentile, in milliseconds.
+    buffers_per_claim_without, buffers_per_claim_with: the buffers one claim's SELECT touched
+        (a median over the last third of the run).
+    select_ms_without, select_ms_with: that SELECT's execution time on the server, in ms.
+    claims_without, claims_with: the claims that took a job.
+    dead_tuples_without, dead_tuples_with: n_dead_tup at the end of the run.
+    unremovable_without, unremovable_with: the dead versions VACUUM at the end could not remove.
+    claim_xmin_without, claim_xmin_with: the xmin of a new snapshot in the lab's database at
+        the end (the oldest transaction then running anywhere on the server).
+    vacuum_cutoff_without, vacuum_cutoff_with: VACUUM's removable cutoff on the job table
+        (this database's horizon).
+    shared_cutoff_without, shared_cutoff_with: VACUUM's cutoff on a catalog every database
+        shares (None without a holder, or where the role may not vacuum it).
+    horizon_age_without, horizon_age_with: the largest age of the claim's horizon as other
+        sessions held it during the run, in transactions (small without the holder, unless
+        someone else's transaction held the horizon then); None when no sample had one.
+    horizon_held_by: the holder, as "labkit:<schema>:report (idle in transaction)" (and
+        " in database <name>" for a writer in another database); None without one.
+    holder: the holder as pg_stat_activity showed it at the end of the run (its pid,
+        database, application_name, state, xmin_age, xid_age, backend_xmin and backend_xid);
+        None without one.
+    holder_xid: what it held, as a 32-bit xid: the writer's transaction id, or the report's
+        snapshot xmin; None without a holder.
+    durability: what each commit waited for (fsync and synchronous_commit).
+    server: the server's PostgreSQL version.
+    seconds: the churn time of each run, in seconds.
+    workers: the worker processes of each run.
+    jobs: the pending jobs each run's table started with.
+    without: the run without a holder, whole (its series included).
+    with_: the run with the holder, whole; None when there was none.  Its JSON key is ``with``.
+    """
+
+    claim_ms_p50_without: float | None
+    claim_ms_p50_with: float | None
+    claim_ms_p99_without: float | None
+    claim_ms_p99_with: float | None
+    buffers_per_claim_without: float | None
+    buffers_per_claim_with: float | None
+    select_ms_without: float | None
+    select_ms_with: float | None
+    claims_without: int
+    claims_with: int | None
+    dead_tuples_without: int
+    dead_tuples_with: int | None
+    unremovable_without: int | None
+    unremovable_with: int | None
+    claim_xmin_without: int
+    claim_xmin_with: int | None
+    vacuum_cutoff_without: int | None
+    vacuum_cutoff_with: int | None
+    shared_cutoff_without: int | None
+    shared_cutoff_with: int | None
+    horizon_age_without: int | None
+    horizon_age_with: int | None
+    horizon_held_by: str | None
+    holder: HolderInfo | None
+    holder_xid: int | None
+    durability: Durability
+    server: str
+    seconds: float
+    workers: int
+    jobs: int
+    without: HorizonRun
+    with_: HorizonRun | None
+
+    def as_dict(self, only: Iterable[str] | None = None) -> dict[str, Any]:
+        """The fields as plain values (see :class:`~labkit.core.results.Result`), ``with_``
+        under its JSON key, ``with``."""
+        names = None if only is None else ["with_" if n == "with" else n for n in only]
+        return {("with" if k == "with_" else k): v for k, v in super().as_dict(names).items()}
+
+
+@dataclass(frozen=True)
+class HorizonTraceElsewhere(HorizonTrace):
+    """:func:`horizon_trace` with ``other_database``: the horizon held by a writer idle in a
+    transaction in another database of the server.  The fields of :class:`HorizonTrace`, and
+
+    holder_database: the writer's database; None when there was no other database to use
+        (and then no run with it: ``note`` says why).
+    other_database_created: whether it was a throw-away database the lab created (and
+        dropped), or an existing one.
+    note: where the writer ran, or why it could not.
+    writer_statement: the statement the writer ran last, in its open transaction; None
+        without a writer.
+    holders: the rows of :func:`who_holds_the_horizon` that named the writer, read while it
+        was open; None without a run with it.
+    vacuum_unremovable_with: what VACUUM VERBOSE on the job table found dead but not yet
+        removable then, once no session of the lab's database held its own cutoff back.
+    vacuum_line_with: that VACUUM's tuples line.
+    """
+
+    holder_database: str | None
+    other_database_created: bool
+    note: str
+    writer_statement: str | None
+    holders: list[HorizonHolder] | None
+    vacuum_unremovable_with: int | None
+    vacuum_line_with: str | None
+
+
 def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_database: bool = False,
-                  create_database: bool = True) -> dict:
+                  create_database: bool = True) -> HorizonTrace:
     """:func:`churn` twice with the same workers (started once) on a fresh table of the
     same size: first with no report open, then with one holding the horizon -- or, with
     ``other_database``, with a writer idle in a transaction in another database of the same
     server (:func:`another_database`: a throw-away one, or with ``create_database=False`` or
     where the role may not create one, an existing one; dropped or left as it was at the end).
 
-    Returns ``claim_ms_p50_without`` / ``_with``, ``claim_ms_p99_without`` / ``_with``,
-    ``buffers_per_claim_without`` / ``_with``, ``select_ms_without`` / ``_with``,
-    ``claims_without`` / ``_with``, ``dead_tuples_without`` / ``_with``,
-    ``unremovable_without`` / ``_with``, ``claim_xmin_without`` / ``_with``,
-    ``vacuum_cutoff_without`` / ``_with`` and ``shared_cutoff_without`` / ``_with`` (see
-    :func:`churn`); ``horizon_age_without`` / ``_with`` (the largest age of the claim's
-    horizon as other sessions held it during the run, in transactions: small without the
-    report, unless someone else's transaction held the horizon then); ``horizon_held_by``
-    ("labkit:<schema>:report (idle in transaction)"); ``holder`` (its pid, database,
-    application_name, state, xmin_age, xid_age, backend_xmin and backend_xid at the end of
-    the run); ``holder_xid``, what it held as a 32-bit xid (the writer's transaction id, or
-    the report's snapshot xmin; None without a holder); ``durability`` (fsync and synchronous_commit, as SHOW
-    gives them); ``server``, ``seconds``, ``workers``, ``jobs``; and ``without`` / ``with``,
-    each run's whole result (its ``series`` included).  On a shared server, a run without
-    the report that someone else's long transaction held back (:func:`held_by_someone_else`)
-    is run again, up to ``CLEAN_TRIES`` runs in all: ``without["runs"]`` says how many it took.
-    So is a run with the writer in another database whose closing VACUUM a statement of
-    someone else's, in flight in the lab's database, made keep some versions (its snapshot
-    is no newer than the writer's id): ``with["runs"]``.
-
-    With ``other_database``, also: ``holder_database`` (the writer's database; None when
-    there was no other database to use, and then no run with it: ``note`` says why),
-    ``other_database_created`` (a throw-away database, or an existing one), ``note``,
-    ``writer_statement``, ``holders`` (the rows of :func:`who_holds_the_horizon` that name
-    the writer, read while it was open) and ``vacuum_unremovable_with`` /
-    ``vacuum_line_with`` (what VACUUM VERBOSE on the job table said then, once no session of
-    the lab's database held its own cutoff back)."""
+    Returns a :class:`HorizonTrace` (with ``other_database``, a
+    :class:`HorizonTraceElsewhere`): each figure of the two runs side by side, the holder,
+    what was measured under, and each run whole.  On a shared server, a run without the
+    report that someone else's long transaction held back (:func:`held_by_someone_else`) is
+    run again, up to ``CLEAN_TRIES`` runs in all: ``without.runs`` says how many it took.  So
+    is a run with the writer in another database whose closing VACUUM a statement of someone
+    else's, in flight in the lab's database, made keep some versions (its snapshot is no
+    newer than the writer's id): ``with_.runs``."""
     check_params(seconds=seconds, workers=workers)
     jobs = backlog(seconds, workers)
     procs: list[Worker] = []
-    out: dict[str, dict] = {}
+    out: dict[str, HorizonRun] = {}
     with contextlib.ExitStack() as stack:
         other = stack.enter_context(another_database(lab, create=create_database)) if other_database else None
         try:
@@ -673,48 +962,48 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
                             wait_for_horizon(lab)
                     create_queue(lab, jobs)
                     raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold, other=other)
-                    out[name] = run = {**_summary(raw, seconds=seconds), "workers": workers,
-                                       "seconds": seconds, "runs": attempt}
+                    out[name] = run = HorizonRun(**_summary(raw, seconds=seconds), workers=workers,
+                                                 seconds=seconds, runs=attempt)
                     if not hold and not held_by_someone_else(run, seconds=seconds):
                         break
-                    if hold and not run["unremovable"]:   # (the writer elsewhere: see above)
+                    if hold and not run.unremovable:   # (the writer elsewhere: see above)
                         break
             _stop_workers(procs)
         finally:
             for w in procs:
                 w.kill()
-        extra = {} if other is None else {
+        extra: dict[str, Any] = {} if other is None else {
             "holder_database": other.name, "other_database_created": other.created, "note": other.note,
             "writer_statement": other.statement or None}
-    ran = out.get("with")
-    held = (ran or {}).get("horizon_held_by") or {}
-    result: dict[str, Any] = {}
+    without, ran = out["without"], out.get("with")
+    held = ran.horizon_held_by if ran else None
+    fields: dict[str, Any] = {}
     for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
                 "dead_tuples", "unremovable", "claim_xmin", "vacuum_cutoff", "shared_cutoff"):
-        result[f"{key}_without"] = out["without"][key]
-        result[f"{key}_with"] = ran[key] if ran else None
-    for name in ("without", "with"):        # was the run without a held horizon clean?
-        ages = [p["horizon_age"] for p in out.get(name, {}).get("series", []) if p["horizon_age"] is not None]
-        result[f"horizon_age_{name}"] = max(ages, default=None)
-    where = f" in database {held.get('database')}" if other_database and held else ""
-    result.update({
-        "horizon_held_by": f"{held.get('application_name')} ({held.get('state')}){where}" if held else None,
-        "holder": held or None,
-        "holder_xid": int(held.get("backend_xid") or held.get("backend_xmin") or 0) or None,
-        "durability": durability(lab),
-        "server": lab.db.version,
-        "seconds": seconds, "workers": workers, "jobs": jobs,
-        "without": out["without"], "with": ran,
-    })
-    if other_database:
-        result.update(extra)
-        result.update({"holders": ran["named_by_query"] if ran else None,
-                       "vacuum_unremovable_with": ran["unremovable"] if ran else None,
-                       "vacuum_line_with": ran["vacuum_line"] if ran else None})
-    return result
+        fields[f"{key}_without"] = getattr(without, key)
+        fields[f"{key}_with"] = getattr(ran, key) if ran else None
+    for name, one in (("without", without), ("with", ran)):    # was the run without one clean?
+        ages = [p.horizon_age for p in (one.series if one else []) if p.horizon_age is not None]
+        fields[f"horizon_age_{name}"] = max(ages, default=None)
+    where = f" in database {held.database}" if other_database and held else ""
+    fields.update(
+        horizon_held_by=f"{held.application_name} ({held.state}){where}" if held else None,
+        holder=held,
+        holder_xid=(int(held.backend_xid or held.backend_xmin or 0) or None) if held else None,
+        durability=durability(lab),
+        server=lab.db.version,
+        seconds=seconds, workers=workers, jobs=jobs,
+        without=without, with_=ran,
+    )
+    if not other_database:
+        return HorizonTrace(**fields)
+    return HorizonTraceElsewhere(**fields, **extra,
+                                 holders=ran.named_by_query if ran else None,
+                                 vacuum_unremovable_with=ran.unremovable if ran else None,
+                                 vacuum_line_with=ran.vacuum_line if ran else None)
 
 
-def plot(result: dict, ax=None):
+def plot(result: HorizonTrace, ax=None):
     """Claim latency (left) and buffers per claim (right, on a linear axis: the growth is the
     point) over the run, without and with the report holding the horizon, from
     :func:`horizon_trace`'s result.  ``ax``: two matplotlib axes to draw on (None: a new
@@ -730,12 +1019,15 @@ def plot(result: dict, ax=None):
     else:
         top, bottom = ax
         fig = top.figure
-    for name, label, style in (("without", "no long transaction", "-"),
-                               ("with", "a REPEATABLE READ report idle in transaction", "-")):
-        series = result[name]["series"]
-        t = [p["t"] for p in series]
-        top.plot(t, [p["claim_ms"] for p in series], style, marker="o", ms=3, label=label)
-        bottom.plot(t, [p["buffers"] for p in series], style, marker="o", ms=3, label=label)
+    for run, label, style in ((result.without, "no long transaction", "-"),
+                              (result.with_, "a REPEATABLE READ report idle in transaction", "-")):
+        if run is None:
+            raise LabkitError("This trace has no run with the horizon held: there is nothing to "
+                              "draw it against.", "read its note for why, and draw a trace that has both runs.")
+        series = run.series
+        t = [p.t for p in series]
+        top.plot(t, [p.claim_ms for p in series], style, marker="o", ms=3, label=label)
+        bottom.plot(t, [p.buffers for p in series], style, marker="o", ms=3, label=label)
     top.set_ylabel("claim, median ms")
     top.set_ylim(bottom=0)
     bottom.set_ylabel("buffers one claim reads")
@@ -744,10 +1036,10 @@ def plot(result: dict, ax=None):
     for panel in (top, bottom):
         panel.set_xlabel("seconds into the run")
     legend_below(fig, top, ncol=1)
-    d = result.get("durability", {})
-    fig.suptitle(f"The claim while a snapshot holds the xmin horizon: {result.get('workers')} workers,\n"
-                 f"PostgreSQL {result.get('server')}, fsync={d.get('fsync')}, "
-                 f"synchronous_commit={d.get('synchronous_commit')}")
+    d = result.durability
+    fig.suptitle(f"The claim while a snapshot holds the xmin horizon: {result.workers} workers,\n"
+                 f"PostgreSQL {result.server}, fsync={d.fsync}, "
+                 f"synchronous_commit={d.synchronous_commit}")
     return fig
 
 
@@ -765,19 +1057,19 @@ def _figure(name: str, v: Any) -> str:
     return _fmt(v)
 
 
-def runs_table(result: dict, held_by: str):
+def runs_table(result: HorizonTrace, held_by: str):
     """:func:`horizon_trace`'s two runs side by side, a row per figure (:data:`FIGURES`) and a
     column per run ("no long transaction", and ``held_by``): a pandas DataFrame of the
     numbers as text, counts as whole numbers, times (:data:`TIMES`) with three decimals, a
     median of buffers with its half where it has one; "-" for a figure a run has not."""
     import pandas as pd
 
-    return pd.DataFrame({"no long transaction": [_figure(f, result[f"{f}_without"]) for f in FIGURES],
-                         held_by: [_figure(f, result[f"{f}_with"]) for f in FIGURES]},
+    return pd.DataFrame({"no long transaction": [_figure(f, getattr(result, f"{f}_without")) for f in FIGURES],
+                         held_by: [_figure(f, getattr(result, f"{f}_with")) for f in FIGURES]},
                         index=list(FIGURES))
 
 
-# The rows of :func:`two_horizons`: a key of :func:`horizon_trace`'s result, and its label.
+# The rows of :func:`two_horizons`: a field of :func:`horizon_trace`'s result, and its label.
 HORIZONS = (("holder_xid", "the holder's xmin or xid"),
             ("claim_xmin_with", "a new snapshot's xmin here"),
             ("vacuum_cutoff_with", "VACUUM's cutoff: job"),
@@ -786,7 +1078,7 @@ HORIZONS = (("holder_xid", "the holder's xmin or xid"),
             ("unremovable_with", "VACUUM kept on job"))
 
 
-def two_horizons(report: dict, writer: dict):
+def two_horizons(report: HorizonTrace, writer: HorizonTrace):
     """The horizons a report in the lab's database and a writer in another database held,
     side by side, from two :func:`horizon_trace` results (the second with
     ``other_database``): a row per :data:`HORIZONS` (the holder's snapshot xmin or
@@ -798,8 +1090,8 @@ def two_horizons(report: dict, writer: dict):
     two horizons: each holder held one.  A pandas DataFrame of text."""
     import pandas as pd
 
-    return pd.DataFrame({"report here": [_fmt(report.get(k)) for k, _ in HORIZONS],
-                         "writer elsewhere": [_fmt(writer.get(k)) for k, _ in HORIZONS]},
+    return pd.DataFrame({"report here": [_fmt(getattr(report, k)) for k, _ in HORIZONS],
+                         "writer elsewhere": [_fmt(getattr(writer, k)) for k, _ in HORIZONS]},
                         index=[label for _, label in HORIZONS])
 
 
@@ -812,7 +1104,43 @@ def xid_newer(a: int, b: int) -> bool:
 # -- VACUUM while the report is open, and after -------------------------------------------------
 
 
-def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> dict:
+@dataclass(frozen=True)
+class VacuumRemovable(Result):
+    """VACUUM while the report holds the horizon, and after the server ended the report
+    (:func:`vacuum_removable`).  Counts are row versions of the job table.
+
+    jobs: the jobs worked off while the report was open.
+    dead_versions: the dead versions that left (2 per job: PENDING and RUNNING).
+    holder: the report as pg_stat_activity showed it while it was open.
+    removed_while_held: the dead versions VACUUM removed with the report open.
+    not_removable_while_held: those it found but had to keep.
+    n_dead_tup_while_held: n_dead_tup right after that VACUUM.
+    line_while_held: that VACUUM's tuples line.
+    removed_after: the dead versions VACUUM removed once the report had ended.
+    not_removable_after: those it still had to keep.
+    n_dead_tup_after: n_dead_tup right after that VACUUM.
+    line_after: that VACUUM's tuples line.
+    ended_by: the setting that ended the report
+        (``idle_in_transaction_session_timeout = 1s``).
+    ended_after_s: seconds from setting it to the server showing the session gone.
+    """
+
+    jobs: int
+    dead_versions: int
+    holder: HolderInfo | None
+    removed_while_held: int | None
+    not_removable_while_held: int | None
+    n_dead_tup_while_held: int | None
+    line_while_held: str
+    removed_after: int | None
+    not_removable_after: int | None
+    n_dead_tup_after: int | None
+    line_after: str
+    ended_by: str
+    ended_after_s: float
+
+
+def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> VacuumRemovable:
     """VACUUM can remove no row version that died after the report's snapshot was taken,
     and all of them once the report is gone.
 
@@ -825,11 +1153,8 @@ def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> dic
     it has been idle that long; when no other transaction in the database is older than
     now, VACUUM runs again and removes them all.
 
-    Returns ``jobs``, ``dead_versions`` (2 per job), ``holder`` (pid, application_name,
-    state, xmin_age while it was open), ``removed_while_held``,
-    ``not_removable_while_held``, ``n_dead_tup_while_held``, ``line_while_held``, the same
-    four ``..._after``, ``ended_by`` (the setting) and ``ended_after_s`` (from setting it to
-    the server showing the session gone)."""
+    Returns a :class:`VacuumRemovable`: what each VACUUM removed and kept, and how the
+    report ended."""
     number("jobs", jobs, low=1, high=100_000, whole=True, example=1000)
     number("timeout_s", timeout_s, low=0.1, high=30, unit=" s", example=1)
     create_queue(lab, jobs)
@@ -854,15 +1179,15 @@ def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> dic
         report.close()
     wait_for_horizon(lab)           # another session's older snapshot would keep them too
     after = vacuum(lab)
-    return {
-        "jobs": jobs, "dead_versions": 2 * jobs, "holder": holder,
-        "removed_while_held": held["removed"], "not_removable_while_held": held["not_yet_removable"],
-        "n_dead_tup_while_held": held["n_dead_tup"], "line_while_held": held["line"],
-        "removed_after": after["removed"], "not_removable_after": after["not_yet_removable"],
-        "n_dead_tup_after": after["n_dead_tup"], "line_after": after["line"],
-        "ended_by": f"idle_in_transaction_session_timeout = {setting}",
-        "ended_after_s": round(ended_after, 2),
-    }
+    return VacuumRemovable(
+        jobs=jobs, dead_versions=2 * jobs, holder=holder,
+        removed_while_held=held.removed, not_removable_while_held=held.not_yet_removable,
+        n_dead_tup_while_held=held.n_dead_tup, line_while_held=held.line,
+        removed_after=after.removed, not_removable_after=after.not_yet_removable,
+        n_dead_tup_after=after.n_dead_tup, line_after=after.line,
+        ended_by=f"idle_in_transaction_session_timeout = {setting}",
+        ended_after_s=round(ended_after, 2),
+    )
 
 
 # -- the mechanism, drawn: row versions, index entries and the horizon ---------------------------
@@ -951,8 +1276,66 @@ def _work_one(conn: psycopg.Connection) -> dict:
     return {"id": row[0], "claim_xid": claim_xid, "complete_xid": complete_xid}
 
 
+@dataclass(frozen=True)
+class SceneJob(Result):
+    """One job of :func:`versions_scene`, in the order the claim takes them.  A done job's
+    versions are PENDING (from the scene's ``fill_xid`` to its claim), RUNNING (from its claim
+    to its completion) and DONE (live); transaction ids are 64-bit.
+
+    id: the job's id.
+    phase: "before" (done before the report opened), "after" (done while it was open) or
+        "pending".
+    claim_xid: the transaction that claimed it; None while pending.
+    complete_xid: the transaction that completed it; None while pending.
+    """
+
+    id: int
+    phase: str
+    claim_xid: int | None
+    complete_xid: int | None
+
+
+@dataclass(frozen=True)
+class VersionsScene(Result):
+    """What a held horizon keeps, job by job, on a queue small enough to draw
+    (:func:`versions_scene`; :func:`plot_versions` draws it).  Transaction ids are 64-bit.
+
+    jobs: each job in the order the claim takes them (:class:`SceneJob`).
+    fill_xid: the transaction that wrote every job.
+    horizon: the report's snapshot xmin.
+    last_xid: the scene's last transaction.
+    removable: the dead versions whose xmax, the transaction that replaced them, is older
+        than the horizon (counted from the ids above).
+    kept: the other dead versions.
+    skipped: done jobs whose index entry's version died before the horizon.
+    walked_past: done jobs whose index entry's version died after it.
+    read_clean: index entries one claim read before the report opened.
+    read_held: index entries one claim read with it open.
+    read_released: index entries the first claim after it ended read.
+    read_after: index entries a claim read once the entries were marked (the next one, or
+        on a busy server one of the few after it).
+    vacuum_held: what VACUUM VERBOSE said with the report open.
+    vacuum_after: what it said after the report ended.
+    """
+
+    jobs: list[SceneJob]
+    fill_xid: int
+    horizon: int
+    last_xid: int
+    removable: int
+    kept: int
+    skipped: int
+    walked_past: int
+    read_clean: int
+    read_held: int
+    read_released: int
+    read_after: int
+    vacuum_held: VacuumReport
+    vacuum_after: VacuumReport
+
+
 def versions_scene(lab: Lab, *, jobs: int = 10, before: int = 3, after: int = 4,
-                   timeout_s: float = 30) -> dict:
+                   timeout_s: float = 30) -> VersionsScene:
     """What a held horizon keeps, job by job, on a queue small enough to draw.
 
     A fresh job table of ``jobs`` pending jobs (one transaction writes them all), autovacuum
@@ -965,19 +1348,8 @@ def versions_scene(lab: Lab, *, jobs: int = 10, before: int = 3, after: int = 4,
     nothing older holds them: the entries the next claim reads (it marks them dead), the
     one after it, and VACUUM VERBOSE again.
 
-    Returns ``jobs``: each job in the order the claim takes them, with ``id``, ``phase``
-    ("before", "after" or "pending"), ``claim_xid`` and ``complete_xid`` (None while
-    pending): a done job's versions are PENDING (from ``fill_xid`` to its claim), RUNNING
-    (from its claim to its completion) and DONE (live); ``fill_xid``, ``horizon`` (the
-    report's snapshot xmin) and ``last_xid`` (the scene's last transaction), all 64-bit;
-    ``removable`` and ``kept`` (the dead versions whose xmax, the transaction that replaced
-    them, is older than the horizon, and the others: counted from the ids above);
-    ``skipped`` and ``walked_past`` (done jobs whose index entry's version died before the
-    horizon, and after it); ``read_clean`` (entries one claim read before the report
-    opened), ``read_held`` (with it open), ``read_released`` and ``read_after`` (the first
-    claim after it ended, and a claim once the entries are marked: the next one, or on a
-    busy server one of the few after it); ``vacuum_held`` and ``vacuum_after``
-    (:func:`vacuum`'s result with the report open, and after)."""
+    Returns a :class:`VersionsScene`: each job with the transactions that wrote and replaced
+    its versions, the horizon, the entries one claim read at each moment, and each VACUUM."""
     number("jobs", jobs, low=3, high=MAX_SCENE_JOBS, whole=True, example=10)
     number("before", before, low=1, high=MAX_SCENE_JOBS, whole=True, example=3)
     number("after", after, low=1, high=MAX_SCENE_JOBS, whole=True, example=4)
@@ -1021,19 +1393,21 @@ def versions_scene(lab: Lab, *, jobs: int = 10, before: int = 3, after: int = 4,
     rows = [done.get(i) or {"id": i, "phase": "pending", "claim_xid": None, "complete_xid": None}
             for i, _ in order]
     ended = [j for j in rows if j["claim_xid"] is not None]
-    return {
-        "jobs": rows, "fill_xid": fill_xid, "horizon": horizon, "last_xid": last_xid,
-        "removable": sum((j["claim_xid"] < horizon) + (j["complete_xid"] < horizon) for j in ended),
-        "kept": sum((j["claim_xid"] >= horizon) + (j["complete_xid"] >= horizon) for j in ended),
-        "skipped": sum(j["claim_xid"] < horizon for j in ended),
-        "walked_past": sum(j["claim_xid"] >= horizon for j in ended),
-        "read_clean": read_clean, "read_held": read_held,
-        "read_released": read_released, "read_after": read_after,
-        "vacuum_held": vacuum_held, "vacuum_after": vacuum_after,
-    }
+    return VersionsScene(
+        jobs=[SceneJob(id=j["id"], phase=j["phase"], claim_xid=j["claim_xid"], complete_xid=j["complete_xid"])
+              for j in rows],
+        fill_xid=fill_xid, horizon=horizon, last_xid=last_xid,
+        removable=sum((j["claim_xid"] < horizon) + (j["complete_xid"] < horizon) for j in ended),
+        kept=sum((j["claim_xid"] >= horizon) + (j["complete_xid"] >= horizon) for j in ended),
+        skipped=sum(j["claim_xid"] < horizon for j in ended),
+        walked_past=sum(j["claim_xid"] >= horizon for j in ended),
+        read_clean=read_clean, read_held=read_held,
+        read_released=read_released, read_after=read_after,
+        vacuum_held=vacuum_held, vacuum_after=vacuum_after,
+    )
 
 
-def plot_versions(scene: dict):
+def plot_versions(scene: VersionsScene):
     """:func:`versions_scene` drawn: one row per job, in the order the claim takes them.
     Left, the job's entry in the claim's index: marked dead and skipped, read and passed
     over (its version died after the horizon), the pending job the claim stops at, or not
@@ -1048,9 +1422,9 @@ def plot_versions(scene: dict):
     from ..core.plots import PALETTE, setup_matplotlib
 
     setup_matplotlib()
-    jobs, horizon = scene["jobs"], scene["horizon"]
-    xids = sorted({scene["fill_xid"], *(j[k] for j in jobs for k in ("claim_xid", "complete_xid")
-                                        if j[k] is not None)})
+    jobs, horizon = scene.jobs, scene.horizon
+    xids = sorted({scene.fill_xid, *(x for j in jobs for x in (j.claim_xid, j.complete_xid)
+                                     if x is not None)})
     step = {x: i for i, x in enumerate(xids)}
     now = len(xids)
     line_at = next((i for i, x in enumerate(xids) if x >= horizon), now) - 0.5
@@ -1063,25 +1437,25 @@ def plot_versions(scene: dict):
     def version(y: int, a: float, b: float, colour: str) -> None:
         right.plot([a + gap, b - gap], [y, y], color=colour, lw=9, solid_capstyle="butt")
 
-    first_pending = next(i for i, j in enumerate(jobs) if j["phase"] == "pending")
+    first_pending = next(i for i, j in enumerate(jobs) if j.phase == "pending")
     for y, j in enumerate(jobs):
-        start = step[scene["fill_xid"]]
-        if j["phase"] == "pending":
+        start = step[scene.fill_xid]
+        if j.claim_xid is None or j.complete_xid is None:       # pending
             version(y, start, now + 0.5, live)
             mark = ("o", live, "full" if y == first_pending else "none")
         else:
-            c, d = step[j["claim_xid"]], step[j["complete_xid"]]
-            version(y, start, c, gone if j["claim_xid"] < horizon else kept)      # PENDING
-            version(y, c, d, gone if j["complete_xid"] < horizon else kept)       # RUNNING
-            version(y, d, now + 0.5, live)                                        # DONE
-            mark = ("x", gone, "full") if j["claim_xid"] < horizon else ("o", kept, "full")
+            c, d = step[j.claim_xid], step[j.complete_xid]
+            version(y, start, c, gone if j.claim_xid < horizon else kept)      # PENDING
+            version(y, c, d, gone if j.complete_xid < horizon else kept)       # RUNNING
+            version(y, d, now + 0.5, live)                                     # DONE
+            mark = ("x", gone, "full") if j.claim_xid < horizon else ("o", kept, "full")
         left.plot([0], [y], marker=mark[0], color=mark[1], ms=14, mew=3, fillstyle=mark[2], ls="none")
     left.annotate("the claim\nstops here", (0, first_pending), xytext=(0.35, first_pending),
                   va="center", ha="left")
     left.set_xlim(-0.5, 1.6)
     left.set_xticks([])
     left.set_title("its index entry")
-    left.set_yticks(range(len(jobs)), [f"job {j['id']}" for j in jobs])
+    left.set_yticks(range(len(jobs)), [f"job {j.id}" for j in jobs])
     for side in ("bottom", "left"):
         left.spines[side].set_visible(False)
     left.tick_params(axis="y", length=0)
@@ -1099,15 +1473,15 @@ def plot_versions(scene: dict):
     right.tick_params(axis="y", length=0)
     handles = [Line2D([], [], color=live, lw=9, label="live version"),
                Line2D([], [], color=gone, lw=9,
-                      label=f"died before the horizon: VACUUM may remove ({scene['removable']})"),
+                      label=f"died before the horizon: VACUUM may remove ({scene.removable})"),
                Line2D([], [], color=kept, lw=9,
-                      label=f"died after it: VACUUM must keep ({scene['kept']})"),
+                      label=f"died after it: VACUUM must keep ({scene.kept})"),
                Line2D([], [], color="black", ls="--", lw=2,
                       label=f"the horizon: xid {horizon:,}, the report's snapshot xmin"),
                Line2D([], [], color=gone, marker="x", ms=14, mew=3, ls="none",
                       label="entry marked dead: skipped"),
                Line2D([], [], color=kept, marker="o", ms=14, ls="none",
-                      label=f"entry read, row passed over ({scene['read_held'] - 1} a claim)"),
+                      label=f"entry read, row passed over ({scene.read_held - 1} a claim)"),
                Line2D([], [], color=live, marker="o", ms=14, ls="none",
                       label="the pending job the claim takes"),
                Line2D([], [], color=live, marker="o", ms=14, ls="none", fillstyle="none",
@@ -1129,7 +1503,26 @@ def index_pages(lab: Lab) -> int:
     return int(lab.execute(query("horizon.sql", "index_pages").sql)[0][0])
 
 
-def reindex_runs(lab: Lab) -> dict:
+@dataclass(frozen=True)
+class ReindexRuns(Result):
+    """Two scripted runs of a REINDEX of the claim's index while workers claim
+    (:func:`reindex_runs`).  Transcripts and steps only: nothing of it is in the JSON.
+
+    concurrently: the transcript of REINDEX INDEX CONCURRENTLY while W1 holds a claim open
+        and W2 claims (``.print()`` prints it).
+    concurrently_steps: its steps by label: ``W1 claim``, ``reindex``, ``W2 claim`` (each
+        with ``waited``, ``blocked_by``, ``rows``).
+    plain: the transcript of a plain REINDEX INDEX inside R's transaction while W2 claims.
+    plain_steps: its steps by label: ``reindex``, ``W2 claim``.
+    """
+
+    concurrently: Transcript = not_json()
+    concurrently_steps: dict[str, Step] = not_json()
+    plain: Transcript = not_json()
+    plain_steps: dict[str, Step] = not_json()
+
+
+def reindex_runs(lab: Lab) -> ReindexRuns:
     """Two scripted runs of three sessions (:class:`~labkit.core.sessions.Sessions`) on the
     lab's job table, each a REINDEX of the claim's index while workers claim.
 
@@ -1137,12 +1530,10 @@ def reindex_runs(lab: Lab) -> dict:
     CONCURRENTLY (horizon.sql "reindex_concurrently"), which waits for W1; meanwhile W2
     claims a job at once; W1 commits and R finishes.  ``plain``: R runs a plain REINDEX
     (horizon.sql "reindex") in a transaction; W2's claim waits for R; R commits and the
-    claim goes through.  Returns each run's transcript (``concurrently``, ``plain``) and
-    its steps as ``concurrently_steps`` / ``plain_steps`` (label -> the step)."""
+    claim goes through.  Returns each run's transcript and its steps: a :class:`ReindexRuns`."""
     from ..core.sessions import Sessions
 
     claim = _literal(lab, query("production.sql", "claim").sql, {"worker": "W", "lease_s": LEASE_S})
-    out: dict[str, Any] = {}
     with Sessions(lab, "W1", "R", "W2", lock_timeout="10s") as run:
         run.W1("BEGIN")
         steps = {"W1 claim": run.W1(claim, label="claim")}
@@ -1151,19 +1542,55 @@ def reindex_runs(lab: Lab) -> dict:
         steps["W2 claim"] = run.W2(claim, label="claim")
         run.W1("COMMIT")
         run.wait("R")
-        out["concurrently"], out["concurrently_steps"] = run.transcript(), steps
+        concurrently, concurrently_steps = run.transcript(), steps
     with Sessions(lab, "R", "W2", lock_timeout="10s") as run:
         run.R("BEGIN")
         steps = {"reindex": run.R(query("horizon.sql", "reindex").sql, label="REINDEX"),
                  "W2 claim": run.W2(claim, label="claim")}
         run.R("COMMIT")
         run.wait("W2")
-        out["plain"], out["plain_steps"] = run.transcript(), steps
-    return out
+        plain, plain_steps = run.transcript(), steps
+    return ReindexRuns(concurrently=concurrently, concurrently_steps=concurrently_steps,
+                       plain=plain, plain_steps=plain_steps)
+
+
+@dataclass(frozen=True)
+class IndexRecovery(Result):
+    """A horizon incident and the clean-up after it, measured on the claim's index
+    (:func:`index_recovery`).  Pages are the index's (job_due_idx) 8 kB pages on disk;
+    buffers, the shared buffers one execution of the claim's SELECT touched
+    (:func:`claim_buffers`).
+
+    backlog: the pending jobs the queue kept throughout.
+    churn: the jobs run through while the report was open.
+    pages_clean: the index's size before the incident (the table freshly vacuumed).
+    buffers_clean: what one claim read then.
+    pages_held: the index's size with the report open, the jobs done.
+    buffers_held: what one claim read then.
+    vacuum: what VACUUM VERBOSE said once the report had ended.
+    pages_vacuumed: the index's size after that VACUUM.
+    buffers_vacuumed: what one claim read then.
+    pages_reindexed: the index's size after REINDEX INDEX CONCURRENTLY.
+    buffers_reindexed: what one claim read then.
+    reindex: the two REINDEX runs (concurrent, and plain for comparison), as transcripts.
+    """
+
+    backlog: int
+    churn: int
+    pages_clean: int
+    buffers_clean: int
+    pages_held: int
+    buffers_held: int
+    vacuum: VacuumReport
+    pages_vacuumed: int
+    buffers_vacuumed: int
+    pages_reindexed: int
+    buffers_reindexed: int
+    reindex: ReindexRuns
 
 
 def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: int = 500,
-                   timeout_s: float = 30) -> dict:
+                   timeout_s: float = 30) -> IndexRecovery:
     """A horizon incident and the clean-up after it, measured on the claim's index.
 
     A fresh table of ``backlog`` pending jobs, autovacuum off for it (only the VACUUM shown
@@ -1175,7 +1602,8 @@ def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: 
     versions, VACUUM VERBOSE (``vacuum``, :func:`vacuum`) removes them all: ``pages_vacuumed``,
     ``buffers_vacuumed``.  Then :func:`reindex_runs` (REINDEX CONCURRENTLY while claims go
     on, and a plain REINDEX for comparison): ``pages_reindexed``, ``buffers_reindexed`` (read
-    after the concurrent rebuild), and that function's results under ``reindex``."""
+    after the concurrent rebuild), and that function's results under ``reindex``: an
+    :class:`IndexRecovery`."""
     number("backlog", backlog, low=1, high=100_000, whole=True, example=200)
     number("churn", churn, low=1, high=1_000_000, whole=True, example=20_000)
     number("batch", batch, low=1, high=100_000, whole=True, example=500)
@@ -1183,8 +1611,7 @@ def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: 
     create_queue(lab, backlog)
     lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
     lab.execute("VACUUM job")
-    out: dict[str, Any] = {"backlog": backlog, "churn": churn,
-                           "pages_clean": index_pages(lab), "buffers_clean": claim_buffers(lab)}
+    pages_clean, buffers_clean = index_pages(lab), claim_buffers(lab)
     report = open_report(lab, lasts_s=REPORT_MARGIN_S)
     try:
         rpid = report.info.backend_pid
@@ -1194,17 +1621,20 @@ def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: 
             for s in query("horizon.sql", "churn_round").statements:
                 lab.execute(s, {"n": n})
             left -= n
-        out.update(pages_held=index_pages(lab), buffers_held=claim_buffers(lab))
+        pages_held, buffers_held = index_pages(lab), claim_buffers(lab)
         last = int(lab.execute(query("horizon.sql", "xact_id").sql)[0][0])
     finally:
         report.close()
     _wait_gone(lab, [rpid])
     wait_until_dead_to_all(lab, last, timeout=timeout_s)
-    out["vacuum"] = vacuum(lab)
-    out.update(pages_vacuumed=index_pages(lab), buffers_vacuumed=claim_buffers(lab))
+    vacuumed = vacuum(lab)
+    pages_vacuumed, buffers_vacuumed = index_pages(lab), claim_buffers(lab)
     runs = reindex_runs(lab)
-    out.update(pages_reindexed=index_pages(lab), buffers_reindexed=claim_buffers(lab), reindex=runs)
-    return out
+    return IndexRecovery(backlog=backlog, churn=churn, pages_clean=pages_clean, buffers_clean=buffers_clean,
+                         pages_held=pages_held, buffers_held=buffers_held, vacuum=vacuumed,
+                         pages_vacuumed=pages_vacuumed, buffers_vacuumed=buffers_vacuumed,
+                         pages_reindexed=index_pages(lab), buffers_reindexed=claim_buffers(lab),
+                         reindex=runs)
 
 
 # -- command line: labkit trace horizon -----------------------------------------------------------
@@ -1221,29 +1651,30 @@ def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers
     with open_lab() as lab:
         r = horizon_trace(lab, seconds=seconds, workers=workers, other_database=other_database)
     if json:
-        print(_json.dumps(r, indent=2, default=str))
+        print(r.to_json())
         return 0
-    d = r["durability"]
-    print(f"{workers} workers claim + complete for {seconds:g} s per run on {r['jobs']:,} pending jobs "
-          f"(PostgreSQL {r['server']}, fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']})")
-    if other_database:
-        print(f"the writer's database: {r['note']}")
+    d = r.durability
+    print(f"{workers} workers claim + complete for {seconds:g} s per run on {r.jobs:,} pending jobs "
+          f"(PostgreSQL {r.server}, fsync={d.fsync}, synchronous_commit={d.synchronous_commit})")
+    elsewhere = r if isinstance(r, HorizonTraceElsewhere) else None
+    if elsewhere is not None:
+        print(f"the writer's database: {elsewhere.note}")
     print(f"{'':24}{'without':>12}{'with':>12}")
     for key, label in (("claims", "claims"), ("claim_ms_p50", "claim p50 ms"),
                        ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers per claim"),
                        ("select_ms", "its SELECT, server ms"),
                        ("dead_tuples", "n_dead_tup at the end"),
                        ("unremovable", "VACUUM could not remove")):
-        print(f"{label:24}{_fmt(r[key + '_without']):>12}{_fmt(r[key + '_with']):>12}")
-    h = r["holder"] or {}
-    if not h:
-        print("no run with the horizon held: " + r.get("note", "no holder"))
-    elif other_database:
-        print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its transaction id "
-              f"{h.get('xid_age')} transactions old at the end; VACUUM VERBOSE said: {r['vacuum_line_with']}")
+        print(f"{label:24}{_fmt(getattr(r, key + '_without')):>12}{_fmt(getattr(r, key + '_with')):>12}")
+    h = r.holder
+    if h is None:
+        print("no run with the horizon held: " + (elsewhere.note if elsewhere is not None else "no holder"))
+    elif elsewhere is not None:
+        print(f"horizon held by {r.horizon_held_by}, pid {h.pid}, its transaction id "
+              f"{h.xid_age} transactions old at the end; VACUUM VERBOSE said: {elsewhere.vacuum_line_with}")
     else:
-        print(f"horizon held by {r['horizon_held_by']}, pid {h.get('pid')}, its snapshot "
-              f"{h.get('xmin_age')} transactions old at the end")
+        print(f"horizon held by {r.horizon_held_by}, pid {h.pid}, its snapshot "
+              f"{h.xmin_age} transactions old at the end")
     return 0
 
 
