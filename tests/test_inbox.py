@@ -46,7 +46,7 @@ def test_four_consumers_killed_and_restarted(lab, db):
     before = child_pids()
     t0 = time.monotonic()
     t = ib.consumer_trace(lab, events=20, duplicates=5, kill_after=10)
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 60        # a guard against a hang, not a speed goal
     ev = relay.event_id
     assert t.killed_on == ev(10)
     assert (t.deliveries_before_restart, t.deliveries_after_restart) == (9 + 5 + 1, 1 + 5 + 10)

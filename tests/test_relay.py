@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from labkit import cli
+from labkit.core import load
 from labkit.core.errors import LabkitError
 from labkit.labs import broker as brokers
 from labkit.labs import relay
@@ -145,11 +146,11 @@ def test_broker_down_rolls_back_backs_off_and_catches_up(lab, broker):
 
 def test_two_relays_at_once_publish_disjoint_batches(lab, broker):
     out = relay.two_relays(lab, broker, orders=40, batch=20)
-    a, b = out["claims"]
+    a, b = out.claims
     assert len(a) == len(b) == 20 and not set(a) & set(b) and sorted(a + b) == list(range(1, 41))
-    assert out["locked_while_both_held"] == 40
-    assert (out["broker_messages"], out["distinct_events"], out["duplicates"]) == (40, 40, 0)
-    assert out["consumer_applied"] == 40
+    assert out.locked_while_both_held == 40
+    assert (out.broker_messages, out.distinct_events, out.duplicates) == (40, 40, 0)
+    assert out.consumer_applied == 40
 
 
 def test_lag_metrics_come_from_the_partial_index(lab):
@@ -169,54 +170,70 @@ def test_marking_rows_published_leaves_index_entries_until_vacuum(lab):
     lab.execute("UPDATE outbox SET published_at = now() WHERE id <= 190")
     lab.execute("VACUUM ANALYZE outbox")
     out = relay.dead_index_entries(lab, arriving=2000)
-    first, second, after = out["first scan"], out["second scan"], out["after VACUUM"]
+    first, second, after = out.first_scan, out.second_scan, out.after_vacuum
     # the first scan after the batch follows every stale entry to the heap
-    assert first["heap_fetches"] >= 2000
+    assert first.heap_fetches >= 2000
     # it marks them dead, but they stay on the index pages until VACUUM removes them
-    assert second["heap_fetches"] < first["heap_fetches"] and second["buffers"] < first["buffers"]
-    assert after["buffers"] < second["buffers"] and after["heap_fetches"] == 0
+    assert second.heap_fetches < first.heap_fetches and second.buffers < first.buffers
+    assert after.buffers < second.buffers and after.heap_fetches == 0
     assert relay.metrics(lab)[0] == 10
 
 
 def test_lag_grows_while_the_relay_is_paused(lab):
-    df = relay.measure_lag(lab, rate_per_s=40, run_s=1.6, pause=(0.5, 1.1))
-    paused = df[df.relay == "paused"]
-    before = df[(df.relay == "running") & (df.t_s < 0.5)]
-    assert len(paused) >= 3 and len(before) >= 3
-    # 40 orders/s for 0.6 s: the frozen relay leaves them all in the outbox (at least half
-    # of them, allowing for a busy machine), more than it ever let pile up while running
-    assert paused.depth.max() >= 12 and paused.depth.max() > before.depth.max()
-    assert paused.oldest_age_s.max() > before.oldest_age_s.max()
+    """A timed shape: measured up to three times (load.shape), and on a loaded machine said,
+    not failed, unless LABKIT_STRICT_SHAPES is set."""
+    def measure():
+        df = relay.measure_lag(lab, rate_per_s=40, run_s=1.6, pause=(0.5, 1.1))
+        paused = df[df.relay == "paused"]
+        before = df[(df.relay == "running") & (df.t_s < 0.5)]
+        assert len(paused) >= 3 and len(before) >= 3
+        # 40 orders/s for 0.6 s: the frozen relay leaves them all in the outbox (at least half
+        # of them, allowing for a busy machine), more than it ever let pile up while running
+        holds = (paused.depth.max() >= 12 and paused.depth.max() > before.depth.max()
+                 and paused.oldest_age_s.max() > before.oldest_age_s.max())
+        return holds, (f"running: depth {before.depth.max()}, age {before.oldest_age_s.max():.2f} s; "
+                       f"paused: depth {paused.depth.max()}, age {paused.oldest_age_s.max():.2f} s")
+
+    holds, measured = measure()
+    load.shape(holds, "a paused relay's outbox grows deeper and older than a running one's",
+               measured=measured, again=measure)
 
 
 def test_a_burst_raises_the_depth_not_the_age_a_freeze_raises_both(lab):
-    df = relay.measure_lag(lab, rate_per_s=40, run_s=2.4, pause=(1.4, 2.0), burst=(0.3, 150), batch=40)
-    assert df.attrs["burst"] == (0.3, 150) and df.attrs["pause"] == (1.4, 2.0)
-    burst = df[(df.t_s >= 0.3) & (df.t_s < 1.0)]
-    frozen = df[df.relay == "paused"]
-    # the burst lands while the relay runs: the depth jumps past anything the freeze piles up
-    # (40/s for 0.6 s, about 24 rows), yet the oldest row is never older than a few ticks, the
-    # freeze's is. The sample right after the burst sees at least 150 - 40 per tick the
-    # relay got in between: past the freeze's pile unless three ticks (0.3 s) slipped by.
-    assert burst.depth.max() > frozen.depth.max()
-    assert burst.oldest_age_s.max() < frozen.oldest_age_s.max()
+    def measure():
+        df = relay.measure_lag(lab, rate_per_s=40, run_s=2.4, pause=(1.4, 2.0), burst=(0.3, 150), batch=40)
+        assert df.attrs["burst"] == (0.3, 150) and df.attrs["pause"] == (1.4, 2.0)
+        burst = df[(df.t_s >= 0.3) & (df.t_s < 1.0)]
+        frozen = df[df.relay == "paused"]
+        # the burst lands while the relay runs: the depth jumps past anything the freeze piles up
+        # (40/s for 0.6 s, about 24 rows), yet the oldest row is never older than a few ticks, the
+        # freeze's is. The sample right after the burst sees at least 150 - 40 per tick the
+        # relay got in between: past the freeze's pile unless three ticks (0.3 s) slipped by.
+        holds = (burst.depth.max() > frozen.depth.max()
+                 and burst.oldest_age_s.max() < frozen.oldest_age_s.max())
+        return holds, (f"burst: depth {burst.depth.max()}, age {burst.oldest_age_s.max():.2f} s; "
+                       f"frozen: depth {frozen.depth.max()}, age {frozen.oldest_age_s.max():.2f} s")
+
+    holds, measured = measure()
+    load.shape(holds, "a burst raises the depth, not the age; a freeze raises both", measured=measured,
+               again=measure)
 
 
 def test_a_frozen_relay_keeps_its_locks_until_the_server_ends_its_session(lab, broker):
     out = relay.freeze_summary(lab, broker, batch=20, freeze_after=8, idle_timeout_s=2.0)
-    assert out["backend_state_while_frozen"] == "idle in transaction"
-    assert out["locks_held_while_frozen"] == 20 and out["claimed_by_others_while_frozen"] == 0
-    assert out["released_by"] == "idle_in_transaction_session_timeout"
+    assert out.backend_state_while_frozen == "idle in transaction"
+    assert out.locks_held_while_frozen == 20 and out.claimed_by_others_while_frozen == 0
+    assert out.released_by == "idle_in_transaction_session_timeout"
     # the server cannot end it before the timeout; on a busy machine it may be late
-    assert 2.0 <= out["released_after_s"] < 2.0 + 10
+    assert 2.0 <= out.released_after_s < 2.0 + 10
     # by the server's clock: from going idle in its transaction to a waiter getting a row lock
-    assert 2.0 <= out["released_after_server_s"] <= out["released_after_s"]
+    assert 2.0 <= out.released_after_server_s <= out.released_after_s
     # woken past its publish timeout (1 s, half the idle timeout), it publishes nothing more
     # and writes nothing: the only duplicates are the 8 relay 2 sent again
-    assert out["stale_publishes_after_wake"] == 0 and out["stale_writes_after_wake"] == 0
-    assert out["duplicates_after_wake"] == out["duplicates"] == 8
-    assert out["lost_events"] == [] and out["consumer_applied"] == 20
-    woke = [st for st in out["trace"].steps if st.kind == "error"]
+    assert out.stale_publishes_after_wake == 0 and out.stale_writes_after_wake == 0
+    assert out.duplicates_after_wake == out.duplicates == 8
+    assert out.lost_events == [] and out.consumer_applied == 20
+    woke = [st for st in out.trace.steps if st.kind == "error"]
     assert len(woke) == 1 and "25P03" in woke[0].action
 
 
@@ -224,39 +241,42 @@ def test_the_freeze_trace_reproduces_exactly(lab):
     with brokers.for_lab(lab, "recording") as bk:
         a = relay.freeze_summary(lab, bk, batch=10, freeze_after=3)
         b = relay.freeze_summary(lab, bk, batch=10, freeze_after=3)
-    assert a["trace"].to_text() == b["trace"].to_text()
-    assert "released_after_s" not in a["trace"].to_text()      # the one measured figure stays out
+    assert a.trace.to_text() == b.trace.to_text()
+    assert "released_after_s" not in a.trace.to_text()      # the one measured figure stays out
     # a freeze is not a crash: the frozen step says so
-    frozen = [st for st in a["trace"].steps if st.kind == "freeze"]
+    frozen = [st for st in a.trace.steps if st.kind == "freeze"]
     assert len(frozen) == 1 and "SIGSTOP" in frozen[0].action
-    assert "⏸ FROZEN" in a["trace"].to_text()
+    assert "⏸ FROZEN" in a.trace.to_text()
 
 
 def test_a_woken_relay_without_a_publish_timeout_publishes_the_rest_again(lab):
     with brokers.for_lab(lab, "recording") as bk:
         out = relay.freeze_summary(lab, bk, batch=20, freeze_after=8, idle_timeout_s=2.0,
                                  publish_timeout_s=None)
-    assert out["released_by"] == "idle_in_transaction_session_timeout"
-    assert out["stale_publishes_after_wake"] == 12 and out["stale_writes_after_wake"] == 0
-    assert out["duplicates_after_wake"] == 20 and out["consumer_applied"] == 20
+    assert out.released_by == "idle_in_transaction_session_timeout"
+    assert out.stale_publishes_after_wake == 12 and out.stale_writes_after_wake == 0
+    assert out.duplicates_after_wake == 20 and out.consumer_applied == 20
 
 
 def test_without_an_idle_timeout_nothing_on_the_server_ends_a_frozen_session(lab):
     with brokers.for_lab(lab, "recording") as bk:
         out = relay.freeze_summary(lab, bk, batch=10, freeze_after=4, idle_timeout_s=None, watch_s=3)
-    assert out["released_by"].startswith("SIGKILL by the lab after 3 s")
-    assert out["released_after_s"] is None and out["held_for_at_least_s"] >= 3
-    assert out["locks_held_while_frozen"] == 10 and out["duplicates"] == 4
+    assert out.released_by.startswith("SIGKILL by the lab after 3 s")
+    assert out.released_after_s is None and out.held_for_at_least_s >= 3
+    assert out.locks_held_while_frozen == 10 and out.duplicates == 4
 
 
 def test_the_server_reports_its_bounds_on_a_frozen_session(lab):
     b = relay.server_bounds(lab)
-    assert b["connection"] in ("unix socket", "tcp")
-    assert b["settings"]["idle_in_transaction_session_timeout"]["default"] == "0"
+    assert b.connection in ("unix socket", "tcp")
+    assert b.settings["idle_in_transaction_session_timeout"].default == "0"
     for name in ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"):
-        assert name in b["settings"]
-    if b["connection"] == "unix socket":       # keepalives do not apply: they read as 0
-        assert b["settings"]["tcp_keepalives_idle"]["value"] == "0"
+        assert name in b.settings
+    if b.connection == "unix socket":       # keepalives do not apply: they read as 0
+        assert b.settings["tcp_keepalives_idle"].value == "0"
+    keepalive = relay.os_keepalive()
+    if keepalive is not None:                 # Linux: what tcp_keepalives_* = 0 means here
+        assert keepalive.dead_after_s == keepalive.time + keepalive.intvl * keepalive.probes
 
 
 def test_committing_mid_batch_duplicates_with_no_crash(lab, broker):
@@ -272,12 +292,12 @@ def test_free_running_relays_duplicate_only_when_they_commit_mid_batch(lab):
     with brokers.for_lab(lab, "recording") as bk:
         right = relay.free_relays(lab, bk, orders=600, batch=100)
         every = relay.free_relays(lab, bk, orders=600, batch=100, commit_every=10)
-    assert right["duplicates"] == 0 and sum(right["published_by"]) == 600
+    assert right.duplicates == 0 and sum(right.published_by) == 600
     # unscripted: how many depends on timing, but a relay that commits mid-batch unlocks rows
     # it still means to publish, and the other relay claims them
-    assert every["duplicates"] > 0 and sum(every["published_by"]) == 600 + every["duplicates"]
-    assert right["lost_events"] == every["lost_events"] == []
-    assert right["consumer_applied"] == every["consumer_applied"] == 600
+    assert every.duplicates > 0 and sum(every.published_by) == 600 + every.duplicates
+    assert right.lost_events == every.lost_events == []
+    assert right.consumer_applied == every.consumer_applied == 600
 
 
 def test_a_relay_that_commits_every_n_leaves_the_rest_of_its_batch_unlocked(lab):

@@ -13,7 +13,8 @@ import getpass
 import hashlib
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from .checked import one_row
-from .errors import BackendError, ServerError
+from .errors import BackendError, LabkitError, ServerError
 from .server import EmbeddedServer
 
 MIN_SERVER_VERSION = 120000
@@ -218,6 +219,23 @@ def open_connection(dsn: str, *, schema: str | None = None, role: str = "",
     return psycopg.connect(dsn, autocommit=autocommit,
                            application_name=application_name or session_name(schema, role),
                            options=" ".join(options) or None, **kw)
+
+
+def wait_backends_gone(conn: psycopg.Connection, pids: Iterable[int], *, timeout: float = 10.0,
+                       what: str = "the sessions") -> None:
+    """Until ``conn``'s server shows none of the backends ``pids``.  A client that closes its
+    connection, or a process that is killed, returns at once; its backend exits a moment
+    later, and only then are its locks, its transaction and its temporary slots gone.  A
+    :class:`LabkitError` naming ``what`` if they are still there after ``timeout`` seconds."""
+    pids = [p for p in pids if p is not None]
+    deadline = time.monotonic() + timeout
+    while pids and conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchall():
+        if time.monotonic() > deadline:
+            raise LabkitError(f"The server still shows {what} (pids {', '.join(map(str, pids))}) "
+                              f"{timeout:g} s after they ended.",
+                              "run `labkit doctor`; the server may be overloaded, and `labkit clean` "
+                              "ends your own sessions left over.")
+        time.sleep(0.01)
 
 
 def unreachable(db: Database, exc: Exception) -> ServerError:

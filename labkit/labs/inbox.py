@@ -48,13 +48,13 @@ cell once, twice or never.  ``labkit trace consumer [--events N] [--duplicates D
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
 
+from ..core.db import wait_backends_gone
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
@@ -188,12 +188,7 @@ def stream(events: int = EVENTS, duplicates: int = DUPLICATES,
 
 def _wait_gone(conn: psycopg.Connection, pid: int, timeout: float = 15.0) -> None:
     """Until the server has noticed that backend ``pid`` died (its transaction rolled back)."""
-    deadline = time.monotonic() + timeout
-    while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
-        if time.monotonic() > deadline:
-            raise LabkitError(f"The server still shows the killed consumer's backend after {timeout:.0f} s.",
-                              "run `labkit doctor`; the server may be overloaded.")
-        time.sleep(0.01)
+    wait_backends_gone(conn, [pid], timeout=timeout, what="the killed consumer's backend")
 
 
 def _acks(worker: Worker) -> list[bool]:

@@ -42,11 +42,12 @@ SELECT count(*) FROM job;
 -- Who holds the xmin horizon back, oldest first, in every database of the server: every
 -- session with a snapshot (backend_xmin) or a transaction id (backend_xid, a writer idle
 -- between statements), and walsenders, whose xmin is a standby's (hot_standby_feedback).
--- holds_back says where it counts: a snapshot, in its own database only; a transaction id,
+-- holds_back: where the hold counts: a snapshot, in its own database; a transaction id,
 -- in every snapshot taken on the server while it runs; a physical standby's xmin, in every
--- database; a logical walsender (it has a database), only the catalogs, through its slot's
--- catalog_xmin. A session busy in this database while a writer elsewhere is open shows
--- that writer's xid as its own backend_xmin: the holder is the one whose backend_xid it is.
+-- database; a logical walsender's (it has a database), the catalogs only. xmin_age and
+-- xid_age: how many transactions old each hold is. xact_age_s and in_state_s: seconds
+-- since the transaction began and since the session entered its state. last_query: the
+-- start of the statement it ran last (for an idle session, the one before it went idle).
 SELECT pid, datname, application_name, backend_type, state,
        CASE WHEN backend_xid IS NOT NULL THEN 'every snapshot on the server'
             WHEN backend_type = 'walsender' AND datname IS NULL THEN 'every database'
@@ -69,8 +70,9 @@ SELECT pid, datname, application_name, backend_type, state,
 -- name: other_horizon_holders
 -- What else holds the horizon, with no session to show for it: prepared transactions of
 -- every database (PREPARE TRANSACTION, waiting for their COMMIT PREPARED; each keeps its
--- transaction id, which every snapshot on the server counts as running, as for an idle
--- writer) and replication slots, even while their consumer is disconnected. A slot's xmin
+-- transaction id until then, as a writer idle in its transaction does) and replication
+-- slots, even while their consumer is disconnected. xmin_age: how many transactions old
+-- the xid each holds is; age_s: seconds since the transaction was prepared. A slot's xmin
 -- (a standby's feedback through a physical slot) holds every table of every database back;
 -- a logical slot's catalog_xmin holds back only the system catalogs' cleanup (and its
 -- restart_lsn holds WAL).
@@ -113,8 +115,9 @@ SELECT datname
  ORDER BY datname <> 'postgres', datname;
 
 -- name: writer_table
--- In the lab's throw-away database: a table for the writer to write to.
-CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text);
+-- In the lab's throw-away database: a table for the writer to write to (kept if a run that
+-- was cut off before the database was dropped left it).
+CREATE TABLE IF NOT EXISTS ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text);
 
 -- name: writer
 -- The writer: a transaction that inserts one row and then sits idle, never committing. Its

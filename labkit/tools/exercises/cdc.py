@@ -25,7 +25,7 @@ import re
 from decimal import Decimal
 from numbers import Real
 
-from ...core.db import Guards
+from ...core.db import Guards, wait_backends_gone
 from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import query as named_query
@@ -163,9 +163,11 @@ def check_slot_alert(lab: Lab, query: str) -> Check:
         _judge(check, rows, width, lagging, connected, before, after)
         return check
     finally:
-        for conn in opened:                    # the temporary slot goes with its session
+        pids = [c.info.backend_pid for c in opened if not c.closed]
+        for conn in opened:                    # the temporary slot goes with its session ...
             conn.close()
         try:
+            wait_backends_gone(lab.admin, pids, what="the checker's slot sessions")  # ... once it ended
             for name in (lagging, connected):
                 lab.execute(_q("drop_slot_if_there"), {"slot": name})
         finally:
