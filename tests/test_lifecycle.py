@@ -36,49 +36,49 @@ def test_without_a_heartbeat_the_second_worker_runs_the_job_again(lab, db):
     t0 = time.monotonic()
     r = lc.heartbeat_trace(lab, heartbeat=False)
     assert time.monotonic() - t0 < 12
-    assert (r["runs"], r["claims"]) == (2, 2)
+    assert (r.runs, r.claims) == (2, 2)
     assert _runs(lab) == [("worker 1", 1), ("worker 2", 2)]
-    assert (r["completes_landed"], r["completes_refused"], r["heartbeats"]) == (1, 1, 0)
-    assert r["final_status"] == "DONE" and r["exit_codes"] == {"worker 1": 0, "worker 2": 0}
-    assert [(w, v) for w, _, v in r["events"]] == [
+    assert (r.completes_landed, r.completes_refused, r.heartbeats) == (1, 1, 0)
+    assert r.final_status == "DONE" and r.exit_codes == {"worker 1": 0, "worker 2": 0}
+    assert [(w, v) for w, _, v in r.events] == [
         ("worker 1", 1), ("worker 1", 1),                   # claims, starts
         ("worker 2", 1), ("worker 2", 2), ("worker 2", 2),  # reaps the expired lease, claims, starts
         ("worker 1", 1), ("worker 2", 2)]                   # the first complete is fenced, the second lands
-    assert "lease ran out" in r["events"][2][1] and "matches 0 rows" in r["events"][5][1]
+    assert "lease ran out" in r.events[2][1] and "matches 0 rows" in r.events[5][1]
     _nothing_left(db, lab.schema, before)
 
 
 def test_with_a_heartbeat_the_job_runs_once(lab, db):
     before = child_pids()
     r = lc.heartbeat_trace(lab, heartbeat=True)
-    assert (r["runs"], r["claims"]) == (1, 1)
+    assert (r.runs, r.claims) == (1, 1)
     assert _runs(lab) == [("worker 1", 1)]
-    assert (r["completes_landed"], r["completes_refused"]) == (1, 0)
+    assert (r.completes_landed, r.completes_refused) == (1, 0)
     # one every lease_s / 3 of a 2.5 s job: about 7 (more if a loaded machine stretches the
     # handler, never one per 20 ms slice: that would be 125)
-    assert 4 <= r["heartbeats"] <= 15
-    assert r["final_status"] == "DONE" and r["exit_codes"] == {"worker 1": 0, "worker 2": 0}
-    assert [(w, v) for w, _, v in r["events"]] == [
+    assert 4 <= r.heartbeats <= 15
+    assert r.final_status == "DONE" and r.exit_codes == {"worker 1": 0, "worker 2": 0}
+    assert [(w, v) for w, _, v in r.events] == [
         ("worker 1", 1), ("worker 1", 1), ("worker 1", 1), ("worker 1", 1),   # claim, start, beats, complete
         ("worker 2", None)]                                 # found nothing to claim; the lab stops it
-    assert "heartbeat" in r["events"][2][1] and "matches 1 row" in r["events"][3][1]
-    assert "found nothing to claim" in r["events"][4][1]
+    assert "heartbeat" in r.events[2][1] and "matches 1 row" in r.events[3][1]
+    assert "found nothing to claim" in r.events[4][1]
     _nothing_left(db, lab.schema, before)
 
 
 def test_a_frozen_zombie_s_heartbeat_matches_no_row_and_it_stops_its_handler(lab, db):
     before = child_pids()
     r = lc.zombie_trace(lab)
-    assert (r["zombie_heartbeat_rows"], r["zombie_stopped"], r["zombie_completes"]) == (0, True, 0)
-    assert (r["zombie_claim_version"], r["owner_claim_version"]) == (1, 2)
-    assert r["runs"] == 2 and r["final_status"] == "DONE"
-    assert r["exit_codes"] == {"worker 1": 0, "worker 2": 0}
+    assert (r.zombie_heartbeat_rows, r.zombie_stopped, r.zombie_completes) == (0, True, 0)
+    assert (r.zombie_claim_version, r.owner_claim_version) == (1, 2)
+    assert r.runs == 2 and r.final_status == "DONE"
+    assert r.exit_codes == {"worker 1": 0, "worker 2": 0}
     assert lab.execute("SELECT attempts, claimed_by FROM job WHERE id = 1") == [(2, None)]
-    texts = [t for _, t, _ in r["events"]]
+    texts = [t for _, t, _ in r.events]
     order = [texts.index(next(t for t in texts if t.startswith(p))) for p in
              ("SIGSTOP", "reaper", "SIGCONT", "heartbeat matches 0 rows", "stops its handler")]
     assert order == sorted(order)
-    assert r["events"][-1] == ("worker 2", "handler done; complete matches 1 row", 2)
+    assert r.events[-1] == ("worker 2", "handler done; complete matches 1 row", 2)
     _nothing_left(db, lab.schema, before)
 
 
@@ -97,20 +97,20 @@ def test_the_lease_timeline_is_drawn_from_the_runs_own_events(lab):
     # the first claim outlives its lease: a reaper takes the job back, worker 2 claims v2,
     # and worker 1's complete is refused; with a heartbeat the one lease never runs out
     first, second = lc.lease_spans(without)
-    assert (first["worker"], first["claim_version"], first["outcome"], first["expired"]) == \
+    assert (first.worker, first.claim_version, first.outcome, first.expired) == \
         ("worker 1", 1, "refused", True)
-    assert first["lease_end"] == pytest.approx(0.5, abs=0.01)
-    assert first["lease_end"] <= first["reaped"] <= second["claimed"] < first["ended"]
-    assert (second["worker"], second["claim_version"], second["outcome"]) == ("worker 2", 2, "landed")
+    assert first.lease_end == pytest.approx(0.5, abs=0.01)
+    assert first.lease_end <= first.reaped <= second.claimed < first.ended
+    assert (second.worker, second.claim_version, second.outcome) == ("worker 2", 2, "landed")
     [only] = lc.lease_spans(beating)
-    assert (only["outcome"], only["expired"], len(only["heartbeats"])) == ("landed", False, beating["heartbeats"])
-    assert only["lease_end"] > only["ended"]
+    assert (only.outcome, only.expired, len(only.heartbeats)) == ("landed", False, beating.heartbeats)
+    assert only.lease_end > only.ended
     fig = lc.plot_leases(without, beating)
     top, bottom = fig.axes
     marks = lambda ax, m: [x for line in ax.get_lines() if line.get_marker() == m for x in line.get_xdata()]
-    assert marks(top, "X") == [first["ended"]] and marks(top, "o") == [second["ended"]]
-    assert marks(top, "v") == [first["reaped"]] and marks(top, "|") == []
-    assert marks(bottom, "|") == only["heartbeats"] and marks(bottom, "X") == []
+    assert marks(top, "X") == [first.ended] and marks(top, "o") == [second.ended]
+    assert marks(top, "v") == [first.reaped] and marks(top, "|") == []
+    assert marks(bottom, "|") == only.heartbeats and marks(bottom, "X") == []
     assert "ran twice" in top.get_title(loc="left") and "ran once" in bottom.get_title(loc="left")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
@@ -148,29 +148,29 @@ def test_a_kill_leaves_claims_waiting_for_their_lease_a_sigterm_leaves_none(lab,
     t0 = time.monotonic()
     r = lc.shutdown_trace(lab)
     assert time.monotonic() - t0 < 12
-    assert r["waiting_lease_after_kill"] == lc.BATCH == r["claimed_by_worker_1"]
-    assert 20 < r["lease_left_s"] <= lc.SHUTDOWN_LEASE_S
-    assert r["waiting_lease_after_graceful"] == 0
-    assert (r["exit_code_kill"], r["exit_code_graceful"]) == (-9, 0)
-    assert (r["released"], r["stopped_mid_run"], r["finished_in_deadline"]) == (lc.BATCH - 1, 0, True)
-    assert r["stop_s"] < lc.DEADLINE_S
+    assert r.waiting_lease_after_kill == lc.BATCH == r.claimed_by_worker_1
+    assert 20 < r.lease_left_s <= lc.SHUTDOWN_LEASE_S
+    assert r.waiting_lease_after_graceful == 0
+    assert (r.exit_code_kill, r.exit_code_graceful) == (-9, 0)
+    assert (r.released, r.stopped_mid_run, r.finished_in_deadline) == (lc.BATCH - 1, 0, True)
+    assert r.stop_s < lc.DEADLINE_S
     # the others ran everything, each job once, and a hand-back cost no attempt
-    assert r["done_after_graceful"] == r["runs_after_graceful"] == lc.JOBS
-    assert r["max_attempts_after_graceful"] == 1
-    assert [t.split(":")[0] for w, t, _ in r["events_kill"] if w == "worker 1"][-1] == "SIGKILL"
-    assert [w for w, _, _ in r["events_graceful"]] == ["worker 1"] * 7 + ["server"]
-    assert "hands back jobs 2, 3" in r["events_graceful"][4][1]
-    assert "matches 1 row" in r["events_graceful"][5][1]
+    assert r.done_after_graceful == r.runs_after_graceful == lc.JOBS
+    assert r.max_attempts_after_graceful == 1
+    assert [t.split(":")[0] for w, t, _ in r.events_kill if w == "worker 1"][-1] == "SIGKILL"
+    assert [w for w, _, _ in r.events_graceful] == ["worker 1"] * 7 + ["server"]
+    assert "hands back jobs 2, 3" in r.events_graceful[4][1]
+    assert "matches 1 row" in r.events_graceful[5][1]
     _nothing_left(db, lab.schema, before)
 
 
 def test_past_the_deadline_the_job_in_hand_is_handed_back_with_its_attempt_kept(lab, db):
     before = child_pids()
     r = lc.shutdown_trace(lab, workers=3, jobs=4, per_worker_batch=2, job_s=0.8, deadline_s=0.2)
-    assert r["waiting_lease_after_graceful"] == 0 and r["exit_code_graceful"] == 0
-    assert (r["released"], r["stopped_mid_run"], r["finished_in_deadline"]) == (1, 1, False)
-    assert 0.2 <= r["stop_s"] < 0.8
-    assert r["done_after_graceful"] == 4 and r["runs_after_graceful"] == 5   # job 1 started twice
+    assert r.waiting_lease_after_graceful == 0 and r.exit_code_graceful == 0
+    assert (r.released, r.stopped_mid_run, r.finished_in_deadline) == (1, 1, False)
+    assert 0.2 <= r.stop_s < 0.8
+    assert r.done_after_graceful == 4 and r.runs_after_graceful == 5   # job 1 started twice
     assert lab.execute("SELECT attempts, last_error LIKE 'stopped at shutdown%' FROM job WHERE id = 1") \
         == [(2, True)]
     assert lab.execute("SELECT attempts FROM job WHERE id = 2") == [(1,)]    # given back

@@ -44,23 +44,23 @@ def expected_life(script, *, max_attempts, base_s, cap_s):
 
 
 def seen(life):
-    return [(a["job"], a["attempt"], float(a["claimed_at"][2:-2]), a["error_is"] and a["error_is"].split()[0],
-             a["status"], a["wait_s"]) for a in life.attempts]
+    return [(a.job, a.attempt, float(a.claimed_at[2:-2]), a.error_is and a.error_is.split()[0],
+             a.status, a.wait_s) for a in life.attempts]
 
 
 def test_the_life_table_is_what_the_rules_say(lab):
     life = rt.job_life(lab)
     assert seen(life) == expected_life(rt.DEFAULT_SCRIPT, max_attempts=4, base_s=2, cap_s=6)
     # the story in the notebook's words: offsets 2, 4, then 6 (8 capped) for the job that dies
-    job3 = [(a["claimed_at"], a["next"]) for a in life.attempts if a["job"] == 3]
+    job3 = [(a.claimed_at, a.next) for a in life.attempts if a.job == 3]
     assert job3 == [("T+0 s", "+2 s"), ("T+2 s", "+4 s"), ("T+6 s", "+6 s"), ("T+12 s", "DEAD")]
-    assert [a["next"] for a in life.attempts if a["job"] == 1] == ["+2 s", "+4 s", "DONE"]
-    assert [a["error_is"] for a in life.attempts if a["job"] == 4] == ["transient (unclassified)", None]
-    final = {j["job"]: (j["status"], j["attempts"], j["claim_version"], j["effects"]) for j in life.jobs}
+    assert [a.next for a in life.attempts if a.job == 1] == ["+2 s", "+4 s", "DONE"]
+    assert [a.error_is for a in life.attempts if a.job == 4] == ["transient (unclassified)", None]
+    final = {j.job: (j.status, j.attempts, j.claim_version, j.effects) for j in life.jobs}
     assert final == {1: ("DONE", 3, 3, 1), 2: ("DEAD", 1, 1, 0), 3: ("DEAD", 4, 4, 0), 4: ("DONE", 2, 2, 1)}
     # the failed attempts' effects were rolled back with the handler's transaction
     assert lab.execute("SELECT job_id, attempt FROM job_effect ORDER BY job_id") == [(1, 3), (4, 2)]
-    assert life.summary()["dead"] == [2, 3] and life.trace.summary["clock_at_end"] == "T+12 s"
+    assert life.summary().dead == [2, 3] and life.trace.summary["clock_at_end"] == "T+12 s"
     assert sum(1 for s in life.trace.steps if s.actor == "worker 1") == len(life.attempts) == 10
 
 
@@ -71,7 +71,7 @@ def test_the_same_run_prints_the_same_text(lab):
     # the tables fit the page: a long error wraps inside its own column, every word in order
     assert max(map(len, first.splitlines())) <= TEXT_WIDTH
     errors = words_by_column(first.split("\n\n")[1])[rt.Life.ATTEMPT_COLUMNS.index("error")]
-    assert errors == " ".join(a["error"] or "-" for a in life.attempts).split()
+    assert errors == " ".join(a.error or "-" for a in life.attempts).split()
     a = rt.job_life(lab, jitter="full", seed=5)
     assert rt.job_life(lab, jitter="full", seed=5).to_text() == a.to_text()
     assert rt.job_life(lab, jitter="full", seed=6).to_text() != a.to_text()
@@ -79,9 +79,9 @@ def test_the_same_run_prints_the_same_text(lab):
 
 def test_full_jitter_waits_within_the_exponential_window(lab):
     life = rt.job_life(lab, jitter="full", seed=1, max_attempts=6, base_s=1, cap_s=30)
-    waits = [(a["attempt"], a["wait_s"]) for a in life.attempts if a["status"] == "PENDING"]
+    waits = [(a.attempt, a.wait_s) for a in life.attempts if a.status == "PENDING"]
     assert waits and all(0 <= w < min(30, 2 ** (n - 1)) for n, w in waits)
-    assert {j["job"]: j["status"] for j in life.jobs} == {1: "DONE", 2: "DEAD", 3: "DEAD", 4: "DONE"}
+    assert {j.job: j.status for j in life.jobs} == {1: "DONE", 2: "DEAD", 3: "DEAD", 4: "DONE"}
 
 
 def test_the_claim_is_production_claim_on_the_lab_clock():
@@ -92,7 +92,7 @@ def test_the_claim_is_production_claim_on_the_lab_clock():
 
 def test_permanent_goes_dead_after_one_attempt_whatever_max_attempts(lab):
     life = rt.job_life(lab, script={1: ["invalid", "ok"], 2: ["rejected", "ok"]}, max_attempts=10)
-    assert [(a["job"], a["attempt"], a["status"], a["next"]) for a in life.attempts] == [
+    assert [(a.job, a.attempt, a.status, a.next) for a in life.attempts] == [
         (1, 1, "DEAD", "DEAD"), (2, 1, "DEAD", "DEAD")]
     rows = lab.execute("SELECT id, status, attempts, run_at = enqueued_at, finished_at IS NOT NULL, "
                        "last_error FROM job ORDER BY id")
@@ -102,9 +102,9 @@ def test_permanent_goes_dead_after_one_attempt_whatever_max_attempts(lab):
 
 def test_the_dead_letter_keeps_the_last_error(lab):
     life = rt.job_life(lab, script={1: ["timeout", "bug", "throttled"]}, max_attempts=3, base_s=1, cap_s=10)
-    assert [(a["status"], a["next"]) for a in life.attempts] == [
+    assert [(a.status, a.next) for a in life.attempts] == [
         ("PENDING", "+1 s"), ("PENDING", "+2 s"), ("DEAD", "DEAD")]
-    assert life.jobs[0]["last_error"] == "TransientError: 429 Too Many Requests"
+    assert life.jobs[0].last_error == "TransientError: 429 Too Many Requests"
     assert lab.execute("SELECT status, attempts, last_error, claimed_by, lease_until FROM job") == [
         ("DEAD", 3, "TransientError: 429 Too Many Requests", None, None)]
 
@@ -142,15 +142,15 @@ def test_a_retry_is_not_claimed_before_its_run_at(lab):
 
 def test_without_jitter_every_wave_of_retries_arrives_at_once(lab):
     rows = rt.retry_herd(lab, jobs=20, failures=3, base_s=2, cap_s=60, seed=0)
-    flat = {(r["jitter"], r["attempt"]): r for r in rows}
+    flat = {(r.jitter, r.attempt): r for r in rows}
     for n, at in ((1, 0), (2, 2), (3, 6), (4, 14)):
         r = flat[("none", n)]
-        assert (r["claims"], r["first_at"], r["spread_s"], r["busiest_second"]) == (20, at, 0, 20)
-    assert flat[("full", 1)]["busiest_second"] == 20              # the outage itself hits at once
+        assert (r.claims, r.first_at, r.spread_s, r.busiest_second) == (20, at, 0, 20)
+    assert flat[("full", 1)].busiest_second == 20              # the outage itself hits at once
     for n in (2, 3, 4):
         r = flat[("full", n)]
-        assert r["claims"] == 20 and r["busiest_second"] < 20 and r["spread_s"] > 0
-    assert flat[("full", 4)]["busiest_second"] < flat[("full", 2)]["busiest_second"]
+        assert r.claims == 20 and r.busiest_second < 20 and r.spread_s > 0
+    assert flat[("full", 4)].busiest_second < flat[("full", 2)].busiest_second
 
 
 def test_classify_maps_the_handlers_exceptions():

@@ -33,75 +33,75 @@ def test_the_lab_claims_with_production_claim_on_its_own_clock():
 
 def test_with_the_index_the_claim_reads_its_front_without_it_the_whole_table(lab):
     p = sc.plans(lab)                       # the notebook's sizes: 200,000 finished, 1,000 pending
-    w, wo = p["with_index"], p["without_index"]
-    assert w["nodes"][-1] == "Index Scan" and w["index"] == "job_due_idx"
-    assert "LockRows" in w["nodes"] and "Sort" not in w["nodes"]
-    assert "Seq Scan" in wo["nodes"] and "Sort" in wo["nodes"] and wo["index"] is None
-    assert wo["buffers"] >= p["table_pages"] > 1000           # every page, history included
-    assert wo["rows_removed"] >= p["history"]
-    assert wo["buffers"] >= 10 * w["buffers"] and p["buffer_ratio"] >= 10
-    assert p["due"] == 800                                    # one pending job in five is scheduled
-    assert "Index Scan using job_due_idx on job" in w["text"] and "Seq Scan on job" in wo["text"]
+    w, wo = p.with_index, p.without_index
+    assert w.nodes[-1] == "Index Scan" and w.index == "job_due_idx"
+    assert "LockRows" in w.nodes and "Sort" not in w.nodes
+    assert "Seq Scan" in wo.nodes and "Sort" in wo.nodes and wo.index is None
+    assert wo.buffers >= p.table_pages > 1000           # every page, history included
+    assert wo.rows_removed >= p.history
+    assert wo.buffers >= 10 * w.buffers and p.buffer_ratio >= 10
+    assert p.due == 800                                    # one pending job in five is scheduled
+    assert "Index Scan using job_due_idx on job" in w.text and "Seq Scan on job" in wo.text
     # FOR UPDATE keeps the partial index's predicate as a Filter; the plain search has none
-    r = p["without_lock"]
-    assert "Filter: (status = 'PENDING'::text)" in w["text"]
-    assert r["index"] == "job_due_idx" and "LockRows" not in r["nodes"] and "Filter" not in r["text"]
+    r = p.without_lock
+    assert "Filter: (status = 'PENDING'::text)" in w.text
+    assert r.index == "job_due_idx" and "LockRows" not in r.nodes and "Filter" not in r.text
     # the rolled-back DROP INDEX left the index in place
     assert lab.execute("SELECT to_regclass('job_due_idx') IS NOT NULL")[0][0]
-    assert sc.explain_claim(lab)["index"] == "job_due_idx"
+    assert sc.explain_claim(lab).index == "job_due_idx"
 
 
 def test_future_jobs_at_more_urgent_priorities_are_walked_past(lab):
     a = sc.scheduled_ahead(lab, future=50_000, levels=(1, 1_000))
-    one, many = a["ahead"]
+    one, many = a.ahead
     for row in (one, many):
-        assert row["index"] == "job_due_idx" and row["nodes"][-1] == "Index Scan"
+        assert row.index == "job_due_idx" and row.nodes[-1] == "Index Scan"
     # spread over many priority levels, the future rows are read even by a skip scan
-    assert many["buffers"] >= 10 * a["baseline"]["buffers"] and many["walk_ratio"] >= 10
-    assert many["buffers"] >= many["index_pages"] // 2
-    if a["skip_scan"]:
+    assert many.buffers >= 10 * a.baseline.buffers and many.walk_ratio >= 10
+    assert many.buffers >= many.index_pages // 2
+    if a.skip_scan:
         # PostgreSQL 18: one level of future rows is jumped over with a second descent
-        assert one["index_searches"] >= 2 and one["buffers"] * 5 < many["buffers"]
+        assert one.index_searches >= 2 and one.buffers * 5 < many.buffers
     else:
-        assert one["index_searches"] is None and one["walk_ratio"] >= 10
+        assert one.index_searches is None and one.walk_ratio >= 10
 
 
 def test_strict_priority_never_claims_the_low_job(lab):
     s = sc.starvation(lab, ticks=60, high_per_tick=3, claims_per_tick=3, remedy=None)
-    assert s["waited_ticks"] is None and s["starved"] and s["low_claim"] is None
-    assert s["claims"] == 60 * 3 and s["claimed_by_kind"] == {"high": 179, "low": 0, "scheduled": 1}
-    assert s["bound_ticks"] is None and s["aged_turns"] == 0 and s["backlog_at_end"] >= 1
-    assert [c["kind"] for c in s["claimed_sample"]] == ["high"] * 12
-    assert [c["job"] for c in s["claimed_sample"][:3]] == [1, 2, 3]
-    assert "ORDER BY priority, run_at" in s["claim_sql"] and s["index_sql"] is None
+    assert s.waited_ticks is None and s.starved and s.low_claim is None
+    assert s.claims == 60 * 3 and s.claimed_by_kind == {"high": 179, "low": 0, "scheduled": 1}
+    assert s.bound_ticks is None and s.aged_turns == 0 and s.backlog_at_end >= 1
+    assert [c.kind for c in s.claimed_sample] == ["high"] * 12
+    assert [c.job for c in s.claimed_sample[:3]] == [1, 2, 3]
+    assert "ORDER BY priority, run_at" in s.claim_sql and s.index_sql is None
 
 
 @pytest.mark.parametrize("high, claims, every", [(3, 3, 4), (5, 3, 4), (1, 1, 4), (3, 3, 10)])
 def test_the_aged_turn_claims_the_low_job_within_its_bound(lab, high, claims, every):
     s = sc.starvation(lab, ticks=60, high_per_tick=high, claims_per_tick=claims, remedy="aging",
                       every=every)
-    assert s["older_due"] == high                 # tick 0's urgent jobs arrived before it
-    assert s["bound_claims"] == every * (high + 1)
-    assert s["waited_ticks"] is not None and 0 <= s["waited_ticks"] <= s["bound_ticks"]
-    assert s["low_claim"]["turn"] == "aged" and s["low_claim"]["claim"] <= s["bound_claims"]
-    assert s["claimed_by_kind"]["low"] == 1
-    assert s["aged_turns"] == s["claims"] // every
-    assert "ORDER BY run_at, id" in s["claim_sql"] and "job_oldest_idx" in s["index_sql"]
+    assert s.older_due == high                 # tick 0's urgent jobs arrived before it
+    assert s.bound_claims == every * (high + 1)
+    assert s.waited_ticks is not None and 0 <= s.waited_ticks <= s.bound_ticks
+    assert s.low_claim.turn == "aged" and s.low_claim.claim <= s.bound_claims
+    assert s.claimed_by_kind["low"] == 1
+    assert s.aged_turns == s.claims // every
+    assert "ORDER BY run_at, id" in s.claim_sql and "job_oldest_idx" in s.index_sql
 
 
 def test_the_aged_turn_bound_is_met_exactly_when_the_turn_comes_last(lab):
     # one claim a tick, an aged turn every 4th: the 4th claim (tick 3) is the first aged turn,
     # and by then the one older urgent job is gone: the low job goes then, not before
     s = sc.starvation(lab, ticks=20, high_per_tick=1, claims_per_tick=1, remedy="aging", every=4)
-    assert s["waited_ticks"] == 3 and s["low_claim"]["claim"] == 4
+    assert s.waited_ticks == 3 and s.low_claim.claim == 4
 
 
 def test_a_scheduled_job_is_not_claimed_before_its_time(lab):
     for remedy in (None, "aging"):
         s = sc.starvation(lab, ticks=30, remedy=remedy, scheduled_tick=12)
-        sched = s["scheduled"]
-        assert sched["claimed_tick"] == sched["due_tick"] == 12    # the top priority: at once, not before
-        assert sched["claimed_s"] >= sched["due_s"]
+        sched = s.scheduled
+        assert sched.claimed_tick == sched.due_tick == 12    # the top priority: at once, not before
+        assert sched.claimed_s >= sched.due_s
     # the claim itself, one second before run_at and at run_at
     sc.fresh_table(lab)
     run_at = sc._at(5)

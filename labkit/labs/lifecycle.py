@@ -55,6 +55,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..core.db import WORKER_GUARDS, open_connection
@@ -63,6 +64,7 @@ from ..core.lab import Lab
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from ..core.text import wrap
 from ._checked import one_row_named, started_pid
 from .production import fresh_table
@@ -387,10 +389,30 @@ TIMELINE_KINDS = ("claimed", "started", "heartbeat", "reaped", "completed", "han
                   "idle", "signal")
 
 
-def _timeline(workers: list[Worker], parent: list[dict]) -> list[dict]:
-    """The run's events as plain records for a drawing: ``worker``, ``kind``, ``t`` (seconds
-    since worker 1's first claim, on the machine's monotonic clock), ``claim_version``,
-    ``rows`` (heartbeats and completions) and ``signal``; in the order they happened."""
+@dataclass(frozen=True)
+class LeaseEvent(Result):
+    """One timed event of a heartbeat or zombie run, for :func:`lease_spans` and
+    :func:`plot_leases`.
+
+    worker: the worker it happened in (a signal: the worker it was sent to).
+    kind: ``claimed``, ``started``, ``heartbeat``, ``reaped``, ``completed``,
+        ``handler_stopped``, ``idle`` or ``signal``.
+    t: seconds since worker 1's first claim, on the machine's monotonic clock.
+    claim_version: the claim it belongs to (None: no claim, or a claim of several versions).
+    rows: rows the heartbeat or the complete matched (None for the other kinds).
+    signal: the signal sent, ``SIGSTOP``, ``SIGCONT``, ... (None for the other kinds).
+    """
+
+    worker: str
+    kind: str
+    t: float
+    claim_version: int | None
+    rows: int | None
+    signal: str | None
+
+
+def _timeline(workers: list[Worker], parent: list[dict]) -> list[LeaseEvent]:
+    """The run's events as timed records for a drawing, in the order they happened."""
     every = sorted([{**e, "name": w.name} for w in workers for e in w.events] + parent,
                    key=lambda e: e["t"])
     every = [e for e in every if e["kind"] in TIMELINE_KINDS]
@@ -401,9 +423,9 @@ def _timeline(workers: list[Worker], parent: list[dict]) -> list[dict]:
             return e["claim_versions"][0]
         return e.get("claim_version")
 
-    return [{"worker": e["to"] if e["kind"] == "signal" else e["name"], "kind": e["kind"],
-             "t": round(e["t"] - t0, 4), "claim_version": version(e),
-             "rows": e.get("rows"), "signal": e.get("signal")} for e in every]
+    return [LeaseEvent(worker=e["to"] if e["kind"] == "signal" else e["name"], kind=e["kind"],
+                       t=round(e["t"] - t0, 4), claim_version=version(e),
+                       rows=e.get("rows"), signal=e.get("signal")) for e in every]
 
 
 def _timeout(*seconds: float) -> float:
@@ -413,7 +435,45 @@ def _timeout(*seconds: float) -> float:
 # -- 1. heartbeats -------------------------------------------------------------------------------
 
 
-def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S, heartbeat: bool) -> dict:
+Events = list[tuple[str, str, int | None]]
+"""A run's events, described for print (:func:`format_events`): (worker, what happened,
+claim_version or None)."""
+
+
+@dataclass(frozen=True)
+class HeartbeatRun(Result):
+    """One job longer than its lease, two worker processes (:func:`heartbeat_trace`).
+
+    heartbeat: whether the workers heartbeat.
+    lease_s: the lease, in seconds.
+    job_s: how long the job's handler works, in seconds.
+    runs: rows in the runs log: how many times the handler started.
+    claims: the job's claim_version at the end: how many times it was claimed.
+    completes_landed: completes that matched the row.
+    completes_refused: completes that matched 0 rows (fenced off).
+    heartbeats: heartbeats that matched the row, all workers.
+    final_status: the job's status at the end.
+    exit_codes: each worker's exit code, by name (None: it did not exit).
+    events: the run's events, described, for :func:`format_events`.
+    timeline: the run's timed events, for :func:`lease_spans` and :func:`plot_leases`.
+    """
+
+    heartbeat: bool
+    lease_s: float
+    job_s: float
+    runs: int
+    claims: int
+    completes_landed: int
+    completes_refused: int
+    heartbeats: int
+    final_status: str
+    exit_codes: dict[str, int | None]
+    events: Events
+    timeline: list[LeaseEvent]
+
+
+def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S,
+                    heartbeat: bool) -> HeartbeatRun:
     """One job of ``job_s`` (longer than its lease ``lease_s``) and two worker processes.
     Worker 1 claims it first (scripted); worker 2 polls.  Without a heartbeat worker 2's
     reaper finds the lease run out mid-handler, worker 2 re-claims and runs the job again:
@@ -421,7 +481,7 @@ def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S,
     ``lease_s / 3`` the lease never runs out: ``runs == 1`` (worker 2 is then stopped with
     SIGTERM).  Each worker handles at most one job.
 
-    Returns ``heartbeat``, ``runs`` (rows in the runs log), ``claims`` (the job's
+    Returns a :class:`HeartbeatRun`: ``runs`` (rows in the runs log), ``claims`` (the job's
     claim_version at the end), ``completes_landed``, ``completes_refused``, ``heartbeats``
     (successful ones, all workers), ``final_status``, ``exit_codes``, ``events`` (described,
     for print) and ``timeline`` (timed records, for :func:`plot_leases`)."""
@@ -446,25 +506,61 @@ def heartbeat_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S,
                      and not (e["kind"] == "sigterm" and e.get("name") == w2.name))
     if heartbeat:   # worker 2 never found the job free; the lab ends it once worker 1 is done
         events.append((w2.name, "found nothing to claim: the lease never ran out (the lab stops it)", None))
-    return {
-        "heartbeat": heartbeat, "lease_s": lease_s, "job_s": job_s,
-        "runs": s["runs"], "claims": int(version),
-        "completes_landed": sum(_count(w, "completed", rows=1) for w in ws),
-        "completes_refused": sum(_count(w, "completed", rows=0) for w in ws),
-        "heartbeats": sum(_count(w, "heartbeat", rows=1) for w in ws),
-        "final_status": status, "exit_codes": codes, "events": events,
-        "timeline": _timeline(ws, [p for p in parent if p["to"] != w2.name]),
-    }
+    return HeartbeatRun(
+        heartbeat=heartbeat, lease_s=lease_s, job_s=job_s,
+        runs=s["runs"], claims=int(version),
+        completes_landed=sum(_count(w, "completed", rows=1) for w in ws),
+        completes_refused=sum(_count(w, "completed", rows=0) for w in ws),
+        heartbeats=sum(_count(w, "heartbeat", rows=1) for w in ws),
+        final_status=status, exit_codes=codes, events=events,
+        timeline=_timeline(ws, [p for p in parent if p["to"] != w2.name]),
+    )
 
 
-def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) -> dict:
+@dataclass(frozen=True)
+class ZombieRun(Result):
+    """A worker frozen past its lease, then resumed (:func:`zombie_trace`).
+
+    lease_s: the lease, in seconds.
+    job_s: how long the job's handler works, in seconds.
+    zombie_heartbeat_rows: rows the resumed worker's heartbeat matched (0: fenced off).
+    zombie_stopped: whether it then stopped its handler.
+    zombie_completes: completes it wrote (0: it wrote no outcome).
+    zombie_claim_version: the claim_version its heartbeat was fenced by (1).
+    owner_claim_version: the job's claim_version at the end (2: worker 2's claim).
+    runs: rows in the runs log: how many times the handler started.
+    final_status: the job's status at the end.
+    exit_codes: each worker's exit code, by name (None: it did not exit).
+    events: the run's events, described, for :func:`format_events`.
+    timeline: the run's timed events, for :func:`lease_spans` and :func:`plot_leases`.
+    """
+
+    lease_s: float
+    job_s: float
+    zombie_heartbeat_rows: int
+    zombie_stopped: bool
+    zombie_completes: int
+    zombie_claim_version: int
+    owner_claim_version: int
+    runs: int
+    final_status: str
+    exit_codes: dict[str, int | None]
+    events: Events
+    timeline: list[LeaseEvent]
+
+
+LeaseRun = HeartbeatRun | ZombieRun
+"""What :func:`lease_spans` and :func:`plot_leases` read: a heartbeat run or a zombie run."""
+
+
+def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) -> ZombieRun:
     """Both workers heartbeat.  Worker 1 claims the job and heartbeats once; then it is frozen
     (SIGSTOP) past its lease.  Worker 2's reaper puts the job back, worker 2 re-claims it
     (claim_version 2), starts and heartbeats.  Worker 1 is resumed (SIGCONT): its next
     heartbeat, fenced by claim_version 1, matches 0 rows and it stops its handler without
     writing anything; worker 2 finishes the job.
 
-    Returns ``zombie_heartbeat_rows`` (0), ``zombie_stopped`` (True), ``zombie_completes``
+    Returns a :class:`ZombieRun`: ``zombie_heartbeat_rows`` (0), ``zombie_stopped`` (True), ``zombie_completes``
     (0: the zombie wrote no outcome), ``zombie_claim_version``, ``owner_claim_version``,
     ``runs`` (2: both started), ``final_status``, ``exit_codes``, ``events`` and ``timeline``
     (as :func:`heartbeat_trace`'s)."""
@@ -486,57 +582,88 @@ def zombie_trace(lab: Lab, *, lease_s: float = LEASE_S, job_s: float = JOB_S) ->
         codes = {w.name: _check_exit(w, timeout) for w in ws}
     beat = [e for e in w1.events if e["kind"] == "heartbeat"][-1]
     status, version = lab.execute("SELECT status, claim_version FROM job WHERE id = 1")[0]
-    return {
-        "lease_s": lease_s, "job_s": job_s,
-        "zombie_heartbeat_rows": beat["rows"], "zombie_stopped": bool(stopped),
-        "zombie_completes": _count(w1, "completed"),
-        "zombie_claim_version": beat["claim_version"], "owner_claim_version": int(version),
-        "runs": _statuses(lab)["runs"], "final_status": status, "exit_codes": codes,
-        "events": _events(ws, parent, lease_s, keep=lambda e: e["kind"] != "exiting"),
-        "timeline": _timeline(ws, parent),
-    }
+    return ZombieRun(
+        lease_s=lease_s, job_s=job_s,
+        zombie_heartbeat_rows=beat["rows"], zombie_stopped=bool(stopped),
+        zombie_completes=_count(w1, "completed"),
+        zombie_claim_version=beat["claim_version"], owner_claim_version=int(version),
+        runs=_statuses(lab)["runs"], final_status=status, exit_codes=codes,
+        events=_events(ws, parent, lease_s, keep=lambda e: e["kind"] != "exiting"),
+        timeline=_timeline(ws, parent),
+    )
 
 
-def _claim_events(claim: dict, events: list[dict]) -> list[dict]:
+@dataclass(frozen=True)
+class LeaseSpan(Result):
+    """One claim of a heartbeat or zombie run, from its timeline (:func:`lease_spans`).  Times
+    are seconds since worker 1's first claim.
+
+    worker: the worker that claimed.
+    claim_version: the claim's version (None: a claim of several versions).
+    claimed: when it claimed, in seconds.
+    started: when the handler started, in seconds (None: it did not).
+    ended: when the handler ended, in seconds (None: it did not).
+    heartbeats: when each heartbeat that matched a row was sent, in seconds.
+    lease_end: the last extension plus the lease, in seconds.
+    expired: whether the lease ran out before the claim ended (completed, or taken back by a
+        reaper).
+    reaped: when a reaper took it back, in seconds (None: none did).
+    outcome: ``landed`` or ``refused`` (the complete matched 1 row or 0), ``stopped`` (a
+        heartbeat matched 0 rows and the handler stopped), or None (it did not end).
+    """
+
+    worker: str
+    claim_version: int | None
+    claimed: float
+    started: float | None
+    ended: float | None
+    heartbeats: list[float]
+    lease_end: float
+    expired: bool
+    reaped: float | None
+    outcome: str | None
+
+
+def _claim_events(claim: LeaseEvent, events: list[LeaseEvent]) -> list[LeaseEvent]:
     """The events of one claim: its worker's, at its claim_version, from the claim on."""
-    return [e for e in events if e["worker"] == claim["worker"] and e["claim_version"] == claim["claim_version"]
-            and e["t"] >= claim["t"]]
+    return [e for e in events if e.worker == claim.worker and e.claim_version == claim.claim_version
+            and e.t >= claim.t]
 
 
-def _reaped_at(claim: dict, events: list[dict]) -> float | None:
+def _reaped_at(claim: LeaseEvent, events: list[LeaseEvent]) -> float | None:
     """When a reaper took the claim back (a ``reaped`` event at its claim_version), or None."""
-    return next((e["t"] for e in events if e["kind"] == "reaped" and e["t"] >= claim["t"]
-                 and e["claim_version"] == claim["claim_version"]), None)
+    return next((e.t for e in events if e.kind == "reaped" and e.t >= claim.t
+                 and e.claim_version == claim.claim_version), None)
 
 
-def _claim_outcome(end: dict | None) -> str | None:
+def _claim_outcome(end: LeaseEvent | None) -> str | None:
     """How a claim ended: ``"stopped"``, ``"landed"`` or ``"refused"``, or None (it did not)."""
     if end is None:
         return None
-    if end["kind"] == "handler_stopped":
+    if end.kind == "handler_stopped":
         return "stopped"
-    return "landed" if end["rows"] else "refused"
+    return "landed" if end.rows else "refused"
 
 
-def _lease_span(claim: dict, events: list[dict], lease_s: float) -> dict:
+def _lease_span(claim: LeaseEvent, events: list[LeaseEvent], lease_s: float) -> LeaseSpan:
     """One claim's span in :func:`lease_spans`, from the run's timeline."""
     mine = _claim_events(claim, events)
-    beats = [e["t"] for e in mine if e["kind"] == "heartbeat" and e["rows"]]
-    started = next((e["t"] for e in mine if e["kind"] == "started"), None)
-    end = next((e for e in mine if e["kind"] in ("completed", "handler_stopped")), None)
+    beats = [e.t for e in mine if e.kind == "heartbeat" and e.rows]
+    started = next((e.t for e in mine if e.kind == "started"), None)
+    end = next((e for e in mine if e.kind in ("completed", "handler_stopped")), None)
     reaped = _reaped_at(claim, events)
-    lease_end = max([claim["t"], *beats]) + lease_s
+    lease_end = max([claim.t, *beats]) + lease_s
     outcome = _claim_outcome(end)
     held_until = (reaped if reaped is not None
-                  else end["t"] if end is not None and outcome == "landed" else None)
-    return {
-        "worker": claim["worker"], "claim_version": claim["claim_version"], "claimed": claim["t"],
-        "started": started, "ended": None if end is None else end["t"], "heartbeats": beats,
-        "lease_end": lease_end, "expired": held_until is None or lease_end < held_until,
-        "reaped": reaped, "outcome": outcome}
+                  else end.t if end is not None and outcome == "landed" else None)
+    return LeaseSpan(
+        worker=claim.worker, claim_version=claim.claim_version, claimed=claim.t,
+        started=started, ended=None if end is None else end.t, heartbeats=beats,
+        lease_end=lease_end, expired=held_until is None or lease_end < held_until,
+        reaped=reaped, outcome=outcome)
 
 
-def lease_spans(run: dict) -> list[dict]:
+def lease_spans(run: LeaseRun) -> list[LeaseSpan]:
     """Each claim of a :func:`heartbeat_trace` (or :func:`zombie_trace`) run, from its
     ``timeline``: ``worker``, ``claim_version``, ``claimed``, ``started`` and ``ended`` (the
     handler's start and end), ``heartbeats`` (the times of those that matched a row),
@@ -544,13 +671,12 @@ def lease_spans(run: dict) -> list[dict]:
     the claim ended: completed, or taken back by a reaper), ``reaped`` (when a reaper took
     it back, or None) and ``outcome``: ``"landed"`` or ``"refused"`` (the complete matched 1 row
     or 0), ``"stopped"`` (a heartbeat matched 0 rows and the handler stopped), or None."""
-    lease_s, events = run["lease_s"], run["timeline"]
-    return [_lease_span(c, events, lease_s) for c in events if c["kind"] == "claimed"]
+    return [_lease_span(c, run.timeline, run.lease_s) for c in run.timeline if c.kind == "claimed"]
 
 
-def _check_lease_runs(runs: tuple[dict, ...], titles: list[str] | None) -> None:
+def _check_lease_runs(runs: tuple[Any, ...], titles: list[str] | None) -> None:
     """:func:`plot_leases`' arguments: traces' results, and one title per run if any."""
-    if not runs or not all(isinstance(r, dict) and "timeline" in r and "lease_s" in r for r in runs):
+    if not runs or not all(isinstance(r, (HeartbeatRun, ZombieRun)) for r in runs):
         raise LabkitError("plot_leases draws the results of heartbeat_trace or zombie_trace.",
                           "pass what they returned, e.g. plot_leases(without, beating).")
     if titles is not None and len(titles) != len(runs):
@@ -564,85 +690,88 @@ def _lease_colours() -> dict[str, str]:
     return {"lease": PALETTE[5], "work": PALETTE[0], "late": PALETTE[2], "done": PALETTE[3]}
 
 
-def _draw_lease(ax: Any, sp: dict, y: float, colour: str) -> bool:
+def _draw_lease(ax: Any, sp: LeaseSpan, y: float, colour: str) -> bool:
     """The lease a claim held (a bar), and the part still ahead when its handler ended
     (dotted); True if there was such a part."""
-    held_to = sp["lease_end"] if sp["expired"] else (sp["reaped"] if sp["reaped"] is not None
-                                                     else sp["ended"])
-    ax.barh(y, held_to - sp["claimed"], left=sp["claimed"], height=0.7, color=colour, alpha=0.45)
-    if not sp["expired"] and sp["ended"] is not None and sp["lease_end"] > sp["ended"]:
+    # not expired: it ended (reaped, or its complete landed) before the lease ran out
+    held_to = sp.lease_end if sp.expired else (sp.reaped if sp.reaped is not None else sp.ended)
+    if held_to is None:
+        held_to = sp.lease_end
+    ax.barh(y, held_to - sp.claimed, left=sp.claimed, height=0.7, color=colour, alpha=0.45)
+    if not sp.expired and sp.ended is not None and sp.lease_end > sp.ended:
         # the lease the last heartbeat gave, still ahead when the handler ended
-        ax.barh(y, sp["lease_end"] - sp["ended"], left=sp["ended"], height=0.7, fill=False,
+        ax.barh(y, sp.lease_end - sp.ended, left=sp.ended, height=0.7, fill=False,
                 edgecolor=colour, ls=":", lw=2.5)
         return True
     return False
 
 
-def _draw_handler(ax: Any, sp: dict, y: float, colours: dict[str, str]) -> None:
+def _draw_handler(ax: Any, sp: LeaseSpan, y: float, colours: dict[str, str]) -> None:
     """The handler running: in the work colour while the lease held, in the late one after."""
-    if sp["started"] is None or sp["ended"] is None:
+    if sp.started is None or sp.ended is None:
         return
-    cut = min(max(sp["lease_end"], sp["started"]), sp["ended"]) if sp["expired"] else sp["ended"]
-    ax.barh(y, cut - sp["started"], left=sp["started"], height=0.3, color=colours["work"])
-    if cut < sp["ended"]:
-        ax.barh(y, sp["ended"] - cut, left=cut, height=0.3, color=colours["late"])
+    cut = min(max(sp.lease_end, sp.started), sp.ended) if sp.expired else sp.ended
+    ax.barh(y, cut - sp.started, left=sp.started, height=0.3, color=colours["work"])
+    if cut < sp.ended:
+        ax.barh(y, sp.ended - cut, left=cut, height=0.3, color=colours["late"])
 
 
-def _draw_claim_marks(ax: Any, sp: dict, y: float, lane: dict[str, int], timeline: list[dict],
+def _draw_claim_marks(ax: Any, sp: LeaseSpan, y: float, lane: dict[str, int], timeline: list[LeaseEvent],
                       colours: dict[str, str]) -> None:
     """A claim's marks: where its lease ran out, its heartbeats, the reaper (in the reaping
     worker's lane) and how its complete ended."""
-    if sp["expired"]:
-        ax.plot([sp["lease_end"]] * 2, [y - 0.35, y + 0.35], color="black", ls="--", lw=2)
-    if sp["heartbeats"]:
-        ax.plot(sp["heartbeats"], [y] * len(sp["heartbeats"]), "|", color="black", ms=26, mew=2.5)
-    if sp["reaped"] is not None:
-        reaper = next(e["worker"] for e in timeline if e["kind"] == "reaped" and e["t"] == sp["reaped"])
-        ax.plot(sp["reaped"], lane[reaper], "v", color="black", ms=14)
-    if sp["outcome"] == "landed":
-        ax.plot(sp["ended"], y, "o", color=colours["done"], ms=16, mec="black")
-    elif sp["outcome"] in ("refused", "stopped"):
-        ax.plot(sp["ended"], y, "X", color=colours["late"], ms=18, mec="black")
-        ax.annotate("0 rows: fenced", (sp["ended"], y), xytext=(16, 0),
+    if sp.expired:
+        ax.plot([sp.lease_end] * 2, [y - 0.35, y + 0.35], color="black", ls="--", lw=2)
+    if sp.heartbeats:
+        ax.plot(sp.heartbeats, [y] * len(sp.heartbeats), "|", color="black", ms=26, mew=2.5)
+    if sp.reaped is not None:
+        reaper = next(e.worker for e in timeline if e.kind == "reaped" and e.t == sp.reaped)
+        ax.plot(sp.reaped, lane[reaper], "v", color="black", ms=14)
+    if sp.outcome == "landed":
+        ax.plot(sp.ended, y, "o", color=colours["done"], ms=16, mec="black")
+    elif sp.outcome in ("refused", "stopped"):
+        ax.plot(sp.ended, y, "X", color=colours["late"], ms=18, mec="black")
+        ax.annotate("0 rows: fenced", (sp.ended, y), xytext=(16, 0),
                     textcoords="offset points", va="center", color=colours["late"])
 
 
-def _draw_frozen(ax: Any, timeline: list[dict], lane: dict[str, int]) -> bool:
+def _draw_frozen(ax: Any, timeline: list[LeaseEvent], lane: dict[str, int]) -> bool:
     """Each SIGSTOP to SIGCONT of a worker, hatched in its lane; True if there was one."""
     frozen = False
-    for stop in (e for e in timeline if e["kind"] == "signal" and e["signal"] == "SIGSTOP"):
-        cont = next((e["t"] for e in timeline if e["kind"] == "signal"
-                     and e["signal"] == "SIGCONT" and e["t"] > stop["t"]), None)
-        if cont is not None and stop["worker"] in lane:
-            ax.barh(lane[stop["worker"]], cont - stop["t"], left=stop["t"], height=0.3, color="white",
+    for stop in (e for e in timeline if e.kind == "signal" and e.signal == "SIGSTOP"):
+        cont = next((e.t for e in timeline if e.kind == "signal"
+                     and e.signal == "SIGCONT" and e.t > stop.t), None)
+        if cont is not None and stop.worker in lane:
+            ax.barh(lane[stop.worker], cont - stop.t, left=stop.t, height=0.3, color="white",
                     edgecolor="black", hatch="//", lw=0)
             frozen = True
     return frozen
 
 
-def _lease_title(run: dict) -> str:
+def _lease_title(run: LeaseRun) -> str:
     """A panel's default title: with or without a heartbeat, the lease, the job, the runs."""
     times: dict[int | None, str] = {1: "once", 2: "twice"}
-    runs_word = times.get(run.get("runs"), f"{run.get('runs')} times")
-    return (f"{'with' if run.get('heartbeat', True) else 'without'} a heartbeat: "
-            f"lease {run['lease_s']:g} s, job {run['job_s']:g} s, the handler ran {runs_word}")
+    runs_word = times.get(run.runs, f"{run.runs} times")
+    beating = run.heartbeat if isinstance(run, HeartbeatRun) else True     # a zombie's workers beat
+    return (f"{'with' if beating else 'without'} a heartbeat: "
+            f"lease {run.lease_s:g} s, job {run.job_s:g} s, the handler ran {runs_word}")
 
 
-def _draw_lease_panel(ax: Any, run: dict, title: str, colours: dict[str, str]) -> tuple[bool, bool]:
+def _draw_lease_panel(ax: Any, run: LeaseRun, title: str, colours: dict[str, str]) -> tuple[bool, bool]:
     """One run's panel, a lane per worker; whether it drew a lease still ahead, and a freeze."""
-    timeline = run["timeline"]
-    names = sorted({e["worker"] for e in timeline if e["worker"].startswith("worker")})
+    timeline = run.timeline
+    names = sorted({e.worker for e in timeline if e.worker.startswith("worker")})
     lane = {w: len(names) - 1 - i for i, w in enumerate(names)}
     ahead = False
     for sp in lease_spans(run):
-        y = lane[sp["worker"]]
+        y = lane[sp.worker]
         ahead = _draw_lease(ax, sp, y, colours["lease"]) or ahead
-        ax.annotate(f"claim v{sp['claim_version']}", (sp["claimed"], y + 0.36), xytext=(2, 2),
+        ax.annotate(f"claim v{sp.claim_version}", (sp.claimed, y + 0.36), xytext=(2, 2),
                     textcoords="offset points", va="bottom")
         _draw_handler(ax, sp, y, colours)
         _draw_claim_marks(ax, sp, y, lane, timeline, colours)
     frozen = _draw_frozen(ax, timeline, lane)
-    if not [sp for sp in lease_spans(run) if sp["worker"] != names[0]] and len(names) > 1:
+    if not [sp for sp in lease_spans(run) if sp.worker != names[0]] and len(names) > 1:
         ax.text(0.5, lane[names[1]], f"{names[1]}: nothing to claim, the lease never ran out",
                 transform=ax.get_yaxis_transform(), ha="center", va="center")
     ax.set_yticks(list(lane.values()), list(lane))
@@ -677,7 +806,7 @@ def _lease_legend(fig: Any, colours: dict[str, str], *, ahead: bool, frozen: boo
     fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
 
 
-def plot_leases(*runs: dict, titles: list[str] | None = None):
+def plot_leases(*runs: LeaseRun, titles: list[str] | None = None):
     """A timeline of each run (one panel per run, :func:`heartbeat_trace`'s or
     :func:`zombie_trace`'s result), one lane per worker: the lease each claim held (from the
     claim to its last extension plus the lease; dotted where it was still ahead when the
@@ -712,21 +841,21 @@ def heartbeat_command(*, open_lab: Callable[[], Lab], lease_s: float = LEASE_S, 
     output each run's events."""
     check_heartbeat(lease_s=lease_s, job_s=job_s)
     with open_lab() as lab:
-        runs = [heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=False),
-                heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=True),
-                zombie_trace(lab, lease_s=lease_s, job_s=job_s)]
-    summary = {"runs_without_heartbeat": runs[0]["runs"], "runs_with_heartbeat": runs[1]["runs"],
-               "zombie_heartbeat_rows": runs[2]["zombie_heartbeat_rows"],
-               "zombie_stopped": runs[2]["zombie_stopped"]}
+        without = heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=False)
+        beating = heartbeat_trace(lab, lease_s=lease_s, job_s=job_s, heartbeat=True)
+        zombie = zombie_trace(lab, lease_s=lease_s, job_s=job_s)
+    summary = {"runs_without_heartbeat": without.runs, "runs_with_heartbeat": beating.runs,
+               "zombie_heartbeat_rows": zombie.zombie_heartbeat_rows,
+               "zombie_stopped": zombie.zombie_stopped}
     if json:
         print(jsonlib.dumps(summary, indent=2))
         return 0
     titles = (f"Without a heartbeat (lease {lease_s:g} s, job {job_s:g} s)",
               f"With a heartbeat every {lease_s / 3:.2g} s",
               "A zombie: frozen past its lease, then resumed")
-    for title, run in zip(titles, runs):
+    for title, events in zip(titles, (without.events, beating.events, zombie.events)):
         print(title)
-        print(format_events(run["events"]))
+        print(format_events(events))
         print()
     width = max(map(len, summary))
     for k, v in summary.items():
@@ -843,9 +972,72 @@ class _Shutdown(TypedDict):
     deadline_s: float
 
 
+@dataclass(frozen=True)
+class ShutdownParams(Result):
+    """The parameters a shutdown run ran with (:func:`shutdown_trace`).
+
+    workers: worker processes.
+    jobs: jobs in all.
+    per_worker_batch: claims a worker takes at a time.
+    job_s: how long one job's handler works, in seconds.
+    lease_s: the lease, in seconds.
+    deadline_s: how long a stopping worker may take to finish the job in hand, in seconds.
+    """
+
+    workers: int
+    jobs: int
+    per_worker_batch: int
+    job_s: float
+    lease_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class ShutdownTrace(Result):
+    """Worker 1 killed with SIGKILL mid-job, then (on a fresh table) stopped with SIGTERM
+    (:func:`shutdown_trace`; ``labkit trace shutdown --json`` prints :data:`SHUTDOWN_KEYS`).
+
+    waiting_lease_after_kill: worker 1's claims still RUNNING once the others sat idle, after
+        the kill.
+    lease_left_s: how long those claims still wait for their lease, in seconds (0.0: none wait).
+    waiting_lease_after_graceful: the same after SIGTERM (0).
+    claimed_by_worker_1: the claims worker 1 took in its batch (SIGTERM run).
+    released: unstarted claims it handed back, their attempts given back.
+    finished_in_deadline: whether it finished every job it started before exiting.
+    stopped_mid_run: jobs it handed back because the deadline passed (attempt kept).
+    exit_code_kill: worker 1's exit code after SIGKILL (-9).
+    exit_code_graceful: its exit code after SIGTERM (0; None: it did not exit).
+    stop_s: seconds from SIGTERM to its exit.
+    done_after_graceful: jobs DONE at the end of the SIGTERM run.
+    runs_after_graceful: handler starts logged in the SIGTERM run.
+    max_attempts_after_graceful: the most attempts any job used in that run (1: a hand-back
+        costs no attempt).
+    events_kill: worker 1's events and signals in the SIGKILL run, described.
+    events_graceful: the same in the SIGTERM run.
+    params: what the runs ran with.
+    """
+
+    waiting_lease_after_kill: int
+    lease_left_s: float
+    waiting_lease_after_graceful: int
+    claimed_by_worker_1: int
+    released: int
+    finished_in_deadline: bool
+    stopped_mid_run: int
+    exit_code_kill: int | None
+    exit_code_graceful: int | None
+    stop_s: float
+    done_after_graceful: int
+    runs_after_graceful: int
+    max_attempts_after_graceful: int
+    events_kill: Events
+    events_graceful: Events
+    params: ShutdownParams
+
+
 def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_worker_batch: int = BATCH,
                    job_s: float = SHUTDOWN_JOB_S, lease_s: float = SHUTDOWN_LEASE_S,
-                   deadline_s: float = DEADLINE_S) -> dict:
+                   deadline_s: float = DEADLINE_S) -> ShutdownTrace:
     """Two runs on the same setup: ``jobs`` jobs of ``job_s``, ``workers`` worker processes,
     each claiming ``per_worker_batch`` jobs at a time (so a worker holds claims it has not
     started) with a ``lease_s`` lease.  Worker 1 claims its batch first and, one job in, is
@@ -858,7 +1050,7 @@ def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_wo
       (``finished_in_deadline``) and exits 0: ``waiting_lease_after_graceful == 0``, and the
       others finish every job, each run exactly once (``runs_after_graceful == jobs``).
 
-    Also ``exit_code_kill`` (-9), ``exit_code_graceful`` (0), ``stop_s`` (SIGTERM to exit),
+    Returns a :class:`ShutdownTrace`; also ``exit_code_kill`` (-9), ``exit_code_graceful`` (0), ``stop_s`` (SIGTERM to exit),
     ``stopped_mid_run`` (jobs handed back because the deadline passed), ``done_after_graceful``,
     ``max_attempts_after_graceful`` (1: a hand-back costs no attempt), ``events_kill`` and
     ``events_graceful``."""
@@ -867,18 +1059,18 @@ def shutdown_trace(lab: Lab, *, workers: int = WORKERS, jobs: int = JOBS, per_wo
     check_shutdown(**kw)
     kill = _one_stop(lab, signal.SIGKILL, **kw)
     term = _one_stop(lab, signal.SIGTERM, **kw)
-    return {
-        "waiting_lease_after_kill": kill["waiting"], "lease_left_s": kill["lease_left_s"],
-        "waiting_lease_after_graceful": term["waiting"],
-        "claimed_by_worker_1": term["claimed"], "released": term["released"],
-        "finished_in_deadline": term["finished_in_deadline"], "stopped_mid_run": term["stopped_mid_run"],
-        "exit_code_kill": kill["exit_code"], "exit_code_graceful": term["exit_code"],
-        "stop_s": round(term["stop_s"], 2),
-        "done_after_graceful": term["statuses"]["done"], "runs_after_graceful": term["statuses"]["runs"],
-        "max_attempts_after_graceful": term["statuses"]["max_attempts_used"],
-        "events_kill": kill["events"], "events_graceful": term["events"],
-        "params": kw,
-    }
+    return ShutdownTrace(
+        waiting_lease_after_kill=kill["waiting"], lease_left_s=kill["lease_left_s"],
+        waiting_lease_after_graceful=term["waiting"],
+        claimed_by_worker_1=term["claimed"], released=term["released"],
+        finished_in_deadline=term["finished_in_deadline"], stopped_mid_run=term["stopped_mid_run"],
+        exit_code_kill=kill["exit_code"], exit_code_graceful=term["exit_code"],
+        stop_s=round(term["stop_s"], 2),
+        done_after_graceful=term["statuses"]["done"], runs_after_graceful=term["statuses"]["runs"],
+        max_attempts_after_graceful=term["statuses"]["max_attempts_used"],
+        events_kill=kill["events"], events_graceful=term["events"],
+        params=ShutdownParams(**kw),
+    )
 
 
 SHUTDOWN_KEYS = ("waiting_lease_after_kill", "lease_left_s", "waiting_lease_after_graceful", "released",
@@ -897,15 +1089,15 @@ def shutdown_command(*, open_lab: Callable[[], Lab], workers: int = WORKERS, lea
     check_shutdown(**kw)
     with open_lab() as lab:
         out = shutdown_trace(lab, **kw)
-    summary = {k: out[k] for k in SHUTDOWN_KEYS}
+    summary = out.as_dict(only=SHUTDOWN_KEYS)
     if json:
         print(jsonlib.dumps(summary, indent=2))
         return 0
     print(f"SIGKILL: worker 1 (a batch of {per_worker_batch} claims, lease {lease_s:g} s) dies mid-job")
-    print(format_events(out["events_kill"]))
+    print(format_events(out.events_kill))
     print()
     print(f"SIGTERM: worker 1 stops claiming, hands back, finishes within {deadline_s:g} s")
-    print(format_events(out["events_graceful"]))
+    print(format_events(out.events_graceful))
     print()
     width = max(map(len, summary))
     for k, v in summary.items():

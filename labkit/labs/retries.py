@@ -45,7 +45,7 @@ from __future__ import annotations
 import json as jsonlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -55,6 +55,7 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import number
 from ..core.queries import query
+from ..core.results import Result, not_json
 from ..core.text import table as text_table
 from ..core.trace import Trace
 from .production import fresh_table
@@ -183,16 +184,33 @@ def backoff(attempt: int, *, base_s: float = BASE_S, cap_s: float = CAP_S, jitte
     return round(rng.uniform(0, exp), 3)
 
 
+@dataclass(frozen=True)
+class BackoffStep(Result):
+    """The wait after one failed attempt (:func:`backoff_schedule`).
+
+    attempt: the failed attempt, 1-based.
+    exponential_s: ``base_s * 2 ** (attempt - 1)``, uncapped, in seconds.
+    capped_s: that, capped at ``cap_s``: what the lab waits without jitter, in seconds.
+    full_jitter_s: one seeded draw from ``[0, capped_s)``, in seconds.
+    """
+
+    attempt: int
+    exponential_s: float
+    capped_s: float
+    full_jitter_s: float
+
+
 def backoff_schedule(*, attempts: int = 8, base_s: float = BASE_S, cap_s: float = CAP_S,
-                     seed: int = 0) -> list[dict]:
-    """One row per failed attempt: ``attempt``, ``exponential_s`` (uncapped), ``capped_s``
-    (what the lab waits) and ``full_jitter_s`` (one seeded draw from ``[0, capped_s)``)."""
+                     seed: int = 0) -> list[BackoffStep]:
+    """One :class:`BackoffStep` per failed attempt: ``attempt``, ``exponential_s`` (uncapped),
+    ``capped_s`` (what the lab waits) and ``full_jitter_s`` (one seeded draw from
+    ``[0, capped_s)``)."""
     check_params(max_attempts=1, base_s=base_s, cap_s=cap_s, seed=seed)
     number("attempts", attempts, low=1, high=MAX_ATTEMPTS_CAP, whole=True, example=8)
     rng = random.Random(seed)
-    return [{"attempt": a, "exponential_s": base_s * 2 ** (a - 1),
-             "capped_s": backoff(a, base_s=base_s, cap_s=cap_s),
-             "full_jitter_s": backoff(a, base_s=base_s, cap_s=cap_s, jitter="full", rng=rng)}
+    return [BackoffStep(attempt=a, exponential_s=base_s * 2 ** (a - 1),
+                        capped_s=backoff(a, base_s=base_s, cap_s=cap_s),
+                        full_jitter_s=backoff(a, base_s=base_s, cap_s=cap_s, jitter="full", rng=rng))
             for a in range(1, attempts + 1)]
 
 
@@ -426,16 +444,118 @@ def _drive(lab: Lab, clock: Clock, worker: RetryWorker, handler: Handler, *, lim
 # -- the story: three (or so) jobs through all their attempts --------------------------------------
 
 
-@dataclass
-class Life:
-    """:func:`job_life`'s result: ``attempts`` (one dict per attempt: job, script, attempt,
-    claimed_at, error, error_is, status, next, wait_s), ``jobs`` (the job table at the end:
-    job, script, status, attempts, max_attempts, claim_version, last_error, effects), the
-    ``trace`` of the same story, and the ``params`` it ran with."""
-    attempts: list[dict]
-    jobs: list[dict]
-    trace: Trace
-    params: dict = field(default_factory=dict)
+@dataclass(frozen=True)
+class LifeAttempt(Result):
+    """One attempt in :func:`job_life`'s story, as the worker took it.
+
+    job: the job's id.
+    script: the job's scripted outcomes, in words (``timeout ×2, then ok``).
+    attempt: the attempt's number, 1-based (the row's ``attempts`` after the claim).
+    claimed_at: when it was claimed, on the lab's clock (``T+6 s``).
+    error: what the handler raised, class and message (None: it returned).
+    error_is: ``transient``, ``permanent`` or ``transient (unclassified)`` (None: it returned).
+    status: the row's status after the attempt's write: PENDING, DONE, DEAD, or LOST when
+        the write was fenced off.
+    next: what comes next: the wait until the retry (``+4 s``), or the status.
+    wait_s: seconds until the retry's ``run_at`` (None unless PENDING).
+    """
+
+    job: int
+    script: str
+    attempt: int
+    claimed_at: str
+    error: str | None
+    error_is: str | None
+    status: str
+    next: str
+    wait_s: float | None
+
+
+@dataclass(frozen=True)
+class LifeJob(Result):
+    """One row of the job table at the end of :func:`job_life`'s story.
+
+    job: the job's id.
+    script: its scripted outcomes, in words.
+    status: DONE or DEAD.
+    attempts: the attempts it was claimed for.
+    max_attempts: the attempts it was allowed.
+    claim_version: the fence's value at the end (one more per claim).
+    last_error: the last error kept (None: it never failed).
+    effects: the handler's effects that committed (0 or 1: a failed attempt's roll back).
+    """
+
+    job: int
+    script: str
+    status: str
+    attempts: int
+    max_attempts: int
+    claim_version: int
+    last_error: str | None
+    effects: int
+
+
+@dataclass(frozen=True)
+class LifeParams(Result):
+    """The retry policy :func:`job_life` ran with.
+
+    max_attempts: attempts before the dead letter.
+    base_s: the first backoff, in seconds, doubled each attempt.
+    cap_s: the longest backoff, in seconds.
+    jitter: ``none`` or ``full``.
+    seed: the seed of the jitter's draws.
+    """
+
+    max_attempts: int
+    base_s: float
+    cap_s: float
+    jitter: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class JobOutcome(Result):
+    """How one job ended (:meth:`Life.summary`).
+
+    status: DONE or DEAD.
+    attempts: the attempts it was claimed for.
+    """
+
+    status: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class LifeSummary(Result):
+    """:func:`job_life`'s story in a few numbers (:meth:`Life.summary`).
+
+    attempts: the attempts there were in all.
+    jobs: per job id, how it ended.
+    dead: the ids of the jobs in the dead letter.
+    done: the ids of the jobs that succeeded.
+    """
+
+    attempts: int
+    jobs: dict[int, JobOutcome]
+    dead: list[int]
+    done: list[int]
+
+
+@dataclass(frozen=True)
+class Life(Result):
+    """:func:`job_life`'s result (``labkit trace retries --json`` prints ``params``,
+    ``summary()``, ``attempts`` and ``jobs``).
+
+    attempts: every attempt, in the order the worker took them.
+    jobs: the job table at the end, in id order.
+    params: the retry policy the story ran with.
+    trace: the same story as a trace; not in the JSON.
+    """
+
+    attempts: list[LifeAttempt]
+    jobs: list[LifeJob]
+    params: LifeParams
+    trace: Trace = not_json()
 
     ATTEMPT_COLUMNS = ("job", "script", "attempt", "claimed_at", "error", "error_is", "next")
     # max_attempts is the same for every job: the table's first line says it
@@ -444,34 +564,36 @@ class Life:
     def attempts_df(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame(self.attempts, columns=list(self.ATTEMPT_COLUMNS)).set_index(["job", "attempt"])
+        return pd.DataFrame([a.as_dict() for a in self.attempts],
+                            columns=list(self.ATTEMPT_COLUMNS)).set_index(["job", "attempt"])
 
     def jobs_df(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame(self.jobs, columns=list(self.JOB_COLUMNS)).set_index("job")
+        return pd.DataFrame([j.as_dict() for j in self.jobs], columns=list(self.JOB_COLUMNS)).set_index("job")
 
     def to_text(self) -> str:
         p = self.params
-        head = (f"max_attempts={p['max_attempts']}, backoff min({p['cap_s']:g}, "
-                f"{p['base_s']:g} * 2^(attempt-1)) s, jitter={p['jitter']}"
-                + (f" (seed {p['seed']})" if p['jitter'] != "none" else ""))
+        head = (f"max_attempts={p.max_attempts}, backoff min({p.cap_s:g}, "
+                f"{p.base_s:g} * 2^(attempt-1)) s, jitter={p.jitter}"
+                + (f" (seed {p.seed})" if p.jitter != "none" else ""))
         return "\n".join([head, "", "every attempt", _table(self.attempts, self.ATTEMPT_COLUMNS),
                           "", "the job table at the end", _table(self.jobs, self.JOB_COLUMNS)])
 
     def __str__(self) -> str:
         return self.to_text()
 
-    def summary(self) -> dict:
+    def summary(self) -> LifeSummary:
         """Per job: status and attempts; and how many attempts there were in all."""
-        return {"attempts": len(self.attempts),
-                "jobs": {j["job"]: {"status": j["status"], "attempts": j["attempts"]} for j in self.jobs},
-                "dead": [j["job"] for j in self.jobs if j["status"] == "DEAD"],
-                "done": [j["job"] for j in self.jobs if j["status"] == "DONE"]}
+        return LifeSummary(attempts=len(self.attempts),
+                           jobs={j.job: JobOutcome(status=j.status, attempts=j.attempts) for j in self.jobs},
+                           dead=[j.job for j in self.jobs if j.status == "DEAD"],
+                           done=[j.job for j in self.jobs if j.status == "DONE"])
 
 
-def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
-    return text_table(columns, [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows])
+def _table(rows: list[LifeAttempt] | list[LifeJob], columns: tuple[str, ...]) -> str:
+    cells = [[getattr(r, c) for c in columns] for r in rows]
+    return text_table(columns, [[str(v) if v is not None else "-" for v in row] for row in cells])
 
 
 def _next(a: Attempt) -> str:
@@ -525,13 +647,13 @@ def job_life(lab: Lab, *, script: dict[int, list[str]] | None = None, max_attemp
     tr = Trace(title)
     tr.add("queue", f"enqueue {len(ids)} jobs, all due at T", "; ".join(
         f"job {i}: {words[i]}" for i in ids), {"pending": len(ids)})
-    rows: list[dict] = []
+    rows: list[LifeAttempt] = []
 
     def on_attempt(now: float, a: Attempt) -> None:
         j = a.job
-        rows.append({"job": j.id, "script": words[j.id], "attempt": j.attempts, "claimed_at": _at(now),
-                     "error": a.error, "error_is": _error_is(a), "status": a.status, "next": _next(a),
-                     "wait_s": a.wait_s})
+        rows.append(LifeAttempt(job=j.id, script=words[j.id], attempt=j.attempts, claimed_at=_at(now),
+                                error=a.error, error_is=_error_is(a), status=a.status, next=_next(a),
+                                wait_s=a.wait_s))
         action = (f"job {j.id} attempt {j.attempts}: "
                   + ("handler returned" if a.error is None else f"handler raised {a.error}"))
         state = {"status": a.status, "attempts": j.attempts, "claim_version": j.claim_version}
@@ -551,12 +673,14 @@ def job_life(lab: Lab, *, script: dict[int, list[str]] | None = None, max_attemp
                limit=2 * len(ids) * max_attempts + 2, on_attempt=on_attempt, on_clock=on_clock)
     finally:
         conn.close()
-    jobs = [{"job": r[0], "script": words[r[0]], "status": r[2], "attempts": r[3], "max_attempts": r[4],
-             "claim_version": r[5], "last_error": r[6], "effects": r[7]}
+    jobs = [LifeJob(job=r[0], script=words[r[0]], status=r[2], attempts=r[3], max_attempts=r[4],
+                    claim_version=r[5], last_error=r[6], effects=r[7])
             for r in lab.execute(_sql("jobs"))]
-    life = Life(rows, jobs, tr, {"max_attempts": max_attempts, "base_s": base_s, "cap_s": cap_s,
-                                 "jitter": jitter, "seed": seed})
-    tr.summary = {"attempts": len(rows), "done": life.summary()["done"], "dead": life.summary()["dead"],
+    life = Life(attempts=rows, jobs=jobs, trace=tr,
+                params=LifeParams(max_attempts=max_attempts, base_s=base_s, cap_s=cap_s, jitter=jitter,
+                                  seed=seed))
+    summary = life.summary()
+    tr.summary = {"attempts": len(rows), "done": summary.done, "dead": summary.dead,
                   "clock_at_end": _at(clock.elapsed())}
     return life
 
@@ -618,18 +742,41 @@ def retry_waits(lab: Lab, *, base_s: float = BASE_S, early_s: float = 0.5) -> Tr
 # -- why backoff needs jitter ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HerdWave(Result):
+    """One wave of :func:`retry_herd`: every claim of one attempt number, under one jitter.
+    Times are seconds after T on the lab's clock.
+
+    jitter: ``none`` (exact exponential backoff) or ``full``.
+    attempt: the attempt's number, 1-based (1: the outage itself).
+    claims: the claims of that attempt.
+    first_at: the first of them, in seconds after T.
+    last_at: the last of them, in seconds after T.
+    spread_s: ``last_at - first_at``, in seconds.
+    busiest_second: the most claims in one second of the lab's clock.
+    """
+
+    jitter: str
+    attempt: int
+    claims: int
+    first_at: float
+    last_at: float
+    spread_s: float
+    busiest_second: int
+
+
 def retry_herd(lab: Lab, *, jobs: int = 50, failures: int = 3, base_s: float = BASE_S,
-               cap_s: float = 60.0, seed: int = 0) -> list[dict]:
+               cap_s: float = 60.0, seed: int = 0) -> list[HerdWave]:
     """An outage: ``jobs`` jobs all due at T, each timing out ``failures`` times, then
     succeeding -- once with exact exponential backoff, once with full jitter (seeded).
-    One row per (jitter, attempt): ``claims``, ``first_at``/``last_at`` (seconds after T),
-    ``spread_s`` and ``busiest_second`` (the most claims in one second of the lab's clock).
+    One :class:`HerdWave` per (jitter, attempt): ``claims``, ``first_at``/``last_at`` (seconds
+    after T), ``spread_s`` and ``busiest_second`` (the most claims in one second of the lab's clock).
     Without jitter every wave arrives in the same instant, however long the backoff grows;
     with it, every wave after the first is spread over its backoff window."""
     number("jobs", jobs, low=1, high=MAX_HERD, whole=True, example=50)
     number("failures", failures, low=1, high=MAX_ATTEMPTS_CAP - 1, whole=True, example=3)
     check_params(max_attempts=failures + 1, base_s=base_s, cap_s=cap_s, seed=seed)
-    out = []
+    out: list[HerdWave] = []
     for jitter in JITTERS:
         clock = install(lab)
         ids = enqueue(lab, jobs, max_attempts=failures + 1)
@@ -649,10 +796,10 @@ def retry_herd(lab: Lab, *, jobs: int = 50, failures: int = 3, base_s: float = B
             per_second: dict[int, int] = {}
             for t in times:
                 per_second[int(t)] = per_second.get(int(t), 0) + 1
-            out.append({"jitter": jitter, "attempt": attempt, "claims": len(times),
-                        "first_at": round(min(times), 3), "last_at": round(max(times), 3),
-                        "spread_s": round(max(times) - min(times), 3),
-                        "busiest_second": max(per_second.values())})
+            out.append(HerdWave(jitter=jitter, attempt=attempt, claims=len(times),
+                                first_at=round(min(times), 3), last_at=round(max(times), 3),
+                                spread_s=round(max(times) - min(times), 3),
+                                busiest_second=max(per_second.values())))
     return out
 
 
@@ -668,8 +815,8 @@ def life_command(*, open_lab: Callable[[], Lab], max_attempts: int = MAX_ATTEMPT
     with open_lab() as lab:
         life = job_life(lab, max_attempts=max_attempts, base_s=base_s, cap_s=cap_s, jitter=jitter, seed=seed)
     if json:
-        print(jsonlib.dumps({"params": life.params, "summary": life.summary(), "attempts": life.attempts,
-                             "jobs": life.jobs}, indent=2, default=str))
+        print(jsonlib.dumps({"params": life.params.as_dict(), "summary": life.summary().as_dict(),
+                             **life.as_dict(only=["attempts", "jobs"])}, indent=2, default=str))
     else:
         print(life.to_text())
     return 0

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json as _json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -56,6 +57,7 @@ from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import bulk, number
 from ..core.queries import query
+from ..core.results import Result
 from . import production
 from ._checked import one_row
 
@@ -131,7 +133,29 @@ def _render(node: dict, depth: int = 0) -> list[str]:
     return lines
 
 
-def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ClaimPlan(Result):
+    """The claim's search as EXPLAIN (ANALYZE, BUFFERS) ran it once (:func:`explain_claim`).
+
+    nodes: the plan's node types, top down (``Limit``, ``LockRows``, ``Index Scan``).
+    index: the first index scanned (None: no index).
+    index_searches: descents of that index (PostgreSQL 18 and newer; else None).
+    rows_removed: rows a Filter threw away, over the whole plan.
+    buffers: shared buffers hit + read by the whole plan.
+    ms: execution time, in ms.
+    text: the plan, short: each node with its rows and buffers, and what it checked.
+    """
+
+    nodes: list[str]
+    index: str | None
+    index_searches: int | None
+    rows_removed: int
+    buffers: int
+    ms: float
+    text: str
+
+
+def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True) -> ClaimPlan:
     """EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) the claim's search (schedule.sql
     ``claim_search``, production.sql's claim without its UPDATE) in a transaction that is rolled
     back, so its row lock goes; with ``lock=False`` the same search without FOR UPDATE SKIP
@@ -139,7 +163,7 @@ def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True)
     the planner plans without it, and the ROLLBACK puts it back as it was.  (DROP INDEX holds an
     ACCESS EXCLUSIVE lock on the table until then: a lab's move, never a live queue's.)
 
-    Returns ``nodes`` (plan node types, top down), ``index`` (the index scanned, or None),
+    Returns a :class:`ClaimPlan`: ``nodes`` (plan node types, top down), ``index`` (the index scanned, or None),
     ``buffers`` (shared buffers hit + read by the whole plan), ``ms`` (execution time),
     ``index_searches`` (descents of the index, PostgreSQL 18 and newer; else None),
     ``rows_removed`` (rows a Filter threw away) and ``text`` (the plan, short)."""
@@ -165,9 +189,10 @@ def explain_claim(lab: Lab, *, drop_index: str | None = None, lock: bool = True)
             walk(child)
 
     walk(top["Plan"])
-    return {"nodes": nodes, **found, "buffers": _buffers(top["Plan"]),
-            "ms": round(float(top.get("Execution Time", 0.0)), 3),
-            "text": "\n".join(_render(top["Plan"]))}
+    return ClaimPlan(nodes=nodes, index=found["index"], index_searches=found["index_searches"],
+                     rows_removed=found["rows_removed"], buffers=_buffers(top["Plan"]),
+                     ms=round(float(top.get("Execution Time", 0.0)), 3),
+                     text="\n".join(_render(top["Plan"])))
 
 
 # -- 1. the plan with and without the index -----------------------------------------------------
@@ -177,15 +202,43 @@ def _check_plans(history: int, pending: int) -> None:
     number("pending", pending, low=1, high=MAX_PENDING, whole=True, example=1_000)
 
 
-def plans(lab: Lab, *, history: int = 200_000, pending: int = 1_000) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ClaimPlans(Result):
+    """The claim's plan with job_due_idx and without it (:func:`plans`).
+
+    history: finished jobs in the table.
+    pending: pending jobs (one in five scheduled up to a day ahead).
+    due: pending jobs due now.
+    table_pages: the job table's pages.
+    index_pages: job_due_idx's pages.
+    with_index: the claim with job_due_idx.
+    without_index: the claim with job_due_idx dropped (in the EXPLAIN's own transaction).
+    without_lock: the search with the index but without FOR UPDATE SKIP LOCKED.
+    buffer_ratio: buffers without the index / with it.
+    fill_s: seconds the fill, VACUUM and ANALYZE took.
+    """
+
+    history: int
+    pending: int
+    due: int
+    table_pages: int
+    index_pages: int
+    with_index: ClaimPlan
+    without_index: ClaimPlan
+    without_lock: ClaimPlan
+    buffer_ratio: float
+    fill_s: float
+
+
+def plans(lab: Lab, *, history: int = 200_000, pending: int = 1_000) -> ClaimPlans:
     """The claim's plan with job_due_idx and without it, on ``history`` finished jobs and
     ``pending`` pending ones (priorities 0 to 9; one in five scheduled up to a day ahead),
     vacuumed and analysed.  With the index the claim reads the front of the index and stops;
     without it it reads every page of the table (history included) and sorts the due rows.
 
-    Returns ``history``, ``pending``, ``due`` (pending jobs due now), ``table_pages``,
-    ``index_pages`` (job_due_idx), ``with_index`` and ``without_index`` (each what
-    :func:`explain_claim` returns), ``without_lock`` (the search with the index but without
+    Returns a :class:`ClaimPlans`: ``history``, ``pending``, ``due`` (pending jobs due now),
+    ``table_pages``, ``index_pages`` (job_due_idx), ``with_index`` and ``without_index`` (each a
+    :class:`ClaimPlan`), ``without_lock`` (the search with the index but without
     FOR UPDATE SKIP LOCKED: no LockRows, and no Filter repeating the index's predicate),
     ``buffer_ratio`` (buffers without / with) and ``fill_s`` (seconds the fill, VACUUM and
     ANALYZE took)."""
@@ -203,11 +256,11 @@ def plans(lab: Lab, *, history: int = 200_000, pending: int = 1_000) -> dict[str
     without_index = explain_claim(lab, drop_index=DUE_INDEX)
     without_lock = explain_claim(lab, lock=False)
     due = lab.execute(_sql("due_now"))[0][0]
-    return {"history": history, "pending": pending, "due": int(due),
-            "table_pages": _pages(lab, "job"), "index_pages": _pages(lab, DUE_INDEX),
-            "with_index": with_index, "without_index": without_index, "without_lock": without_lock,
-            "buffer_ratio": round(without_index["buffers"] / max(1, with_index["buffers"]), 1),
-            "fill_s": round(fill_s, 2)}
+    return ClaimPlans(history=history, pending=pending, due=int(due),
+                      table_pages=_pages(lab, "job"), index_pages=_pages(lab, DUE_INDEX),
+                      with_index=with_index, without_index=without_index, without_lock=without_lock,
+                      buffer_ratio=round(without_index.buffers / max(1, with_index.buffers), 1),
+                      fill_s=round(fill_s, 2))
 
 
 # -- what the index cannot do: future jobs at more urgent priorities ------------------------------
@@ -223,8 +276,56 @@ def _check_ahead(future: int, levels: Sequence[int], pending: int) -> tuple[int,
     return tuple(levels)
 
 
+@dataclass(frozen=True)
+class AheadCase(Result):
+    """The claim with future jobs at more urgent priorities, spread over some priority levels
+    (one case of :func:`scheduled_ahead`).
+
+    levels: the priority levels the future jobs are spread over.
+    future: the jobs scheduled an hour or more ahead.
+    nodes: the plan's node types, top down.
+    index: the index scanned (None: no index).
+    buffers: shared buffers hit + read by the whole plan.
+    index_searches: descents of the index (PostgreSQL 18 and newer; else None).
+    ms: execution time, in ms.
+    index_pages: job_due_idx's pages.
+    walk_ratio: buffers / the baseline's (the claim with no future jobs).
+    text: the plan, short.
+    """
+
+    levels: int
+    future: int
+    nodes: list[str]
+    index: str | None
+    buffers: int
+    index_searches: int | None
+    ms: float
+    index_pages: int
+    walk_ratio: float
+    text: str
+
+
+@dataclass(frozen=True)
+class ScheduledAhead(Result):
+    """What job_due_idx cannot do: future jobs at more urgent priorities than every due job
+    (:func:`scheduled_ahead`).
+
+    server_version: the server's version number (``180001``).
+    skip_scan: whether the server has skip scan (PostgreSQL 18 or newer).
+    future: the jobs scheduled ahead in each case.
+    baseline: the claim with no future jobs.
+    ahead: one case per number of priority levels, in the order asked.
+    """
+
+    server_version: int
+    skip_scan: bool
+    future: int
+    baseline: ClaimPlan
+    ahead: list[AheadCase]
+
+
 def scheduled_ahead(lab: Lab, *, future: int = 50_000, levels: Sequence[int] = (1, 1_000),
-                    pending: int = 1_000) -> dict[str, Any]:
+                    pending: int = 1_000) -> ScheduledAhead:
     """What job_due_idx cannot do: ``future`` jobs scheduled an hour or more ahead at
     priorities more urgent than every due job, at one priority level and then spread over
     more (one fresh table per case, besides ``pending`` jobs as in :func:`plans`).
@@ -232,9 +333,9 @@ def scheduled_ahead(lab: Lab, *, future: int = 50_000, levels: Sequence[int] = (
     scan jump past a slice's future rows but PostgreSQL 18's skip scan, one descent per
     priority level, and only when the levels are few.
 
-    Returns ``server_version`` (e.g. 180001), ``skip_scan`` (PostgreSQL 18 or newer),
-    ``future``, ``baseline`` (the claim with no future jobs: what :func:`explain_claim` returns)
-    and ``ahead``: one dict per entry of ``levels`` with ``levels``, ``future``, ``nodes``,
+    Returns a :class:`ScheduledAhead`: ``server_version`` (e.g. 180001), ``skip_scan``
+    (PostgreSQL 18 or newer), ``future``, ``baseline`` (the claim with no future jobs: a
+    :class:`ClaimPlan`) and ``ahead``: one :class:`AheadCase` per entry of ``levels`` with ``levels``, ``future``, ``nodes``,
     ``index``, ``buffers``, ``index_searches``, ``ms``, ``index_pages`` and ``walk_ratio``
     (buffers / the baseline's)."""
     levels = _check_ahead(future, levels, pending)
@@ -242,21 +343,21 @@ def scheduled_ahead(lab: Lab, *, future: int = 50_000, levels: Sequence[int] = (
     bulk(lab, _sql("fill_pending"), {"n": pending}, rows=pending)
     lab.execute("ANALYZE job")
     baseline = explain_claim(lab)
-    ahead = []
+    ahead: list[AheadCase] = []
     for n in levels:
         fresh_table(lab)
         bulk(lab, _sql("fill_pending"), {"n": pending}, rows=pending)
         bulk(lab, _sql("fill_ahead"), {"n": future, "levels": n}, rows=future)
         lab.execute("ANALYZE job")
         plan = explain_claim(lab)
-        ahead.append({"levels": n, "future": future, "nodes": plan["nodes"], "index": plan["index"],
-                      "buffers": plan["buffers"], "index_searches": plan["index_searches"],
-                      "ms": plan["ms"], "index_pages": _pages(lab, DUE_INDEX),
-                      "walk_ratio": round(plan["buffers"] / max(1, baseline["buffers"]), 1),
-                      "text": plan["text"]})
+        ahead.append(AheadCase(levels=n, future=future, nodes=plan.nodes, index=plan.index,
+                               buffers=plan.buffers, index_searches=plan.index_searches,
+                               ms=plan.ms, index_pages=_pages(lab, DUE_INDEX),
+                               walk_ratio=round(plan.buffers / max(1, baseline.buffers), 1),
+                               text=plan.text))
     version = _server_version(lab)
-    return {"server_version": version, "skip_scan": version >= 180000, "future": future,
-            "baseline": baseline, "ahead": ahead}
+    return ScheduledAhead(server_version=version, skip_scan=version >= 180000, future=future,
+                          baseline=baseline, ahead=ahead)
 
 
 # -- 2. starvation, and the aged turn -----------------------------------------------------------
@@ -302,7 +403,44 @@ def _first_arrivals(conn: Any, enqueue: str, *, high_per_tick: int, scheduled_ti
     return low_id, scheduled_id, older_due
 
 
-def _claim_tick(conn: Any, stmts: dict[str, str], claims: list[dict[str, Any]], tick: int, *,
+@dataclass(frozen=True)
+class TickClaim(Result):
+    """One claim of :func:`starvation`'s run that got a job.
+
+    claim: the claim's number, 1-based, counting only claims that got a job.
+    tick: the tick it was made in (at the tick's last second).
+    kind: the job's kind: ``high``, ``low`` or ``scheduled``.
+    job: the job's id.
+    priority: the job's priority (lower runs first).
+    turn: ``priority`` (the production claim) or ``aged`` (the aged turn: the job due longest).
+    """
+
+    claim: int
+    tick: int
+    kind: str
+    job: int
+    priority: int
+    turn: str
+
+
+@dataclass(frozen=True)
+class ScheduledJob(Result):
+    """When :func:`starvation`'s scheduled job fell due and when it was claimed; seconds are
+    after tick 0's start.
+
+    due_tick: the tick its run_at falls in.
+    claimed_tick: the tick it was claimed in (None: never).
+    due_s: its run_at, in seconds.
+    claimed_s: when it was claimed, in seconds (None: never).
+    """
+
+    due_tick: int
+    claimed_tick: int | None
+    due_s: int
+    claimed_s: int | None
+
+
+def _claim_tick(conn: Any, stmts: dict[str, str], claims: list[TickClaim], tick: int, *,
                 claims_per_tick: int, aging: bool, every: int) -> int:
     """The tick's claims at its last second, each job completed at once (a turn with nothing
     due passes), appended to ``claims``; how many were aged turns."""
@@ -318,30 +456,77 @@ def _claim_tick(conn: Any, stmts: dict[str, str], claims: list[dict[str, Any]], 
         aged_turns += aged
         job_id, kind, _payload, _attempts, _max, version = row
         conn.execute(stmts["complete"], {"id": job_id, "claim_version": version})
-        claims.append({"claim": len(claims) + 1, "tick": tick, "kind": kind, "job": job_id,
-                       "priority": PRIORITY[kind], "turn": "aged" if aged else "priority"})
+        claims.append(TickClaim(claim=len(claims) + 1, tick=tick, kind=kind, job=job_id,
+                                priority=PRIORITY[kind], turn="aged" if aged else "priority"))
     return aged_turns
 
 
-def _scheduled_outcome(sched_claim: dict[str, Any] | None, scheduled_tick: int) -> dict[str, Any]:
+def _scheduled_outcome(sched_claim: TickClaim | None, scheduled_tick: int) -> ScheduledJob:
     """When the scheduled job fell due and when it was claimed: ticks, and seconds after T0."""
-    return {"due_tick": scheduled_tick,
-            "claimed_tick": None if sched_claim is None else sched_claim["tick"],
-            "due_s": scheduled_tick * TICK_S + SCHEDULED_DUE_S,
-            "claimed_s": None if sched_claim is None else sched_claim["tick"] * TICK_S + CLAIM_AT_S}
+    return ScheduledJob(due_tick=scheduled_tick,
+                        claimed_tick=None if sched_claim is None else sched_claim.tick,
+                        due_s=scheduled_tick * TICK_S + SCHEDULED_DUE_S,
+                        claimed_s=None if sched_claim is None else sched_claim.tick * TICK_S + CLAIM_AT_S)
 
 
-def _aged_bound(aging: bool, every: int, older_due: int, claims_per_tick: int) -> dict[str, int | None]:
+def _aged_bound(aging: bool, every: int, older_due: int, claims_per_tick: int) -> tuple[int | None, int | None]:
     """The aged turn's promise: the low job claimed within every·(older_due+1) claims, so by
-    that tick (None without a remedy)."""
+    that tick (None, None without a remedy)."""
     bound_claims = every * (older_due + 1) if aging else None
-    return {"bound_claims": bound_claims,
-            "bound_ticks": None if bound_claims is None else (bound_claims - 1) // claims_per_tick}
+    return bound_claims, None if bound_claims is None else (bound_claims - 1) // claims_per_tick
+
+
+@dataclass(frozen=True)
+class Starvation(Result):
+    """A low-priority job among a steady stream of urgent ones (:func:`starvation`).
+
+    remedy: None (strict priority) or ``aging`` (the aged turn).
+    every: the aged turn's k: every k-th claim is one (None without a remedy).
+    ticks: the ticks the run lasted (a tick is a minute of the script's clock).
+    high_per_tick: urgent jobs arriving each tick.
+    claims_per_tick: claims made each tick.
+    claims: the claims that got a job.
+    aged_turns: the aged turns that got a job.
+    claimed_by_kind: jobs claimed, per kind (``high``, ``low``, ``scheduled``).
+    waited_ticks: ticks from the low job's arrival (tick 0) to its claim (None: never claimed).
+    starved: whether the low job was never claimed.
+    older_due: due jobs ahead of the low job in due order when it arrived.
+    bound_claims: the aged turn's promise: the low job claimed within every·(older_due+1)
+        claims (None without a remedy).
+    bound_ticks: the tick that promise reaches (None without a remedy).
+    low_claim: the claim that took the low job (None: never claimed).
+    backlog_at_end: jobs due and waiting after the last claim.
+    scheduled: when the job scheduled ahead at the top priority fell due and was claimed.
+    claimed_sample: the first claims, in order.
+    claim_sql: the claim the aged turn sends, or the priority claim without a remedy
+        (schedule.sql as written).
+    index_sql: the aged turn's index (None without a remedy).
+    """
+
+    remedy: str | None
+    every: int | None
+    ticks: int
+    high_per_tick: int
+    claims_per_tick: int
+    claims: int
+    aged_turns: int
+    claimed_by_kind: dict[str, int]
+    waited_ticks: int | None
+    starved: bool
+    older_due: int
+    bound_claims: int | None
+    bound_ticks: int | None
+    low_claim: TickClaim | None
+    backlog_at_end: int
+    scheduled: ScheduledJob
+    claimed_sample: list[TickClaim]
+    claim_sql: str
+    index_sql: str | None
 
 
 def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_tick: int = 3,
                remedy: str | None = None, every: int = 4, scheduled_tick: int = 10,
-               sample: int = 12) -> dict[str, Any]:
+               sample: int = 12) -> Starvation:
     """A low-priority job among a steady stream of urgent ones, scripted tick by tick on one
     connection and an explicit clock (tick t is minute t after 2026-03-02 09:00 UTC).
 
@@ -353,7 +538,7 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
     ``claim_at``), each finished at once.  With ``remedy='aging'`` every ``every``-th claim is an
     aged turn (``claim_oldest``): the job due longest, whatever its priority.
 
-    Returns ``remedy``, ``every`` (None without a remedy), ``ticks``, ``high_per_tick``,
+    Returns a :class:`Starvation`: ``remedy``, ``every`` (None without a remedy), ``ticks``, ``high_per_tick``,
     ``claims_per_tick``, ``claims`` (claims that got a job), ``aged_turns``,
     ``claimed_by_kind`` ({"high", "low", "scheduled"}: jobs claimed), ``waited_ticks`` (ticks
     from the low job's arrival to its claim; None: never claimed), ``starved`` (waited_ticks is
@@ -374,7 +559,7 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
     enqueue = _sql("enqueue_at")
     stmts = {"claim_at": _sql("claim_at"), "claim_oldest": _sql("claim_oldest"),
              "complete": query("production.sql", "complete").sql}
-    claims: list[dict[str, Any]] = []
+    claims: list[TickClaim] = []
     aged_turns = 0
     low_id = scheduled_id = None
     older_due = 0
@@ -395,48 +580,49 @@ def starvation(lab: Lab, *, ticks: int = 60, high_per_tick: int = 3, claims_per_
     finally:
         conn.close()
 
-    by_id = {c["job"]: c for c in claims}
-    low_claim = by_id.get(low_id)
-    counts = {k: sum(1 for c in claims if c["kind"] == k) for k in ("high", "low", "scheduled")}
-    return {
-        "remedy": remedy, "every": every if aging else None, "ticks": ticks,
-        "high_per_tick": high_per_tick, "claims_per_tick": claims_per_tick,
-        "claims": len(claims), "aged_turns": aged_turns, "claimed_by_kind": counts,
-        "waited_ticks": None if low_claim is None else low_claim["tick"],
-        "starved": low_claim is None, "older_due": older_due,
-        **_aged_bound(aging, every, older_due, claims_per_tick),
-        "low_claim": low_claim, "backlog_at_end": backlog,
-        "scheduled": _scheduled_outcome(by_id.get(scheduled_id), scheduled_tick),
-        "claimed_sample": claims[:sample],
-        "claim_sql": query(SQL, "claim_oldest" if aging else "claim_at").text,
-        "index_sql": query(SQL, "oldest_index").text if aging else None,
-    }
+    by_id = {c.job: c for c in claims}
+    low_claim = None if low_id is None else by_id.get(low_id)
+    counts = {k: sum(1 for c in claims if c.kind == k) for k in ("high", "low", "scheduled")}
+    bound_claims, bound_ticks = _aged_bound(aging, every, older_due, claims_per_tick)
+    return Starvation(
+        remedy=remedy, every=every if aging else None, ticks=ticks,
+        high_per_tick=high_per_tick, claims_per_tick=claims_per_tick,
+        claims=len(claims), aged_turns=aged_turns, claimed_by_kind=counts,
+        waited_ticks=None if low_claim is None else low_claim.tick,
+        starved=low_claim is None, older_due=older_due,
+        bound_claims=bound_claims, bound_ticks=bound_ticks,
+        low_claim=low_claim, backlog_at_end=backlog,
+        scheduled=_scheduled_outcome(None if scheduled_id is None else by_id.get(scheduled_id), scheduled_tick),
+        claimed_sample=claims[:sample],
+        claim_sql=query(SQL, "claim_oldest" if aging else "claim_at").text,
+        index_sql=query(SQL, "oldest_index").text if aging else None,
+    )
 
 
 # -- command line -------------------------------------------------------------------------------
 
-def _summary_text(p: dict, a: dict, strict: dict, aged: dict) -> str:
-    w, wo = p["with_index"], p["without_index"]
-    lines = [f"the claim's search on {p['history']:,} finished + {p['pending']:,} pending jobs "
-             f"({p['due']:,} due), {p['table_pages']:,} table pages",
-             f"  {'with ' + DUE_INDEX + ':':<19} {' > '.join(w['nodes'])} ({w['index']})  "
-             f"{w['buffers']:,} buffers  {w['ms']:.2f} ms",
-             f"  {'without it:':<19} {' > '.join(wo['nodes'])}  {wo['buffers']:,} buffers  "
-             f"{wo['ms']:.2f} ms  (×{p['buffer_ratio']:g} the buffers)",
-             f"{a['future']:,} jobs scheduled an hour ahead at priorities above every due job "
-             f"(server {a['server_version'] // 10000}, skip scan {'yes' if a['skip_scan'] else 'no'}):",
-             f"  {'none:':<19} {a['baseline']['buffers']:,} buffers"]
-    for row in a["ahead"]:
-        searches = "" if row["index_searches"] is None else f", {row['index_searches']} index search(es)"
-        where = f"at {row['levels']:,} level(s):"
-        lines.append(f"  {where:<19} {row['buffers']:,} buffers{searches}  (×{row['walk_ratio']:g})")
-    lines.append(f"starvation: {strict['ticks']} ticks, {strict['high_per_tick']} urgent jobs arrive and "
-                 f"{strict['claims_per_tick']} claims are made a tick")
-    for run, name in ((strict, "strict priority"), (aged, f"aged turn every {aged['every']} claims")):
-        waited = "never claimed (starved)" if run["starved"] else f"claimed after {run['waited_ticks']} tick(s)"
-        bound = "" if run["bound_ticks"] is None else f" (promised: by tick {run['bound_ticks']})"
+def _summary_text(p: ClaimPlans, a: ScheduledAhead, strict: Starvation, aged: Starvation) -> str:
+    w, wo = p.with_index, p.without_index
+    lines = [f"the claim's search on {p.history:,} finished + {p.pending:,} pending jobs "
+             f"({p.due:,} due), {p.table_pages:,} table pages",
+             f"  {'with ' + DUE_INDEX + ':':<19} {' > '.join(w.nodes)} ({w.index})  "
+             f"{w.buffers:,} buffers  {w.ms:.2f} ms",
+             f"  {'without it:':<19} {' > '.join(wo.nodes)}  {wo.buffers:,} buffers  "
+             f"{wo.ms:.2f} ms  (×{p.buffer_ratio:g} the buffers)",
+             f"{a.future:,} jobs scheduled an hour ahead at priorities above every due job "
+             f"(server {a.server_version // 10000}, skip scan {'yes' if a.skip_scan else 'no'}):",
+             f"  {'none:':<19} {a.baseline.buffers:,} buffers"]
+    for row in a.ahead:
+        searches = "" if row.index_searches is None else f", {row.index_searches} index search(es)"
+        where = f"at {row.levels:,} level(s):"
+        lines.append(f"  {where:<19} {row.buffers:,} buffers{searches}  (×{row.walk_ratio:g})")
+    lines.append(f"starvation: {strict.ticks} ticks, {strict.high_per_tick} urgent jobs arrive and "
+                 f"{strict.claims_per_tick} claims are made a tick")
+    for run, name in ((strict, "strict priority"), (aged, f"aged turn every {aged.every} claims")):
+        waited = "never claimed (starved)" if run.starved else f"claimed after {run.waited_ticks} tick(s)"
+        bound = "" if run.bound_ticks is None else f" (promised: by tick {run.bound_ticks})"
         lines.append(f"  {name:<26} the low job: {waited}{bound}; scheduled job due at tick "
-                     f"{run['scheduled']['due_tick']}, claimed at tick {run['scheduled']['claimed_tick']}")
+                     f"{run.scheduled.due_tick}, claimed at tick {run.scheduled.claimed_tick}")
     return "\n".join(lines)
 
 
@@ -458,7 +644,8 @@ def schedule_command(*, open_lab: Callable[[], Lab], history: int = 200_000, pen
                            remedy=remedy, every=every, scheduled_tick=scheduled_tick)
                 for remedy in (None, "aging")]
     if json:
-        summary = {"plans": p, "scheduled_ahead": a, "starvation": runs}
+        summary = {"plans": p.as_dict(), "scheduled_ahead": a.as_dict(),
+                   "starvation": [r.as_dict() for r in runs]}
         print(_json.dumps(summary, indent=2))
     else:
         print(_summary_text(p, a, *runs))
