@@ -3,7 +3,8 @@
 #   make study  the same, opening the student copies (the exercises without their answers)
 #               Both open working copies in work/ (git-ignored; `labkit workcopy` makes them):
 #               running and saving a notebook never changes notebooks/ or student/.
-#   make test   set up .venv, run labkit's tests and nbval over every notebook
+#   make test   set up .venv, run labkit's tests and nbval over every notebook (on two
+#               processes; TEST_JOBS=1 for one)
 # For a training room on one machine (as root; README, "Running a training room"):
 #   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared (shared: the
 #                   admin DSN in LABKIT_DSN, exported in a root shell, not on a command line;
@@ -75,14 +76,19 @@ study: setup
 	$(before_jupyter)
 	$(BIN)/jupyter lab $(ROOT_FLAG) $(JUPYTER_ARGS) work/student/01_one_lock_three_policies.ipynb
 
+# The suite runs on TEST_JOBS processes (pytest-xdist; a notebook's cells stay in order on one),
+# each with an embedded server of its own. On a server given by LABKIT_DSN it runs on one:
+# some tests end sessions and drop schemas across the server they run on.
+TEST_JOBS ?= $(if $(LABKIT_DSN),1,2)
+XDIST := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile,-p no:xdist)
 test: setup
-	$(BIN)/pytest tests notebooks $(NBVAL)
+	$(BIN)/pytest $(XDIST) tests notebooks $(NBVAL)
 
 test-unit: setup
-	$(BIN)/pytest tests
+	$(BIN)/pytest $(XDIST) tests
 
 test-notebooks: setup
-	$(BIN)/pytest notebooks $(NBVAL)
+	$(BIN)/pytest $(XDIST) notebooks $(NBVAL)
 
 doctor: setup
 	$(BIN)/labkit doctor

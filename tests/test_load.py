@@ -136,7 +136,8 @@ def test_a_notebook_run_counts_the_shapes_not_checked(tmp_path, strict):
     import sys
 
     path = _notebook_with_a_shape(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in (load.STRICT_ENV, load.LOG_ENV)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in (load.STRICT_ENV, load.LOG_ENV) and not k.startswith("PYTEST_XDIST")}
     if strict:
         env[load.STRICT_ENV] = "1"
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "labkit.tools.pytest_plugin", "-p",
@@ -150,3 +151,26 @@ def test_a_notebook_run_counts_the_shapes_not_checked(tmp_path, strict):
         assert run.returncode == 0, run.stdout + run.stderr
         assert "labkit: 1 timed shape(s) not checked on a loaded machine" in run.stdout
         assert "shapes.ipynb::Cell 0: a shape this cell breaks on purpose (measured: 350 ms;" in run.stdout
+
+
+def test_two_processes_count_every_shape_not_checked_once(tmp_path):
+    """Under pytest-xdist (make test's -n 2) each worker's kernels log to the worker's own file,
+    and the controlling process's closing line counts both notebooks' shapes, each once."""
+    import shutil
+    import subprocess
+    import sys
+
+    first = _notebook_with_a_shape(tmp_path)
+    second = tmp_path / "shapes_again.ipynb"
+    shutil.copy(first, second)
+    env = {k: v for k, v in os.environ.items()
+           if k not in (load.STRICT_ENV, load.LOG_ENV) and not k.startswith("PYTEST_XDIST")}
+    env["LABKIT_DSN"] = env.get("LABKIT_DSN") or "postgresql://unused@127.0.0.1:1/unused"  # no server per worker
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "labkit.tools.pytest_plugin", "-p",
+                          "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--nbval",
+                          "--nbval-current-env", str(first), str(second)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "labkit: 2 timed shape(s) not checked on a loaded machine" in run.stdout, run.stdout
+    assert "shapes.ipynb::Cell 0: a shape this cell breaks" in run.stdout
+    assert "shapes_again.ipynb::Cell 0: a shape this cell breaks" in run.stdout

@@ -11,6 +11,13 @@ skip line that says why and how to run them, and nothing else in the workbook ch
 
 A run that executes notebooks ends with one line counting the timed shapes that were not
 checked because the machine was loaded (labkit.core.load.shape), and names each.
+
+``make test`` runs the suite on two processes (pytest-xdist, ``-n 2 --dist loadfile``: a
+notebook's cells stay in order on one of them).  On the default path each process gets an
+embedded server of its own (``LABKIT_DATA_DIR`` beside the default one, ``...-gw0``,
+``...-gw1``), stopped when the process ends: some tests end sessions or drop schemas across
+the server they run on, which must not be the other process's.  On a server given by
+``LABKIT_DSN`` the Makefile runs them on one process.
 """
 
 from __future__ import annotations
@@ -23,7 +30,35 @@ APPENDIX = "19_other_engines.ipynb"
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "needs_mysql: runs on the cross-engine appendix's MySQL-compatible "
                                        "server; skipped, in one line, without one")
+    _server_per_worker(config)
     _shape_log_setup(config)
+
+
+def _server_per_worker(config) -> None:
+    """In a pytest-xdist worker on the default path, an embedded server of the worker's own."""
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or os.environ.get("LABKIT_DSN") or os.environ.get("LABKIT_BACKEND"):
+        return
+    from ..core.server import data_root
+
+    own = data_root().with_name(f"{data_root().name}-{worker}")
+    os.environ["LABKIT_DATA_DIR"] = str(own)       # inherited by the kernels and commands it starts
+    config._labkit_worker_server = own
+
+
+def _stop_worker_server(config) -> None:
+    own = getattr(config, "_labkit_worker_server", None)
+    if own is None:
+        return
+    from ..core.server import EmbeddedServer
+
+    try:
+        EmbeddedServer(own).stop()
+    except Exception as exc:                        # the run's result stands; say what is left
+        print(f"labkit: the test server in {own} was not stopped ({exc}); "
+              f"run `LABKIT_DATA_DIR={own} labkit server stop`")
 
 
 def _wants_mysql(item) -> bool:
@@ -64,7 +99,8 @@ def _shape_log_setup(config) -> None:
 
     config._labkit_shapes_seen = 0
     config._labkit_shapes_not_checked = []
-    if os.environ.get(load.LOG_ENV):
+    # an xdist worker keeps a log of its own: the controller's, inherited, is shared by both
+    if os.environ.get(load.LOG_ENV) and not os.environ.get("PYTEST_XDIST_WORKER"):
         config._labkit_shape_log = (os.environ[load.LOG_ENV], False)
         return
     fd, path = tempfile.mkstemp(prefix="labkit-shapes-", suffix=".jsonl")
@@ -94,16 +130,31 @@ def _read_shape_log(config) -> list[dict]:
 
 
 def pytest_sessionstart(session) -> None:
+    _CONFIG["config"] = session.config
     _read_shape_log(session.config)       # lines already in a log given from outside: another run's
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    yield
+def pytest_runtest_makereport(item, call):
+    outcome = yield
     config = item.config
-    if hasattr(config, "_labkit_shape_log"):
+    if call.when == "teardown" and hasattr(config, "_labkit_shape_log"):
+        report = outcome.get_result()
         for entry in _read_shape_log(config):
-            config._labkit_shapes_not_checked.append((item.nodeid, entry))
+            report.user_properties.append(("labkit_shape_not_checked", entry))
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Runs where the report arrives: in this process, or in xdist's controlling one."""
+    config = _CONFIG.get("config")
+    if config is None or not hasattr(config, "_labkit_shapes_not_checked"):
+        return
+    for name, entry in getattr(report, "user_properties", ()):
+        if name == "labkit_shape_not_checked":
+            config._labkit_shapes_not_checked.append((report.nodeid, entry))
+
+
+_CONFIG: dict = {}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -127,6 +178,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 def pytest_unconfigure(config) -> None:
     import os
+
+    _stop_worker_server(config)
 
     log = getattr(config, "_labkit_shape_log", None)
     if log and log[1]:
