@@ -372,12 +372,17 @@ def test_the_versions_scene_counts_what_its_drawing_shows(lab, db):
     assert [t.get_text() for t in right.get_xticklabels()] == [str(i + 1) for i in range(steps)]
     [line] = [ln for ln in right.get_lines() if ln.get_linestyle() == "--"]
     assert list(line.get_xdata()) == [1 + 2 * 3 - 0.5] * 2
+    # the report opens at the horizon and ends after the scene's last transaction: both marked
+    [ended] = [ln for ln in right.get_lines() if ln.get_linestyle() == ":"]
+    assert list(ended.get_xdata()) == [steps - 0.5] * 2
+    marks = [t.get_text() for t in right.texts]
+    assert marks == ["report opens: the horizon", "report ends"]
     # three versions a done job, one a pending one: each a line of its own
-    assert len(right.get_lines()) == 3 * 7 + 3 + 1                         # and the horizon
+    assert len(right.get_lines()) == 3 * 7 + 3 + 2              # and the report's two marks
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "VACUUM may remove (6)" in labels[1] and "VACUUM must keep (8)" in labels[2]
-    assert f"xid {s.horizon:,}" in labels[3]
-    assert "(4 a claim)" in labels[5]
+    assert f"xid {s.horizon:,}" in labels[3] and labels[4].startswith("the report ends")
+    assert "(4 a claim)" in labels[6]
     matplotlib.pyplot.close(fig)
 
 
@@ -459,7 +464,7 @@ def test_the_runs_table_prints_counts_as_whole_numbers():
     assert list(t.index) == list(hz.FIGURES)
     assert t.loc["claims"].tolist() == ["8,323", "4,657"]
     assert t.loc["unremovable"].tolist() == ["0", "9,314"]
-    assert t.loc["buffers_per_claim"].tolist() == ["40", "4,049.5"]
+    assert t.loc["buffers_per_claim"].tolist() == ["40", "4,050"]       # a median: whole buffers
     assert t.loc["claim_ms_p50"].tolist() == ["0.497", "0.874"]
     assert t.loc["claim_ms_p99"].tolist() == ["-", "12.000"]      # "-": a figure a run has not
     assert t.loc["select_ms"].tolist() == ["0.089", "1.032"]
@@ -474,9 +479,12 @@ def test_the_two_horizons_table_puts_the_report_and_the_writer_side_by_side():
     t = hz.two_horizons(report, writer)
     assert list(t.columns) == ["report here", "writer elsewhere"]
     assert list(t.index) == [label for _, label in hz.HORIZONS]
-    assert t.loc["VACUUM's cutoff: job"].tolist() == ["1,000", "20,107"]
-    assert t.loc["a new snapshot's xmin here"].tolist() == ["1,787", "12,000"]
-    assert t.loc["VACUUM's cutoff: pg_database"].tolist() == ["1,000", "-"]
+    # each horizon that is the holder's own xid says so; the holder's row is the holder
+    assert t.loc["the holder's xmin or xid"].tolist() == ["1,000", "12,000"]
+    assert t.loc["removable cutoff: job"].tolist() == ["1,000 (= holder)", "20,107"]
+    assert t.loc["a new snapshot's xmin here"].tolist() == ["1,787", "12,000 (= holder)"]
+    assert t.loc["removable cutoff: pg_database"].tolist() == ["1,000 (= holder)", "-"]
+    assert t.loc["buffers one claim reads, median"].tolist() == ["4,050", "3,551"]
     assert t.loc["VACUUM kept on job"].tolist() == ["9,314", "0"]
     assert all(len(ln) <= 96 for ln in t.to_string().splitlines())
 

@@ -1049,11 +1049,16 @@ FIGURES = ("claims", "claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "selec
 
 # The figures that are times, in milliseconds: printed with three decimals each.
 TIMES = ("claim_ms_p50", "claim_ms_p99", "select_ms")
+# The figures that are a median of buffers counted (half a buffer where the samples are
+# even): printed rounded to a whole buffer.
+BUFFERS = ("buffers_per_claim",)
 
 
 def _figure(name: str, v: Any) -> str:
     if v is not None and name in TIMES:
         return f"{v:,.3f}"
+    if v is not None and name.startswith(BUFFERS):
+        return f"{round(v):,}"
     return _fmt(v)
 
 
@@ -1061,7 +1066,8 @@ def runs_table(result: HorizonTrace, held_by: str):
     """:func:`horizon_trace`'s two runs side by side, a row per figure (:data:`FIGURES`) and a
     column per run ("no long transaction", and ``held_by``): a pandas DataFrame of the
     numbers as text, counts as whole numbers, times (:data:`TIMES`) with three decimals, a
-    median of buffers with its half where it has one; "-" for a figure a run has not."""
+    median of buffers (:data:`BUFFERS`) rounded to a whole buffer; "-" for a figure a run has
+    not."""
     import pandas as pd
 
     return pd.DataFrame({"no long transaction": [_figure(f, getattr(result, f"{f}_without")) for f in FIGURES],
@@ -1070,12 +1076,15 @@ def runs_table(result: HorizonTrace, held_by: str):
 
 
 # The rows of :func:`two_horizons`: a field of :func:`horizon_trace`'s result, and its label.
+# The cutoffs are the "removable cutoff" of VACUUM VERBOSE's output for that table.
 HORIZONS = (("holder_xid", "the holder's xmin or xid"),
             ("claim_xmin_with", "a new snapshot's xmin here"),
-            ("vacuum_cutoff_with", "VACUUM's cutoff: job"),
-            ("shared_cutoff_with", "VACUUM's cutoff: pg_database"),
-            ("buffers_per_claim_with", "buffers one claim reads"),
+            ("vacuum_cutoff_with", "removable cutoff: job"),
+            ("shared_cutoff_with", "removable cutoff: pg_database"),
+            ("buffers_per_claim_with", "buffers one claim reads, median"),
             ("unremovable_with", "VACUUM kept on job"))
+# The rows of HORIZONS that are xids: marked "= holder" where they are the holder's.
+HORIZON_XIDS = ("claim_xmin_with", "vacuum_cutoff_with", "shared_cutoff_with")
 
 
 def two_horizons(report: HorizonTrace, writer: HorizonTrace):
@@ -1085,13 +1094,21 @@ def two_horizons(report: HorizonTrace, writer: HorizonTrace):
     transaction id; the xmin of a new snapshot in the lab's database, the oldest transaction
     running anywhere on the server; VACUUM's removable cutoff on the job table, this
     database's horizon, and on a catalog every database shares; what one claim read and
-    what VACUUM kept), xids as the server shows them (32-bit), "-" where there is none.  A
-    claim's scan marks an entry dead only for a version that died before both the first
-    two horizons: each holder held one.  A pandas DataFrame of text."""
+    what VACUUM kept), xids as the server shows them (32-bit), "-" where there is none, and
+    "(= holder)" after each horizon that is the holder's own xid; the cutoffs are VACUUM
+    VERBOSE's "removable cutoff".  A claim's scan marks an entry dead only for a version
+    that died before both the first two horizons: each holder held one.  A pandas DataFrame
+    of text."""
     import pandas as pd
 
-    return pd.DataFrame({"report here": [_fmt(getattr(report, k)) for k, _ in HORIZONS],
-                         "writer elsewhere": [_fmt(getattr(writer, k)) for k, _ in HORIZONS]},
+    def cell(t: HorizonTrace, k: str) -> str:
+        v = getattr(t, k)
+        text = _figure(k, v)
+        held = k in HORIZON_XIDS and v is not None and v == t.holder_xid
+        return f"{text} (= holder)" if held else text
+
+    return pd.DataFrame({"report here": [cell(report, k) for k, _ in HORIZONS],
+                         "writer elsewhere": [cell(writer, k) for k, _ in HORIZONS]},
                         index=[label for _, label in HORIZONS])
 
 
@@ -1413,9 +1430,10 @@ def plot_versions(scene: VersionsScene):
     over (its version died after the horizon), the pending job the claim stops at, or not
     reached.  Right, the job's row versions along the scene's transactions in the order
     they ran, evenly spaced (one step each, numbered from 1, the fill; other sessions'
-    transactions left out), coloured by what VACUUM may do with them, and the horizon as a
+    transactions left out), coloured by what VACUUM may do with them; the horizon as a
     dashed line between the last transaction before the report's snapshot and the first
-    after it (its xid in the legend).  Returns the figure."""
+    after it (where the report opened; its xid in the legend), and a dotted line after the
+    last transaction, where the report ended.  Returns the figure."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -1461,8 +1479,12 @@ def plot_versions(scene: VersionsScene):
     left.tick_params(axis="y", length=0)
 
     right.axvline(line_at, color="black", ls="--", lw=2)
-    right.annotate("the horizon", (line_at, -0.75), xytext=(6, 0), textcoords="offset points",
-                   va="center", ha="left")
+    right.annotate("report opens: the horizon", (line_at, -0.75), xytext=(6, 0),
+                   textcoords="offset points", va="center", ha="left")
+    ended_at = now - 0.5                             # after the scene's last transaction
+    right.axvline(ended_at, color="black", ls=":", lw=2)
+    right.annotate("report ends", (ended_at, -0.75), xytext=(-6, 0), textcoords="offset points",
+                   va="center", ha="right")
     right.set_xticks(range(len(xids)), [str(i + 1) for i in range(len(xids))])
     right.set_xlim(-0.5, now + 0.5)
     right.set_ylim(len(jobs) - 0.5, -1.25)           # a row above the jobs for the label
@@ -1478,6 +1500,8 @@ def plot_versions(scene: VersionsScene):
                       label=f"died after it: VACUUM must keep ({scene.kept})"),
                Line2D([], [], color="black", ls="--", lw=2,
                       label=f"the horizon: xid {horizon:,}, the report's snapshot xmin"),
+               Line2D([], [], color="black", ls=":", lw=2,
+                      label="the report ends, after the scene's last transaction"),
                Line2D([], [], color=gone, marker="x", ms=14, mew=3, ls="none",
                       label="entry marked dead: skipped"),
                Line2D([], [], color=kept, marker="o", ms=14, ls="none",
@@ -1661,11 +1685,12 @@ def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers
         print(f"the writer's database: {elsewhere.note}")
     print(f"{'':24}{'without':>12}{'with':>12}")
     for key, label in (("claims", "claims"), ("claim_ms_p50", "claim p50 ms"),
-                       ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers per claim"),
+                       ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers a claim, median"),
                        ("select_ms", "its SELECT, server ms"),
                        ("dead_tuples", "n_dead_tup at the end"),
                        ("unremovable", "VACUUM could not remove")):
-        print(f"{label:24}{_fmt(getattr(r, key + '_without')):>12}{_fmt(getattr(r, key + '_with')):>12}")
+        print(f"{label:24}{_figure(key, getattr(r, key + '_without')):>12}"
+              f"{_figure(key, getattr(r, key + '_with')):>12}")
     h = r.holder
     if h is None:
         print("no run with the horizon held: " + (elsewhere.note if elsewhere is not None else "no holder"))

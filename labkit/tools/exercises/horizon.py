@@ -7,9 +7,11 @@ server for a few seconds:
 * a REPEATABLE READ report that ran one count and sits idle in its transaction (a
   snapshot: ``backend_xmin``), in the lab's database;
 * a writer that began its transaction first, took a transaction id later, and sits idle
-  in it (``backend_xid``), in another database of the server: an existing one it may
-  connect to (``postgres`` first), else a throw-away one it creates; where it can do
-  neither, in the lab's database, and the check's title says so;
+  in it (``backend_xid``), in another database of the server: a throw-away one the check
+  creates for itself (named after its scratch schema, so that no other run drops it) and
+  drops at the end; where the role may not create one, an existing one it may connect to
+  (``postgres`` first); where it can do neither, in the lab's database, and the check's
+  title says so;
 * two innocent sessions of the lab's database: one idle, one idle in a READ COMMITTED
   transaction after one query (no snapshot and no id between statements).
 
@@ -43,8 +45,10 @@ from . import Check, Solo, bind
 from . import scratch as _scratch
 
 HOLDERS_HINT = ("A session holds the horizon while it has a snapshot or a transaction id, whatever "
-                "its state and in whichever database it runs: ask pg_stat_activity for both, leave "
-                "your own session out, and put the one held longest first.")
+                "its state and in whichever database it runs. Look at what pg_stat_activity's "
+                "backend_ columns say each session holds, not at its state, and at how many "
+                "transactions old each hold is; leave your own session out, and put the oldest "
+                "hold first.")
 
 # Every session of the scene ends itself this long after its last statement, should the
 # checker's process die before it closes them.
@@ -92,7 +96,9 @@ def check_holders(lab: Lab, query: str) -> Check:
     conns: list[psycopg.Connection] = []
     try:
         work.create_jobs(3)
-        with another_database(work, create=True, prefer_existing=True) as other:
+        # a database of the check's own (its scratch schema's name): another run's throw-away
+        # database may be dropped by its owner while the writer sits in it
+        with another_database(work, create=True) as other:
             try:
                 writer = _writer_elsewhere(work, other.name)
                 if writer is not None:
@@ -158,31 +164,30 @@ def _holders_oldest_first(names: dict[int, str], holds: dict[int, tuple[bool, in
 
 def _who_came_back(got: list[str], where: str) -> list[tuple[bool, str]]:
     """The findings on which of the scene's sessions came back: each rule is (condition,
-    what it says when right, what it says when wrong)."""
+    what it says when right, what it says when wrong).  A wrong one says what the session
+    was doing on the server, never how to write the query."""
     innocent = [n for n in ("idle-rc", "idle") if n in got]
-    said = {"idle-rc": "the session idle in a READ COMMITTED transaction came back: between "
-                       "statements it holds no snapshot and no transaction id",
-            "idle": "the idle session came back: it holds nothing"}
+    said = {"idle-rc": "the session idle in a READ COMMITTED transaction came back: it had run "
+                       "one query and sat idle in its transaction, holding nothing between "
+                       "statements",
+            "idle": "the idle session came back: it sat outside any transaction, holding nothing"}
     rules = [
         ("report" in got,
-         "the REPEATABLE READ report idle in its transaction came back (a snapshot: "
-         "backend_xmin)",
-         "the REPEATABLE READ report idle in its transaction did not come back: its snapshot "
-         "(backend_xmin) holds the horizon whatever the session's state"),
+         "the REPEATABLE READ report idle in its transaction came back (it held a snapshot)",
+         "the REPEATABLE READ report did not come back: it sat idle in its transaction, "
+         "holding the snapshot its count had taken"),
         ("writer" in got,
-         f"the writer idle in a transaction {where} came back (a transaction id: "
-         "backend_xid)",
-         f"the writer idle in a transaction {where} did not come back: once a transaction "
-         "has written it keeps its id (backend_xid, with no backend_xmin between "
-         "statements) until it ends, and that counts in every database"),
+         f"the writer idle in a transaction {where} came back (it held a transaction id)",
+         f"the writer idle in a transaction {where} did not come back: it had written, "
+         "and sat idle between statements holding its transaction's id, with no snapshot"),
         (not innocent,
          "neither innocent session came back (one idle, one idle in a READ "
          "COMMITTED transaction: no snapshot, no id)",
          "; ".join(said[n] for n in innocent)),
         ("own" not in got,
          "the query's own session did not come back",
-         "the query's own session came back: while a statement runs, its session "
-         "holds a snapshot (backend_xmin); leave it out with pid <> pg_backend_pid()"),
+         "the query's own session came back: the snapshot it showed was your query's "
+         "own, held only while the query ran"),
     ]
     return [(ok, right if ok else wrong) for ok, right, wrong in rules]
 
@@ -198,9 +203,9 @@ def _judge_order(check: Check, got: list[str], expected: list[str]) -> None:
                   "oldest first: the report's snapshot before the writer's transaction id "
                   "(the writer's transaction began first, but took its id later)"
                   if order == expected else
-                  "the holders came back newest first: the report's snapshot is older than the "
-                  "writer's transaction id; order by how old the snapshot or the id is, oldest "
-                  "first (age(backend_xmin), or age(backend_xid) where there is no snapshot)")
+                  "the holders came back youngest hold first: the writer's transaction id "
+                  "came before the report's snapshot, which is older (the writer's "
+                  "transaction began first, but took its id after the report's snapshot)")
 
 
 def _judge(check: Check, rows: list[tuple] | None, names: dict[int, str],
