@@ -281,14 +281,31 @@ def test_the_isolation_probe_fails_when_a_home_is_open(room_users, tmp_path):
     entries = [pwd.getpwnam(hub.system_user(n)) for n in room.names]
 
     def reach(who, other) -> str:
-        done = subprocess.run([python, "-c", probe, other.pw_dir, "/proc/1/environ"],
+        done = subprocess.run([python, str(probe), other.pw_dir, "/proc/1/environ"],
                               env=hub.user_env(who, room.bin), preexec_fn=hub.as_user(who),
                               capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr          # the trainee ran the probe itself
         return done.stdout.strip()
 
     assert reach(entries[0], entries[1]) == ""
     os.chmod(entries[1].pw_dir, 0o755)
     assert "reached home of another trainee" in reach(entries[0], entries[1])
+
+
+def test_the_progress_module_prints_one_line_of_json_from_the_users_own_embedded_server(db):
+    """What `labkit hub status` runs as each trainee (`python -m labkit.tools._hub_progress`):
+    one JSON line, from the embedded server of whoever runs it, which it never starts."""
+    env = {k: v for k, v in os.environ.items() if k != "LABKIT_DSN"}
+    done = subprocess.run([sys.executable, "-m", hub.PROGRESS], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if db.backend != "embedded":            # that server may be stopped: it says so, and no more
+        assert got["postgres"] in ("running", "stopped")
+        return
+    assert got["postgres"] == "running"
+    assert set(got) == {"postgres", "schemas", "last_schema", "mark", "sessions", "idle_in_transaction"}
+    assert got["schemas"] >= 0 and got["sessions"] >= 0 and got["idle_in_transaction"] >= 0
 
 
 def test_a_shared_room_on_a_server_that_trusts_this_host_is_refused(db, tmp_path, monkeypatch):

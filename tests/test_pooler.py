@@ -249,6 +249,25 @@ def test_a_parent_killed_outright_takes_its_pgbouncer_along(db):
             shutil.rmtree(config.parent, ignore_errors=True)     # what its stop() did not remove
 
 
+def test_the_launcher_imports_only_the_standard_library_and_becomes_the_program_it_names():
+    """The file run as `python -I -S FILE` between labkit and PgBouncer: nothing a user could
+    plant is imported; it execs the program (same pid), or exits 70 when its parent is gone."""
+    import ast
+
+    tree = ast.parse(pooler._LAUNCH.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    launch = [sys.executable, "-I", "-S", str(pooler._LAUNCH)]
+    child = subprocess.Popen(launch + ["0", "-1", "-1", "/bin/sh", "-c", "echo $$"], stdout=subprocess.PIPE,
+                             text=True, cwd="/")
+    out, _ = child.communicate(timeout=30)
+    assert (child.returncode, out.strip()) == (0, str(child.pid))
+    orphan = subprocess.run(launch + ["1", "-1", "-1", "/bin/echo", "not reached"], capture_output=True,
+                            text=True, timeout=30)
+    assert (orphan.returncode, orphan.stdout) == (70, "")
+
+
 def test_no_pgbouncer_exits_2_naming_the_fix_before_any_lab(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(pooler, "SEARCH_DIRS", ())

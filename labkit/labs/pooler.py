@@ -189,30 +189,10 @@ def _runner(host: str | None) -> pwd.struct_passwd | None:
                       "(`labkit server start` creates that user).")
 
 
-# The process between us and PgBouncer: it drops root (as root), asks the kernel to end it
-# when we die (Linux, PR_SET_PDEATHSIG: also when we are killed outright and no clean-up of
-# ours runs), then becomes PgBouncer (same pid).  ctypes is loaded before root is dropped:
-# our interpreter's files may be readable by root only.
-_LAUNCH = r"""
-import os, sys
-parent, uid, gid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-prctl = None
-if parent and sys.platform.startswith("linux"):
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except Exception:
-        prctl = None
-if uid >= 0:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-if prctl is not None:
-    prctl(1, 15, 0, 0, 0)
-if parent and os.getppid() != parent:
-    sys.exit(70)
-os.execv(sys.argv[4], sys.argv[4:])
-"""
+# The process between us and PgBouncer (it drops root, asks the kernel to end it when we die,
+# then becomes PgBouncer): a file of its own beside this one, run by path as
+# `python -I -S FILE`, so that it imports nothing but the standard library.
+_LAUNCH = Path(__file__).resolve().with_name("_pooler_launch.py")
 
 
 def _quote(value: str) -> str:
@@ -460,7 +440,7 @@ class PgBouncer:
             # Ctrl-C in the middle of the spawn would leave a PgBouncer nothing knows of.
             with signals_deferred():
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _LAUNCH, str(parent), str(uid), str(gid),
+                    [sys.executable, "-I", "-S", str(_LAUNCH), str(parent), str(uid), str(gid),
                      self.binary, str(self._file(self.config_path))],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(self.dir),
                     start_new_session=True)   # a Ctrl-C at the terminal is ours to act on, not its

@@ -576,21 +576,9 @@ def start(*, trainees: int, mode: str, port: int, dsn: str | None, trust_ok: boo
         raise
 
 
-# What a trainee's own embedded server says about their progress: run as the trainee, so
-# only their own socket is opened.  It never starts a server that is not running.
-PROGRESS = r"""
-import json, psycopg
-from labkit.core.queries import query
-from labkit.core.server import EmbeddedServer
-server = EmbeddedServer()
-out = {"postgres": "running" if server.status().running else "stopped"}
-if out["postgres"] == "running":
-    with psycopg.connect(server.conninfo(), autocommit=True, connect_timeout=10) as conn:
-        me = conn.execute("SELECT current_user").fetchone()[0]
-        r = conn.execute(query("classroom.sql", "progress").sql, {"roles": [me]}).fetchone()
-        out.update(schemas=r[1], last_schema=r[2], mark=r[3], sessions=r[4] - 1, idle_in_transaction=r[5])
-print(json.dumps(out))
-"""
+# What a trainee's own embedded server says about their progress: a module run as the
+# trainee, so only their own socket is opened.  It never starts a server that is not running.
+PROGRESS = "labkit.tools._hub_progress"
 
 
 def status(folder: Path | None = None) -> list[dict]:
@@ -617,7 +605,7 @@ def status(folder: Path | None = None) -> list[dict]:
             row.update(postgres="shared", **{k: got.get(k, row[k]) for k in
                                              ("schemas", "last_notebook", "sessions", "idle_in_transaction")})
         else:
-            done = subprocess.run([str(Path(room.bin) / "python"), "-c", PROGRESS],
+            done = subprocess.run([str(Path(room.bin) / "python"), "-m", PROGRESS],
                                   env=user_env(entry, room.bin), preexec_fn=as_user(entry),
                                   capture_output=True, text=True, timeout=60)
             try:

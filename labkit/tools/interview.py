@@ -260,32 +260,50 @@ def report(path: str | Path | None = None, *, bank: Bank | None = None) -> str:
     bank = bank or load_bank()
     capstone = [r["score"] for r in records if r.get("question") == "capstone"]
     records = [r for r in records if r.get("question") != "capstone"]
-    by_topic: dict[str, list[int]] = {}
-    for r in records:
-        by_topic.setdefault(r["topic"], []).append(r["score"])
-    order = list(bank.topics)
-    rows = sorted(by_topic.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]),
-                                                    order.index(kv[0]) if kv[0] in order else len(order)))
+    rows = _topic_rows(records, list(bank.topics))
     n = len(records)
     lines = [f"Mock interviews · {n} answer{'s' * (n != 1)} scored, 0-3 each, on "
-             f"{len(by_topic)} topic{'s' * (len(by_topic) != 1)}",
+             f"{len(rows)} topic{'s' * (len(rows) != 1)}",
              f"  {'topic':14}{'answers':>8}{'average':>9}{'latest':>8}"]
     for t, s in rows:
         lines.append(f"  {t:14}{len(s):>8}{sum(s) / len(s):>9.1f}{s[-1]:>8}")
     if capstone:
-        level_names = ("none",) + LEVELS
-        lines.append(f"  capstone, 0-4: {len(capstone)} scored, latest {capstone[-1]} "
-                     f"({level_names[capstone[-1]]}), best {max(capstone)} ({level_names[max(capstone)]})")
+        lines.append(_capstone_line(capstone))
+    return "\n".join(lines + _advice(rows, bank)) + skipped
+
+
+def _topic_rows(records: list[dict], order: list[str]) -> list[tuple[str, list[int]]]:
+    """(topic, its scores in the order given) per topic, weakest average first; a tie goes in
+    the bank's order of topics (``order``), topics not in the bank last."""
+    by_topic: dict[str, list[int]] = {}
+    for r in records:
+        by_topic.setdefault(r["topic"], []).append(r["score"])
+    return sorted(by_topic.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]),
+                                                    order.index(kv[0]) if kv[0] in order else len(order)))
+
+
+def _capstone_line(capstone: list[int]) -> str:
+    """The capstone's line of the report: how many scored, the latest and the best, with their levels."""
+    level_names = ("none",) + LEVELS
+    return (f"  capstone, 0-4: {len(capstone)} scored, latest {capstone[-1]} "
+            f"({level_names[capstone[-1]]}), best {max(capstone)} ({level_names[max(capstone)]})")
+
+
+def _advice(rows: list[tuple[str, list[int]]], bank: Bank) -> list[str]:
+    """The report's last lines: the topics to revisit (with the notebook that teaches each),
+    or a level higher to try, and the topics not practised yet."""
+    lines = []
     weak = [t for t, s in rows if sum(s) / len(s) < REVISIT_BELOW]
     if weak:
         named = [f"{t} ({bank.topics[t].notebook})" if t in bank.topics else t for t in weak]
         lines.append(_wrap("revisit: " + ", ".join(named), "  ", ""))
     elif rows:
         lines.append(f"revisit: nothing averages under {REVISIT_BELOW:g}; try a level higher (--level)")
-    untried = [t for t in order if t not in by_topic]
+    practised = {t for t, _ in rows}
+    untried = [t for t in bank.topics if t not in practised]
     if untried:
         lines.append(_wrap("not practised yet: " + ", ".join(untried), "  ", ""))
-    return "\n".join(lines) + skipped
+    return lines
 
 
 # -- the terminal mock -------------------------------------------------------------------------

@@ -160,9 +160,8 @@ def jupyter_text(nb: NotebookNode) -> str:
     return out.getvalue()
 
 
-def problems(nb: NotebookNode, text: str | None = None) -> list[str]:
-    """What would make a committed notebook untrustworthy; given the file's ``text`` (which
-    ``nb`` was read from), also a file JupyterLab would rewrite on opening and saving it."""
+def _file_problems(nb: NotebookNode, text: str | None) -> list[str]:
+    """What JupyterLab would change in the file on opening and saving it, and widget state."""
     found = []
     if text is not None and text != jupyter_text(nb):
         found.append("not saved as Jupyter saves it (one-space indent, sorted keys, non-ASCII as it is, "
@@ -173,22 +172,42 @@ def problems(nb: NotebookNode, text: str | None = None) -> list[str]:
     if shown not in (None, KERNEL_DISPLAY_NAME):
         found.append(f"kernelspec display name {shown!r} is not {KERNEL_DISPLAY_NAME!r}, which JupyterLab "
                      "writes: opening the notebook would change the file")
+    return found
+
+
+def _cell_problems(i: int, cell) -> list[str]:
+    """What is wrong with code cell ``i``: never run, timing kept, and its outputs' problems."""
+    found = []
+    if cell.get("execution_count") is None:
+        found.append(f"cell {i} was never executed")
+    if "execution" in cell.metadata:
+        found.append(f"cell {i} carries execution timing metadata")
+    for out in cell.get("outputs", []):
+        found += _output_problems(i, out)
+    return found
+
+
+def _output_problems(i: int, out) -> list[str]:
+    """What is wrong with an output of cell ``i``: an error, a widget's repr, a home folder."""
+    found = []
+    if out.get("output_type") == "error":
+        found.append(f"cell {i} ends in an error ({out.get('ename')})")
+    text = json.dumps(out)
+    if WIDGET_REPR.search(text):
+        found.append(f"cell {i} shows a widget's repr instead of a static view")
+    home = HOME_PATH.search(text)
+    if home:
+        found.append(f"cell {i} shows a home folder path ({home.group(0)}…)")
+    return found
+
+
+def problems(nb: NotebookNode, text: str | None = None) -> list[str]:
+    """What would make a committed notebook untrustworthy; given the file's ``text`` (which
+    ``nb`` was read from), also a file JupyterLab would rewrite on opening and saving it."""
+    found = _file_problems(nb, text)
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
-        if cell.get("execution_count") is None:
-            found.append(f"cell {i} was never executed")
-        if "execution" in cell.metadata:
-            found.append(f"cell {i} carries execution timing metadata")
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                found.append(f"cell {i} ends in an error ({out.get('ename')})")
-            text = json.dumps(out)
-            if WIDGET_REPR.search(text):
-                found.append(f"cell {i} shows a widget's repr instead of a static view")
-            home = HOME_PATH.search(text)
-            if home:
-                found.append(f"cell {i} shows a home folder path ({home.group(0)}…)")
+        if cell.cell_type == "code" and cell.source.strip():
+            found += _cell_problems(i, cell)
     if any("slideshow" not in c.metadata for c in nb.cells):
         found.append("cells without slide metadata (run labkit.nbtools on it)")
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]

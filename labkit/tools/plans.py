@@ -227,13 +227,32 @@ def _field(entry: object, key: str, kind: type, where: str) -> Any:
 
 
 def _item(raw: dict, where: str) -> Item:
+    """One item of a plan, each field checked in turn (the first problem raises, naming it)."""
     stem = _field(raw, "notebook", str, where)
     nb = _read_notebook(stem, where)
     headings = section_headings(nb)
+    chosen = _chosen_sections(raw, stem, headings, where)
+    mode, fallback = _mode_and_fallback(raw, where)
+    sections = tuple(sorted(chosen, key=lambda h: -1 if h == INTRO else headings.index(h)))
+    skip = _skipped(raw, nb, sections, where)
+    quiz = _quiz(raw, sections, where)
+    ask_before = _ask_before(raw, stem, headings, sections, where)
+    return Item(stem, sections, _field(raw, "minutes", int, where), mode,
+                _field(raw, "about", str, where), _field(raw, "ask", str, where),
+                _field(raw, "expect", str, where), fallback, skip, quiz, ask_before)
+
+
+def _chosen_sections(raw: dict, stem: str, headings: list[str], where: str) -> list[str]:
+    """The headings of the sections the item names, each named once."""
     wanted = _field(raw, "sections", list, where)
     chosen = [_resolve(stem, w, headings, where) for w in wanted]
     if len(set(chosen)) != len(chosen):
         raise LabkitError(f"{where}: a section of {stem} is named twice.", "name each section once. " + FIX)
+    return chosen
+
+
+def _mode_and_fallback(raw: dict, where: str) -> tuple[str, str]:
+    """The item's mode, one of ``MODES``, and its fallback, which a live demo must have."""
     mode = _field(raw, "mode", str, where)
     if mode not in MODES:
         raise LabkitError(f"{where}: `mode` is {mode!r}.", f"write one of: {', '.join(MODES)}. " + FIX)
@@ -242,13 +261,22 @@ def _item(raw: dict, where: str) -> Item:
         raise LabkitError(f"{where}: a live demo has no `fallback`.",
                           "say which slide of the plan's deck, or which stored output, to show if the live "
                           "run misbehaves. " + FIX)
-    sections = tuple(sorted(chosen, key=lambda h: -1 if h == INTRO else headings.index(h)))
+    return mode, str(fallback).strip()
+
+
+def _skipped(raw: dict, nb: NotebookNode, sections: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """The ``### `` sub-headings the item skips, each one of its sections' sub-headings."""
     subs = [s for h in sections for s in _subheadings(section_cells(nb, h))]
     skip = tuple(str(s).strip() for s in _field(raw, "skip", list, where))
     if unknown := [s for s in skip if s not in subs]:
         raise LabkitError(f"{where}: its sections have no sub-heading {unknown[0]!r}. "
                           f"Their sub-headings: {'; '.join(subs) or 'none'}.",
                           "name a `### ` sub-heading of the item's sections, without the ###. " + FIX)
+    return skip
+
+
+def _quiz(raw: dict, sections: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """The ids of the costly-answer statements the item quizzes: known ids, on one section."""
     quiz = tuple(str(q) for q in _field(raw, "quiz", list, where))
     if quiz:
         from .drill import load_costly
@@ -260,14 +288,17 @@ def _item(raw: dict, where: str) -> Item:
         if len(sections) != 1:
             raise LabkitError(f"{where}: a quiz item names {len(sections)} sections.",
                               "name the one section whose cells the quiz's slides replace. " + FIX)
+    return quiz
+
+
+def _ask_before(raw: dict, stem: str, headings: list[str], sections: tuple[str, ...], where: str) -> str:
+    """The section whose first slide answers the item's question (one of its sections), or ""."""
     ask_before = _resolve(stem, raw["ask_before"], headings, where) if raw.get("ask_before") else ""
     if ask_before and ask_before not in sections:
         raise LabkitError(f"{where}: `ask_before` names {ask_before!r}, not one of the item's sections.",
                           "name the section of the item whose first slide answers the question. "
                           + FIX)
-    return Item(stem, sections, _field(raw, "minutes", int, where), mode,
-                _field(raw, "about", str, where), _field(raw, "ask", str, where),
-                _field(raw, "expect", str, where), str(fallback).strip(), skip, quiz, ask_before)
+    return ask_before
 
 
 def _plan(name: str, raw: dict) -> Plan:

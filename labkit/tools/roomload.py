@@ -37,6 +37,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import LabkitError
 from ..core.limits import number
@@ -281,15 +282,43 @@ def _backends(admin_dsn: str):
     return backends, conn
 
 
+@dataclass
+class _Running:
+    """What a load test has started, for its clean-up: the room's folder, the hub, and the
+    connection that reads the trainees' backends (shared mode)."""
+
+    folder: Path
+    proc: subprocess.Popen | None = None
+    conn: Any = None
+
+
 def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = None,
              notebooks: tuple[str, ...] = NOTEBOOKS, cell_timeout: float = 600) -> dict:
     number("trainees", trainees, low=1, high=hub.MAX_TRAINEES, whole=True, example=8)
+    paths = _notebook_paths(notebooks)
+    running = _Running(_clear_the_way())
+    started = time.monotonic()
+    try:
+        return _load(running, started, trainees=trainees, mode=mode, dsn=dsn, paths=paths,
+                     cell_timeout=cell_timeout)
+    finally:
+        _stop(running)
+
+
+def _notebook_paths(notebooks: tuple[str, ...]) -> list[Path]:
+    """The notebooks to run, by name (without .ipynb), each one that exists."""
     paths = []
     for stem in notebooks:
         path = hub.ROOT / "notebooks" / f"{stem}.ipynb"
         if not path.exists():
             raise LabkitError(f"There is no notebook {stem!r}.", "name one of notebooks/*.ipynb, without .ipynb.")
         paths.append(path)
+    return paths
+
+
+def _clear_the_way() -> Path:
+    """The load test's room folder, after the hub's checks: no other room's trainees on this
+    machine, what an earlier load test left removed, and the proxy installed."""
     hub.preflight()
     left = hub.room_users()
     if left:
@@ -299,77 +328,102 @@ def loadtest(*, trainees: int = 8, mode: str = "embedded", dsn: str | None = Non
     if folder.exists():
         hub.clean(folder, out=lambda line: None)
     hub.proxy_command(folder.parent)        # installed once, beside the rooms
-    proc = None
-    conn = None
-    started = time.monotonic()
-    try:
-        # The load test's trainees are its own threads, and its room lives only while it runs:
-        # it runs on a server that trusts this host too, and its report says so.
-        room, folder = hub.prepare(trainees=trainees, mode=mode, port=_free_port(), dsn=dsn,
-                                   folder=folder, quiet=True, trust_ok=True)
-        setup_s = time.monotonic() - started
-        token = secrets.token_hex(24)
-        log = folder / "hub.log"
-        env = {**os.environ, "LABKIT_HUB_DIR": str(folder), "LABKIT_HUB_SERVICE_TOKEN": token}
-        with open(log, "w") as out:
-            proc = subprocess.Popen(hub.hub_command(room), cwd=folder, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{room.port}"
-        _wait_for_hub(base, proc, log)
-        import pwd
-        uids = {pwd.getpwnam(hub.system_user(n)).pw_uid: n for n in room.names}
-        backends = None
-        if mode == "shared":
-            backends, conn = _backends(room.admin_dsn(folder))
-        sampler = Sampler(uids, _hub_pids(proc, folder), backends)
-        sampler.start()
-        passwords = room.passwords(folder)
-        names = room.names
-        people = [Trainee(base, n, passwords[n], token, cell_timeout=cell_timeout,
-                          wrong=passwords[names[(i + 1) % len(names)]] if len(names) > 1 else "")
-                  for i, n in enumerate(names)]
-        gate = threading.Barrier(len(people))
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(len(people)) as pool:
-            runs = list(pool.map(lambda p: _one(p, paths, gate), people))
-        wall = time.monotonic() - t0
-        sampler.done.set()
-        sampler.join()
-        load = os.getloadavg()[0]
-        if not any(r.error for r in runs):
-            for name, problem in verify(room, folder, [p.stem for p in paths]).items():
-                next(r for r in runs if r.name == name).error = problem
-        for person in people:
-            try:
-                person.stop_server()
-            except Exception:
-                pass
-        report = _report(mode, runs, wall, setup_s, sampler, load, [p.stem for p in paths])
-        if mode == "shared":
-            report["server_asks_trainees_for_passwords"] = room.extra["passwords_checked"]
-        return report
-    finally:
-        if conn is not None:
-            conn.close()
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)     # the hub stops every server it started
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        hub.clean(folder, out=lambda line: None)
+    return folder
 
 
-PROBE = """
-import os, sys
-other = sys.argv[1]
-for what, path in (("home", other), ("a process's environment", sys.argv[2])):
-    try:
-        os.listdir(path) if what == "home" else open(path).read()
-    except PermissionError:
-        continue
-    print(f"reached {what} of another trainee: {path}")
-"""
+def _load(running: _Running, started: float, *, trainees: int, mode: str, dsn: str | None,
+          paths: list[Path], cell_timeout: float) -> dict:
+    """Set the room up, start its hub, run every trainee at once, check the room after, and
+    report (the caller stops what ``running`` holds)."""
+    # The load test's trainees are its own threads, and its room lives only while it runs:
+    # it runs on a server that trusts this host too, and its report says so.
+    room, running.folder = hub.prepare(trainees=trainees, mode=mode, port=_free_port(), dsn=dsn,
+                                       folder=running.folder, quiet=True, trust_ok=True)
+    folder = running.folder
+    setup_s = time.monotonic() - started
+    proc, base, token = _start_hub(running, room)
+    import pwd
+    uids = {pwd.getpwnam(hub.system_user(n)).pw_uid: n for n in room.names}
+    backends = None
+    if mode == "shared":
+        backends, running.conn = _backends(room.admin_dsn(folder))
+    sampler = Sampler(uids, _hub_pids(proc, folder), backends)
+    sampler.start()
+    people = _people(room, folder, base, token, cell_timeout)
+    runs, wall = _run_at_once(people, paths)
+    sampler.done.set()
+    sampler.join()
+    load = os.getloadavg()[0]
+    if not any(r.error for r in runs):
+        for name, problem in verify(room, folder, [p.stem for p in paths]).items():
+            next(r for r in runs if r.name == name).error = problem
+    _stop_servers(people)
+    report = _report(mode, runs, wall, setup_s, sampler, load, [p.stem for p in paths])
+    if mode == "shared":
+        report["server_asks_trainees_for_passwords"] = room.extra["passwords_checked"]
+    return report
+
+
+def _start_hub(running: _Running, room: hub.Room) -> tuple[subprocess.Popen, str, str]:
+    """Start JupyterHub for the room (its output in hub.log) and wait until it answers: its
+    process, its address, and the service token the trainees' API calls carry."""
+    folder = running.folder
+    token = secrets.token_hex(24)
+    log = folder / "hub.log"
+    env = {**os.environ, "LABKIT_HUB_DIR": str(folder), "LABKIT_HUB_SERVICE_TOKEN": token}
+    with open(log, "w") as out:
+        proc = running.proc = subprocess.Popen(hub.hub_command(room), cwd=folder, env=env, stdout=out,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{room.port}"
+    _wait_for_hub(base, proc, log)
+    return proc, base, token
+
+
+def _people(room: hub.Room, folder: Path, base: str, token: str, cell_timeout: float) -> list[Trainee]:
+    """One Trainee per name of the room, each with their own password and, to try first, their
+    neighbour's (which the hub must refuse)."""
+    passwords = room.passwords(folder)
+    names = room.names
+    return [Trainee(base, n, passwords[n], token, cell_timeout=cell_timeout,
+                    wrong=passwords[names[(i + 1) % len(names)]] if len(names) > 1 else "")
+            for i, n in enumerate(names)]
+
+
+def _run_at_once(people: list[Trainee], paths: list[Path]) -> tuple[list[TraineeRun], float]:
+    """Every trainee's run, all started at the same moment; and the wall time of them all."""
+    gate = threading.Barrier(len(people))
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(len(people)) as pool:
+        runs = list(pool.map(lambda p: _one(p, paths, gate), people))
+    return runs, time.monotonic() - t0
+
+
+def _stop_servers(people: list[Trainee]) -> None:
+    """Ask the hub to stop each trainee's server (a server already gone is no matter)."""
+    for person in people:
+        try:
+            person.stop_server()
+        except Exception:
+            pass
+
+
+def _stop(running: _Running) -> None:
+    """Close the connection, stop the hub (it stops every server it started) and clean the room."""
+    if running.conn is not None:
+        running.conn.close()
+    proc = running.proc
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)     # the hub stops every server it started
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    hub.clean(running.folder, out=lambda line: None)
+
+
+# Run as a trainee, by path (the standard library only): one line per place of another
+# trainee it reaches, nothing when both are closed.
+PROBE = Path(__file__).resolve().with_name("_roomload_probe.py")
 
 
 def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]:
@@ -392,7 +446,7 @@ def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]
             break                                   # a room of one has no neighbour
         pids = hub._pids_of(other.pw_uid)
         environ = f"/proc/{pids[0]}/environ" if pids else "/proc/1/environ"
-        probe = subprocess.run([str(Path(room.bin) / "python"), "-c", PROBE, other.pw_dir, environ],
+        probe = subprocess.run([str(Path(room.bin) / "python"), str(PROBE), other.pw_dir, environ],
                                env=hub.user_env(entries[name], room.bin),
                                preexec_fn=hub.as_user(entries[name]), capture_output=True, text=True, timeout=60)
         if probe.returncode != 0 or probe.stdout.strip():

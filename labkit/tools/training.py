@@ -17,9 +17,10 @@ import re
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -205,6 +206,49 @@ def _answer_text(block: str) -> str:
     return inner.strip()
 
 
+def _section_minutes(nb: NotebookNode, total: int) -> dict[int, int]:
+    """The index of the cell that starts each ``# ``/``## `` section (and 0) -> its minutes,
+    ``total`` spread over the sections by their length."""
+    starts = [i for i, c in enumerate(nb.cells)
+              if c.cell_type == "markdown" and c.source.lstrip().startswith(("# ", "## "))]
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    bounds = [*starts, len(nb.cells)]
+    weights = [sum(_weight(c) for c in nb.cells[a:b]) for a, b in zip(bounds, bounds[1:])]
+    return dict(zip(starts, spread_minutes(total, weights)))
+
+
+def _timing_notes(i: int, total, minutes: dict[int, int], guide: dict) -> list[str]:
+    """The notes on cell ``i``'s timing: the whole plan (and what to run live and ask) on the
+    first cell, a section's minutes on its first cell."""
+    if i == 0:
+        plan = " · ".join(f"{m} min" for m in minutes.values())
+        notes = [f"**{total} minutes in all** (sections: {plan})."]
+        if guide.get("live"):
+            notes.append(f"**Run live:** {guide['live']}")
+        if guide.get("ask"):
+            notes.append(f"**Ask the room:** {guide['ask']}")
+        return notes
+    return [f"**About {minutes[i]} min** for this section (of {total})."] if i in minutes else []
+
+
+def _expected_notes(cell) -> list[str]:
+    """The expected answers of a markdown cell's interview box and exercises; the exercises'
+    answers leave the slide for the notes (opening one would spill past the slide)."""
+    notes = []
+    box = INTERVIEW_RE.search(cell.source)
+    if box:
+        said = re.sub(r"^>\s?", "", box.group(0), flags=re.M).replace("**Say it in an interview.**", "").strip()
+        notes.append("**Ask first:** someone says it in their own words, then show the box. "
+                     f"**Expected:** {said}")
+    answers = [_answer_text(m.group(0)) for m in ANSWER_RE.finditer(cell.source)]
+    for answer in answers:
+        notes.append(f"**Expected answer:**\n\n{answer}")
+    if answers:
+        cell.source = ANSWER_RE.sub("*(The answer is in the speaker notes: ask the room first.)*", cell.source)
+    return notes
+
+
 def speaker_notes(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
     """A copy of ``nb`` with speaker notes (reveal.js: press S): the minutes for the notebook
     and for each ``## `` section (the notebook's ``claimlab.minutes`` spread over its sections
@@ -216,38 +260,13 @@ def speaker_notes(nb: NotebookNode, guide: dict | None = None) -> NotebookNode:
     add_slide_metadata(nb)
     guide = guide or {}
     total = nb.metadata.get("claimlab", {}).get("minutes") or guide.get("minutes") or 0
-    starts = [i for i, c in enumerate(nb.cells)
-              if c.cell_type == "markdown" and c.source.lstrip().startswith(("# ", "## "))]
-    if not starts or starts[0] != 0:
-        starts = [0, *starts]
-    bounds = [*starts, len(nb.cells)]
-    weights = [sum(_weight(c) for c in nb.cells[a:b]) for a, b in zip(bounds, bounds[1:])]
-    minutes = dict(zip(starts, spread_minutes(int(total), weights)))
+    minutes = _section_minutes(nb, int(total))
     cells = []
     for i, cell in enumerate(nb.cells):
         cells.append(cell)
-        notes = []
-        if i == 0 and total:
-            plan = " · ".join(f"{m} min" for m in minutes.values())
-            notes.append(f"**{total} minutes in all** (sections: {plan}).")
-            if guide.get("live"):
-                notes.append(f"**Run live:** {guide['live']}")
-            if guide.get("ask"):
-                notes.append(f"**Ask the room:** {guide['ask']}")
-        elif i in minutes and total:
-            notes.append(f"**About {minutes[i]} min** for this section (of {total}).")
+        notes = _timing_notes(i, total, minutes, guide) if total else []
         if cell.cell_type == "markdown":
-            box = INTERVIEW_RE.search(cell.source)
-            if box:
-                said = re.sub(r"^>\s?", "", box.group(0), flags=re.M).replace("**Say it in an interview.**", "").strip()
-                notes.append("**Ask first:** someone says it in their own words, then show the box. "
-                             f"**Expected:** {said}")
-            answers = [_answer_text(m.group(0)) for m in ANSWER_RE.finditer(cell.source)]
-            for answer in answers:
-                notes.append(f"**Expected answer:**\n\n{answer}")
-            if answers:     # on the slide, opening it would spill past the slide: the notes hold it
-                cell.source = ANSWER_RE.sub("*(The answer is in the speaker notes: ask the room first.)*",
-                                            cell.source)
+            notes += _expected_notes(cell)
         if notes:
             cells.append(_note("\n\n".join(notes)))
             if (i == 0 or i in minutes) and total:    # the timing: on the section's first slide
@@ -371,6 +390,27 @@ def last_sentence(markdown: str) -> str:
     return _short(sentences[-1], 220) if sentences else ""
 
 
+def _is_definition(node) -> bool:
+    """A ``def``, ``async def`` or ``class`` statement."""
+    import ast
+
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+
+
+def _names_defined(node) -> list[str]:
+    """The names a top-level statement defines, quoted: a function or class (with the first
+    sentence of its docstring), or the targets of an assignment."""
+    import ast
+
+    defined = []
+    if _is_definition(node):
+        doc = ast.get_docstring(node)
+        defined.append(f"`{node.name}`" + (f" ({_short(_sentences(' '.join(doc.split()))[0], 90)})" if doc else ""))
+    for target in getattr(node, "targets", []) + [t for t in [getattr(node, "target", None)] if t]:
+        defined += [f"`{n.id}`" for n in ast.walk(target) if isinstance(n, ast.Name) and n.id != "_"]
+    return defined
+
+
 def code_note(lines: list[str], header: Sequence[str] = ()) -> str:
     """What to point at in code: its comment header, else its first comment, else what its
     statements do (the names they define, the calls they make)."""
@@ -389,13 +429,9 @@ def code_note(lines: list[str], header: Sequence[str] = ()) -> str:
         return ""
     defined, calls = [], []
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            doc = ast.get_docstring(node)
-            defined.append(f"`{node.name}`" + (f" ({_short(_sentences(' '.join(doc.split()))[0], 90)})" if doc else ""))
-        for target in getattr(node, "targets", []) + [t for t in [getattr(node, "target", None)] if t]:
-            defined += [f"`{n.id}`" for n in ast.walk(target) if isinstance(n, ast.Name) and n.id != "_"]
-        calls += [ast.unparse(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)
-                  and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        defined += _names_defined(node)
+        if not _is_definition(node):
+            calls += [ast.unparse(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)]
     calls = [f"`{c}`" for c in dict.fromkeys(calls) if len(c) <= 40][:3]
     parts = ([f"defines {', '.join(list(dict.fromkeys(defined))[:3])}"] if defined else []) + \
             ([f"calls {', '.join(calls)}"] if calls else [])
@@ -455,17 +491,36 @@ def output_note(checks: list[str], intro: str, code: str, lines: Sequence[str] =
     checks in it, what its introduction says, else its first line."""
     said = [transcript_note(list(lines), first)] if lines else []
     if not first and not said[0]:
-        said = [f"Continued: the output goes on with `{_short(next((x.strip() for x in lines if x.strip()), ''), 60)}`."]
-    if checks and first:
-        said.append("Point at what the cell checks: " + "; ".join(checks) + ".")
-    elif intro and first and not any(said) and len(intro.split()) > 4 and not PREDICT_RE.search(intro) \
-            and not re.match(r"(?:Then )?run\b", intro, re.I) and not intro.endswith(":"):
-        said.append(f"Point at: {intro}")
-    elif first and not any(said) and lines:
-        said.append(f"The output opens with `{_short(next((x.strip() for x in lines if x.strip()), ''), 70)}`.")
-    elif first and not any(said) and code:
-        said.append(code_note(code.split("\n")))
+        said = [f"Continued: the output goes on with `{_short(_first_line(lines), 60)}`."]
+    if first:
+        said.append(_first_output_note(checks, intro, code, lines, any(said)))
     return " ".join(s for s in said if s)
+
+
+def _first_line(lines: Sequence[str]) -> str:
+    """The first line of output that is not blank, stripped ("" when there is none)."""
+    return next((x.strip() for x in lines if x.strip()), "")
+
+
+def _intro_points(intro: str) -> bool:
+    """An introduction worth pointing at under the output: a sentence of more than four words
+    that neither asks to predict, says to run, nor leads into what follows (a colon)."""
+    return (bool(intro) and len(intro.split()) > 4 and not PREDICT_RE.search(intro)
+            and not re.match(r"(?:Then )?run\b", intro, re.I) and not intro.endswith(":"))
+
+
+def _first_output_note(checks: list[str], intro: str, code: str, lines: Sequence[str], said: bool) -> str:
+    """What to point at in the first piece of output, after what its transcript says (``said``):
+    what the cell checks, else its introduction, its first line or what its code does."""
+    if checks:
+        return "Point at what the cell checks: " + "; ".join(checks) + "."
+    if said:
+        return ""
+    if _intro_points(intro):
+        return f"Point at: {intro}"
+    if lines:
+        return f"The output opens with `{_short(_first_line(lines), 70)}`."
+    return code_note(code.split("\n")) if code else ""
 
 
 # -- cutting a cell into pieces that fit, and packing them into slides ----------------------------
@@ -910,18 +965,254 @@ def _part_note(cell, part: list[dict], n: int, header: int, checks: list[str], i
         return key_sentence("\n\n".join(a["text"] for a in part))
     code = [line for a in part if a["box"] == "code" for line in a["lines"]]
     shown = [a for a in part if a["box"] != "code"]
-    text = [line for a in shown if "lines" in a for line in a["hdr"] * (not a["first"]) + a["lines"]]
     said = [code_note(code, cell.source.split("\n")[:header] if n == 0 else []) if code else ""]
     here = " ".join([*on_slide, said[0]])
     told = "" if intro and intro in here else intro     # said on this slide already
-    said.append(output_note(checks, told, "", text, shown[0].get("first", True)) if shown else "")
-    if shown and not said[1] and not code:      # a figure or table on a slide after its code
-        what = "figure" if "image/png" in shown[0]["out"].get("data", {}) else "table"
-        purpose = code_note(cell.source.split("\n")[header:])
-        said[1] = f"The {what} the code on the slide before makes" + (f": {purpose}" if purpose else ".")
+    said.append(_shown_note(cell, shown, header, checks, told, bool(code)) if shown else "")
     if n and code and not said[0]:
         said[0] = f"Continued: the code goes on with `{_short(code[0].strip(), 60)}`."
     return " ".join(s for s in said if s)
+
+
+def _shown_note(cell, shown: list[dict], header: int, checks: list[str], intro: str, code: bool) -> str:
+    """What to point at in the output atoms ``shown`` of a piece (see :func:`output_note`); a
+    figure or table on a slide after its code says what the code makes it for."""
+    text = [line for a in shown if "lines" in a for line in a["hdr"] * (not a["first"]) + a["lines"]]
+    said = output_note(checks, intro, "", text, shown[0].get("first", True))
+    if not said and not code:
+        said = _made_before_note(cell, shown, header)
+    return said
+
+
+def _made_before_note(cell, shown: list[dict], header: int) -> str:
+    """The note for a figure or table on a slide after its code: what the code makes it for."""
+    what = "figure" if "image/png" in shown[0]["out"].get("data", {}) else "table"
+    purpose = code_note(cell.source.split("\n")[header:])
+    return f"The {what} the code on the slide before makes" + (f": {purpose}" if purpose else ".")
+
+
+def _box_lines(atoms: list[dict], box) -> int:
+    """The non-blank lines the atoms of ``box`` (code, output, text) hold; an atom without
+    lines (a figure) counts as a piece long enough."""
+    return sum(sum(1 for x in a["lines"] if x.strip()) if "lines" in a else MIN_PIECE_LINES
+               for a in atoms if a["box"] == box)
+
+
+def _comment_header(cell, budget: int) -> int:
+    """How many lines of a code cell's leading comment go to the speaker notes: three or more,
+    or any at all when the cell is too tall for a slide; 0 when the cell is nothing else."""
+    lines = cell.source.split("\n")
+    header = 0
+    while header < len(lines) and lines[header].startswith("#"):
+        header += 1
+    if header == len(lines) or not (header >= 3 or header and estimated_height(cell) > budget):
+        header = 0
+    return header
+
+
+def _checks_of(cells: list, k: int) -> list[str]:
+    """What the asserts of code cell ``k`` check, with those of the assert-only cell left out
+    of the deck after it (they check this cell's output)."""
+    checks = assert_checks(cells[k].source)
+    later = next((c for c in cells[k + 1:] if _kind(c) != "notes"), None)
+    if later is not None and _kind(later) == "skip" and is_assert_only(later):
+        checks += assert_checks(later.source)
+    return checks
+
+
+def _split_atom(atom: dict, room: int) -> tuple[dict, dict]:
+    """``atom`` cut after ``room`` lines: the piece that fills the room, and the rest."""
+    rest = dict(atom, lines=atom["lines"][room:], first=False)
+    head = dict(atom, lines=atom["lines"][:room])
+    rest["px"], head["px"] = _lines_px(rest["lines"]), _lines_px(head["lines"])
+    return head, rest
+
+
+@dataclass
+class _Cut:
+    """One cell on its way into the deck: the piece being filled and the atoms still to place."""
+
+    cell: Any
+    header: int             # the lines of its comment header (in the speaker notes)
+    checks: list[str]       # what its asserts check
+    filled: int             # the height of the slide so far, with this piece
+    queue: list[dict]       # the atoms not placed yet
+    part: list[dict] = field(default_factory=list)      # the atoms of the piece being filled
+    n: int = 0              # which piece of the cell it is (from 0)
+    starts: bool = False    # the piece starts a slide
+
+
+class _SlideFit:
+    """The deck :func:`fit_slides` builds, cell by cell: its cells, their heights and what to
+    point at in each, and the slide being filled."""
+
+    def __init__(self, cells: list, budget: int):
+        self.cells, self.budget = cells, budget
+        self.out: list = []          # the deck's cells ...
+        self.px: list[int] = []      # ... their heights ...
+        self.notes: list[str] = []   # ... and what to point at in each
+        self.start = self.used = 0   # where the current slide starts in ``out``, and its height so far
+        self.intro = ""              # the last sentence of the text before, which introduces code
+        self.first_at = 0            # where the last cell's first part is in ``out``
+        self.own_slide: set[int] = set()    # cells that start a slide of their own on purpose
+        self.break_next = False      # the next cell starts a new slide (after a prompt to predict, a box)
+
+    def place(self, cell, height: int, note: str = "") -> None:
+        """Add ``cell`` to the deck, on a new slide if it starts one."""
+        if _kind(cell) in ("slide", "subslide"):
+            self.start, self.used = len(self.out), 0
+        self.out.append(cell)
+        self.px.append(height)
+        self.notes.append(note)
+        self.used += height
+
+    def pull_back(self, code: bool) -> list[int] | None:
+        """What goes along to a new slide with the next cell: a heading alone and, before code,
+        the introduction to it; None when only a heading would stay behind."""
+        out, i, took_intro = self.out, len(self.out), False
+        while i > self.start:
+            prev = out[i - 1]
+            if _kind(prev) in ("notes", "skip") or _is_heading_only(prev):
+                i -= 1
+            elif code and not took_intro and prev.cell_type == "markdown" and self.px[i - 1] <= self.budget // 3:
+                i, took_intro = i - 1, True
+            else:
+                break
+        while i < len(out) and _kind(out[i]) in ("notes", "skip"):
+            i += 1
+        stays = [c for c in out[self.start:i] if _kind(c) not in ("notes", "skip")]
+        if i < len(out) and (not stays or all(_is_heading_only(c) for c in stays)):
+            return None
+        return list(range(i, len(out)))
+
+    def add(self, k: int, cell) -> None:
+        """Place cell ``k``: whole, or cut into pieces that go on in slides below."""
+        if cell.metadata.get("claimlab", {}).get("note") == "first slide" and self.first_at < len(self.out) - 1:
+            self._insert_after_first(cell)
+            return
+        if _kind(cell) in ("notes", "skip") or cell.cell_type not in ("markdown", "code"):
+            self.place(cell, 0)
+            return
+        self._open_own_slide(cell)
+        self.first_at = len(self.out)
+        header, checks = 0, []
+        if cell.cell_type == "code":
+            header = _comment_header(cell, self.budget)
+            atoms = _code_atoms(cell, self.budget, header)
+            checks = _checks_of(self.cells, k)
+        else:
+            atoms = _markdown_atoms(cell, self.budget)
+        if _kind(cell) in ("slide", "subslide"):
+            self.start, self.used = len(self.out), 0
+        cut = _Cut(cell, header, checks, self.used, list(atoms))
+        self._cut(cut)
+        if cut.part:
+            self._place_piece(cut)
+        elif not atoms:
+            self.place(cell, 0)
+        self._remember_intro(cell)
+
+    def _insert_after_first(self, cell) -> None:
+        """A note meant for the first slide of the cell before: put it after that cell's first part."""
+        at = self.first_at + 1
+        self.out.insert(at, cell)
+        self.px.insert(at, 0)
+        self.notes.insert(at, "")
+        self.start += self.start > self.first_at
+
+    def _open_own_slide(self, cell) -> None:
+        """An interview box, and the cell after a box or a prompt to predict, start a slide of
+        their own; the slide before a box says to ask the room first."""
+        box = cell.cell_type == "markdown" and bool(INTERVIEW_RE.match(cell.source.lstrip()))
+        if box and any(_kind(c) not in ("notes", "skip") for c in self.out):
+            self.place(_note(NEXT_ASK_NOTE), 0)      # the slide before the box: ask before showing it
+        if (box or self.break_next) and self.out:
+            self.own_slide.add(id(cell))
+            if _kind(cell) == "-":
+                cell.metadata["slideshow"] = {"slide_type": "subslide"}
+        self.break_next = box or (cell.cell_type == "markdown" and bool(PREDICT_RE.search(_plain(cell.source))))
+
+    def _remember_intro(self, cell) -> None:
+        """Text introduces the code after it (its last sentence); code ends the introduction."""
+        if cell.cell_type == "markdown" and not _is_heading_only(cell):
+            self.intro = last_sentence(cell.source)
+        elif cell.cell_type == "code":
+            self.intro = ""
+
+    def _place_piece(self, cut: _Cut) -> None:
+        """Put the piece being filled into the deck, with its note."""
+        self.place(_part_cell(cut.cell, cut.part, cut.n, cut.starts), _part_px(cut.part),
+                   _part_note(cut.cell, cut.part, cut.n, cut.header, cut.checks, self.intro,
+                              self.notes[self.start:]))
+
+    def _cut(self, cut: _Cut) -> None:
+        """Fill pieces of the cell with its atoms, a piece a slide, until every atom is placed
+        (the last piece is left for the caller to place)."""
+        while cut.queue:
+            atom = cut.queue.pop(0)
+            if cut.filled + atom["px"] + _opens(cut.part, atom) > self.budget and (cut.part or cut.filled):
+                atom = self._overflow(cut, atom)
+            cut.filled += atom["px"] + _opens(cut.part, atom)
+            cut.part.append(atom)
+
+    def _overflow(self, cut: _Cut, atom: dict) -> dict:
+        """``atom`` does not fit on the slide: end the piece there, or make room; the atom that
+        goes next."""
+        atom = self._restart_below(cut, atom)
+        atom = self._leave_no_short_piece(cut, atom)
+        if cut.part:                    # the cell goes on in a slide below
+            self._place_piece(cut)
+            cut.n, cut.part, cut.starts, cut.filled = cut.n + 1, [], True, 0
+            return atom
+        return self._make_room(cut, atom)
+
+    def _restart_below(self, cut: _Cut, atom: dict) -> dict:
+        """The whole cell (or its start) goes on a slide below rather than be cut here, when it
+        would fit there or its first piece would be short."""
+        part, queue = cut.part, cut.queue
+        if part and cut.n == 0 and cut.filled > _part_px(part) and (
+                _part_px([*part, atom, *queue]) <= self.budget or _box_lines(part, atom["box"]) < MIN_PIECE_LINES):
+            queue[:0] = [*part, atom]
+            cut.filled, cut.part = self.used, []
+            atom = queue.pop(0)
+        return atom
+
+    @staticmethod
+    def _leave_no_short_piece(cut: _Cut, atom: dict) -> dict:
+        """Move atoms from the piece to the next while what would go on below is too short."""
+        part, queue = cut.part, cut.queue
+        while (part and part[-1]["box"] == atom["box"] and "lines" in atom
+               and _box_lines([atom, *queue], atom["box"]) < MIN_PIECE_LINES
+               and _box_lines(part[:-1], atom["box"]) >= MIN_PIECE_LINES):
+            queue.insert(0, atom)
+            atom = part.pop()
+        return atom
+
+    def _make_room(self, cut: _Cut, atom: dict) -> dict:
+        """The cell's first atom does not fit what is left of the slide: fill the room under a
+        heading alone, take the introduction along to a new slide, or start one."""
+        tail = self.pull_back(cut.cell.cell_type == "code")
+        room = (self.budget - cut.filled - _opens(cut.part, atom)) // LINE_PX
+        if tail is None and "lines" in atom and not atom.get("whole") and \
+                MIN_PIECE_LINES <= room <= len(atom["lines"]) - MIN_PIECE_LINES:
+            atom, rest = _split_atom(atom, room)        # a heading alone: fill the room
+            cut.queue.insert(0, rest)
+        elif tail:                      # the introduction goes along to a new slide
+            self._move_to_new_slide(tail)
+            cut.filled = self.used
+        else:                           # a new slide starts with this cell
+            cut.starts, cut.filled = True, 0
+        return atom
+
+    def _move_to_new_slide(self, tail: list[int]) -> None:
+        """The deck's cells at ``tail`` start a new slide."""
+        out, px, notes = self.out, self.px, self.notes
+        moved = [(out[j], px[j], notes[j]) for j in tail]
+        del out[tail[0]:], px[tail[0]:], notes[tail[0]:]
+        shown = next(c for c, _, _ in moved if _kind(c) not in ("notes", "skip"))
+        shown.metadata["slideshow"] = {"slide_type": "subslide"}
+        for moved_cell, height, note in moved:
+            self.place(moved_cell, height, note)
 
 
 def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
@@ -936,138 +1227,10 @@ def fit_slides(nb: NotebookNode, budget: int = SLIDE_BUDGET_PX) -> NotebookNode:
     ask the room first), and a prompt to predict ends its slide. Every slide with content gets
     a note saying what to point at, not a copy of the slide before's."""
     nb = copy.deepcopy(nb)
-    out: list = []          # the deck's cells ...
-    px: list[int] = []      # ... their heights ...
-    notes: list[str] = []   # ... and what to point at in each
-    start = used = 0        # where the current slide starts in ``out``, and its height so far
-    intro, cells = "", nb.cells
-
-    def place(cell, height: int, note: str = "") -> None:
-        nonlocal start, used
-        if _kind(cell) in ("slide", "subslide"):
-            start, used = len(out), 0
-        out.append(cell)
-        px.append(height)
-        notes.append(note)
-        used += height
-
-    def pull_back(code: bool) -> list[int] | None:
-        """What goes along to a new slide with the next cell: a heading alone and, before code,
-        the introduction to it; None when only a heading would stay behind."""
-        i, took_intro = len(out), False
-        while i > start:
-            prev = out[i - 1]
-            if _kind(prev) in ("notes", "skip") or _is_heading_only(prev):
-                i -= 1
-            elif code and not took_intro and prev.cell_type == "markdown" and px[i - 1] <= budget // 3:
-                i, took_intro = i - 1, True
-            else:
-                break
-        while i < len(out) and _kind(out[i]) in ("notes", "skip"):
-            i += 1
-        stays = [c for c in out[start:i] if _kind(c) not in ("notes", "skip")]
-        if i < len(out) and (not stays or all(_is_heading_only(c) for c in stays)):
-            return None
-        return list(range(i, len(out)))
-
-    first_at = 0            # where the last cell's first part is in ``out``
-    own_slide: set[int] = set()     # cells that start a slide of their own on purpose
-    break_next = False      # the next cell starts a new slide (after a prompt to predict, a box)
-    for k, cell in enumerate(cells):
-        if cell.metadata.get("claimlab", {}).get("note") == "first slide" and first_at < len(out) - 1:
-            out.insert(first_at + 1, cell)
-            px.insert(first_at + 1, 0)
-            notes.insert(first_at + 1, "")
-            start += start > first_at
-            continue
-        if _kind(cell) in ("notes", "skip") or cell.cell_type not in ("markdown", "code"):
-            place(cell, 0)
-            continue
-        box = cell.cell_type == "markdown" and bool(INTERVIEW_RE.match(cell.source.lstrip()))
-        if box and any(_kind(c) not in ("notes", "skip") for c in out):
-            place(_note(NEXT_ASK_NOTE), 0)      # the slide before the box: ask before showing it
-        if (box or break_next) and out:
-            own_slide.add(id(cell))
-            if _kind(cell) == "-":
-                cell.metadata["slideshow"] = {"slide_type": "subslide"}
-        break_next = box or (cell.cell_type == "markdown" and bool(PREDICT_RE.search(_plain(cell.source))))
-        first_at = len(out)
-        header, checks = 0, []
-        if cell.cell_type == "code":
-            lines = cell.source.split("\n")
-            while header < len(lines) and lines[header].startswith("#"):
-                header += 1
-            if header == len(lines) or not (header >= 3 or header and estimated_height(cell) > budget):
-                header = 0
-            atoms = _code_atoms(cell, budget, header)
-            checks = assert_checks(cell.source)
-            later = next((c for c in cells[k + 1:] if _kind(c) != "notes"), None)
-            if later is not None and _kind(later) == "skip" and is_assert_only(later):
-                checks += assert_checks(later.source)     # the asserts left out check this output
-        else:
-            atoms = _markdown_atoms(cell, budget)
-        if _kind(cell) in ("slide", "subslide"):
-            start, used = len(out), 0
-
-        def lines_of(atoms: list[dict], box) -> int:
-            return sum(sum(1 for x in a["lines"] if x.strip()) if "lines" in a else MIN_PIECE_LINES
-                       for a in atoms if a["box"] == box)
-
-        part: list[dict] = []
-        n, starts, filled, queue = 0, False, used, list(atoms)
-        while queue:
-            atom = queue.pop(0)
-            need = atom["px"] + _opens(part, atom)
-            if filled + need > budget and (part or filled):
-                if part and n == 0 and filled > _part_px(part) and (
-                        _part_px([*part, atom, *queue]) <= budget or lines_of(part, atom["box"]) < MIN_PIECE_LINES):
-                    queue[:0] = [*part, atom]       # the whole cell, or its start, goes on a slide below
-                    filled, part = used, []
-                    atom = queue.pop(0)
-                    need = atom["px"] + _opens(part, atom)
-                while (part and part[-1]["box"] == atom["box"] and "lines" in atom
-                       and lines_of([atom, *queue], atom["box"]) < MIN_PIECE_LINES
-                       and lines_of(part[:-1], atom["box"]) >= MIN_PIECE_LINES):
-                    queue.insert(0, atom)           # no short piece left over for the next slide
-                    atom = part.pop()
-                    need = atom["px"] + _opens(part, atom)
-                if part:                    # the cell goes on in a slide below
-                    place(_part_cell(cell, part, n, starts), _part_px(part),
-                          _part_note(cell, part, n, header, checks, intro, notes[start:]))
-                    n, part, starts, filled = n + 1, [], True, 0
-                    need = atom["px"] + _opens(part, atom)
-                else:
-                    tail = pull_back(cell.cell_type == "code")
-                    room = (budget - filled - _opens(part, atom)) // LINE_PX
-                    if tail is None and "lines" in atom and not atom.get("whole") and \
-                            MIN_PIECE_LINES <= room <= len(atom["lines"]) - MIN_PIECE_LINES:
-                        rest = dict(atom, lines=atom["lines"][room:], first=False)  # a heading alone: fill the room
-                        atom = dict(atom, lines=atom["lines"][:room])
-                        rest["px"], atom["px"] = _lines_px(rest["lines"]), _lines_px(atom["lines"])
-                        queue.insert(0, rest)
-                        need = atom["px"] + _opens(part, atom)
-                    elif tail:              # the introduction goes along to a new slide
-                        moved = [(out[j], px[j], notes[j]) for j in tail]
-                        del out[tail[0]:], px[tail[0]:], notes[tail[0]:]
-                        shown = next(c for c, _, _ in moved if _kind(c) not in ("notes", "skip"))
-                        shown.metadata["slideshow"] = {"slide_type": "subslide"}
-                        for moved_cell, height, note in moved:
-                            place(moved_cell, height, note)
-                        filled = used
-                    else:                   # a new slide starts with this cell
-                        starts, filled = True, 0
-            part.append(atom)
-            filled += need
-        if part:
-            place(_part_cell(cell, part, n, starts), _part_px(part),
-                  _part_note(cell, part, n, header, checks, intro, notes[start:]))
-        elif not atoms:
-            place(cell, 0)
-        if cell.cell_type == "markdown" and not _is_heading_only(cell):
-            intro = last_sentence(cell.source)
-        elif cell.cell_type == "code":
-            intro = ""
-    return _with_notes(nb, *_join_short_slides(out, px, notes, own_slide, budget))
+    fit = _SlideFit(nb.cells, budget)
+    for k, cell in enumerate(nb.cells):
+        fit.add(k, cell)
+    return _with_notes(nb, *_join_short_slides(fit.out, fit.px, fit.notes, fit.own_slide, budget))
 
 
 def _slides(out: list, items: list) -> list[list]:
