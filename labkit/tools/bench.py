@@ -837,6 +837,7 @@ def peer(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
 # -- figure 3: a broker, against the table's durable claim ------------------------------------------
 
 AMQP_BATCHES = ("1", "10")              # the durable claim's batch sizes
+AMQP_BODY = b'{"job": 0, "payload": "bench"}'   # every message the broker is measured with
 AMQP_IDLE_S = 0.5                       # a consumer that gets nothing for this long has drained
 
 
@@ -924,73 +925,93 @@ def amqp(s: Settings, progress: Progress | None = None, durability: dict | None 
         return _amqp_not_measured(f"RabbitMQ at LABKIT_AMQP_URL did not answer ({type(exc).__name__})",
                                   progress)
     out: dict = {"measured": True}
-    body = b'{"job": 0, "payload": "bench"}'
     try:
-        # transient: no durability asked for, one publisher then one consumer
-        n = s.amqp_messages
-        ch = conn.channel()
-        name = f"labkit-bench-{os.getpid()}-transient"
-        try:
-            ch.queue_declare(name, durable=False, exclusive=True, auto_delete=False)
-            props = pika.BasicProperties(delivery_mode=1)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                ch.basic_publish("", name, body, props)
-            while ch.queue_declare(name, passive=True).method.message_count < n:
-                time.sleep(0.001)
-            t1 = time.perf_counter()
-            ch.basic_qos(prefetch_count=200)
-            got = 0
-            for method, _props, _body in ch.consume(name, inactivity_timeout=10):
-                if method is None:
-                    break
-                ch.basic_ack(method.delivery_tag)
-                got += 1
-                if got >= n:
-                    break
-            ch.cancel()
-            t2 = time.perf_counter()
-            if got != n:
-                raise LabkitError(f"RabbitMQ delivered {got} of {n} messages.",
-                                  "check the broker's health and run the benchmark again.")
-            out["transient"] = {"messages": n, "publish_msgs_per_s": n / (t1 - t0),
-                                "consume_msgs_per_s": n / (t2 - t1)}
-            progress(f"broker, transient: publish {n / (t1 - t0):>9,.0f} msgs/s, "
-                     f"consume + ack {n / (t2 - t1):>9,.0f} msgs/s")
-        finally:
-            with contextlib.suppress(Exception):
-                ch.queue_delete(name)
-                ch.close()
-        # durable: durable queue, persistent messages, publisher confirms; consumed with acks
-        # a whole number of the biggest batch, so no consumer is left waiting for a short one
-        step = max(int(b) for b in AMQP_BATCHES)
-        n = max(step, s.amqp_messages // 3 // step * step)
-        ch = conn.channel()
-        ch.confirm_delivery()                       # each basic_publish waits for its confirm
-        name = f"labkit-bench-{os.getpid()}-durable"
-        props = pika.BasicProperties(delivery_mode=2)              # persistent
-        publish: list[float] = []
-        rates: dict[str, float] = {}
-        try:
-            ch.queue_declare(name, durable=True, exclusive=False, auto_delete=False)
-            for b in AMQP_BATCHES:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    ch.basic_publish("", name, body, props, mandatory=True)
-                publish.append(n / (time.perf_counter() - t0))
-                rates[b] = _durable_consume(url, ch, name, n, int(b), s.clients)
-                progress(f"broker, durable, batch {b:>2}: publish + confirm {publish[-1]:>7,.0f} msgs/s, "
-                         f"consume + ack {rates[b]:>9,.0f} msgs/s ({s.clients} consumers)")
-        finally:
-            with contextlib.suppress(Exception):
-                ch.queue_delete(name)
-                ch.close()
+        out["transient"] = _amqp_transient(pika, conn, s.amqp_messages, progress)
+        n, publish, rates = _amqp_durable(pika, conn, url, s, progress)
     finally:
         with contextlib.suppress(Exception):
             conn.close()
-    d = durability or {}
+    out["durable"] = _amqp_durable_figures(s, n, publish, rates, durability or {})
+    out["what"] = ("pika BlockingConnection; transient: non-durable queue, no confirms, one publisher then "
+                   "one consumer (prefetch 200, an ack per message); durable: durable queue, persistent "
+                   "messages, publisher confirms (one publisher), then consumer processes with prefetch "
+                   "and one ack per batch")
+    return {"amqp": out}
+
+
+def _amqp_transient(pika: Any, conn: Any, n: int, progress: Progress) -> dict:
+    """No durability asked for: ``n`` messages to a non-durable queue without confirms from
+    one publisher, then consumed by one consumer with an ack each.  Both rates."""
+    ch = conn.channel()
+    name = f"labkit-bench-{os.getpid()}-transient"
+    try:
+        ch.queue_declare(name, durable=False, exclusive=True, auto_delete=False)
+        props = pika.BasicProperties(delivery_mode=1)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ch.basic_publish("", name, AMQP_BODY, props)
+        while ch.queue_declare(name, passive=True).method.message_count < n:
+            time.sleep(0.001)
+        t1 = time.perf_counter()
+        ch.basic_qos(prefetch_count=200)
+        got = 0
+        for method, _props, _body in ch.consume(name, inactivity_timeout=10):
+            if method is None:
+                break
+            ch.basic_ack(method.delivery_tag)
+            got += 1
+            if got >= n:
+                break
+        ch.cancel()
+        t2 = time.perf_counter()
+        if got != n:
+            raise LabkitError(f"RabbitMQ delivered {got} of {n} messages.",
+                              "check the broker's health and run the benchmark again.")
+        progress(f"broker, transient: publish {n / (t1 - t0):>9,.0f} msgs/s, "
+                 f"consume + ack {n / (t2 - t1):>9,.0f} msgs/s")
+        return {"messages": n, "publish_msgs_per_s": n / (t1 - t0), "consume_msgs_per_s": n / (t2 - t1)}
+    finally:
+        with contextlib.suppress(Exception):
+            ch.queue_delete(name)
+            ch.close()
+
+
+def _amqp_durable(pika: Any, conn: Any, url: str, s: Settings,
+                  progress: Progress) -> tuple[int, list[float], dict[str, float]]:
+    """Durable queue, persistent messages, publisher confirms; consumed with acks by the
+    clients, once per batch size.  The messages per batch (a whole number of the biggest
+    batch, so no consumer is left waiting for a short one), the publish rates and the
+    consume + ack rate by batch."""
+    step = max(int(b) for b in AMQP_BATCHES)
+    n = max(step, s.amqp_messages // 3 // step * step)
+    ch = conn.channel()
+    ch.confirm_delivery()                       # each basic_publish waits for its confirm
+    name = f"labkit-bench-{os.getpid()}-durable"
+    props = pika.BasicProperties(delivery_mode=2)              # persistent
+    publish: list[float] = []
+    rates: dict[str, float] = {}
+    try:
+        ch.queue_declare(name, durable=True, exclusive=False, auto_delete=False)
+        for b in AMQP_BATCHES:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                ch.basic_publish("", name, AMQP_BODY, props, mandatory=True)
+            publish.append(n / (time.perf_counter() - t0))
+            rates[b] = _durable_consume(url, ch, name, n, int(b), s.clients)
+            progress(f"broker, durable, batch {b:>2}: publish + confirm {publish[-1]:>7,.0f} msgs/s, "
+                     f"consume + ack {rates[b]:>9,.0f} msgs/s ({s.clients} consumers)")
+    finally:
+        with contextlib.suppress(Exception):
+            ch.queue_delete(name)
+            ch.close()
+    return n, publish, rates
+
+
+def _amqp_durable_figures(s: Settings, n: int, publish: list[float], rates: dict[str, float], d: dict) -> dict:
+    """The broker's durable figures beside the table's durable claim of the same run (``d``:
+    the run's durability figures), with what each side was measured under."""
     table_side = d.get("claim_jobs_per_s_durable")
-    out["durable"] = {
+    return {
         "messages": n, "consumers": s.clients, "batches": [int(b) for b in AMQP_BATCHES],
         "publish_msgs_per_s": statistics.median(publish),
         "messages_per_s": rates,
@@ -1010,11 +1031,6 @@ def amqp(s: Settings, progress: Progress | None = None, durability: dict | None 
                  (d.get("note") or "the durability figure was not measured") + "): nothing to set "
                  "the broker beside"),
     }
-    out["what"] = ("pika BlockingConnection; transient: non-durable queue, no confirms, one publisher then "
-                   "one consumer (prefetch 200, an ack per message); durable: durable queue, persistent "
-                   "messages, publisher confirms (one publisher), then consumer processes with prefetch "
-                   "and one ack per batch")
-    return {"amqp": out}
 
 
 def durable_cost(batch: int = 1, settings: Settings | None = None) -> dict:
@@ -1251,11 +1267,7 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
     if notebooks is not ...:
         s = replace(s, notebooks=None if notebooks is None else tuple(notebooks))
     s.check()
-    all_figures = ("ceiling", "durability", "peer", "amqp", "convoy", "history", "server", "notebooks")
-    figures = tuple(figures or all_figures)
-    bad = [f for f in figures if f not in all_figures]
-    if bad:
-        raise LabkitError(f"Unknown benchmark figure {bad[0]!r}.", f"use some of {', '.join(all_figures)}.")
+    figures = _chosen_figures(figures)
     progress = progress or (lambda msg: None)
     no_workbook = "notebooks" in figures and not notebook_names()
     names = notebook_names(s.notebooks) if "notebooks" in figures and not no_workbook else []
@@ -1268,29 +1280,8 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
     result: dict = {"quick": s.quick, "server": lab.db.describe().split(" · ")[0] + " · " + lab.db.backend,
                     "machine": machine(), "settings": asdict(s)}
     try:
-        if "ceiling" in figures:
-            result |= claim_ceiling(lab, s, progress)
-        if "durability" in figures:
-            result |= durability(lab, s, progress)
-        if "peer" in figures:
-            result |= peer(lab, s, progress)
-        if "amqp" in figures:
-            result |= amqp(s, progress, result.get("durability"))
-        if "convoy" in figures:
-            lab.execute("DROP TABLE IF EXISTS job")
-            result |= convoy_efficiency(lab, s, progress)
-        if "history" in figures:
-            lab.execute("DROP TABLE IF EXISTS job")
-            result |= history(lab, s, progress)
-        if "server" in figures:
-            result |= server_start(lab, s, progress)
-        if no_workbook:
-            # an installed labkit without the workbook beside it: nothing to time
-            why = f"no notebooks in {NOTEBOOKS} (labkit installed without the workbook): run from a checkout"
-            progress(f"notebooks: skipped ({why})")
-            result |= _no_notebooks(notebooks_skipped=why)
-        elif "notebooks" in figures:
-            result |= time_notebooks(names, progress) if names else _no_notebooks()
+        _measure_figures(lab, s, figures, progress, result)
+        _time_workbook(figures, names, no_workbook, progress, result)
     finally:
         if own:
             lab.discard()
@@ -1298,6 +1289,51 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
     result["limits"] = LIMITS
     result["bench_seconds"] = time.perf_counter() - t_start
     return result
+
+
+FIGURES = ("ceiling", "durability", "peer", "amqp", "convoy", "history", "server", "notebooks")
+
+
+def _chosen_figures(figures: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The figures asked for (None or empty: all of them), each one known."""
+    figures = tuple(figures or FIGURES)
+    bad = [f for f in figures if f not in FIGURES]
+    if bad:
+        raise LabkitError(f"Unknown benchmark figure {bad[0]!r}.", f"use some of {', '.join(FIGURES)}.")
+    return figures
+
+
+def _measure_figures(lab: Lab, s: Settings, figures: tuple[str, ...], progress: Progress, result: dict) -> None:
+    """Measure the figures asked for on the server, in this order, into ``result`` (the
+    broker's beside the durability figure measured just before it)."""
+    if "ceiling" in figures:
+        result |= claim_ceiling(lab, s, progress)
+    if "durability" in figures:
+        result |= durability(lab, s, progress)
+    if "peer" in figures:
+        result |= peer(lab, s, progress)
+    if "amqp" in figures:
+        result |= amqp(s, progress, result.get("durability"))
+    if "convoy" in figures:
+        lab.execute("DROP TABLE IF EXISTS job")
+        result |= convoy_efficiency(lab, s, progress)
+    if "history" in figures:
+        lab.execute("DROP TABLE IF EXISTS job")
+        result |= history(lab, s, progress)
+    if "server" in figures:
+        result |= server_start(lab, s, progress)
+
+
+def _time_workbook(figures: tuple[str, ...], names: list[str], no_workbook: bool, progress: Progress,
+                   result: dict) -> None:
+    """Time the notebooks named (``names``) headless into ``result``, or say why none was."""
+    if no_workbook:
+        # an installed labkit without the workbook beside it: nothing to time
+        why = f"no notebooks in {NOTEBOOKS} (labkit installed without the workbook): run from a checkout"
+        progress(f"notebooks: skipped ({why})")
+        result |= _no_notebooks(notebooks_skipped=why)
+    elif "notebooks" in figures:
+        result |= time_notebooks(names, progress) if names else _no_notebooks()
 
 
 def _fmt(v, unit: str = "") -> str:
@@ -1310,73 +1346,121 @@ def _fmt(v, unit: str = "") -> str:
 
 def table(result: dict) -> str:
     """The benchmark as a plain-text table, then the goals and what limits the figures."""
-    rows: list[tuple[str, ...]] = []
-    add = lambda *r: rows.append(tuple(str(x) for x in r))  # noqa: E731
-    for b, v in (result.get("claim_jobs_per_s") or {}).items():
-        add(f"claim ceiling, batch {b} (jobs/s)", _fmt(v), f"pgbench {_fmt(result['pgbench_jobs_per_s'][b])}",
-            _fmt(result["ratio_vs_pgbench"][b]))
+    rows = [tuple(str(x) for x in r) for rows_of in _TABLE_ROWS for r in rows_of(result)]
+    return "\n".join(_table_lines(result, rows) + _table_notes(result))
+
+
+def _ceiling_rows(result: dict) -> list[tuple]:
+    """The claim ceiling against pgbench by batch, and the client CPU each spends per call."""
+    rows: list[tuple] = [(f"claim ceiling, batch {b} (jobs/s)", _fmt(v),
+                          f"pgbench {_fmt(result['pgbench_jobs_per_s'][b])}", _fmt(result["ratio_vs_pgbench"][b]))
+                         for b, v in (result.get("claim_jobs_per_s") or {}).items()]
     cpu_l, cpu_p = result.get("claim_client_cpu_us_per_call") or {}, result.get("pgbench_client_cpu_us_per_call") or {}
-    for b in cpu_l:
-        if cpu_p.get(b):
-            add(f"  client CPU per claim call, batch {b} (µs)", _fmt(cpu_l[b]), f"pgbench {_fmt(cpu_p[b])}",
-                _fmt(cpu_l[b] / cpu_p[b]))
+    rows += [(f"  client CPU per claim call, batch {b} (µs)", _fmt(cpu_l[b]), f"pgbench {_fmt(cpu_p[b])}",
+              _fmt(cpu_l[b] / cpu_p[b])) for b in cpu_l if cpu_p.get(b)]
+    return rows
+
+
+def _durability_rows(result: dict) -> list[tuple]:
+    """What the server promises at commit, and the claim with durable commits against
+    synchronous_commit = off."""
     d = result.get("durability")
-    if d:
-        add(f"server: fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']}",
-            "durable" if d["commits_durable"] else "NOT durable", d["wal_sync_method"], "—")
-        for b, v in (d.get("claim_jobs_per_s_synchronous_commit_off") or {}).items():
-            durable = (d.get("claim_jobs_per_s_durable") or {}).get(b)
-            add(f"  claim, batch {b}: durable commits vs synchronous_commit=off (jobs/s)",
-                _fmt(durable) if durable else "—", f"async {_fmt(v)}",
-                _fmt(durable / v) if durable and v else "—")
-    for b, v in (result.get("claim_cursor_api_jobs_per_s") or {}).items():
-        add(f"  same, psycopg cursor API, batch {b}", _fmt(v), f"lean claimer {_fmt(result['claim_jobs_per_s'][b])}",
-            _fmt(v / result["claim_jobs_per_s"][b]))
+    if not d:
+        return []
+    rows: list[tuple] = [(f"server: fsync={d['fsync']}, synchronous_commit={d['synchronous_commit']}",
+                          "durable" if d["commits_durable"] else "NOT durable", d["wal_sync_method"], "—")]
+    for b, v in (d.get("claim_jobs_per_s_synchronous_commit_off") or {}).items():
+        durable = (d.get("claim_jobs_per_s_durable") or {}).get(b)
+        rows.append((f"  claim, batch {b}: durable commits vs synchronous_commit=off (jobs/s)",
+                     _fmt(durable) if durable else "—", f"async {_fmt(v)}",
+                     _fmt(durable / v) if durable and v else "—"))
+    return rows
+
+
+def _cursor_api_rows(result: dict) -> list[tuple]:
+    """The same claim through psycopg's cursor API, against the lean claimer."""
+    return [(f"  same, psycopg cursor API, batch {b}", _fmt(v), f"lean claimer {_fmt(result['claim_jobs_per_s'][b])}",
+             _fmt(v / result["claim_jobs_per_s"][b]))
+            for b, v in (result.get("claim_cursor_api_jobs_per_s") or {}).items()]
+
+
+def _peer_rows(result: dict) -> list[tuple]:
+    """Draining no-op jobs, against the peer library (or why it was skipped)."""
     p = result.get("peer")
-    if p:
-        if p.get("library"):
-            add(f"drain {p['labkit']['jobs']:,} no-op jobs (jobs/s)", _fmt(p["labkit"]["jobs_per_s"]),
-                f"{p['library']} {_fmt(p['pgqueuer']['jobs_per_s'])}", _fmt(result["ratio_vs_peer"]))
-        else:
-            add(f"drain {p['labkit']['jobs']:,} no-op jobs (jobs/s)", _fmt(p["labkit"]["jobs_per_s"]),
-                f"peer skipped: {p['skipped']}", "—")
+    if not p:
+        return []
+    if p.get("library"):
+        return [(f"drain {p['labkit']['jobs']:,} no-op jobs (jobs/s)", _fmt(p["labkit"]["jobs_per_s"]),
+                 f"{p['library']} {_fmt(p['pgqueuer']['jobs_per_s'])}", _fmt(result["ratio_vs_peer"]))]
+    return [(f"drain {p['labkit']['jobs']:,} no-op jobs (jobs/s)", _fmt(p["labkit"]["jobs_per_s"]),
+             f"peer skipped: {p['skipped']}", "—")]
+
+
+def _amqp_rows(result: dict) -> list[tuple]:
+    """The broker, transient and durable, beside the table's durable claim (or why it was
+    not measured)."""
     a = result.get("amqp")
-    if a:
-        if not a.get("measured"):
-            add("RabbitMQ (msgs/s)", "—", a["skipped"], "—")
-        else:
-            m = a["transient"]
-            add("RabbitMQ transient: publish / consume+ack (msgs/s)", "—",
-                f"{_fmt(m['publish_msgs_per_s'])} / {_fmt(m['consume_msgs_per_s'])}", "—")
-            m = a["durable"]
-            add("RabbitMQ durable: publish + confirm (msgs/s)", "—", _fmt(m["publish_msgs_per_s"]), "—")
-            for b, v in m["messages_per_s"].items():
-                table_side = (m["table_claim_jobs_per_s_durable"] or {}).get(b)
-                add(f"  durable claim vs durable consume+ack, batch {b} (per s)", _fmt(table_side),
-                    f"RabbitMQ {_fmt(v)}", _fmt(table_side / v) if table_side else "—")
+    if not a:
+        return []
+    if not a.get("measured"):
+        return [("RabbitMQ (msgs/s)", "—", a["skipped"], "—")]
+    m = a["transient"]
+    rows: list[tuple] = [("RabbitMQ transient: publish / consume+ack (msgs/s)", "—",
+                          f"{_fmt(m['publish_msgs_per_s'])} / {_fmt(m['consume_msgs_per_s'])}", "—")]
+    m = a["durable"]
+    rows.append(("RabbitMQ durable: publish + confirm (msgs/s)", "—", _fmt(m["publish_msgs_per_s"]), "—"))
+    for b, v in m["messages_per_s"].items():
+        table_side = (m["table_claim_jobs_per_s_durable"] or {}).get(b)
+        rows.append((f"  durable claim vs durable consume+ack, batch {b} (per s)", _fmt(table_side),
+                     f"RabbitMQ {_fmt(v)}", _fmt(table_side / v) if table_side else "—"))
+    return rows
+
+
+def _convoy_history_rows(result: dict) -> list[tuple]:
+    """SKIP LOCKED against the convoy model, and the claim over a growing history with and
+    without the partial index."""
+    rows: list[tuple] = []
     if "convoy_efficiency_16" in result:
         c = result["convoy"]
-        add("convoy: SKIP LOCKED N = 16, d = 20 ms (jobs/s)", _fmt(c["jobs_per_s"]),
-            f"model N/d {_fmt(c['model_jobs_per_s'])}", _fmt(result["convoy_efficiency_16"]))
+        rows.append(("convoy: SKIP LOCKED N = 16, d = 20 ms (jobs/s)", _fmt(c["jobs_per_s"]),
+                     f"model N/d {_fmt(c['model_jobs_per_s'])}", _fmt(result["convoy_efficiency_16"])))
     h = result.get("history")
     if h:
         by = {(pt["done_rows"], pt["partial_index"]): pt["jobs_per_s"] for pt in h["points"]}
-        for done in sorted({pt["done_rows"] for pt in h["points"]}):
-            add(f"claim, batch {h['batch']}, {done:,} done rows (jobs/s)", _fmt(by[(done, True)]),
-                f"no index {_fmt(by[(done, False)])}", _fmt(by[(done, True)] / by[(done, False)]))
+        rows += [(f"claim, batch {h['batch']}, {done:,} done rows (jobs/s)", _fmt(by[(done, True)]),
+                  f"no index {_fmt(by[(done, False)])}", _fmt(by[(done, True)] / by[(done, False)]))
+                 for done in sorted({pt["done_rows"] for pt in h["points"]})]
+    return rows
+
+
+def _timing_rows(result: dict) -> list[tuple]:
+    """How long the embedded server takes to start and connect, and the notebooks headless."""
+    rows: list[tuple] = []
     st = result.get("server_start")
     if st:
-        add("embedded server: first start / cold start (s)", f"{st['first_start_s']:.2f} / {st['cold_start_s']:.2f}",
-            "", "")
-        add("warm connect + SELECT 1 (ms)", f"{st['warm_connect_ms']:.1f}", "", "")
-    for name, sec in (result.get("notebook_seconds") or {}).items():
-        add(f"notebook {name} headless (s)", f"{sec:.1f}", "FAILED" if name in result.get("notebook_errors", {}) else "", "")
+        rows.append(("embedded server: first start / cold start (s)",
+                     f"{st['first_start_s']:.2f} / {st['cold_start_s']:.2f}", "", ""))
+        rows.append(("warm connect + SELECT 1 (ms)", f"{st['warm_connect_ms']:.1f}", "", ""))
+    rows += [(f"notebook {name} headless (s)", f"{sec:.1f}",
+              "FAILED" if name in result.get("notebook_errors", {}) else "", "")
+             for name, sec in (result.get("notebook_seconds") or {}).items()]
     if result.get("workbook_seconds") is not None:
         n, complete = result["workbook_notebooks"], result["workbook_complete"]
-        add(f"{'whole workbook' if complete else f'{n} notebook(s)'} headless (s)", f"{result['workbook_seconds']:.1f}",
-            "", "")
+        rows.append((f"{'whole workbook' if complete else f'{n} notebook(s)'} headless (s)",
+                     f"{result['workbook_seconds']:.1f}", "", ""))
     if result.get("notebooks_skipped"):
-        add("notebooks headless (s)", "—", f"skipped: {result['notebooks_skipped']}", "—")
+        rows.append(("notebooks headless (s)", "—", f"skipped: {result['notebooks_skipped']}", "—"))
+    return rows
+
+
+# the table's rows, in the order it prints them
+_TABLE_ROWS = (_ceiling_rows, _durability_rows, _cursor_api_rows, _peer_rows, _amqp_rows, _convoy_history_rows,
+               _timing_rows)
+
+
+def _table_lines(result: dict, rows: list[tuple[str, ...]]) -> list[str]:
+    """The table itself: a line saying what was measured on, the heading, and the rows in
+    columns as wide as their widest cell."""
     head = ("figure", "labkit", "other side", "ratio")
     w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
     lines = [f"labkit bench{' --quick' if result.get('quick') else ''} · {result.get('server', '')} · "
@@ -1384,8 +1468,12 @@ def table(result: dict) -> str:
     lines.append("  ".join(h.ljust(w[i]) if i == 0 else h.rjust(w[i]) for i, h in enumerate(head)))
     for r in rows:
         lines.append("  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)))
-    lines.append("")
-    lines.append("goals:")
+    return lines
+
+
+def _table_notes(result: dict) -> list[str]:
+    """Under the table: the goals, what each side does, and what limits the figures."""
+    lines = ["", "goals:"]
     for g in result.get("goals", []):
         lines.append(f"  {g['status'].upper():<12} {g['goal']} (measured {_fmt(g['measured'])})")
     lines.append("")
@@ -1397,11 +1485,12 @@ def table(result: dict) -> str:
                      f"prepared, ids returned) for the measured time; pgbench ({result['pgbench']}) runs the "
                      f"same statement with -M prepared, -c {n} -j {n} and the same session settings; "
                      "claimed rows are counted in the table, which is refilled and vacuumed before each run.")
+    p = result.get("peer")
     if p and p.get("what"):
         lines.append("  peer: " + p["what"])
     lines.append("what limits the figures:")
     lines.extend(f"  - {x}" for x in result.get("limits", []))
-    return "\n".join(lines)
+    return lines
 
 
 def load_reference(path: Path = REFERENCE) -> dict:

@@ -28,7 +28,7 @@ import random
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -243,67 +243,110 @@ def _check_evidence(where: str, shown, problems: list[str]) -> None:
         _check_notebook(f"{where}: shown_in {j}", e["notebook"], problems)
 
 
+def _broken(where: str, rules: Iterable[tuple[object, str]]) -> list[str]:
+    """The message of each (condition, message) rule whose condition holds, in order, each
+    told after ``where`` (when there is one)."""
+    return [f"{where}: {message}" if where else message for failed, message in rules if failed]
+
+
 def validate_bank(data: dict, capstone_follow_ups: Collection[str] = ()) -> list[str]:
     """Everything wrong with the raw contents of questions.yaml (empty list: fine).
     ``capstone_follow_ups``: the ids of the capstone's follow-ups a ``same_as`` may name
     (empty: same_as is checked for its form only)."""
     problems: list[str] = []
-    topics = data.get("topics") if isinstance(data, dict) else None
-    if not isinstance(topics, dict) or not topics:
-        problems.append("no topics: the file needs a `topics:` mapping")
-        topics = {}
-    for key, t in topics.items():
-        if not isinstance(t, dict) or _blank(t.get("title")) or _blank(t.get("notebook")):
-            problems.append(f"topic {key}: needs a title and a notebook")
-        else:
-            _check_notebook(f"topic {key}", t["notebook"], problems)
+    topics = _bank_topics(data, problems)
     questions = data.get("questions") if isinstance(data, dict) else None
     if not isinstance(questions, list):
         return problems + ["no questions: the file needs a `questions:` list"]
     for where, q in _entries(questions, "question", QUESTION_FIELDS, "follow_ups", "q", problems,
                              optional=("same_as",)):
-        if not _blank(q.get("level")) and q["level"] not in LEVELS:
-            problems.append(f"{where}: level {q['level']!r} is not one of {', '.join(LEVELS)}")
-        if not _blank(q.get("topic")) and q["topic"] not in topics:
-            problems.append(f"{where}: topic {q['topic']!r} is not under `topics:`")
-        _check_notebook(where, q.get("notebook"), problems)
-        for field_name in ("question", "answer_20s", "answer_60s"):
-            if not _blank(q.get(field_name)) and not isinstance(q[field_name], str):
-                problems.append(f"{where}: {field_name} must be text")
-        if (not _blank(q.get("answer_20s")) and not _blank(q.get("answer_60s"))
-                and len(str(q["answer_20s"])) >= len(str(q["answer_60s"]))):
-            problems.append(f"{where}: the 60-second answer should be longer than the 20-second one")
-        for field_name in ("answer_20s", "answer_60s"):
-            if isinstance(q.get(field_name), str) and q[field_name].strip():
-                problems += sayable_problems(f"{where}: {field_name}", _clean(q[field_name]))
-        if q.get("shown_in"):
-            _check_evidence(where, q["shown_in"], problems)
-        same = q.get("same_as")
-        if same is not None and (not isinstance(same, str) or not re.fullmatch(r"f\d\d", same)):
-            problems.append(f"{where}: same_as {same!r} should be the id of a capstone follow-up, like f01")
-        elif same is not None and capstone_follow_ups and same not in capstone_follow_ups:
-            problems.append(f"{where}: same_as {same!r} is not the id of a follow-up of capstone.yaml")
-        follow = q.get("follow_ups")
-        if follow and not isinstance(follow, list):
-            problems.append(f"{where}: follow_ups must be a list of {{q, a}}")
-        elif follow:
-            for j, f in enumerate(follow, 1):
-                if not isinstance(f, dict) or _blank(f.get("q")) or _blank(f.get("a")):
-                    problems.append(f"{where}: follow-up {j} needs a question (q) and an answer (a)")
-                else:
-                    _check_unnamed(f"{where}: follow-up {j}", f["a"], problems)
+        _check_question(where, q, topics, capstone_follow_ups, problems)
+    return problems + _bank_size_problems(questions)
+
+
+def _bank_topics(data: dict, problems: list[str]) -> dict:
+    """The bank's ``topics:`` mapping (empty when there is none), each topic checked for a
+    title and a known notebook."""
+    topics = data.get("topics") if isinstance(data, dict) else None
+    if not isinstance(topics, dict) or not topics:
+        problems.append("no topics: the file needs a `topics:` mapping")
+        return {}
+    for key, t in topics.items():
+        if not isinstance(t, dict) or _blank(t.get("title")) or _blank(t.get("notebook")):
+            problems.append(f"topic {key}: needs a title and a notebook")
+        else:
+            _check_notebook(f"topic {key}", t["notebook"], problems)
+    return topics
+
+
+def _check_question(where: str, q: dict, topics: Collection[str], capstone_follow_ups: Collection[str],
+                    problems: list[str]) -> None:
+    """One question's own checks, after those every entry gets: its level, topic and
+    notebook, its answers, its evidence, its same_as and its follow-ups."""
+    problems += _broken(where, (
+        (not _blank(q.get("level")) and q["level"] not in LEVELS,
+         f"level {q.get('level')!r} is not one of {', '.join(LEVELS)}"),
+        (not _blank(q.get("topic")) and q["topic"] not in topics,
+         f"topic {q.get('topic')!r} is not under `topics:`"),
+    ))
+    _check_notebook(where, q.get("notebook"), problems)
+    _check_answers(where, q, problems)
+    if q.get("shown_in"):
+        _check_evidence(where, q["shown_in"], problems)
+    problems += _same_as_problems(where, q.get("same_as"), capstone_follow_ups)
+    _check_follow_ups(where, q.get("follow_ups"), problems)
+
+
+def _check_answers(where: str, q: dict, problems: list[str]) -> None:
+    """A question's texts are text, its 60-second answer is longer than its 20-second one,
+    and both answers can be said out loud."""
+    rules = [(not _blank(q.get(name)) and not isinstance(q[name], str), f"{name} must be text")
+             for name in ("question", "answer_20s", "answer_60s")]
+    rules.append((not _blank(q.get("answer_20s")) and not _blank(q.get("answer_60s"))
+                  and len(str(q["answer_20s"])) >= len(str(q["answer_60s"])),
+                  "the 60-second answer should be longer than the 20-second one"))
+    problems += _broken(where, rules)
+    for field_name in ("answer_20s", "answer_60s"):
+        if isinstance(q.get(field_name), str) and q[field_name].strip():
+            problems += sayable_problems(f"{where}: {field_name}", _clean(q[field_name]))
+
+
+def _same_as_problems(where: str, same, capstone_follow_ups: Collection[str]) -> list[str]:
+    """What is wrong with a question's same_as (None: it has none): not an id like f01, or
+    (when the capstone's ids are known) not the id of one of its follow-ups."""
+    if same is None:
+        return []
+    if not isinstance(same, str) or not re.fullmatch(r"f\d\d", same):
+        return [f"{where}: same_as {same!r} should be the id of a capstone follow-up, like f01"]
+    if capstone_follow_ups and same not in capstone_follow_ups:
+        return [f"{where}: same_as {same!r} is not the id of a follow-up of capstone.yaml"]
+    return []
+
+
+def _check_follow_ups(where: str, follow, problems: list[str]) -> None:
+    """A question's follow-ups: a list, each with a question and an answer that names no
+    notebook."""
+    if follow and not isinstance(follow, list):
+        problems.append(f"{where}: follow_ups must be a list of {{q, a}}")
+        return
+    for j, f in enumerate(follow or [], 1):
+        if not isinstance(f, dict) or _blank(f.get("q")) or _blank(f.get("a")):
+            problems.append(f"{where}: follow-up {j} needs a question (q) and an answer (a)")
+        else:
+            _check_unnamed(f"{where}: follow-up {j}", f["a"], problems)
+
+
+def _bank_size_problems(questions: list) -> list[str]:
+    """The bank as a whole: enough questions, enough at each level, and a question naming
+    every notebook that teaches a lesson."""
     valid = [q for q in questions if isinstance(q, dict)]
-    if len(valid) < MIN_QUESTIONS:
-        problems.append(f"only {len(valid)} questions; the bank needs at least {MIN_QUESTIONS}")
-    for level in LEVELS:
-        n = sum(q.get("level") == level for q in valid)
-        if n < MIN_PER_LEVEL:
-            problems.append(f"level {level}: {n} question(s); needs at least {MIN_PER_LEVEL}")
+    per_level = {level: sum(q.get("level") == level for q in valid) for level in LEVELS}
     covered = {q.get("notebook") for q in valid}
-    for nb in MUST_COVER:
-        if nb not in covered:
-            problems.append(f"notebook {nb}: no question names it")
-    return problems
+    return _broken("", [(len(valid) < MIN_QUESTIONS,
+                         f"only {len(valid)} questions; the bank needs at least {MIN_QUESTIONS}")]
+                   + [(n < MIN_PER_LEVEL, f"level {level}: {n} question(s); needs at least {MIN_PER_LEVEL}")
+                      for level, n in per_level.items()]
+                   + [(nb not in covered, f"notebook {nb}: no question names it") for nb in MUST_COVER])
 
 
 def _entries(items: list, kind: str, fields: tuple[str, ...], list_field: str, id_letter: str,
@@ -366,28 +409,30 @@ def validate_costly(data: dict, topics: Collection[str] = ()) -> list[str]:
         if topics and not _blank(c.get("topic")) and c["topic"] not in topics:
             problems.append(f"{where}: topic {c['topic']!r} is not a topic of questions.yaml")
         _check_notebook(where, c.get("notebook"), problems)
-        choices = c.get("choices")
-        if isinstance(choices, list) and choices:
-            if not 3 <= len(choices) <= len(LETTERS):
-                problems.append(f"{where}: needs 3 or 4 choices, has {len(choices)}")
-            if any(_blank(x) for x in choices):
-                problems.append(f"{where}: a choice is empty")
-            if len(set(choices)) != len(choices):
-                problems.append(f"{where}: two choices are the same")
-            ans = c.get("answer")
-            if not _blank(ans) and (not isinstance(ans, str) or ans not in LETTERS
-                                    or LETTERS.index(ans) >= len(choices)):
-                problems.append(f"{where}: answer {ans!r} is not the letter of a choice")
-            for letter, x in zip(LETTERS, choices):
-                if _concedes(x):
-                    problems.append(
-                        f"{where}: choice {letter}) concedes the statement (“{_clean(x)[:40]}…”): "
-                        "every statement here is wrong, so a reader rules it out without reading. "
-                        "Rewrite it as a confident wrong diagnosis — a specific, plausible reason "
-                        "that is wrong, as long as the right one")
-        elif choices:
-            problems.append(f"{where}: choices must be a list")
+        problems += _choices_problems(where, c.get("choices"), c.get("answer"))
     return problems + _balance_problems(quiz_balance(items))
+
+
+def _choices_problems(where: str, choices, ans) -> list[str]:
+    """What is wrong with a statement's choices and its answer: three or four different,
+    non-empty choices, an answer that is the letter of one, and no choice that concedes."""
+    if not isinstance(choices, list) or not choices:
+        return [f"{where}: choices must be a list"] if choices else []
+    rules = [
+        (not 3 <= len(choices) <= len(LETTERS), f"needs 3 or 4 choices, has {len(choices)}"),
+        (any(_blank(x) for x in choices), "a choice is empty"),
+        (len(set(choices)) != len(choices), "two choices are the same"),
+        (not _blank(ans) and (not isinstance(ans, str) or ans not in LETTERS
+                              or LETTERS.index(ans) >= len(choices)),
+         f"answer {ans!r} is not the letter of a choice"),
+    ]
+    rules += [(_concedes(x),
+               f"choice {letter}) concedes the statement (“{_clean(x)[:40]}…”): "
+               "every statement here is wrong, so a reader rules it out without reading. "
+               "Rewrite it as a confident wrong diagnosis — a specific, plausible reason "
+               "that is wrong, as long as the right one")
+              for letter, x in zip(LETTERS, choices)]
+    return _broken(where, rules)
 
 
 # The quiz must not be solvable without reading it: see validate_costly and the header of
@@ -629,94 +674,124 @@ def validate_capstone(data: dict, costly_ids: Collection[object] = (), topics: C
     problems: list[str] = []
     if not isinstance(data, dict) or not data:
         return ["the file needs the card's fields: " + ", ".join(CAPSTONE_FIELDS)]
-    for name in CAPSTONE_FIELDS:
-        if _blank(data.get(name)) or (name in ("levels", "deductions", "follow_ups") and not data.get(name)):
-            problems.append(f"{name} is missing or empty")
+    _check_card(data, topics, problems)
+    _check_levels(data.get("levels"), problems)
+    _check_deductions(data.get("deductions"), costly_ids, problems)
+    _check_chain(data.get("follow_ups"), problems)
+    return problems
+
+
+def _check_card(data: dict, topics: Collection[str], problems: list[str]) -> None:
+    """The card's own fields: each present and known, its texts text, its 20-second answer
+    sayable, its topic, notebook and level known."""
+    lists = ("levels", "deductions", "follow_ups")
     extra = set(data) - set(CAPSTONE_FIELDS)
-    if extra:
-        problems.append(f"unknown field(s) {', '.join(sorted(extra))}")
-    for name in ("question", "answer_20s"):
-        if not _blank(data.get(name)) and not isinstance(data[name], str):
-            problems.append(f"{name} must be text")
+    problems += _broken("", [(_blank(data.get(name)) or (name in lists and not data.get(name)),
+                              f"{name} is missing or empty") for name in CAPSTONE_FIELDS]
+                        + [(extra, f"unknown field(s) {', '.join(sorted(extra))}")]
+                        + [(not _blank(data.get(name)) and not isinstance(data[name], str), f"{name} must be text")
+                           for name in ("question", "answer_20s")])
     if isinstance(data.get("answer_20s"), str) and data["answer_20s"].strip():
         problems += sayable_problems("answer_20s", _clean(data["answer_20s"]))
-    if topics and not _blank(data.get("topic")) and data["topic"] not in topics:
-        problems.append(f"topic {data['topic']!r} is not a topic of questions.yaml")
+    problems += _broken("", [(topics and not _blank(data.get("topic")) and data["topic"] not in topics,
+                              f"topic {data.get('topic')!r} is not a topic of questions.yaml")])
     _check_notebook("the card", data.get("notebook"), problems)
-    if not _blank(data.get("asked_at")) and data["asked_at"] not in LEVELS:
-        problems.append(f"asked_at {data['asked_at']!r} is not one of {', '.join(LEVELS)}")
-    levels = data.get("levels")
-    if isinstance(levels, dict) and levels:
-        if list(levels) != list(LEVELS):
-            problems.append(f"levels must be {', '.join(LEVELS)}, in that order (found {', '.join(map(str, levels))})")
-        for name, layer in levels.items():
-            where = f"level {name}"
-            if not isinstance(layer, dict):
-                problems.append(f"{where}: needs answer, rubric and shown_in")
-                continue
-            for f in CAPSTONE_LEVEL_FIELDS:
-                if _blank(layer.get(f)) or (f != "answer" and not layer.get(f)):
-                    problems.append(f"{where}: {f} is missing or empty")
-            extra = set(layer) - set(CAPSTONE_LEVEL_FIELDS)
-            if extra:
-                problems.append(f"{where}: unknown field(s) {', '.join(sorted(extra))}")
-            rubric = layer.get("rubric")
-            if rubric and (not isinstance(rubric, list) or any(_blank(x) or not isinstance(x, str) for x in rubric)):
-                problems.append(f"{where}: rubric must be a list of non-empty lines")
-            elif isinstance(rubric, list) and len(rubric) != RUBRIC_ITEMS:
-                problems.append(f"{where}: the rubric lists {len(rubric)} things to listen for; it needs "
-                                f"exactly {RUBRIC_ITEMS} (a level is reached with {RUBRIC_PASS} of them)")
-            if isinstance(layer.get("answer"), str) and layer["answer"].strip():
-                problems += sayable_problems(f"{where}: answer", _clean(layer["answer"]))
-            shown = layer.get("shown_in")
-            if shown and not isinstance(shown, list):
-                problems.append(f"{where}: shown_in must be a list of notebooks")
-            elif shown:
-                for nb in shown:
-                    _check_notebook(where, nb, problems)
-    elif levels:
-        problems.append("levels must map junior, middle, senior and principal to their answers")
-    deductions = data.get("deductions")
+    problems += _broken("", [(not _blank(data.get("asked_at")) and data["asked_at"] not in LEVELS,
+                              f"asked_at {data.get('asked_at')!r} is not one of {', '.join(LEVELS)}")])
+
+
+def _check_levels(levels, problems: list[str]) -> None:
+    """The card's levels: junior to principal in that order, each a layer of the answer."""
+    if not isinstance(levels, dict) or not levels:
+        if levels:
+            problems.append("levels must map junior, middle, senior and principal to their answers")
+        return
+    if list(levels) != list(LEVELS):
+        problems.append(f"levels must be {', '.join(LEVELS)}, in that order (found {', '.join(map(str, levels))})")
+    for name, layer in levels.items():
+        _check_layer(f"level {name}", layer, problems)
+
+
+def _check_layer(where: str, layer, problems: list[str]) -> None:
+    """One level of the capstone: an answer that can be said, a rubric of RUBRIC_ITEMS lines
+    and the notebooks that show it."""
+    if not isinstance(layer, dict):
+        problems.append(f"{where}: needs answer, rubric and shown_in")
+        return
+    extra = set(layer) - set(CAPSTONE_LEVEL_FIELDS)
+    problems += _broken(where, [(_blank(layer.get(f)) or (f != "answer" and not layer.get(f)),
+                                 f"{f} is missing or empty") for f in CAPSTONE_LEVEL_FIELDS]
+                        + [(extra, f"unknown field(s) {', '.join(sorted(extra))}")])
+    problems += _rubric_problems(where, layer.get("rubric"))
+    if isinstance(layer.get("answer"), str) and layer["answer"].strip():
+        problems += sayable_problems(f"{where}: answer", _clean(layer["answer"]))
+    shown = layer.get("shown_in")
+    if shown and not isinstance(shown, list):
+        problems.append(f"{where}: shown_in must be a list of notebooks")
+        return
+    for nb in shown or []:
+        _check_notebook(where, nb, problems)
+
+
+def _rubric_problems(where: str, rubric) -> list[str]:
+    """What is wrong with a level's rubric: not a list of non-empty lines, or not exactly
+    RUBRIC_ITEMS of them."""
+    if rubric and (not isinstance(rubric, list) or any(_blank(x) or not isinstance(x, str) for x in rubric)):
+        return [f"{where}: rubric must be a list of non-empty lines"]
+    if isinstance(rubric, list) and len(rubric) != RUBRIC_ITEMS:
+        return [f"{where}: the rubric lists {len(rubric)} things to listen for; it needs "
+                f"exactly {RUBRIC_ITEMS} (a level is reached with {RUBRIC_PASS} of them)"]
+    return []
+
+
+def _check_deductions(deductions, costly_ids: Collection[object], problems: list[str]) -> None:
+    """The card's deductions: each names a statement of costly_answers.yaml, once, and says
+    what it costs."""
     if deductions and not isinstance(deductions, list):
         problems.append("deductions must be a list of {costly, says}")
-    elif deductions:
-        seen: set[str] = set()
-        for i, d in enumerate(deductions, 1):
-            if not isinstance(d, dict) or _blank(d.get("costly")) or _blank(d.get("says")):
-                problems.append(f"deduction {i}: needs costly (an id of costly_answers.yaml) and says")
-                continue
-            if set(d) - {"costly", "says"}:
-                problems.append(f"deduction {i}: unknown field(s) {', '.join(sorted(set(d) - {'costly', 'says'}))}")
-            if costly_ids and d["costly"] not in costly_ids:
-                problems.append(f"deduction {i}: {d['costly']!r} is not an id of costly_answers.yaml")
-            if d["costly"] in seen:
-                problems.append(f"deduction {i}: {d['costly']} is deducted twice")
-            seen.add(d["costly"])
-    chain = data.get("follow_ups")
+        return
+    seen: set[str] = set()
+    for i, d in enumerate(deductions or [], 1):
+        if not isinstance(d, dict) or _blank(d.get("costly")) or _blank(d.get("says")):
+            problems.append(f"deduction {i}: needs costly (an id of costly_answers.yaml) and says")
+            continue
+        extra = set(d) - {"costly", "says"}
+        problems += _broken(f"deduction {i}", (
+            (extra, f"unknown field(s) {', '.join(sorted(extra))}"),
+            (costly_ids and d["costly"] not in costly_ids, f"{d['costly']!r} is not an id of costly_answers.yaml"),
+            (d["costly"] in seen, f"{d['costly']} is deducted twice"),
+        ))
+        seen.add(d["costly"])
+
+
+def _check_chain(chain, problems: list[str]) -> None:
+    """The card's chain of follow-ups: a list of entries with an id used once."""
     if chain and not isinstance(chain, list):
         problems.append("follow_ups must be a list of {level, notebook, q, a}")
-    elif chain:
-        ids: set = set()
-        for i, f in enumerate(chain, 1):
-            where = f"follow-up {i}"
-            if not isinstance(f, dict):
-                problems.append(f"{where}: is not a mapping")
-                continue
-            if not _blank(f.get("id")) and not re.fullmatch(r"f\d\d", str(f["id"])):
-                problems.append(f"{where}: id {f['id']!r} should look like f01")
-            elif f.get("id") in ids:
-                problems.append(f"{where}: the id {f['id']} is used twice")
-            ids.add(f.get("id"))
-            _check_unnamed(f"{where}: a", f.get("a"), problems)
-            for name in CHAIN_FIELDS:
-                if _blank(f.get(name)):
-                    problems.append(f"{where}: {name} is missing or empty")
-            if set(f) - set(CHAIN_FIELDS):
-                problems.append(f"{where}: unknown field(s) {', '.join(sorted(set(f) - set(CHAIN_FIELDS)))}")
-            if not _blank(f.get("level")) and f["level"] not in LEVELS:
-                problems.append(f"{where}: level {f['level']!r} is not one of {', '.join(LEVELS)}")
-            _check_notebook(where, f.get("notebook"), problems)
-    return problems
+        return
+    ids: set = set()
+    for i, f in enumerate(chain or [], 1):
+        _check_chain_entry(f"follow-up {i}", f, ids, problems)
+
+
+def _check_chain_entry(where: str, f, ids: set, problems: list[str]) -> None:
+    """One follow-up of the chain: an id like f01 not used before (``ids``: those seen), an
+    answer that names no notebook, every field present and known, a known level and notebook."""
+    if not isinstance(f, dict):
+        problems.append(f"{where}: is not a mapping")
+        return
+    if not _blank(f.get("id")) and not re.fullmatch(r"f\d\d", str(f["id"])):
+        problems.append(f"{where}: id {f['id']!r} should look like f01")
+    elif f.get("id") in ids:
+        problems.append(f"{where}: the id {f['id']} is used twice")
+    ids.add(f.get("id"))
+    _check_unnamed(f"{where}: a", f.get("a"), problems)
+    extra = set(f) - set(CHAIN_FIELDS)
+    problems += _broken(where, [(_blank(f.get(name)), f"{name} is missing or empty") for name in CHAIN_FIELDS]
+                        + [(extra, f"unknown field(s) {', '.join(sorted(extra))}"),
+                           (not _blank(f.get("level")) and f["level"] not in LEVELS,
+                            f"level {f.get('level')!r} is not one of {', '.join(LEVELS)}")])
+    _check_notebook(where, f.get("notebook"), problems)
 
 
 def load_capstone(path: Path | str | None = None) -> Capstone:
@@ -885,28 +960,45 @@ def capstone_model(card: Capstone | None = None, *, level: str | None = None, ru
     side = rubric and width >= _SIDE_BY_SIDE
     text_width = (width - 14) * 3 // 5 if side else width - 12
     rubric_width = width - 14 - text_width if side else text_width
+    lines = [_model_head(layers, side=side, rubric=rubric, width=width)]
+    for layer in layers:
+        lines.append("")
+        lines += _layer_lines(layer, side=side, rubric=rubric, text_width=text_width,
+                              rubric_width=rubric_width)
+    if rubric:
+        lines += _scale_lines(card, width)
+    return "\n".join(lines)
+
+
+def _model_head(layers: tuple[Layer, ...], *, side: bool, rubric: bool, width: int) -> str:
+    """The model answer's heading: which levels it spans and how the rubric is read."""
     head = ("The model answer at junior level" if len(layers) == 1 else
             f"The model answer, junior to {layers[-1].level} (each level adds to the one before)")
-    lines = [head + (f", {'beside' if side else 'with'} the rubric: a level is reached with {RUBRIC_PASS} of "
-                     f"its {RUBRIC_ITEMS} items and every level below it reached" if rubric else "") + ":"]
-    lines = [textwrap.fill(lines[0], width)]
-    for layer in layers:
-        shown = ", ".join(_short_nb(n) for n in layer.shown_in)
-        answer = textwrap.wrap(f"{layer.answer} [shown in {shown}]", text_width, break_on_hyphens=False)
-        items = [line for r in layer.rubric
-                 for line in textwrap.wrap(r, rubric_width, initial_indent="□ ", subsequent_indent="  ")]
-        body = (_columns(answer, items, text_width) if side
-                else answer + ([""] + items if rubric else []))
-        lines.append("")
-        lines += [((f"  {layer.level:<10}" if i == 0 else " " * 12) + row).rstrip() for i, row in enumerate(body)]
-    if rubric:
-        lines += ["", "Score:"] + ["  " + x for x in CAPSTONE_SCALE]
-        lines.append(textwrap.fill(" · ".join(f"{d.costly} {d.says}" for d in card.deductions), width,
-                                   initial_indent="  −1 each   ", subsequent_indent=" " * 12))
-        lines.append(textwrap.fill("What the candidate says in answer to the follow-ups counts toward the "
-                                   "rubric as much as the first answer.", width, initial_indent="  ",
-                                   subsequent_indent="  "))
-    return "\n".join(lines)
+    return textwrap.fill(head + (f", {'beside' if side else 'with'} the rubric: a level is reached with "
+                                 f"{RUBRIC_PASS} of its {RUBRIC_ITEMS} items and every level below it "
+                                 "reached" if rubric else "") + ":", width)
+
+
+def _layer_lines(layer: Layer, *, side: bool, rubric: bool, text_width: int, rubric_width: int) -> list[str]:
+    """One level of the model answer, its name in the margin: the answer and where it is
+    shown, with its rubric beside it (``side``), under it, or not at all."""
+    shown = ", ".join(_short_nb(n) for n in layer.shown_in)
+    answer = textwrap.wrap(f"{layer.answer} [shown in {shown}]", text_width, break_on_hyphens=False)
+    items = [line for r in layer.rubric
+             for line in textwrap.wrap(r, rubric_width, initial_indent="□ ", subsequent_indent="  ")]
+    body = (_columns(answer, items, text_width) if side
+            else answer + ([""] + items if rubric else []))
+    return [((f"  {layer.level:<10}" if i == 0 else " " * 12) + row).rstrip() for i, row in enumerate(body)]
+
+
+def _scale_lines(card: Capstone, width: int) -> list[str]:
+    """Under the rubric: the 0-4 scale, the deductions and how the follow-ups count."""
+    return (["", "Score:"] + ["  " + x for x in CAPSTONE_SCALE]
+            + [textwrap.fill(" · ".join(f"{d.costly} {d.says}" for d in card.deductions), width,
+                             initial_indent="  −1 each   ", subsequent_indent=" " * 12),
+               textwrap.fill("What the candidate says in answer to the follow-ups counts toward the "
+                             "rubric as much as the first answer.", width, initial_indent="  ",
+                             subsequent_indent="  ")])
 
 
 def capstone_text(card: Capstone | None = None, *, level: str | None = None,
@@ -1271,40 +1363,59 @@ def check_claim(lab: Lab, query: str, *, workers: int = 3) -> Check:
     scratch = _scratch(lab)
     try:
         _jobs_newest_first(scratch, jobs)
-        texts = {n: _bind(scratch, query, {"worker_id": n, "batch": 1}) for n in names}
-        with Sessions(scratch, *names, watch={"job": "id"}, lock_timeout="3s") as run:
-            steps = {}
-            for n in names:
-                run.step(n, "BEGIN")
-                steps[n] = run.step(n, texts[n], label="claim")
-            for n in names:
-                run.step(n, "COMMIT")
+        steps = _claim_at_once(scratch, query, names)
         failed = {n: s.error.short() for n, s in steps.items() if s.error and s.error.kind != "lock_timeout"}
-        waited = [n for n, s in steps.items() if s.waited]
         if failed:
             check.add(False, "the claim failed: " + "; ".join(f"{n}: {e}" for n, e in failed.items()))
             return check
+        waited = [n for n, s in steps.items() if s.waited]
         check.add(not waited, "no session waited" if not waited else
                   f"session(s) {', '.join(waited)} waited for another one's lock: a convoy")
         got = {n: [r[0] for r in s.rows] for n, s in steps.items()}
-        shown = ", ".join(f"{n} {'+'.join(map(str, v)) or '-'}" for n, v in got.items())
-        check.add(all(len(v) == 1 for v in got.values()),
-                  f"each session claimed exactly one job (claimed: {shown})")
-        flat = [j for v in got.values() for j in v]
-        check.add(len(flat) == len(set(flat)), "no job was claimed twice" if len(flat) == len(set(flat))
-                  else "a job was handed to more than one session")
-        oldest = set(range(jobs, jobs - workers, -1))
-        check.add(set(flat) == oldest, f"the oldest jobs went first (jobs {', '.join(map(str, sorted(oldest, reverse=True)))};"
-                  " the checker numbers jobs newest first)")
-        rows = scratch.execute("SELECT id, status, worker_id FROM job WHERE id = ANY(%s) ORDER BY id", (flat,))
-        marked = all(status == "IN_PROGRESS" and worker == n
-                     for n, v in got.items() for (jid, status, worker) in rows if jid in v)
-        check.add(marked and bool(rows), "after COMMIT each claimed job reads IN_PROGRESS with its worker's id"
-                  if marked and rows else "after COMMIT the claimed jobs are not marked IN_PROGRESS by their "
-                  "worker: the next claim will take them again")
+        _judge_claimed(check, got, jobs, workers)
+        _judge_marked(check, scratch, got)
         return check
     finally:
         scratch.drop()
+
+
+def _claim_at_once(scratch: Lab, query: str, names: list[str]) -> dict:
+    """Each session begins and runs the reader's claim, all before any commits; then all
+    commit.  The claim's step of each session, by its name."""
+    texts = {n: _bind(scratch, query, {"worker_id": n, "batch": 1}) for n in names}
+    with Sessions(scratch, *names, watch={"job": "id"}, lock_timeout="3s") as run:
+        steps = {}
+        for n in names:
+            run.step(n, "BEGIN")
+            steps[n] = run.step(n, texts[n], label="claim")
+        for n in names:
+            run.step(n, "COMMIT")
+    return steps
+
+
+def _judge_claimed(check: Check, got: dict[str, list], jobs: int, workers: int) -> None:
+    """What the sessions claimed (``got``: the job ids by session): one job each, no job
+    twice, and the oldest ones."""
+    shown = ", ".join(f"{n} {'+'.join(map(str, v)) or '-'}" for n, v in got.items())
+    check.add(all(len(v) == 1 for v in got.values()),
+              f"each session claimed exactly one job (claimed: {shown})")
+    flat = [j for v in got.values() for j in v]
+    check.add(len(flat) == len(set(flat)), "no job was claimed twice" if len(flat) == len(set(flat))
+              else "a job was handed to more than one session")
+    oldest = set(range(jobs, jobs - workers, -1))
+    check.add(set(flat) == oldest, f"the oldest jobs went first (jobs {', '.join(map(str, sorted(oldest, reverse=True)))};"
+              " the checker numbers jobs newest first)")
+
+
+def _judge_marked(check: Check, scratch: Lab, got: dict[str, list]) -> None:
+    """After the commits, each claimed job reads IN_PROGRESS under the worker that claimed it."""
+    flat = [j for v in got.values() for j in v]
+    rows = scratch.execute("SELECT id, status, worker_id FROM job WHERE id = ANY(%s) ORDER BY id", (flat,))
+    marked = all(status == "IN_PROGRESS" and worker == n
+                 for n, v in got.items() for (jid, status, worker) in rows if jid in v)
+    check.add(marked and bool(rows), "after COMMIT each claimed job reads IN_PROGRESS with its worker's id"
+              if marked and rows else "after COMMIT the claimed jobs are not marked IN_PROGRESS by their "
+              "worker: the next claim will take them again")
 
 
 COUNT_HINT = ("A report wants the last committed state, and must neither wait behind a worker's row "

@@ -53,6 +53,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -69,6 +70,7 @@ from ..core.procs import Context, Worker
 from ..core.queries import statements
 from ..core.sandbox import Sandbox, check_number, memory_refusal, read_input
 from ..core.sessions import Sessions, classify
+from ..core.steps import Step
 from ..core.text import fill
 from ..labs import claims
 
@@ -444,63 +446,87 @@ def _probe_sessions(report: Report, lab: Lab, box: Sandbox, body: list[str], no_
         A = lambda text, **kw: run.step(a_id, text, **kw)  # noqa: E731
         B = lambda text, **kw: run.step(b_id, text, **kw)  # noqa: E731
         A("BEGIN")
-        a = A("; ".join(bind(s, a_id) for s in body), label="claim")
-        if a.error is not None:
-            code = "syntax_error" if a.error.sqlstate == "42601" else "sql_error"
-            report.add(code, a.error.short())
-            return False
-        ids = _ids(a.rows)
+        ids = _probe_first_claim(report, run, A, a_id, body)
         if ids is None:
-            report.add("not_a_claim", f"first column is not a job id: {a.rows[:3]}")
             return False
-        report.probe_claimed = ids
-        if not ids:
-            report.add("claims_nothing", "A's claim returned no rows")
-            return False
-        held = run.locked_rows()[a_id]
-        id_array = "'{" + ",".join(map(str, ids)) + "}'::bigint[]"      # ids are ints
-        rows = A("SELECT id, status, worker_id, claimed_at IS NOT NULL FROM job "
-                 f"WHERE id = ANY({id_array}) ORDER BY id", label="look").rows
-        statuses = {r[1] for r in rows}
-        unknown = set(ids) - {r[0] for r in rows}
-        if unknown or not set(ids) <= set(held):
-            report.add("not_a_claim",
-                       f"ids {sorted(unknown)} are not jobs" if unknown
-                       else f"A returned {ids} but holds no lock on {sorted(set(ids) - set(held))}")
-            return False
-        if statuses == {"PENDING"}:
-            report.add("no_status_update", "A's claimed rows are still PENDING inside its transaction")
-        elif "DONE" in statuses:
-            report.add("done_at_claim", f"A's claimed rows read {sorted(statuses)}")
-        elif any(r[2] is None or not r[3] for r in rows):
-            report.add("no_owner", "worker_id or claimed_at is NULL on A's claimed rows")
-        elif any(r[2] != a_id for r in rows):
-            report.add("no_owner", "worker_id is not the worker's %(worker_id)s")
-        if len(ids) == PROBE_JOBS:
-            report.add("no_limit", f"A claimed all {PROBE_JOBS} pending jobs in one go")
         B("BEGIN")
-        b = B("; ".join(bind(s, b_id) for s in body), label="claim")
-        if b.waited:
-            report.probe = f"B waited for A ({b.wait_event})"
-            report.add("convoy", report.probe)
-            A("ROLLBACK")
-            run.wait(b_id)
-        elif b.error is not None:
-            report.probe = f"B failed at once: {b.error.brief()}"
-            if b.error.kind == "nowait":
-                report.add("nowait_error_storm", report.probe)
-            else:
-                report.add("sql_error", b.error.short())
-        else:
-            got = _ids(b.rows) or []
-            report.probe = f"B claimed {got} while A held {ids}"
-            if set(got) & set(ids):
-                report.add("double_claims", report.probe)
+        _probe_second_claim(report, run, A, B, b_id, body, ids)
         A("ROLLBACK")
         B("ROLLBACK")
     if no_order:
         report.add("no_order_by", no_order)
     return True
+
+
+def _probe_first_claim(report: Report, run: Sessions, A: Callable[..., Step], a_id: str,
+                       body: list[str]) -> list[int] | None:
+    """A claims, its transaction left open: the ids it claimed, once they are read back as
+    job rows it holds locked and its marks are judged; None when the claim cannot be run
+    further (an error, no ids, nothing claimed, rows that are not its jobs)."""
+    a = A("; ".join(bind(s, a_id) for s in body), label="claim")
+    if a.error is not None:
+        code = "syntax_error" if a.error.sqlstate == "42601" else "sql_error"
+        report.add(code, a.error.short())
+        return None
+    ids = _ids(a.rows)
+    if ids is None:
+        report.add("not_a_claim", f"first column is not a job id: {a.rows[:3]}")
+        return None
+    report.probe_claimed = ids
+    if not ids:
+        report.add("claims_nothing", "A's claim returned no rows")
+        return None
+    held = run.locked_rows()[a_id]
+    id_array = "'{" + ",".join(map(str, ids)) + "}'::bigint[]"      # ids are ints
+    rows = A("SELECT id, status, worker_id, claimed_at IS NOT NULL FROM job "
+             f"WHERE id = ANY({id_array}) ORDER BY id", label="look").rows
+    unknown = set(ids) - {r[0] for r in rows}
+    if unknown or not set(ids) <= set(held):
+        report.add("not_a_claim",
+                   f"ids {sorted(unknown)} are not jobs" if unknown
+                   else f"A returned {ids} but holds no lock on {sorted(set(ids) - set(held))}")
+        return None
+    _judge_claimed_rows(report, rows, ids, a_id)
+    return ids
+
+
+def _judge_claimed_rows(report: Report, rows: list, ids: list[int], a_id: str) -> None:
+    """A's claimed rows inside its open transaction: marked IN_PROGRESS (not still PENDING,
+    not DONE already), with its worker id and a claim time, and not every pending job."""
+    statuses = {r[1] for r in rows}
+    if statuses == {"PENDING"}:
+        report.add("no_status_update", "A's claimed rows are still PENDING inside its transaction")
+    elif "DONE" in statuses:
+        report.add("done_at_claim", f"A's claimed rows read {sorted(statuses)}")
+    elif any(r[2] is None or not r[3] for r in rows):
+        report.add("no_owner", "worker_id or claimed_at is NULL on A's claimed rows")
+    elif any(r[2] != a_id for r in rows):
+        report.add("no_owner", "worker_id is not the worker's %(worker_id)s")
+    if len(ids) == PROBE_JOBS:
+        report.add("no_limit", f"A claimed all {PROBE_JOBS} pending jobs in one go")
+
+
+def _probe_second_claim(report: Report, run: Sessions, A: Callable[..., Step], B: Callable[..., Step],
+                        b_id: str, body: list[str], ids: list[int]) -> None:
+    """B claims while A's claim of ``ids`` is still open: it waits for A (a convoy), fails
+    at once (NOWAIT or another error), or gets jobs, which must not be A's."""
+    b = B("; ".join(bind(s, b_id) for s in body), label="claim")
+    if b.waited:
+        report.probe = f"B waited for A ({b.wait_event})"
+        report.add("convoy", report.probe)
+        A("ROLLBACK")
+        run.wait(b_id)
+    elif b.error is not None:
+        report.probe = f"B failed at once: {b.error.brief()}"
+        if b.error.kind == "nowait":
+            report.add("nowait_error_storm", report.probe)
+        else:
+            report.add("sql_error", b.error.short())
+    else:
+        got = _ids(b.rows) or []
+        report.probe = f"B claimed {got} while A held {ids}"
+        if set(got) & set(ids):
+            report.add("double_claims", report.probe)
 
 
 def _ids(rows) -> list[int] | None:
@@ -531,9 +557,9 @@ def _plan(report: Report, lab: Lab, box: Sandbox, stmts: list[str]) -> None:
         except psycopg.Error as exc:
             report.add("sql_error", f"EXPLAIN failed: {exc.diag.message_primary}")
             return
-        nodes += p["nodes"]
-        buffers += p["search_buffers"]
-        seq = seq or "Seq Scan" in p["nodes"]
+        nodes += p.nodes
+        buffers += p.search_buffers
+        seq = seq or "Seq Scan" in p.nodes
     report.plan = nodes
     report.plan_buffers = buffers
     report.uses_index = any("Index" in n for n in nodes) and not seq
@@ -568,59 +594,9 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
                            user=user, password=password)
     try:
         _session_settings(conn)
-        ran = errors = empties = 0
         ctx.emit("connected", pids=[conn.info.backend_pid])
         ctx.pause("ready")                      # all workers start claiming together
-        end = time.monotonic() + deadline_s
-        ctx.emit("start")
-        while time.monotonic() < end:
-            t0 = time.monotonic()
-            try:
-                cur = conn.execute(script)
-                rows = None
-                while True:
-                    if cur.description:
-                        rows = cur.fetchall()
-                    if not cur.nextset():
-                        break
-            except psycopg.Error as exc:
-                state = exc.sqlstate or ""
-                kind = "serialization" if state == "40001" else classify(state, str(exc))
-                if conn.broken or conn.closed:
-                    ctx.emit("sql_error", sqlstate=state, message="the worker's session was ended: "
-                             + _first_line(exc))
-                    break
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK")
-                errors += 1
-                if kind in LOCK_KINDS:
-                    if errors <= 3:
-                        ctx.emit("lock_error", sqlstate=state, lock=kind)
-                    time.sleep(0.001)
-                    continue
-                ctx.emit("sql_error", sqlstate=state, message=exc.diag.message_primary or str(exc))
-                break
-            in_tx = conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-            ids = [r[0] for r in rows or [] if isinstance(r[0], int)]
-            ctx.emit("claimed", ids=ids, in_tx=in_tx, ms=(time.monotonic() - t0) * 1000, t0=t0)
-            if not ids:
-                if in_tx:
-                    conn.execute("ROLLBACK")
-                pending = one_row(conn.execute(COUNT_PENDING), "the count of pending jobs")[0]
-                if pending == 0:
-                    break
-                empties += 1
-                time.sleep(0.005)
-                continue
-            for job_id in ids:
-                time.sleep(job_ms / 1000)
-                ran += 1
-                ctx.emit("ran", id=job_id)
-                if pause_after is not None and ran == pause_after:
-                    ctx.pause("crash point")
-            conn.execute(MARK_DONE, (ids,))
-            if in_tx:
-                conn.execute("COMMIT")
+        ran, errors, empties = _claim_until_done(ctx, conn, script, job_ms, pause_after, deadline_s)
         ctx.emit("end", errors=errors, empties=empties)
         return {"ran": ran, "errors": errors}
     except psycopg.OperationalError as exc:
@@ -631,6 +607,96 @@ def grade_worker(ctx: Context, dsn: str, schema: str, worker_id: str, script: st
         return {"ran": 0, "errors": 1}
     finally:
         conn.close()
+
+
+def _claim_until_done(ctx: Context, conn: psycopg.Connection, script: str, job_ms: float,
+                      pause_after: int | None, deadline_s: float) -> tuple[int, int, int]:
+    """A graded worker's loop: claim with the script, run and mark what it claimed, until
+    the queue is empty, the deadline passes or the script fails for a reason other than a
+    lock.  The jobs it ran, the errors it met and the claims that came back empty."""
+    ran = errors = empties = 0
+    end = time.monotonic() + deadline_s
+    ctx.emit("start")
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            rows = _run_script(conn, script)
+        except psycopg.Error as exc:
+            errors, go_on = _after_script_error(ctx, conn, exc, errors)
+            if go_on:
+                continue
+            break
+        in_tx = conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        ids = [r[0] for r in rows or [] if isinstance(r[0], int)]
+        ctx.emit("claimed", ids=ids, in_tx=in_tx, ms=(time.monotonic() - t0) * 1000, t0=t0)
+        if not ids:
+            if _queue_empty(conn, in_tx):
+                break
+            empties += 1
+            time.sleep(0.005)
+            continue
+        ran = _run_jobs(ctx, conn, ids, in_tx, job_ms, pause_after, ran)
+    return ran, errors, empties
+
+
+def _run_script(conn: psycopg.Connection, script: str) -> list | None:
+    """Run the reader's script once: the rows of its last statement that returns any (None:
+    no statement does)."""
+    cur = conn.execute(script)
+    rows = None
+    while True:
+        if cur.description:
+            rows = cur.fetchall()
+        if not cur.nextset():
+            break
+    return rows
+
+
+def _after_script_error(ctx: Context, conn: psycopg.Connection, exc: psycopg.Error,
+                        errors: int) -> tuple[int, bool]:
+    """The script failed: its transaction rolled back and the error counted and told.  The
+    errors so far, and whether to claim again (after a lock error) or stop (the session was
+    ended, or any other error)."""
+    state = exc.sqlstate or ""
+    kind = "serialization" if state == "40001" else classify(state, str(exc))
+    if conn.broken or conn.closed:
+        ctx.emit("sql_error", sqlstate=state, message="the worker's session was ended: "
+                 + _first_line(exc))
+        return errors, False
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.execute("ROLLBACK")
+    errors += 1
+    if kind in LOCK_KINDS:
+        if errors <= 3:
+            ctx.emit("lock_error", sqlstate=state, lock=kind)
+        time.sleep(0.001)
+        return errors, True
+    ctx.emit("sql_error", sqlstate=state, message=exc.diag.message_primary or str(exc))
+    return errors, False
+
+
+def _queue_empty(conn: psycopg.Connection, in_tx: bool) -> bool:
+    """A claim came back empty (its transaction, if open, rolled back): whether no job is
+    left pending."""
+    if in_tx:
+        conn.execute("ROLLBACK")
+    return one_row(conn.execute(COUNT_PENDING), "the count of pending jobs")[0] == 0
+
+
+def _run_jobs(ctx: Context, conn: psycopg.Connection, ids: list[int], in_tx: bool, job_ms: float,
+              pause_after: int | None, ran: int) -> int:
+    """Run the claimed jobs (job_ms each, pausing at the crash point) and mark them DONE,
+    committing the claim's transaction if it is still open.  The jobs run so far."""
+    for job_id in ids:
+        time.sleep(job_ms / 1000)
+        ran += 1
+        ctx.emit("ran", id=job_id)
+        if pause_after is not None and ran == pause_after:
+            ctx.pause("crash point")
+    conn.execute(MARK_DONE, (ids,))
+    if in_tx:
+        conn.execute("COMMIT")
+    return ran
 
 
 class _LockSampler(threading.Thread):
@@ -735,22 +801,13 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
 
     if not _stage(report, box, 2 * STEP_TIMEOUT_S, _fresh_shuffled, box.lab, jobs):
         return
-    script = "; ".join(stmts)
-    check_client_ms = lab.db.check_client_ms
     ws: list[Worker] = []
     sampler = holder = None
     t0 = time.monotonic()
     timed_out = False
     victim = None
     try:
-        for wid in worker_ids(workers):
-            ws.append(Worker("labkit.tools.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
-                             worker_id=wid, script=bind(script, wid), job_ms=job_ms,
-                             pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
-                             statement_timeout_s=STEP_TIMEOUT_S, check_client_ms=check_client_ms,
-                             **box.worker_kwargs()).start())
-        for w in ws:
-            w.wait_for("paused", tag="ready", timeout=60)
+        _start_workers(ws, lab, box, "; ".join(stmts), workers, job_ms, crash_after)
         pids = [p for w in ws for e in w.events if e["kind"] == "connected" for p in e["pids"]]
         holder = _Holder(box)
         holder.hold()
@@ -758,33 +815,7 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
         sampler.start()
         for w in ws:
             w.resume()
-        # Every worker stops after its third job; the first to get there is killed, the
-        # others go on.
-        stopped = set()
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        next_look = 0.0
-        while any(w.alive for w in ws):
-            now = time.monotonic()
-            if now > deadline:
-                timed_out = True
-                break
-            if holder.since and (sampler.waited_on_holder.is_set() or now - holder.since > HOLD_S
-                                 or (now > next_look and _only_held_left(lab, holder))):
-                holder.release()
-            if now > next_look:
-                next_look = now + 0.02
-            for w in ws:
-                w.poll(0.002)
-                if w.name in stopped or not any(e["kind"] == "paused" and e.get("tag") == "crash point"
-                                                for e in w.events):
-                    continue
-                stopped.add(w.name)
-                if victim is None:
-                    victim = w
-                    w.kill()
-                    claims.backend_gone(lab, w)
-                else:
-                    w.resume()
+        victim, timed_out = _until_workers_end(lab, ws, holder, sampler)
         report.killed = (f"{victim.name} (SIGKILL after its job #{crash_after} ran, before it was marked)"
                          if victim else f"nobody (no worker ran {crash_after} jobs)")
     finally:
@@ -795,6 +826,71 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
         if sampler is not None:
             report.blocked_ms = round(sampler.finish(), 1)
     report.run_seconds = round(time.monotonic() - t0, 2)
+    _judge_run(report, sampler, timed_out, victim)
+    # Counted through labkit's own session: the claim's SQL may have ended the role's.
+    _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, lab, ws,
+           holder.job if holder is not None else None)
+
+
+def _start_workers(ws: list[Worker], lab: Lab, box: Sandbox, script: str, workers: int, job_ms: float,
+                   crash_after: int) -> None:
+    """Start the run's worker processes, each added to ``ws`` as it starts (so that all that
+    started are stopped, whatever happens), and wait until every one is ready to claim."""
+    check_client_ms = lab.db.check_client_ms
+    for wid in worker_ids(workers):
+        ws.append(Worker("labkit.tools.grade:grade_worker", name=wid, dsn=lab.db.dsn, schema=lab.schema,
+                         worker_id=wid, script=bind(script, wid), job_ms=job_ms,
+                         pause_after=crash_after, deadline_s=min(30.0, RUN_TIMEOUT_S),
+                         statement_timeout_s=STEP_TIMEOUT_S, check_client_ms=check_client_ms,
+                         **box.worker_kwargs()).start())
+    for w in ws:
+        w.wait_for("paused", tag="ready", timeout=60)
+
+
+def _until_workers_end(lab: Lab, ws: list[Worker], holder: _Holder,
+                       sampler: _LockSampler) -> tuple[Worker | None, bool]:
+    """Watch the run until every worker has ended or RUN_TIMEOUT_S has passed, releasing
+    the holder's job when it has done its part.  Every worker stops after its third job;
+    the first to get there is killed, the others go on.  The worker killed (None: nobody
+    got there), and whether the run timed out."""
+    stopped: set[str] = set()
+    victim = None
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    next_look = 0.0
+    while any(w.alive for w in ws):
+        now = time.monotonic()
+        if now > deadline:
+            return victim, True
+        if holder.since and (sampler.waited_on_holder.is_set() or now - holder.since > HOLD_S
+                             or (now > next_look and _only_held_left(lab, holder))):
+            holder.release()
+        if now > next_look:
+            next_look = now + 0.02
+        victim = _crash_the_first(lab, ws, stopped, victim)
+    return victim, False
+
+
+def _crash_the_first(lab: Lab, ws: list[Worker], stopped: set[str], victim: Worker | None) -> Worker | None:
+    """Each worker newly paused at its crash point (``stopped``: those already seen there):
+    the first of all is killed, the others resume.  The worker killed, if any yet."""
+    for w in ws:
+        w.poll(0.002)
+        if w.name in stopped or not any(e["kind"] == "paused" and e.get("tag") == "crash point"
+                                        for e in w.events):
+            continue
+        stopped.add(w.name)
+        if victim is None:
+            victim = w
+            w.kill()
+            claims.backend_gone(lab, w)
+        else:
+            w.resume()
+    return victim
+
+
+def _judge_run(report: Report, sampler: _LockSampler | None, timed_out: bool, victim: Worker | None) -> None:
+    """What the run itself showed: claims that waited for a row lock, a run that did not
+    end in time, a crash that was never tested."""
     report.claim_waits = len(sampler.waiters) if sampler else None
     if sampler and sampler.waiters:
         report.add("convoy", f"{len(sampler.waiters)} worker(s) of the run waited for a row lock in the "
@@ -805,9 +901,6 @@ def _run(report: Report, lab: Lab, box: Sandbox, stmts: list[str], workers: int,
         report.add("too_slow", f"the workers were still running after {RUN_TIMEOUT_S:g} s and were stopped")
     if victim is None:
         report.add("crash_not_tested", report.killed)
-    # Counted through labkit's own session: the claim's SQL may have ended the role's.
-    _stage(report, box, 2 * STEP_TIMEOUT_S, _tally, report, lab, ws,
-           holder.job if holder is not None else None)
 
 
 def _only_held_left(lab: Lab, holder: _Holder) -> bool:
@@ -830,70 +923,111 @@ def out_of_order(claims_seen: dict[int, tuple[float, float]], created: dict[int,
     return count
 
 
-def _tally(report: Report, lab: Lab, ws, held: int | None = None) -> None:
-    claimed_by: dict[int, set] = {}
-    first: dict[int, tuple[float, float]] = {}
-    runs: dict[int, int] = {}
-    lock_errors = nowaits = 0
-    in_tx = False
-    biggest = 0                          # the most jobs one claim of the run returned
-    for w in ws:
+@dataclass
+class _RunEvents:
+    """What the run's workers told, counted: who claimed each job and when, the first claim
+    of each job (start, end), how often each job ran, lock errors, NOWAIT errors, whether
+    the work ran inside the claim's transaction, and the most jobs one claim returned."""
+
+    claimed_by: dict[int, set] = field(default_factory=dict)
+    first: dict[int, tuple[float, float]] = field(default_factory=dict)
+    runs: dict[int, int] = field(default_factory=dict)
+    lock_errors: int = 0
+    nowaits: int = 0
+    in_tx: bool = False
+    biggest: int = 0
+
+    def count(self, report: Report, w) -> None:
+        """Count one worker's events; an SQL error it told is a problem of the report."""
         for e in w.events:
             if e["kind"] == "claimed":
-                in_tx = in_tx or e["in_tx"]
-                biggest = max(biggest, len(e["ids"]))
-                for i in e["ids"]:
-                    claimed_by.setdefault(i, set()).add((w.name, e["t"]))
-                    span = (e.get("t0", e["t"] - e["ms"] / 1000), e["t"])
-                    if i not in first or span[1] < first[i][1]:
-                        first[i] = span
+                self._claimed(w.name, e)
             elif e["kind"] == "ran":
-                runs[e["id"]] = runs.get(e["id"], 0) + 1
+                self.runs[e["id"]] = self.runs.get(e["id"], 0) + 1
             elif e["kind"] == "end":
-                lock_errors += e["errors"]
+                self.lock_errors += e["errors"]
             elif e["kind"] == "lock_error":
-                nowaits += e.get("sqlstate") == "55P03"
+                self.nowaits += e.get("sqlstate") == "55P03"
             elif e["kind"] == "sql_error":
                 report.add("sql_error", f"{e['sqlstate']} {e['message']}".strip())
         if not any(e["kind"] == "end" for e in w.events):
-            lock_errors += sum(1 for e in w.events if e["kind"] == "lock_error")
-    report.work_inside_claim = in_tx
-    report.lock_errors = lock_errors
-    report.double_claims = sum(1 for v in claimed_by.values() if len(v) > 1)
-    report.duplicate_runs = sum(1 for n in runs.values() if n > 1)
+            self.lock_errors += sum(1 for e in w.events if e["kind"] == "lock_error")
+
+    def _claimed(self, name: str, e: dict) -> None:
+        """One claim of a worker: who got each job, and the span of each job's first claim."""
+        self.in_tx = self.in_tx or e["in_tx"]
+        self.biggest = max(self.biggest, len(e["ids"]))
+        for i in e["ids"]:
+            self.claimed_by.setdefault(i, set()).add((name, e["t"]))
+            span = (e.get("t0", e["t"] - e["ms"] / 1000), e["t"])
+            if i not in self.first or span[1] < self.first[i][1]:
+                self.first[i] = span
+
+
+def _tally(report: Report, lab: Lab, ws, held: int | None = None) -> None:
+    """Count what the run did, from the workers' events and the job table as it was left,
+    and diagnose it (``held``: the job the holder held, left out of the order count)."""
+    seen = _RunEvents()
+    for w in ws:
+        seen.count(report, w)
+    report.work_inside_claim = seen.in_tx
+    report.lock_errors = seen.lock_errors
+    report.double_claims = sum(1 for v in seen.claimed_by.values() if len(v) > 1)
+    report.duplicate_runs = sum(1 for n in seen.runs.values() if n > 1)
+    _count_jobs(report, lab, seen, held)
+    _diagnose_run(report, seen)
+
+
+def _count_jobs(report: Report, lab: Lab, seen: _RunEvents, held: int | None) -> None:
+    """What the job table says after the run: jobs stuck IN_PROGRESS (and how many of them
+    a reaper can recover), left PENDING, lost, and claimed before an older one."""
     rows = lab.execute("SELECT id, status, worker_id IS NOT NULL AND claimed_at IS NOT NULL, created_at FROM job")
     created = {i: c for i, _, _, c in rows}
     report.stuck_jobs = sum(1 for _, s, _, _ in rows if s == "IN_PROGRESS")
     report.stuck_recoverable = sum(1 for _, s, owned, _ in rows if s == "IN_PROGRESS" and owned)
     report.unclaimed_jobs = sum(1 for _, s, _, _ in rows if s == "PENDING")
     report.lost_jobs = sum(1 for i, s, owned, _ in rows
-                           if (s == "DONE" and i not in runs) or (s == "IN_PROGRESS" and not owned))
-    seen = {i: span for i, span in first.items() if i in created and i != held}
-    report.out_of_order = out_of_order(seen, created)
+                           if (s == "DONE" and i not in seen.runs) or (s == "IN_PROGRESS" and not owned))
+    first = {i: span for i, span in seen.first.items() if i in created and i != held}
+    report.out_of_order = out_of_order(first, created)
+
+
+def _diagnose_run(report: Report, seen: _RunEvents) -> None:
+    """The problems the run's counts show, in the order they are told: what the claim does
+    (hoarding, NOWAIT errors, work inside the claim), then the measured harm that no
+    diagnosis explains."""
     # A claim of the graded run that took more jobs at once than the probe's claim did, and
     # more than one worker's share of the run, behaved otherwise when it was not probed (the
     # SQL may tell the two apart): it hoards the queue, whatever the probe saw.
     probed = len(report.probe_claimed or [])
     share = max(1, report.jobs // max(1, report.workers))
-    if probed and biggest > max(probed, share) and "no_limit" not in report.codes:
-        report.add("no_limit", f"in the run, one claim took {biggest} of the {report.jobs} jobs at once, "
-                               f"where the probe's claim took {probed}")
-    if nowaits:
-        report.add("nowait_error_storm", f"claims of the run failed with ERROR 55P03 "
-                                         f"({report.lock_errors} lock error(s) in all)")
-    if in_tx:
-        report.add("work_inside_claim", f"{report.duplicate_runs} job(s) ran twice after the crash")
+    _add_broken(report, [
+        (probed and seen.biggest > max(probed, share) and "no_limit" not in report.codes, "no_limit",
+         f"in the run, one claim took {seen.biggest} of the {report.jobs} jobs at once, "
+         f"where the probe's claim took {probed}"),
+        (seen.nowaits, "nowait_error_storm", f"claims of the run failed with ERROR 55P03 "
+                                             f"({report.lock_errors} lock error(s) in all)"),
+        (seen.in_tx, "work_inside_claim", f"{report.duplicate_runs} job(s) ran twice after the crash"),
+    ])
     # Measured harm that no diagnosis above explains still fails the claim.
     explained = {"no_status_update", "work_inside_claim", "no_owner", "done_at_claim", "no_limit"}
-    if report.double_claims and not explained & set(report.codes):
-        report.add("double_claims", f"{report.double_claims} job(s) handed out twice")
-    if report.lost_jobs and not explained & set(report.codes):
-        report.add("lost_jobs", f"{report.lost_jobs} job(s)")
-    if report.unclaimed_jobs and not explained & set(report.codes) and report.stuck_jobs == report.stuck_recoverable:
-        report.add("stalled", f"{report.unclaimed_jobs} job(s) still PENDING at the end")
-    if report.out_of_order and not explained & set(report.codes):
-        report.add("no_order_by", f"in the run, {report.out_of_order} job(s) were claimed before an older "
-                                  "job whose claim began only after theirs had ended")
+    unexplained = not explained & set(report.codes)
+    _add_broken(report, [
+        (report.double_claims and unexplained, "double_claims", f"{report.double_claims} job(s) handed out twice"),
+        (report.lost_jobs and unexplained, "lost_jobs", f"{report.lost_jobs} job(s)"),
+        (report.unclaimed_jobs and unexplained and report.stuck_jobs == report.stuck_recoverable, "stalled",
+         f"{report.unclaimed_jobs} job(s) still PENDING at the end"),
+        (report.out_of_order and unexplained, "no_order_by",
+         f"in the run, {report.out_of_order} job(s) were claimed before an older "
+         "job whose claim began only after theirs had ended"),
+    ])
+
+
+def _add_broken(report: Report, rules: list[tuple[object, str, str]]) -> None:
+    """Add the problem of each (condition, code, evidence) rule whose condition holds, in order."""
+    for failed, code, evidence in rules:
+        if failed:
+            report.add(code, evidence)
 
 
 # -- the entry points ---------------------------------------------------------------------------

@@ -294,92 +294,126 @@ def _error(filename: str, line: int, column: int, what: str, fix: str) -> SpecEr
 
 
 def _tokenize(text: str, filename: str) -> list[_Tok]:
-    toks: list[_Tok] = []
-    i, n = 0, len(text)
-    line, col = 1, 1
+    """The tokens of a spec's text, each with the line and column it starts at."""
+    return _Scanner(text, filename).scan()
 
-    def advance(k: int) -> None:
-        nonlocal i, line, col
+
+class _Scanner:
+    """One pass of PostgreSQL's specscanner.l over a spec's text: the tokens, each with the
+    line and column it starts at, and an error that points at the place it is about."""
+
+    def __init__(self, text: str, filename: str) -> None:
+        self.text, self.filename = text, filename
+        self.toks: list[_Tok] = []
+        self.i, self.n = 0, len(text)
+        self.line, self.col = 1, 1
+
+    def advance(self, k: int) -> None:
+        """Move ``k`` characters on, counting lines and columns."""
         for _ in range(k):
-            if text[i] == "\n":
-                line += 1
-                col = 1
+            if self.text[self.i] == "\n":
+                self.line += 1
+                self.col = 1
             else:
-                col += 1
-            i += 1
+                self.col += 1
+            self.i += 1
 
-    while i < n:
-        c = text[i]
-        if c == "\n" or c in _SPACE:
-            advance(1)
-        elif c == "#":
-            while i < n and text[i] not in "\n\r":
-                advance(1)
-        elif c.isascii() and (c.isalpha() or c == "_"):
-            start, l0, c0 = i, line, col
-            while i < n and text[i].isascii() and (text[i].isalnum() or text[i] == "_"):
-                advance(1)
-            word = text[start:i]
-            toks.append(_Tok(word if word in KEYWORDS else "ident", word, l0, c0))
-        elif c.isascii() and c.isdigit():
-            start, l0, c0 = i, line, col
-            while i < n and text[i].isascii() and text[i].isdigit():
-                advance(1)
-            toks.append(_Tok("int", text[start:i], l0, c0))
-        elif c == '"':
-            l0, c0 = line, col
-            advance(1)
-            buf: list[str] = []
-            while True:
-                if i >= n:
-                    raise _error(filename, l0, c0, "unterminated quoted name (the closing \" is missing).",
-                                 "end the name with a double quote on the same line.")
-                ch = text[i]
-                if ch == "\n":
-                    raise _error(filename, l0, c0, "a quoted name runs past the end of its line.",
-                                 "end the name with a double quote on the same line.")
-                if ch == '"':
-                    if i + 1 < n and text[i + 1] == '"':      # "" stands for one "
-                        buf.append('"')
-                        advance(2)
-                        continue
-                    advance(1)
-                    break
-                buf.append(ch)
-                advance(1)
-            toks.append(_Tok("ident", "".join(buf), l0, c0))
-        elif c == "{":
-            l0, c0 = line, col
-            advance(1)
-            while i < n and text[i] in _SPACE:
-                advance(1)
-            start = i
-            while i < n and text[i] != "}":
-                if text[i] == "{":
-                    # PostgreSQL's scanner would read on to the next block's }, and then
-                    # fail somewhere later; the real mistake is the missing } here.
-                    raise _error(filename, l0, c0,
-                                 f"unterminated SQL block: this {{ is not closed before the "
-                                 f"next {{ at line {line}, column {col}.",
-                                 "close the block with }. (As in PostgreSQL's tester, a block "
-                                 "ends at the first }, so its SQL cannot contain braces.)")
-                advance(1)
-            if i >= n:
-                raise _error(filename, l0, c0, "unterminated SQL block: this { has no closing }.",
-                             "close the block with }. (As in PostgreSQL's tester, the first } "
-                             "ends a block, so a step's SQL cannot contain one.)")
-            body = text[start:i].rstrip(_SPACE)
-            advance(1)
-            toks.append(_Tok("sql", body, l0, c0))
-        elif c in "(),*":
-            toks.append(_Tok(c, c, line, col))
-            advance(1)
-        else:
-            raise _error(filename, line, col, f"unexpected character {c!r}.",
-                         "a spec holds only keywords, names, { SQL } blocks, # comments and, "
-                         "in permutation lines, ( , * ) for blocker annotations.")
-    toks.append(_Tok("eof", "", line, col))
-    return toks
+    def scan(self) -> list[_Tok]:
+        """Every token of the text, then one ``eof``."""
+        while self.i < self.n:
+            c = self.text[self.i]
+            if c == "\n" or c in _SPACE:
+                self.advance(1)
+            elif c == "#":
+                self._skip_comment()
+            elif c.isascii() and (c.isalpha() or c == "_"):
+                self._word()
+            elif c.isascii() and c.isdigit():
+                self._number()
+            elif c == '"':
+                self._quoted_name()
+            elif c == "{":
+                self._sql_block()
+            elif c in "(),*":
+                self.toks.append(_Tok(c, c, self.line, self.col))
+                self.advance(1)
+            else:
+                raise _error(self.filename, self.line, self.col, f"unexpected character {c!r}.",
+                             "a spec holds only keywords, names, { SQL } blocks, # comments and, "
+                             "in permutation lines, ( , * ) for blocker annotations.")
+        self.toks.append(_Tok("eof", "", self.line, self.col))
+        return self.toks
+
+    def _skip_comment(self) -> None:
+        """A # comment, up to the end of its line."""
+        while self.i < self.n and self.text[self.i] not in "\n\r":
+            self.advance(1)
+
+    def _word(self) -> None:
+        """A keyword, or a name (ASCII letters, digits and _)."""
+        start, l0, c0 = self.i, self.line, self.col
+        while self.i < self.n and self.text[self.i].isascii() and (self.text[self.i].isalnum()
+                                                                   or self.text[self.i] == "_"):
+            self.advance(1)
+        word = self.text[start:self.i]
+        self.toks.append(_Tok(word if word in KEYWORDS else "ident", word, l0, c0))
+
+    def _number(self) -> None:
+        """An integer (ASCII digits)."""
+        start, l0, c0 = self.i, self.line, self.col
+        while self.i < self.n and self.text[self.i].isascii() and self.text[self.i].isdigit():
+            self.advance(1)
+        self.toks.append(_Tok("int", self.text[start:self.i], l0, c0))
+
+    def _quoted_name(self) -> None:
+        """A "quoted name" on one line, "" standing for one "."""
+        l0, c0 = self.line, self.col
+        self.advance(1)
+        buf: list[str] = []
+        while True:
+            if self.i >= self.n:
+                raise _error(self.filename, l0, c0, "unterminated quoted name (the closing \" is missing).",
+                             "end the name with a double quote on the same line.")
+            ch = self.text[self.i]
+            if ch == "\n":
+                raise _error(self.filename, l0, c0, "a quoted name runs past the end of its line.",
+                             "end the name with a double quote on the same line.")
+            if ch == '"':
+                if self.i + 1 < self.n and self.text[self.i + 1] == '"':      # "" stands for one "
+                    buf.append('"')
+                    self.advance(2)
+                    continue
+                self.advance(1)
+                break
+            buf.append(ch)
+            self.advance(1)
+        self.toks.append(_Tok("ident", "".join(buf), l0, c0))
+
+    def _sql_block(self) -> None:
+        """A { SQL } block: its text from the first non-space after { to the first }, with
+        trailing spaces cut."""
+        l0, c0 = self.line, self.col
+        self.advance(1)
+        while self.i < self.n and self.text[self.i] in _SPACE:
+            self.advance(1)
+        start = self.i
+        while self.i < self.n and self.text[self.i] != "}":
+            if self.text[self.i] == "{":
+                # PostgreSQL's scanner would read on to the next block's }, and then
+                # fail somewhere later; the real mistake is the missing } here.
+                raise _error(self.filename, l0, c0,
+                             f"unterminated SQL block: this {{ is not closed before the "
+                             f"next {{ at line {self.line}, column {self.col}.",
+                             "close the block with }. (As in PostgreSQL's tester, a block "
+                             "ends at the first }, so its SQL cannot contain braces.)")
+            self.advance(1)
+        if self.i >= self.n:
+            raise _error(self.filename, l0, c0, "unterminated SQL block: this { has no closing }.",
+                         "close the block with }. (As in PostgreSQL's tester, the first } "
+                         "ends a block, so a step's SQL cannot contain one.)")
+        body = self.text[start:self.i].rstrip(_SPACE)
+        self.advance(1)
+        self.toks.append(_Tok("sql", body, l0, c0))
 
 
 # ======================================================================================
@@ -1413,48 +1447,69 @@ def spec_command(*, what: str, specs: list[str], diff: list[str] | None = None,
         print("labkit spec: --check compares the workbook's own specs with their outputs; give no "
               "FILE.spec with it (or use --diff EXPECTED.out).", file=sys.stderr)
         return 2
-    play = (lambda path: run_file(path, timeout=timeout, trusted=trusted)) if engine == "postgresql" \
-        else (lambda path: run_mysql(path, engine=engine, timeout=timeout, trusted=trusted))
     try:
         if what == "permutations":
-            for path in specs:
-                spec = parse_file(path)
-                spec.check_size()
-                for w in spec.warnings:
-                    print(w, file=sys.stderr)
-                for perm in spec.permutations_to_run():
-                    print("permutation " + " ".join(str(ps) for ps in perm.steps))
+            _print_permutations(specs)
             return 0
         if diff and len(diff) != len(specs):
             print(f"labkit spec: give one --diff per spec ({len(specs)} specs, "
                   f"{len(diff)} --diff).", file=sys.stderr)
             return 2
-        status = 0
-        for k, path in enumerate(specs):
-            output = play(path)
-            if "isolationtester: canceling step" in output:
-                # a step never finished and had to be cancelled: say so in the exit code
-                status = max(status, 3)
-            if not diff:
-                if len(specs) > 1:
-                    print(f"{'' if k == 0 else chr(10)}==> {path} <==")
-                sys.stdout.write(output)
-                continue
-            expected_path = diff[k]
-            expected = read_input(expected_path, what="expected output file",
-                                  max_bytes=10 * MAX_SPEC_BYTES,
-                                  fix="give the .out file that goes with the spec.")
-            if output == expected:
-                print(f"ok: {path} matches {expected_path}")
-            else:
-                status = 1
-                sys.stdout.writelines(difflib.unified_diff(
-                    expected.splitlines(keepends=True), output.splitlines(keepends=True),
-                    fromfile=str(expected_path), tofile=f"{path} (this run)"))
-        return status
+        return _play_specs(specs, diff, _player(engine, timeout, trusted))
     except TrustRefused as exc:
         print(f"labkit spec: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"labkit spec: {exc}", file=sys.stderr)
         return 2
+
+
+def _player(engine: str, timeout: float, trusted: bool) -> Callable[[str], str]:
+    """What plays one spec file on the engine and returns the tester's output."""
+    if engine == "postgresql":
+        return lambda path: run_file(path, timeout=timeout, trusted=trusted)
+    return lambda path: run_mysql(path, engine=engine, timeout=timeout, trusted=trusted)
+
+
+def _print_permutations(specs: list[str]) -> None:
+    """Each spec's permutations, one ``permutation`` line each (its warnings on stderr)."""
+    for path in specs:
+        spec = parse_file(path)
+        spec.check_size()
+        for w in spec.warnings:
+            print(w, file=sys.stderr)
+        for perm in spec.permutations_to_run():
+            print("permutation " + " ".join(str(ps) for ps in perm.steps))
+
+
+def _play_specs(specs: list[str], diff: list[str] | None, play: Callable[[str], str]) -> int:
+    """Play each spec and print its output, or (``diff``: an expected output per spec) say
+    whether it matches and print a unified diff where not.  The exit status: 0, 1 on a
+    mismatch, 3 when a step had to be cancelled."""
+    status = 0
+    for k, path in enumerate(specs):
+        output = play(path)
+        if "isolationtester: canceling step" in output:
+            # a step never finished and had to be cancelled: say so in the exit code
+            status = max(status, 3)
+        if not diff:
+            if len(specs) > 1:
+                print(f"{'' if k == 0 else chr(10)}==> {path} <==")
+            sys.stdout.write(output)
+        elif not _matches_expected(path, output, diff[k]):
+            status = 1
+    return status
+
+
+def _matches_expected(path: str, output: str, expected_path: str) -> bool:
+    """Whether a spec's output is the expected one: says ok, or prints the unified diff."""
+    expected = read_input(expected_path, what="expected output file",
+                          max_bytes=10 * MAX_SPEC_BYTES,
+                          fix="give the .out file that goes with the spec.")
+    if output == expected:
+        print(f"ok: {path} matches {expected_path}")
+        return True
+    sys.stdout.writelines(difflib.unified_diff(
+        expected.splitlines(keepends=True), output.splitlines(keepends=True),
+        fromfile=str(expected_path), tofile=f"{path} (this run)"))
+    return False
