@@ -213,10 +213,10 @@ def test_device_collapses_by_collapse_id_and_drops_repeated_keys():
                                                                             (2, None, 1)]
     assert phone.received == 5 and phone.replaced == 2 and phone.visible_duplicates == 1
     c = dr.Device.count(pushes)
-    assert c == {"pushes": 6, "banners": 4, "notifications": 3, "duplicate_pushes": 2,
-                 "visible_duplicates": 1, "hidden_by_collapse_id": 2, "dropped_by_key": 0}
+    assert c.as_dict() == {"pushes": 6, "banners": 4, "notifications": 3, "duplicate_pushes": 2,
+                           "visible_duplicates": 1, "hidden_by_collapse_id": 2, "dropped_by_key": 0}
     keyed = dr.Device.count(pushes, dedup_on="delivery_id")
-    assert keyed["dropped_by_key"] == 2 and keyed["visible_duplicates"] == 0
+    assert keyed.dropped_by_key == 2 and keyed.visible_duplicates == 0
     with pytest.raises(LabkitError, match="not a push"):
         dr.Device().receive(42)
     with pytest.raises(LabkitError, match="deduplicate"):
@@ -230,16 +230,16 @@ def test_device_collapses_by_collapse_id_and_drops_repeated_keys():
 @pytest.mark.parametrize("fence", [True, False])
 def test_a_frozen_drain_holds_no_lock_and_the_lease_frees_its_rows(lab, fence):
     s = dr.freeze_summary(lab, batch=10, freeze_after=4, lease_s=3, fence=fence)
-    assert s["process_state_while_frozen"] == "stopped" and s["sessions_while_frozen"] == "idle"
-    assert s["locks_held_while_frozen"] == 0 and s["rows_locked_while_frozen"] == 0
-    assert s["claimed_by_others_before_lease_end"] == 0
-    assert s["claimed_by_others_while_frozen"] == 10
-    assert s["released_after_s"] == 3 and s["released_by"] == "lease expiry"
-    assert s["duplicates_after_wake"] == 6                  # the 6 it had not sent yet
+    assert s.process_state_while_frozen == "stopped" and s.sessions_while_frozen == "idle"
+    assert s.locks_held_while_frozen == 0 and s.rows_locked_while_frozen == 0
+    assert s.claimed_by_others_before_lease_end == 0
+    assert s.claimed_by_others_while_frozen == 10
+    assert s.released_after_s == 3 and s.released_by == "lease expiry"
+    assert s.duplicates_after_wake == 6                  # the 6 it had not sent yet
     if fence:
-        assert s["stale_writes_after_wake"] == 0 and s["late_writes_rejected"] == 10
+        assert s.stale_writes_after_wake == 0 and s.late_writes_rejected == 10
     else:
-        assert s["stale_writes_after_wake"] == 10 and s["late_writes_rejected"] == 0
+        assert s.stale_writes_after_wake == 10 and s.late_writes_rejected == 0
     with pytest.raises(LabkitError, match="freeze_after"):
         dr.freeze_summary(lab, batch=5, freeze_after=5)
 
@@ -412,8 +412,8 @@ def test_traces_leave_no_session_or_worker_behind(lab, db):
 
 def test_a_frozen_drain_in_a_transaction_is_ended_by_its_idle_timeout_measured_on_the_server(lab):
     held = dr.frozen_held_drain(lab, batch=6, freeze_after=2, idle_timeout_s=1.0)
-    assert held["session_while_frozen"] == "idle in transaction"
-    assert held["locks_held_while_frozen"] == 6 and held["claimed_by_others_before_release"] == 0
-    assert held["released_by"] == "idle_in_transaction_session_timeout"
+    assert held.session_while_frozen == "idle in transaction"
+    assert held.locks_held_while_frozen == 6 and held.claimed_by_others_before_release == 0
+    assert held.released_by == "idle_in_transaction_session_timeout"
     # the server's clock: never before the timeout, never after the lab's poll found the locks gone
-    assert 1.0 <= held["released_after_server_s"] <= held["released_after_s"] + 1.0
+    assert 1.0 <= held.released_after_server_s <= held.released_after_s + 1.0

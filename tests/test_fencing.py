@@ -136,15 +136,15 @@ def test_the_zombie_trace_reports_the_lost_lease_and_every_clock_move(lab):
 
 def test_the_fence_checker_runs_the_last_attempt_where_a_status_guard_ends_a_delivered_row_failed(lab):
     guard = fencing.check_fenced_write(lab, lk.read_sql("drain_complete.sql") + "   AND status = 'pending'")
-    by = {(s["scenario"], s["attempt"]): s for s in guard.scenarios}
+    by = {(s.scenario, s.attempt): s for s in guard.scenarios}
     last = dr.MAX_ATTEMPTS
     assert set(by) == {(w, a) for w in (fencing.AFTER, fencing.WHILE) for a in (2, last)}
-    assert by[fencing.WHILE, last]["final_status"] == "failed"      # the live 'sent' is refused
-    assert (by[fencing.WHILE, last]["zombie_rows"], by[fencing.WHILE, last]["live_rows"]) == (1, 0)
-    assert by[fencing.WHILE, 2]["final_status"] == "sent" and not by[fencing.WHILE, 2]["ok"]
-    assert by[fencing.AFTER, 2]["ok"] and by[fencing.AFTER, last]["ok"]
+    assert by[fencing.WHILE, last].final_status == "failed"      # the live 'sent' is refused
+    assert (by[fencing.WHILE, last].zombie_rows, by[fencing.WHILE, last].live_rows) == (1, 0)
+    assert by[fencing.WHILE, 2].final_status == "sent" and not by[fencing.WHILE, 2].ok
+    assert by[fencing.AFTER, 2].ok and by[fencing.AFTER, last].ok
     unfenced = fencing.check_fenced_write(lab, lk.read_sql("drain_complete.sql"))
-    finals = {(s["scenario"], s["attempt"]): s["final_status"] for s in unfenced.scenarios}
+    finals = {(s.scenario, s.attempt): s.final_status for s in unfenced.scenarios}
     assert finals[fencing.AFTER, 2] == "pending" and finals[fencing.AFTER, last] == "failed"
     report = guard.report()
     assert "WRONG" in report and "ok: the zombie's late 'retry' matches 0 rows" in report
@@ -158,14 +158,14 @@ def test_the_fence_checker_runs_the_last_attempt_where_a_status_guard_ends_a_del
 def test_raising_concurrency_counts_duplicates_and_stale_writes_from_the_server(lab):
     for fence in (False, True):
         r = fencing.raise_concurrency(lab, drains=2, batch=4, fence=fence, rows=20, send_ms=1)
-        assert r["zombie_state"] == "stopped" and r["rows_locked_mid_batch"] == 0
-        assert r["duplicate_pushes"] == 2 + 4                  # half the crashed batch, all the zombie's
-        assert r["pushes"] == 20 + r["duplicate_pushes"] and r["sent"] == 20
-        assert r["reclaimed_after_lease"] == 8 and r["backlog_rows"] == 12
-        assert r["shown_twice_with_delivery_id_key"] == 0
-        assert r["stale_writes_landed"] == (0 if fence else 4)
-        assert r["zombie_writes_refused"] == (4 if fence else 0)
-        assert r["jobs_per_s"] > 0 and r["longest_lock_ms"] >= 0
+        assert r.zombie_state == "stopped" and r.rows_locked_mid_batch == 0
+        assert r.duplicate_pushes == 2 + 4                  # half the crashed batch, all the zombie's
+        assert r.pushes == 20 + r.duplicate_pushes and r.sent == 20
+        assert r.reclaimed_after_lease == 8 and r.backlog_rows == 12
+        assert r.shown_twice_with_delivery_id_key == 0
+        assert r.stale_writes_landed == (0 if fence else 4)
+        assert r.zombie_writes_refused == (4 if fence else 0)
+        assert r.jobs_per_s > 0 and r.longest_lock_ms >= 0
 
 
 def test_raising_concurrency_refuses_a_backlog_the_scripted_drains_would_empty(lab):
@@ -177,11 +177,11 @@ def test_raising_concurrency_refuses_a_backlog_the_scripted_drains_would_empty(l
 
 def test_a_batch_longer_than_its_lease_is_taken_while_it_is_still_sending(lab):
     fits = fencing.batch_outlives_lease(lab, batch=4, lease_s=10, latency_s=2)
-    assert (fits["taken_by_drain_2"], fits["duplicate_pushes"], fits["drain_1_writes_landed"]) == (0, 0, 4)
+    assert (fits.taken_by_drain_2, fits.duplicate_pushes, fits.drain_1_writes_landed) == (0, 0, 4)
     equal = fencing.batch_outlives_lease(lab, batch=5, lease_s=10, latency_s=2)
-    assert equal["taken_by_drain_2"] == 5 and equal["taken_after_push"] == 5    # due at the lease's end
+    assert equal.taken_by_drain_2 == 5 and equal.taken_after_push == 5    # due at the lease's end
     over = fencing.batch_outlives_lease(lab, batch=8, lease_s=10, latency_s=2, fence=True)
-    assert over["taken_by_drain_2"] == 8 and over["taken_after_push"] == 5
-    assert over["duplicate_pushes"] == 8 and over["drain_1_writes_landed"] == 0
+    assert over.taken_by_drain_2 == 8 and over.taken_after_push == 5
+    assert over.duplicate_pushes == 8 and over.drain_1_writes_landed == 0
     bare = fencing.batch_outlives_lease(lab, batch=8, lease_s=10, latency_s=2, fence=False)
-    assert bare["drain_1_writes_landed"] == 8
+    assert bare.drain_1_writes_landed == 8

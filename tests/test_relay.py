@@ -18,6 +18,8 @@ from labkit.core.errors import LabkitError
 from labkit.labs import broker as brokers
 from labkit.labs import relay
 
+pytestmark = pytest.mark.server      # every test here runs on the server (the commands too)
+
 AMQP = os.environ.get("LABKIT_AMQP_URL", "").strip()
 
 

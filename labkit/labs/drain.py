@@ -52,6 +52,7 @@ from ..core.lab import Lab, read_sql
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from ..core.trace import Trace
 from ._checked import one_row, started_pid
 
@@ -170,11 +171,31 @@ class PushSender:
 # -- the phone: what a user sees of the pushes ---------------------------------------------
 
 
-def read_pushes(lab: Lab) -> list[dict]:
+@dataclass(frozen=True)
+class Push(Result):
+    """One push the push service delivered: a row of ``device_push``.
+
+    seq: its number in the order the pushes were delivered (device_push's sequence)
+    delivery_id: the ledger row (delivery) it was sent for
+    claim_version: the claim_version of the claim it was sent under
+    device_token: the device it went to
+    notification_id: the notification it carries
+    collapse_id: its collapse id (the delivery's coalesce key; None: it has none)
+    pushed_by: the name of the drain (or worker) that sent it
+    """
+
+    seq: int
+    delivery_id: int
+    claim_version: int
+    device_token: str
+    notification_id: int
+    collapse_id: str | None
+    pushed_by: str
+
+
+def read_pushes(lab: Lab) -> list[Push]:
     """Every push the push service delivered (``device_push``), in the order it delivered them."""
-    cols = ("seq", "delivery_id", "claim_version", "device_token", "notification_id", "collapse_id",
-            "pushed_by")
-    return [dict(zip(cols, r)) for r in lab.execute(_lab_sql("read_pushes"))]
+    return [Push(*r) for r in lab.execute(_lab_sql("read_pushes"))]
 
 
 @dataclass
@@ -194,8 +215,8 @@ class Device:
     ``"delivery_id"``) that a receiver checks: a push whose key it has seen before is dropped
     and never shown -- an idempotency key checked downstream.
 
-    A push is a mapping with ``device_token``, ``notification_id`` and ``collapse_id`` (a
-    row of :func:`read_pushes`) or a tuple in that order.
+    A push is a :class:`Push` (a row of :func:`read_pushes`), a mapping with ``device_token``,
+    ``notification_id`` and ``collapse_id``, or a tuple in that order.
 
     ``Device(token).show(pushes)`` delivers ``pushes`` (those for other tokens are ignored)
     and returns the banners on screen; ``Device.screens(pushes)`` builds one Device per token;
@@ -213,6 +234,8 @@ class Device:
 
     @staticmethod
     def _push(push: Any) -> dict:
+        if isinstance(push, Push):
+            return push.as_dict()
         if isinstance(push, Mapping):
             return dict(push)
         if isinstance(push, (tuple, list)) and len(push) >= 3:
@@ -272,7 +295,7 @@ class Device:
         return out
 
     @classmethod
-    def count(cls, pushes: Iterable[Any], **kw: Any) -> dict[str, int]:
+    def count(cls, pushes: Iterable[Any], **kw: Any) -> PhoneCounts:
         """What all the phones show: pushes received, banners on screen, notifications,
         duplicates the users see, duplicates hidden (replaced by a collapse id) and dropped."""
         pushes = list(pushes)
@@ -281,11 +304,33 @@ class Device:
         notes = sum(len({b.notification_id for b in d.banners}) for d in phones)
         received = sum(d.received for d in phones)
         distinct = len({(cls._push(p).get("device_token"), cls._push(p)["notification_id"]) for p in pushes})
-        return {"pushes": received, "banners": banners, "notifications": notes,
-                "duplicate_pushes": received - distinct,
-                "visible_duplicates": banners - notes,
-                "hidden_by_collapse_id": sum(d.replaced for d in phones),
-                "dropped_by_key": sum(d.dropped for d in phones)}
+        return PhoneCounts(pushes=received, banners=banners, notifications=notes,
+                           duplicate_pushes=received - distinct,
+                           visible_duplicates=banners - notes,
+                           hidden_by_collapse_id=sum(d.replaced for d in phones),
+                           dropped_by_key=sum(d.dropped for d in phones))
+
+
+@dataclass(frozen=True)
+class PhoneCounts(Result):
+    """What all the phones show of the pushes delivered to them (:meth:`Device.count`).
+
+    pushes: pushes the phones received
+    banners: banners on their screens afterwards
+    notifications: distinct notifications among those banners
+    duplicate_pushes: pushes beyond one per (device, notification)
+    visible_duplicates: banners beyond one per notification: what the users see twice
+    hidden_by_collapse_id: pushes that replaced a banner with the same collapse id
+    dropped_by_key: pushes a receiver dropped on a key it had seen before (``dedup_on``)
+    """
+
+    pushes: int
+    banners: int
+    notifications: int
+    duplicate_pushes: int
+    visible_duplicates: int
+    hidden_by_collapse_id: int
+    dropped_by_key: int
 
 
 # -- the drain ---------------------------------------------------------------------------
@@ -594,9 +639,9 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
     tr.add("devices", "count what each device received (the sender's record)",
            "delivered to model phones (drain.Device): a push with the same collapse id replaces "
            "the banner on screen; one without a collapse id is a second banner",
-           {"duplicate_pushes": pushes["duplicate_pushes"],
-            "hidden_by_collapse_id": pushes["hidden_by_collapse_id"],
-            "visible_duplicates": pushes["visible_duplicates"],
+           {"duplicate_pushes": pushes.duplicate_pushes,
+            "hidden_by_collapse_id": pushes.hidden_by_collapse_id,
+            "visible_duplicates": pushes.visible_duplicates,
             "terminal_rows_reclaimed": terminal_reclaimed}, kind="check")
     tr.summary = {
         "claimed": len(got),
@@ -605,8 +650,8 @@ def crash_trace(lab: Lab, *, batch: int = 50, crash_after: int = 12, lease_s: fl
         "claimed_by_second_drain_at_once": len(ids2),
         "due_before_lease_end": len(early),
         "reclaimed_after_lease": int(reclaimed),
-        "duplicate_pushes": pushes["duplicate_pushes"],
-        "visible_duplicates": pushes["visible_duplicates"],
+        "duplicate_pushes": pushes.duplicate_pushes,
+        "visible_duplicates": pushes.visible_duplicates,
         "terminal_rows_reclaimed": terminal_reclaimed,
     }
     return tr
@@ -683,7 +728,7 @@ def poison_trace(lab: Lab, *, rows: int = 3, poison: int = 3, batch: int = 3, le
                   "poison_outcomes": final["outcomes"], "poison_last_error": final["last_error"],
                   "crashes": crashes, "drain_processes": ticks,
                   "others_sent": int(others[0]), "others": int(others[1]),
-                  "pushes": shown["pushes"], "duplicate_pushes": shown["duplicate_pushes"],
+                  "pushes": shown.pushes, "duplicate_pushes": shown.duplicate_pushes,
                   "poison_pushed": lab.execute("SELECT count(*) FROM device_push WHERE delivery_id = %s",
                                                (poison,))[0][0]}
     return tr
@@ -848,9 +893,9 @@ def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
     shown = Device.count(read_pushes(lab))
     tr.add("devices", "deliver every push to a model phone (drain.Device)",
            "the rows pushed again after waking were already delivered by drain 2",
-           {"duplicate_pushes": shown["duplicate_pushes"],
-            "hidden_by_collapse_id": shown["hidden_by_collapse_id"],
-            "visible_duplicates": shown["visible_duplicates"]})
+           {"duplicate_pushes": shown.duplicate_pushes,
+            "hidden_by_collapse_id": shown.hidden_by_collapse_id,
+            "visible_duplicates": shown.visible_duplicates})
     tr.summary = {
         "fence": fence, "lease_s": lease_s, "claimed": len(got), "frozen_after_pushes": freeze_after,
         "process_state_while_frozen": proc_state, "sessions_while_frozen": sessions,
@@ -861,7 +906,7 @@ def freeze_trace(lab: Lab, *, batch: int = 50, freeze_after: int = 12, lease_s: 
         "duplicates_after_wake": after_wake,
         "stale_writes_after_wake": landed,         # every late write is stale: the rows were re-claimed
         "late_writes_rejected": len(lost),
-        "duplicate_pushes": shown["duplicate_pushes"], "visible_duplicates": shown["visible_duplicates"],
+        "duplicate_pushes": shown.duplicate_pushes, "visible_duplicates": shown.visible_duplicates,
     }
     return tr
 
@@ -898,8 +943,42 @@ def held_worker(ctx: Context, dsn: str, schema: str, batch: int, freeze_after: i
     return {"committed": len(rows)}
 
 
+@dataclass(frozen=True)
+class HeldFreeze(Result):
+    """A drain that holds its claim in an open transaction, frozen mid-batch (SIGSTOP)
+    (:func:`frozen_held_drain`), read from the server.
+
+    claimed: rows its claim locked
+    session_while_frozen: its session's state in pg_stat_activity while it was frozen
+        ("idle in transaction")
+    locks_held_while_frozen: of its rows, those a probe found locked while it was frozen
+    claimed_by_others_before_release: rows another drain's claim got before the locks went
+    released_after_s: seconds from the freeze to the lab's poll that found the locks gone
+        (the lab's clock, rounded to 10 ms); None if they never went within ``wait_s``
+    released_after_server_s: seconds from the session going idle in its transaction to a
+        waiting session getting one of its row locks (the server's clock); None if not seen
+    released_by: what ended the session ("idle_in_transaction_session_timeout", or
+        "nothing yet")
+    claimed_by_others_while_frozen: of its rows, those another drain claimed once the locks
+        went, the drain still frozen
+    wake_error: the error the woken drain got (None: none)
+    duplicate_pushes: pushes beyond one per (device, notification), on every phone
+    """
+
+    claimed: int
+    session_while_frozen: str
+    locks_held_while_frozen: int
+    claimed_by_others_before_release: int
+    released_after_s: float | None
+    released_after_server_s: float | None
+    released_by: str
+    claimed_by_others_while_frozen: int
+    wake_error: str | None
+    duplicate_pushes: int
+
+
 def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
-                      idle_timeout_s: float = 2.0, wait_s: float = 30) -> dict:
+                      idle_timeout_s: float = 2.0, wait_s: float = 30) -> HeldFreeze:
     """The same freeze, for a drain that holds its claim in an open transaction (the
     anti-pattern of section 3): its session is *idle in transaction* and keeps its row
     locks while it is frozen.  Measured: how long until they go (``released_after_s`` by the
@@ -952,24 +1031,70 @@ def frozen_held_drain(lab: Lab, *, batch: int = 10, freeze_after: int = 3,
         w.kill()            # SIGKILL ends the child even while it is stopped
         close_drain(second)
     shown = Device.count(read_pushes(lab))
-    return {"claimed": len(got), "session_while_frozen": state, "locks_held_while_frozen": locked,
-            "claimed_by_others_before_release": others_early,
-            "released_after_s": round(released_after, 2) if not still else None,
-            "released_after_server_s": on_server,
-            "released_by": ("idle_in_transaction_session_timeout" if gone and not still
-                            else "nothing yet"),
-            "claimed_by_others_while_frozen": len(set(taken) & set(got)),
-            "wake_error": failed[-1] if failed else None,
-            "duplicate_pushes": shown["duplicate_pushes"]}
+    return HeldFreeze(claimed=len(got), session_while_frozen=state, locks_held_while_frozen=locked,
+                      claimed_by_others_before_release=others_early,
+                      released_after_s=round(released_after, 2) if not still else None,
+                      released_after_server_s=on_server,
+                      released_by=("idle_in_transaction_session_timeout" if gone and not still
+                                   else "nothing yet"),
+                      claimed_by_others_while_frozen=len(set(taken) & set(got)),
+                      wake_error=failed[-1] if failed else None,
+                      duplicate_pushes=shown.duplicate_pushes)
+
+
+@dataclass(frozen=True)
+class DrainFreeze(Result):
+    """A lease drain frozen mid-send (SIGSTOP) (:func:`freeze_summary`): the trace's summary,
+    on the lab's frozen clock.
+
+    fence: whether the drain's outcome writes were fenced by claim_version
+    lease_s: the lease its claim granted, in lab seconds
+    claimed: rows its claim leased
+    frozen_after_pushes: pushes it sent before it was frozen
+    process_state_while_frozen: its process's state while frozen ("stopped")
+    sessions_while_frozen: its sessions' state in pg_stat_activity while frozen ("idle")
+    locks_held_while_frozen: locks its sessions held in pg_locks while frozen
+    rows_locked_while_frozen: of its rows, those a probe found locked while it was frozen
+    claimed_by_others_before_lease_end: of its rows, those another drain claimed before the
+        leases ended
+    claimed_by_others_while_frozen: of its rows, those another drain claimed once the leases
+        ended, the drain still frozen
+    released_after_s: lab seconds from the freeze until another drain could claim the whole
+        batch (the lease's end); None if it could not
+    released_by: what freed its rows ("lease expiry")
+    duplicates_after_wake: pushes the woken drain sent for rows already re-claimed
+    stale_writes_after_wake: the woken drain's late outcome writes that landed
+    late_writes_rejected: the woken drain's late outcome writes the fence rejected (0 rows matched)
+    duplicate_pushes: pushes beyond one per (device, notification), on every phone
+    visible_duplicates: banners the users see twice
+    """
+
+    fence: bool
+    lease_s: float
+    claimed: int
+    frozen_after_pushes: int
+    process_state_while_frozen: str
+    sessions_while_frozen: str
+    locks_held_while_frozen: int
+    rows_locked_while_frozen: int
+    claimed_by_others_before_lease_end: int
+    claimed_by_others_while_frozen: int
+    released_after_s: float | None
+    released_by: str
+    duplicates_after_wake: int
+    stale_writes_after_wake: int
+    late_writes_rejected: int
+    duplicate_pushes: int
+    visible_duplicates: int
 
 
 def freeze_summary(lab: Lab, batch: int = 50, freeze_after: int = 12, *, lease_s: float = 5.0,
-                   fence: bool = True, others: int = 10) -> dict:
+                   fence: bool = True, others: int = 10) -> DrainFreeze:
     """:func:`freeze_trace`'s summary: ``locks_held_while_frozen``,
     ``claimed_by_others_while_frozen``, ``released_after_s``, ``released_by``,
     ``duplicates_after_wake``, ``stale_writes_after_wake`` (late writes that landed) and more."""
-    return dict(freeze_trace(lab, batch=batch, freeze_after=freeze_after, lease_s=lease_s,
-                             fence=fence, others=others).summary)
+    return DrainFreeze(**freeze_trace(lab, batch=batch, freeze_after=freeze_after, lease_s=lease_s,
+                                      fence=fence, others=others).summary)
 
 
 # -- trace 2: the anti-pattern, measured -------------------------------------------------------

@@ -45,6 +45,7 @@ from ..core.clock import Clock
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.queries import strip_comments
+from ..core.results import Result
 from ..core.sessions import Sessions, Step
 from ..core.text import wrap
 from ..core.trace import Trace
@@ -164,7 +165,7 @@ LATE_ROW = "SELECT status, outcomes FROM delivery WHERE id = %s"
 
 
 @dataclass(frozen=True)
-class LateWrite:
+class LateWrite(Result):
     """The checker's verdict on a zombie's late outcome write, read from the server.
 
     ``matched`` is how many rows the late write touched; ``carried`` the claim_version the
@@ -370,10 +371,43 @@ def zombie_trace(lab: Lab, *, fence: bool, lease_s: float = dr.LEASE_S, overrun_
 # -- the exercise checker -----------------------------------------------------------------------
 
 
-@dataclass
-class FenceCheck:
+@dataclass(frozen=True)
+class FenceScenario(Result):
+    """One scenario of :func:`check_fenced_write`: a zombie's late 'retry' and the live
+    worker's 'sent', both written with the completion write under check.
+
+    scenario: when the zombie writes: after the live 'sent' (``AFTER``) or while the live
+        worker is still sending (``WHILE``)
+    attempt: the live worker's claim's attempt on the row
+    max_attempts: the drain's MAX_ATTEMPTS (on the last attempt a 'retry' by id ends 'failed')
+    zombie_rows: rows the zombie's late write matched (fenced: 0)
+    live_rows: rows the live worker's write matched (fenced: 1)
+    final_status: the delivery's status at the end (fenced: 'sent', its push was delivered)
+    ok: whether the scenario ended as a fenced write must
+    wrong: what went wrong, one sentence each (empty when ok)
+    """
+
+    scenario: str
+    attempt: int
+    max_attempts: int
+    zombie_rows: int
+    live_rows: int
+    final_status: str
+    ok: bool
+    wrong: list[str]
+
+
+@dataclass(frozen=True)
+class FenceCheck(Result):
+    """The checker's verdict on a completion write (:func:`check_fenced_write`).
+
+    passed: whether the write is fenced: every scenario ok and the SQL ran
+    scenarios: the scenarios run, in order (fewer if the SQL failed)
+    problem: what the write gets wrong, or how the SQL failed ("" when it passed)
+    """
+
     passed: bool
-    scenarios: list[dict] = field(default_factory=list)
+    scenarios: list[FenceScenario] = field(default_factory=list)
     problem: str = ""
 
     def report(self) -> str:
@@ -384,14 +418,14 @@ class FenceCheck:
                          "1 row, and the")
             lines.append("      delivery (its push was delivered) ends 'sent'; anything else: WRONG")
             head = ("the zombie writes", "live's attempt", "zombie's write", "live's write", "ends")
-            rows = [(s["scenario"], f"{s['attempt']} of {s['max_attempts']}",
-                     _rows(s["zombie_rows"]), _rows(s["live_rows"]), s["final_status"])
+            rows = [(s.scenario, f"{s.attempt} of {s.max_attempts}",
+                     _rows(s.zombie_rows), _rows(s.live_rows), s.final_status)
                     for s in self.scenarios]
             widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip())
             for r, s in zip(rows, self.scenarios):
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths))
-                             + ("  ok" if s["ok"] else "  WRONG"))
+                             + ("  ok" if s.ok else "  WRONG"))
         if self.problem:
             lines += wrap(self.problem, indent="    ", first="  ")
         return "\n".join(lines)
@@ -446,23 +480,23 @@ def _fence_writes(scratch: Lab, clock: Clock, query: str, lease_s: float,
     return z, n, new
 
 
-def _fence_scenario(scratch: Lab, z: int, n: int, new: dr.Claimed, *, zombie_first: bool) -> dict:
+def _fence_scenario(scratch: Lab, z: int, n: int, new: dr.Claimed, *, zombie_first: bool) -> FenceScenario:
     """One scenario's verdict: the rows each write matched, the status the delivery ends
     in, and what went wrong."""
     final = scratch.execute("SELECT status FROM delivery WHERE id = 1")[0][0]
     wrong = ((["the zombie's write landed"] if z else [])
              + (["the live worker's write was refused"] if n != 1 else [])
              + ([f"the delivered push ends '{final}'"] if final != "sent" else []))
-    return {"scenario": WHILE if zombie_first else AFTER,
-            "attempt": new.attempts, "max_attempts": dr.MAX_ATTEMPTS,
-            "zombie_rows": z, "live_rows": n, "final_status": final,
-            "ok": not wrong, "wrong": wrong}
+    return FenceScenario(scenario=WHILE if zombie_first else AFTER,
+                         attempt=new.attempts, max_attempts=dr.MAX_ATTEMPTS,
+                         zombie_rows=z, live_rows=n, final_status=final,
+                         ok=not wrong, wrong=wrong)
 
 
-def _fence_scenarios(scratch: Lab, query: str, lease_s: float) -> tuple[list[dict], str]:
+def _fence_scenarios(scratch: Lab, query: str, lease_s: float) -> tuple[list[FenceScenario], str]:
     """Every scenario of :func:`check_fenced_write` in ``scratch``, in order, until the SQL
     fails: the scenarios run, and how it failed ("" if it did not)."""
-    scenarios: list[dict] = []
+    scenarios: list[FenceScenario] = []
     for earlier in (0, dr.MAX_ATTEMPTS - 2):
         for zombie_first in (False, True):
             clock = _fence_ledger(scratch, earlier)
@@ -473,11 +507,11 @@ def _fence_scenarios(scratch: Lab, query: str, lease_s: float) -> tuple[list[dic
     return scenarios, ""
 
 
-def _fence_problem(scenarios: list[dict]) -> str:
+def _fence_problem(scenarios: list[FenceScenario]) -> str:
     """What a write that failed the check gets wrong, if one of the two usual mistakes."""
-    if any(s["live_rows"] == 0 for s in scenarios if not s["zombie_rows"]):
+    if any(s.live_rows == 0 for s in scenarios if not s.zombie_rows):
         return "the live worker's own write matched nothing: the fence must let the current claim through."
-    if any(s["zombie_rows"] for s in scenarios):
+    if any(s.zombie_rows for s in scenarios):
         return ("the zombie's write still lands: carry the claim version it was issued "
                 "(AND claim_version = %(claim_version)s).")
     return ""
@@ -508,7 +542,7 @@ def check_fenced_write(lab: Lab, query: str, *, lease_s: float = dr.LEASE_S) -> 
         scenarios, problem = _fence_scenarios(scratch, query, lease_s)
     finally:
         scratch.drop()
-    passed = bool(scenarios) and not problem and all(s["ok"] for s in scenarios)
+    passed = bool(scenarios) and not problem and all(s.ok for s in scenarios)
     if not passed and not problem:
         problem = _fence_problem(scenarios)
     return FenceCheck(passed, scenarios, problem)
@@ -586,8 +620,62 @@ def _run_pool(pool: list, run: int) -> dict:
     return {"sent": sent, "wall_s": wall, "longest_lock_s": max(r["longest_lock_s"] for r in reports)}
 
 
+@dataclass(frozen=True)
+class ConcurrencyRun(Result):
+    """One drain run at a given concurrency, with one drain killed and one frozen mid-batch
+    (:func:`raise_concurrency`): counted from the server, timed by the drains' clocks.
+
+    drains: drain processes in the pool
+    batch: rows a claim takes
+    fence: whether the outcome writes were fenced by claim_version
+    rows: deliveries in the backlog
+    zombie_state: the frozen drain's process state while frozen ("stopped")
+    rows_locked_mid_batch: row locks the killed and the frozen drain held while paused mid-batch
+    pushes: pushes on record (device_push)
+    duplicate_pushes: pushes beyond one per (device, notification)
+    shown_twice_with_delivery_id_key: duplicates a receiver keyed on the delivery id still
+        showed (0: the key dropped every one)
+    reclaimed_after_lease: rows the pool sent once the lab's clock passed the lease
+    zombie_writes: outcome writes the woken zombie made (its batch)
+    zombie_writes_refused: of them, those the fence refused (0 rows matched)
+    stale_writes_landed: outcome writes beyond one per delivery: writes of a claim that was
+        no longer the row's
+    sent: deliveries that ended 'sent'
+    pending: deliveries left 'pending'
+    failed: deliveries that ended 'failed'
+    backlog_rows: rows the pool sent while it drained the backlog
+    backlog_s: seconds the pool took to drain the backlog (the drains' clocks)
+    jobs_per_s: backlog_rows / backlog_s (None if no time passed)
+    longest_lock_ms: the longest any pool drain held row locks (a claim or an outcome
+        transaction), in milliseconds
+    send_ms: what one send really slept, in milliseconds
+    """
+
+    drains: int
+    batch: int
+    fence: bool
+    rows: int
+    zombie_state: str
+    rows_locked_mid_batch: int
+    pushes: int
+    duplicate_pushes: int
+    shown_twice_with_delivery_id_key: int
+    reclaimed_after_lease: int
+    zombie_writes: int
+    zombie_writes_refused: int
+    stale_writes_landed: int
+    sent: int
+    pending: int
+    failed: int
+    backlog_rows: int
+    backlog_s: float
+    jobs_per_s: float | None
+    longest_lock_ms: float
+    send_ms: float
+
+
 def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: int = 160,
-                      send_ms: float = 20) -> dict:
+                      send_ms: float = 20) -> ConcurrencyRun:
     """One drain run at a given concurrency (``drains`` processes, ``batch`` rows a claim) over
     a backlog of ``rows`` deliveries, with one crash and one zombie, scripted:
 
@@ -651,25 +739,50 @@ def raise_concurrency(lab: Lab, *, drains: int, batch: int, fence: bool, rows: i
     extra_writes = lab.execute("SELECT coalesce(sum(outcomes), 0) - count(*) FROM delivery")[0][0]
     pushes = dr.read_pushes(lab)
     shown = dr.Device.count(pushes, dedup_on="delivery_id")
-    return {
-        "drains": drains, "batch": batch, "fence": fence, "rows": rows,
-        "zombie_state": state,
-        "rows_locked_mid_batch": locked_mid_batch + locked_frozen,
-        "pushes": len(pushes), "duplicate_pushes": shown["duplicate_pushes"],
-        "shown_twice_with_delivery_id_key": shown["visible_duplicates"] + shown["hidden_by_collapse_id"],
-        "reclaimed_after_lease": again["sent"],
-        "zombie_writes": len(zombie_ids), "zombie_writes_refused": len(lost),
-        "stale_writes_landed": int(extra_writes),
-        "sent": statuses["sent"], "pending": statuses["pending"], "failed": statuses["failed"],
-        "backlog_rows": backlog["sent"], "backlog_s": round(backlog["wall_s"], 3),
-        "jobs_per_s": round(backlog["sent"] / backlog["wall_s"], 1) if backlog["wall_s"] else None,
-        "longest_lock_ms": round(1000 * max(backlog["longest_lock_s"], again["longest_lock_s"]), 1),
-        "send_ms": send_ms,
-    }
+    return ConcurrencyRun(
+        drains=drains, batch=batch, fence=fence, rows=rows,
+        zombie_state=state,
+        rows_locked_mid_batch=locked_mid_batch + locked_frozen,
+        pushes=len(pushes), duplicate_pushes=shown.duplicate_pushes,
+        shown_twice_with_delivery_id_key=shown.visible_duplicates + shown.hidden_by_collapse_id,
+        reclaimed_after_lease=again["sent"],
+        zombie_writes=len(zombie_ids), zombie_writes_refused=len(lost),
+        stale_writes_landed=int(extra_writes),
+        sent=statuses["sent"], pending=statuses["pending"], failed=statuses["failed"],
+        backlog_rows=backlog["sent"], backlog_s=round(backlog["wall_s"], 3),
+        jobs_per_s=round(backlog["sent"] / backlog["wall_s"], 1) if backlog["wall_s"] else None,
+        longest_lock_ms=round(1000 * max(backlog["longest_lock_s"], again["longest_lock_s"]), 1),
+        send_ms=send_ms,
+    )
+
+
+@dataclass(frozen=True)
+class OutlivedLease(Result):
+    """A batch whose sends may take longer than its lease (:func:`batch_outlives_lease`), on
+    the lab's clock: no crash, no pause.
+
+    batch: rows drain 1 claimed
+    batch_s: lab seconds its sends took in all (batch * latency_s)
+    lease_s: the lease its claim granted, in lab seconds
+    taken_by_drain_2: rows of the batch drain 2 claimed while drain 1 was still sending
+    taken_after_push: how many pushes drain 1 had sent when drain 2 got them (None: never)
+    pushes: pushes on record (device_push)
+    duplicate_pushes: pushes beyond one per (device, notification)
+    drain_1_writes_landed: drain 1's outcome writes that matched their row
+    """
+
+    batch: int
+    batch_s: float
+    lease_s: float
+    taken_by_drain_2: int
+    taken_after_push: int | None
+    pushes: int
+    duplicate_pushes: int
+    drain_1_writes_landed: int
 
 
 def batch_outlives_lease(lab: Lab, *, batch: int, lease_s: float = dr.LEASE_S,
-                         latency_s: float = dr.LATENCY_S, fence: bool = True) -> dict:
+                         latency_s: float = dr.LATENCY_S, fence: bool = True) -> OutlivedLease:
     """No crash and no pause: drain 1 claims ``batch`` rows and sends them one by one, each
     push moving the lab's clock on ``latency_s`` (what an APNs call takes); after each push,
     drain 2 claims once, until it gets rows.  When the batch takes longer than the lease,
@@ -696,7 +809,7 @@ def batch_outlives_lease(lab: Lab, *, batch: int, lease_s: float = dr.LEASE_S,
         dr.close_drain(one)
         dr.close_drain(two)
     pushes, dups = lab.execute(dr._lab_sql("push_counts"))[0]
-    return {"batch": batch, "batch_s": batch * latency_s, "lease_s": lease_s,
-            "taken_by_drain_2": len(taken), "taken_after_push": at[0] if at else None,
-            "pushes": int(pushes), "duplicate_pushes": int(dups),
-            "drain_1_writes_landed": len(res.claimed) - len(res.lost)}
+    return OutlivedLease(batch=batch, batch_s=batch * latency_s, lease_s=lease_s,
+                         taken_by_drain_2=len(taken), taken_after_push=at[0] if at else None,
+                         pushes=int(pushes), duplicate_pushes=int(dups),
+                         drain_1_writes_landed=len(res.claimed) - len(res.lost))

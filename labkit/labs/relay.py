@@ -38,6 +38,7 @@ from ..core.limits import number
 from ..core.plots import PALETTE, legend_below
 from ..core.procs import Context, Worker
 from ..core.queries import query, statements
+from ..core.results import Result, not_json
 from ..core.trace import Trace
 from . import broker as brokers
 from ._checked import one_row, started_pid
@@ -618,25 +619,72 @@ MAX_IDLE_TIMEOUT_S = 60
 MAX_WATCH_S = 600
 
 
-def server_bounds(lab: Lab) -> dict:
+@dataclasses.dataclass(frozen=True)
+class BoundSetting(Result):
+    """One server setting that may end a backend whose client froze inside a transaction,
+    as ``pg_settings`` shows it (text, as the server gives it).
+
+    value: its value for this session, in ``unit`` ("0": off)
+    unit: its unit ("ms", "s", or "" for a count)
+    default: the server's built-in default (boot_val), in the same unit
+    """
+
+    value: str
+    unit: str
+    default: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerBounds(Result):
+    """What ends a backend whose client froze inside a transaction, as this server and this
+    session are configured (:func:`server_bounds`).
+
+    connection: how this session reaches the server: "tcp" (keepalives apply) or "unix socket"
+    settings: each setting by its name (idle_in_transaction_session_timeout,
+        transaction_timeout, tcp_keepalives_*, tcp_user_timeout,
+        client_connection_check_interval; those the server has), in name order
+    """
+
+    connection: str
+    settings: dict[str, BoundSetting]
+
+
+def server_bounds(lab: Lab) -> ServerBounds:
     """What ends a backend whose client froze inside a transaction, as this server and this
     session are configured: the settings' values (0 = off), their units, the server's boot
     default, and whether the session came over TCP (keepalives) or a Unix socket."""
     rows = lab.execute(_lab_sql("freeze_bounds"))
     over = lab.execute("SELECT CASE WHEN inet_client_addr() IS NULL THEN 'unix socket' ELSE 'tcp' END")[0][0]
-    return {"connection": over,
-            "settings": {n: {"value": v, "unit": u, "default": b} for n, v, u, b in rows}}
+    return ServerBounds(connection=over,
+                        settings={n: BoundSetting(value=v, unit=u, default=b) for n, v, u, b in rows})
 
 
-def os_keepalive() -> dict | None:
+@dataclasses.dataclass(frozen=True)
+class Keepalive(Result):
+    """This machine's own TCP keepalive defaults (Linux, ``/proc/sys/net/ipv4/tcp_keepalive_*``):
+    what ``tcp_keepalives_* = 0`` means on a TCP connection here.
+
+    time: seconds a connection stays idle before the first probe
+    intvl: seconds between probes
+    probes: unanswered probes before the peer is given up
+    dead_after_s: seconds from the last packet until a silent peer is given up
+        (time + intvl * probes)
+    """
+
+    time: int
+    intvl: int
+    probes: int
+    dead_after_s: int
+
+
+def os_keepalive() -> Keepalive | None:
     """Linux's own TCP keepalive defaults (what tcp_keepalives_* = 0 means there), or None."""
     base = "/proc/sys/net/ipv4/"
     try:
         vals = {k: int(open(base + f"tcp_keepalive_{k}").read()) for k in ("time", "intvl", "probes")}
     except (OSError, ValueError):
         return None
-    vals["dead_after_s"] = vals["time"] + vals["intvl"] * vals["probes"]
-    return vals
+    return Keepalive(**vals, dead_after_s=vals["time"] + vals["intvl"] * vals["probes"])
 
 
 def _check_freeze(batch, freeze_after, idle_timeout_s, publish_timeout_s, watch_s) -> None:
@@ -870,18 +918,71 @@ def freeze_trace(lab: Lab, broker: Broker | None = None, *, batch: int = 100, fr
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RelayFreeze(Result):
+    """A relay frozen mid-batch (SIGSTOP), its transaction open (:func:`freeze_summary`): the
+    trace's summary, read from the database and the broker, and what was measured.
+
+    outbox_rows: rows in the outbox at the end
+    backend_state_while_frozen: the frozen relay's backend state in pg_stat_activity
+        ("idle in transaction")
+    locks_held_while_frozen: outbox rows the frozen relay's transaction kept locked
+    claimed_by_others_while_frozen: rows another relay's claim got while it was frozen
+    released_by: what ended the frozen session: the setting or reason the server gave, or
+        the lab's SIGKILL when nothing on the server ended it
+    stale_publishes_after_wake: messages the woken relay published after its session was gone
+    stale_writes_after_wake: outbox rows whose current version the frozen transaction wrote
+        (0: none of its writes stands)
+    broker_messages: messages the broker held before the consumer took them, duplicates included
+    distinct_events: distinct events among the delivered messages
+    duplicates: messages beyond one per event
+    lost_events: event ids marked published that the consumer never applied
+    consumer_applied: shipping labels the consumer printed in all (one per event applied)
+    orders_applied_twice: orders that got more than one label (0: the inbox deduplicated)
+    duplicates_after_wake: the duplicates, once the woken relay has done what it does
+    released_after_s: seconds from the backend going idle in its transaction to the lab's
+        first poll that found it gone (late by at most one poll); None when the lab killed it
+    released_after_server_s: the same by the server's clock, from the backend's state_change
+        to a waiting session getting one of its row locks; None when not measured
+    held_for_at_least_s: seconds the backend was seen held when the lab killed it; None when
+        the server ended it
+    trace: the trace itself (not in the JSON)
+    """
+
+    outbox_rows: int
+    backend_state_while_frozen: str | None
+    locks_held_while_frozen: int
+    claimed_by_others_while_frozen: int
+    released_by: str
+    stale_publishes_after_wake: int
+    stale_writes_after_wake: int
+    broker_messages: int
+    distinct_events: int
+    duplicates: int
+    lost_events: list[str]
+    consumer_applied: int
+    orders_applied_twice: int
+    duplicates_after_wake: int
+    released_after_s: float | None = None
+    released_after_server_s: float | None = None
+    held_for_at_least_s: float | None = None
+    trace: Trace = not_json()
+
+
 def freeze_summary(lab: Lab, broker: Broker | None = None, *, batch: int = 100, freeze_after: int = 40,
                    idle_timeout_s: float | None = 2.0, publish_timeout_s: float | None | str = AUTO,
-                   watch_s: float = 15.0) -> dict:
-    """:func:`freeze_trace` as a dict: the trace's summary (locks_held_while_frozen,
+                   watch_s: float = 15.0) -> RelayFreeze:
+    """:func:`freeze_trace` as a result: the trace's summary (locks_held_while_frozen,
     claimed_by_others_while_frozen, released_by, duplicates_after_wake,
-    stale_writes_after_wake, ...), the measured released_after_s, and the trace itself
-    under ``"trace"``."""
+    stale_writes_after_wake, ...), the measured released_after_s, and the trace itself."""
     tr = freeze_trace(lab, broker, batch=batch, freeze_after=freeze_after,
                       idle_timeout_s=idle_timeout_s, publish_timeout_s=publish_timeout_s,
                       watch_s=watch_s)
     # freeze_trace's Trace carries ``measured``, an attribute Trace (core/trace.py) does not declare
-    return {**tr.summary, **tr.measured, "trace": tr}  # type: ignore[attr-defined]
+    measured: dict[str, Any] = tr.measured  # type: ignore[attr-defined]
+    return RelayFreeze(**tr.summary, released_after_s=measured.get("released_after_s"),
+                       released_after_server_s=measured.get("released_after_server_s"),
+                       held_for_at_least_s=measured.get("held_for_at_least_s"), trace=tr)
 
 
 # -- committing mid-batch ----------------------------------------------------------------------------
@@ -956,8 +1057,37 @@ def _let_go(workers: list[Worker], timeout: float) -> None:
         w.join(timeout)
 
 
+@dataclasses.dataclass(frozen=True)
+class FreeRelays(Result):
+    """Relay processes draining a backlog with nothing scripted but a common start
+    (:func:`free_relays`), read back from the database and the broker.
+
+    relays: relay processes that ran
+    commit_every: publishes between COMMITs inside a batch (None: one COMMIT after the batch)
+    published_by: messages each relay published, relay 1's first
+    outbox_rows: rows in the outbox at the end
+    broker_messages: messages the broker held before the consumer took them, duplicates included
+    distinct_events: distinct events among the delivered messages
+    duplicates: messages beyond one per event
+    lost_events: event ids marked published that the consumer never applied
+    consumer_applied: shipping labels the consumer printed in all (one per event applied)
+    orders_applied_twice: orders that got more than one label (0: the inbox deduplicated)
+    """
+
+    relays: int
+    commit_every: int | None
+    published_by: list[int]
+    outbox_rows: int
+    broker_messages: int
+    distinct_events: int
+    duplicates: int
+    lost_events: list[str]
+    consumer_applied: int
+    orders_applied_twice: int
+
+
 def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, batch: int = 100,
-                commit_every: int | None = None, relays: int = 2) -> dict:
+                commit_every: int | None = None, relays: int = 2) -> FreeRelays:
     """``relays`` relay processes drain a backlog of ``orders`` with nothing scripted but a
     common start: each runs its own ticks until it finds nothing to claim.  No process
     crashes.  Returns the outcome read from the database and the broker (duplicates,
@@ -973,7 +1103,7 @@ def free_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 1000, b
             _let_go(workers, 120)
         published = [len([e for e in w.events if e["kind"] == "published"]) for w in workers]
         _, out = _deliver(lab, broker, obs)
-        return {"relays": relays, "commit_every": commit_every, "published_by": published, **out}
+        return FreeRelays(relays=relays, commit_every=commit_every, published_by=published, **out)
 
 
 TRACES: dict[str, Callable[..., Trace]] = {"relay": crash_trace, "dual-write": dual_write_trace, "broker-down": broker_down_trace}
@@ -982,7 +1112,36 @@ TRACES: dict[str, Callable[..., Trace]] = {"relay": crash_trace, "dual-write": d
 # -- two relays at once ---------------------------------------------------------------------------
 
 
-def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, batch: int = 50) -> dict:
+@dataclasses.dataclass(frozen=True)
+class TwoRelays(Result):
+    """Two relay processes, each holding its claim while the other claims (:func:`two_relays`),
+    read back from the database and the broker.
+
+    claims: the outbox ids each relay claimed, relay 1's first
+    locked_while_both_held: outbox rows locked while both relays held their claims
+    broker_messages: messages the broker held before the consumer took them, duplicates included
+    delivered: the event ids the broker handed to the consumer, in delivery order
+    outbox_rows: rows in the outbox at the end
+    distinct_events: distinct events among the delivered messages
+    duplicates: messages beyond one per event
+    lost_events: event ids marked published that the consumer never applied
+    consumer_applied: shipping labels the consumer printed in all (one per event applied)
+    orders_applied_twice: orders that got more than one label (0: the inbox deduplicated)
+    """
+
+    claims: list[list[int]]
+    locked_while_both_held: int
+    broker_messages: int
+    delivered: list[str]
+    outbox_rows: int
+    distinct_events: int
+    duplicates: int
+    lost_events: list[str]
+    consumer_applied: int
+    orders_applied_twice: int
+
+
+def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, batch: int = 50) -> TwoRelays:
     """Two relay processes, each holding its claim while the other claims: the batches
     are disjoint.  Returns both claims and the broker's messages."""
     if orders < 0 or batch < 1:
@@ -995,8 +1154,7 @@ def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, bat
             held = obs.locked_rows()
             _let_go(workers, 60)
         delivered, out = _deliver(lab, broker, obs)
-        return {"claims": claims, "locked_while_both_held": held,
-                "broker_messages": out["broker_messages"], "delivered": delivered, **out}
+        return TwoRelays(claims=claims, locked_while_both_held=held, delivered=delivered, **out)
 
 
 # -- what marking a row published leaves in the partial index -------------------------------------
@@ -1004,7 +1162,19 @@ def two_relays(lab: Lab, broker: Broker | None = None, *, orders: int = 100, bat
 MAX_ARRIVING = 100_000
 
 
-def _index_scan(lab: Lab) -> dict:
+@dataclasses.dataclass(frozen=True)
+class IndexScan(Result):
+    """One read of the metrics query's index-only scan of the partial index (EXPLAIN ANALYZE).
+
+    heap_fetches: index entries the scan had to check in the table (the heap)
+    buffers: buffers (8 kB pages, shared hit + read) the scan touched
+    """
+
+    heap_fetches: int
+    buffers: int
+
+
+def _index_scan(lab: Lab) -> IndexScan:
     """Heap fetches and buffers of the metrics query's index-only scan of the partial index
     (sequential and bitmap scans switched off for it: the index's cost is what is read)."""
     import re
@@ -1025,11 +1195,34 @@ def _index_scan(lab: Lab) -> dict:
         raise LabkitError("The metrics query's index-only scan shows no Heap Fetches line:\n" + plan,
                           "report this with the server's version (`labkit doctor`): its EXPLAIN "
                           "output is not the one this lab reads.")
-    return {"heap_fetches": int(fetches[1]),
-            "buffers": int(hit[1]) + int(hit[2] or 0) if hit else 0}
+    return IndexScan(heap_fetches=int(fetches[1]),
+                     buffers=int(hit[1]) + int(hit[2] or 0) if hit else 0)
 
 
-def dead_index_entries(lab: Lab, arriving: int = 3000, wait_s: float = 30.0) -> dict:
+@dataclasses.dataclass(frozen=True)
+class DeadIndexEntries(Result):
+    """The metrics query's index scan after a batch of events was marked published
+    (:func:`dead_index_entries`), read three times.
+
+    arriving: events inserted and marked published
+    first_scan: the scan right after the batch was marked
+    second_scan: the same scan once more (the first marked the stale entries dead)
+    after_vacuum: the scan after VACUUM removed the dead entries
+    """
+
+    arriving: int
+    first_scan: IndexScan
+    second_scan: IndexScan
+    after_vacuum: IndexScan
+
+    def by_when(self) -> dict[str, IndexScan]:
+        """The three scans in the order they ran, each under when it ran: "first scan",
+        "second scan", "after VACUUM"."""
+        return {"first scan": self.first_scan, "second scan": self.second_scan,
+                "after VACUUM": self.after_vacuum}
+
+
+def dead_index_entries(lab: Lab, arriving: int = 3000, wait_s: float = 30.0) -> DeadIndexEntries:
     """A batch of ``arriving`` events is inserted and marked published (autovacuum off on the
     outbox, so only the VACUUM here runs); the metrics query's index scan is read three times:
     right after, once more, and after VACUUM.  The outbox must exist with its statistics
@@ -1054,8 +1247,8 @@ def dead_index_entries(lab: Lab, arriving: int = 3000, wait_s: float = 30.0) -> 
     first = _index_scan(lab)
     second = _index_scan(lab)
     lab.execute("VACUUM outbox")
-    return {"arriving": arriving, "first scan": first, "second scan": second,
-            "after VACUUM": _index_scan(lab)}
+    return DeadIndexEntries(arriving=arriving, first_scan=first, second_scan=second,
+                            after_vacuum=_index_scan(lab))
 
 
 # -- lag -------------------------------------------------------------------------------------------
