@@ -36,8 +36,8 @@ def test_reaper_requeues_expired_claims_and_dead_letters_repeat_offenders(lab):
         later = lab.execute("SELECT now() + interval '2 minutes'")[0][0]
         assert sorted(claims.reap(lab, lease="1 minute", as_of=later)) == [
             (1, "PENDING", 1), (2, "PENDING", 1)]
-        assert claims.job_row(lab, 1) == {"status": "PENDING", "worker": None,
-                                          "claimed_at set": False, "attempts": 1}
+        assert claims.job_row(lab, 1).as_dict() == {"status": "PENDING", "worker": None,
+                                                    "claimed_at_set": False, "attempts": 1}
         # job 1 keeps dying: the third expired claim sends it to DEAD
         for attempt in (2, 3):
             lab.execute("UPDATE job SET status = 'PENDING' WHERE id <> 1")
@@ -56,13 +56,13 @@ def test_held_open_crash_reruns_the_job_claim_mark_commit_keeps_the_claim(lab):
     w = claims.start_worker(lab, "held", style="hold_open", effects=("log",), pause_after=1)
     try:
         w.wait_for("paused", timeout=60)
-        assert claims.job_row(lab, 1)["status"] == "PENDING"   # nothing durable says "claimed"
+        assert claims.job_row(lab, 1).status == "PENDING"   # nothing durable says "claimed"
     finally:
         w.kill()
     claims.backend_gone(lab, w)
     again = claims.start_worker(lab, "next", effects=("log",), max_claims=1)
     again.join(60)
-    assert claims.effect_counts(lab)[1]["log"] == 2           # the job ran twice
+    assert claims.effect_counts(lab)[1].log == 2           # the job ran twice
     # The durable claim: the dead worker's job stays IN_PROGRESS, owned and dated.
     w = claims.start_worker(lab, "cmc", effects=("log",), pause_after=1)
     try:
@@ -70,11 +70,11 @@ def test_held_open_crash_reruns_the_job_claim_mark_commit_keeps_the_claim(lab):
     finally:
         w.kill()
     claims.backend_gone(lab, w)
-    assert claims.job_row(lab, 2) == {"status": "IN_PROGRESS", "worker": "cmc", "claimed_at set": True}
+    assert claims.job_row(lab, 2) == claims.JobRow("IN_PROGRESS", "cmc", claimed_at_set=True)
     nxt = claims.start_worker(lab, "next2", effects=("log",), max_claims=1)
     nxt.join(60)
-    assert claims.job_row(lab, 3)["worker"] == "next2"          # the next worker skips job 2
-    assert claims.effect_counts(lab)[2]["log"] == 1
+    assert claims.job_row(lab, 3).worker == "next2"          # the next worker skips job 2
+    assert claims.effect_counts(lab)[2].log == 1
 
 
 def test_poison_job_kills_its_workers_until_it_is_dead_lettered(lab):
@@ -103,8 +103,9 @@ def test_idempotent_effect_absorbs_the_rerun_a_plain_one_doubles(lab):
     later = lab.execute("SELECT now() + interval '1 hour'")[0][0]
     assert claims.reap(lab, as_of=later) == [(1, "PENDING", 1)]
     claims.start_worker(lab, "second", effects=("log", "once")).join(60)
-    assert claims.effect_counts(lab) == {1: {"log": 2, "once": 1}}
-    assert claims.job_row(lab, 1)["status"] == "DONE"
+    assert claims.effect_counts(lab) == {1: claims.JobEffects(log=2, once=1)}
+    assert claims.effect_counts(lab)[1].as_dict() == {"log": 2, "once": 1}
+    assert claims.job_row(lab, 1).status == "DONE"
 
 
 def test_batches_amortise_round_trips(lab):
@@ -123,12 +124,12 @@ def test_inversions_count_pairs_out_of_order():
 
 def test_per_key_claims_keep_each_customers_order(lab):
     out = claims.ordering_run(lab, jobs=60, workers=3, customers=4, job_ms=3)
-    assert out["jobs"] == 60
-    assert out["key_inversions"] == 0 and out["in_flight_max"] == 1
+    assert out.jobs == 60 and sorted(out.order) == list(range(1, 61))
+    assert out.key_inversions == 0 and out.in_flight_max == 1
     # the same jobs with the plain claim: one customer's jobs run side by side
     # (jobs long enough that the three workers' first claims surely overlap)
     plain = claims.ordering_run(lab, jobs=30, workers=3, customers=2, job_ms=20, per_key=False)
-    assert plain["in_flight_max"] > 1
+    assert plain.in_flight_max is not None and plain.in_flight_max > 1
 
 
 def test_partial_index_keeps_the_search_short_over_history(lab):
@@ -136,12 +137,13 @@ def test_partial_index_keeps_the_search_short_over_history(lab):
     with_idx = claims.plan_of(lab, claims.CLAIM_SQL, {"batch": 1, "worker_id": "x"}, analyze=True)
     claims.make_queue(lab, pending=20, done=20_000, index=False)
     without = claims.plan_of(lab, claims.CLAIM_SQL, {"batch": 1, "worker_id": "x"}, analyze=True)
-    assert "job_pending_created_idx" in with_idx["indexes"] and "Seq Scan" in without["nodes"]
-    assert with_idx["search_buffers"] * 10 < without["search_buffers"]
+    assert "job_pending_created_idx" in with_idx.indexes and "Seq Scan" in without.nodes
+    assert with_idx.search_buffers * 10 < without.search_buffers
+    assert with_idx.ms is not None and with_idx.buffers >= with_idx.search_buffers
     # archiving the history makes even the index-less claim short again
     assert claims.archive_done(lab) <= 2
     archived = claims.plan_of(lab, claims.CLAIM_SQL, {"batch": 1, "worker_id": "x"}, analyze=True)
-    assert archived["search_buffers"] * 10 < without["search_buffers"]
+    assert archived.search_buffers * 10 < without.search_buffers
     assert lab.execute("SELECT count(*) FROM job_archive") == [(20_000,)]
 
 
@@ -177,10 +179,10 @@ def test_mass_update_leaves_dead_entries_in_the_partial_index_until_vacuum(lab):
     r = claims.churn_readings(lab, pending=20_000, done=19_900)
     # the first claim visits every dead version, the next only walks the entries the
     # first one marked dead, and VACUUM removes them
-    assert r["after update"] > 2 * r["next claim"], r
-    assert r["next claim"] > 3 * r["after vacuum"], r
-    assert r["after vacuum"] < 30, r
-    assert r["index pages after update"] >= r["index pages before"]   # no entry went away
+    assert r.buffers_after_update > 2 * r.buffers_at_next_claim, r
+    assert r.buffers_at_next_claim > 3 * r.buffers_after_vacuum, r
+    assert r.buffers_after_vacuum < 30, r
+    assert r.index_pages_after_update >= r.index_pages_before   # no entry went away
 
 
 def _two_claimers(lab, sql_text):
@@ -247,10 +249,10 @@ def test_status_partitions_fail_a_waiting_claim_month_partitions_recheck(lab):
 
 def test_plain_vacuum_gives_back_an_empty_tail_not_empty_pages_in_the_middle(lab):
     tail = claims.vacuum_truncation(lab, rows=8_000, where="tail")
-    assert tail["after delete"] == tail["before"]
-    assert tail["after vacuum"] <= tail["before"] // 2 + 2
+    assert tail.pages_after_delete == tail.pages_before
+    assert tail.pages_after_vacuum <= tail.pages_before // 2 + 2
     middle = claims.vacuum_truncation(lab, rows=8_000, where="middle")
-    assert middle["after vacuum"] == middle["before"]
+    assert middle.pages_after_vacuum == middle.pages_before
     with pytest.raises(LabkitError, match="tail"):
         claims.vacuum_truncation(lab, where="head")
 
@@ -275,12 +277,17 @@ def test_inline_quotes_values_and_names_missing_ones():
 
 def test_history_ladder_reports_a_flat_search_with_the_index(lab):
     rows = claims.history_ladder(lab, (0, 5_000), claims=20, claims_without_index=10, rounds=2)
-    pages = {(r["done rows"], r["partial index"]): r["search pages"] for r in rows}
+    pages = {(r.done_rows, r.partial_index): r.search_pages for r in rows}
     assert pages[(5_000, True)] <= pages[(0, True)] + 2
-    work = {(r["done rows"], r["partial index"]): r["claim buffers"] for r in rows}
+    work = {(r.done_rows, r.partial_index): r.claim_buffers for r in rows}
     assert work[(5_000, True)] <= work[(0, True)] + 5 < work[(5_000, False)]
     assert pages[(5_000, False)] > 10 * pages[(5_000, True)]
-    assert all(r["claims/s"] > 0 for r in rows)
+    assert all(r.claims_per_s > 0 for r in rows)
+    # as a table, each field under its label, in order
+    assert list(rows[0].as_dict()) == ["done rows", "partial index", "claims/s", "search pages",
+                                       "claim buffers", "table pages", "pkey pages"]
+    assert rows[0].as_dict(only=["claims/s", "done_rows"]) == {"claims/s": rows[0].claims_per_s,
+                                                              "done rows": 0}
 
 
 def test_wait_for_horizon_names_an_older_transaction_and_returns_once_it_ends(lab):

@@ -260,6 +260,8 @@ def test_commit_delay_really_lengthens_every_commit_and_is_reset(lab):
 
 def test_commit_cost_is_measured_both_ways_on_this_server(lab):
     cost = convoy.commit_cost_ms(lab, commits=50)
-    assert cost["fsync"] == lab.execute("SHOW fsync")[0][0]
-    assert cost["synchronous_commit_on_ms"] > 0 and cost["synchronous_commit_off_ms"] > 0
-    assert cost["flush_ms"] == pytest.approx(cost["synchronous_commit_on_ms"] - cost["synchronous_commit_off_ms"])
+    assert cost.fsync == lab.execute("SHOW fsync")[0][0]
+    assert cost.synchronous_commit_on_ms > 0 and cost.synchronous_commit_off_ms > 0
+    assert cost.flush_ms == pytest.approx(cost.synchronous_commit_on_ms - cost.synchronous_commit_off_ms)
+    assert list(cost.as_dict()) == ["fsync", "synchronous_commit", "synchronous_commit_on_ms",
+                                    "synchronous_commit_off_ms", "flush_ms"]

@@ -177,27 +177,27 @@ def test_a_lock_wait_timeout_is_told_from_nowait_by_the_statement(mylab):
 @pytest.mark.needs_mysql
 def test_without_the_index_one_claim_locks_every_row_it_sorted(mylab):
     rr = engines.gap_scene(mylab, "REPEATABLE READ", indexed=False)
-    assert rr["a"].rows == [(1,)] and rr["b"].rows == []   # 2, 5 and 9 are free, and B gets nothing
-    assert rr["insert"].waited and "A" in rr["insert"].blocked_by   # nor can a producer add a job
+    assert rr.a.rows == [(1,)] and rr.b.rows == []   # 2, 5 and 9 are free, and B gets nothing
+    assert rr.insert.waited and "A" in rr.insert.blocked_by   # nor can a producer add a job
     rc = engines.gap_scene(mylab, "READ COMMITTED", indexed=False)
-    assert rc["b"].rows == [] and not rc["insert"].waited          # READ COMMITTED frees the insert only
+    assert rc.b.rows == [] and not rc.insert.waited          # READ COMMITTED frees the insert only
 
 
 @pytest.mark.needs_mysql
 def test_with_the_index_repeatable_read_still_locks_the_gap_before_each_claim(mylab):
     rr = engines.gap_scene(mylab, "REPEATABLE READ", indexed=True)
-    assert (rr["a"].rows, rr["b"].rows) == ([(1,)], [(2,)])
+    assert (rr.a.rows, rr.b.rows) == ([(1,)], [(2,)])
     # the new job sorts between jobs 1 and 2: in the gap B's claim of job 2 locked with it
-    assert rr["insert"].waited and rr["insert"].blocked_by == ["B"]
-    assert "GAP" in rr["insert"].wait_event and "asked for RECORD X,GAP" in rr["transcript"]
+    assert rr.insert.waited and rr.insert.blocked_by == ["B"]
+    assert "GAP" in rr.insert.wait_event and "asked for RECORD X,GAP" in rr.transcript
     rc = engines.gap_scene(mylab, "READ COMMITTED", indexed=True)
-    assert (rc["a"].rows, rc["b"].rows) == ([(1,)], [(2,)]) and not rc["insert"].waited
+    assert (rc.a.rows, rc.b.rows) == ([(1,)], [(2,)]) and not rc.insert.waited
 
 
 @pytest.mark.needs_mysql
 def test_under_repeatable_read_finishing_one_job_waits_for_the_worker_of_another(mylab):
-    rr = engines.finish_scene(mylab, "REPEATABLE READ")["finish"]
-    rc = engines.finish_scene(mylab, "READ COMMITTED")["finish"]
+    rr = engines.finish_scene(mylab, "REPEATABLE READ").finish
+    rc = engines.finish_scene(mylab, "READ COMMITTED").finish
     assert rr.waited and rr.blocked_by == ["A"] and rr.completed_after is not None
     assert not rc.waited and rc.results[-1].command == "UPDATE 1"
 
@@ -309,8 +309,9 @@ def test_the_convoy_reports_the_same_keys_and_counts_deadlock_victims(mylab):
 def test_one_point_again_runs_under_the_level_asked_and_puts_the_labs_level_back(mylab):
     mylab.isolation = "READ COMMITTED"
     row = engines.convoy_point(mylab, "wait", 4, isolation="REPEATABLE READ", job_ms=20, seconds=0.5)
-    assert (row["policy"], row["workers"]) == ("wait", 4) and row["jobs"] > 0
-    assert row["deadlocks"] > 0                      # a claim queued behind a finishing job, under RR
+    assert (row.policy, row.workers) == ("wait", 4) and row.jobs > 0
+    assert row.deadlocks > 0                      # a claim queued behind a finishing job, under RR
+    assert list(row.as_dict()) == convoy.COLUMNS     # the sweep's row, column for column
     assert mylab.isolation == "READ COMMITTED"
     with pytest.raises(Exception, match="not one of the levels"):
         engines.convoy_point(mylab, "wait", 4, isolation="SERIALIZABLE")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg import sql
@@ -34,6 +34,7 @@ from ..core.lab import FIRST_JOB, Lab
 from ..core.limits import bulk, number
 from ..core.procs import Context, Worker
 from ..core.queries import query
+from ..core.results import Result
 from ._checked import one_row
 
 CLAIM_SQL = read_sql("claim_skip_locked.sql")
@@ -163,17 +164,51 @@ def add_effects(lab: Lab) -> None:
     lab.run_file("effects.sql")
 
 
-def effect_counts(lab: Lab) -> dict[int, dict[str, int]]:
-    """{job id: {"log": rows in effect_log, "once": rows in effect_once}}."""
-    out: dict[int, dict[str, int]] = {}
+@dataclass(frozen=True)
+class JobEffects(Result):
+    """The effects one job's runs left in the two effect tables of sql/effects.sql
+    (:func:`effect_counts`); ``JobEffects()`` is a job that left none.
+
+    log: rows in effect_log, the plain effect: one per run of the job
+    once: rows in effect_once, the idempotent effect (unique on the job id): 1 however often
+        the job ran
+    """
+
+    log: int = 0
+    once: int = 0
+
+
+def effect_counts(lab: Lab) -> dict[int, JobEffects]:
+    """The effects of every job that left one, by job id (a job that left none is absent:
+    ``effect_counts(lab).get(job_id, JobEffects())``)."""
+    counts: dict[int, dict[str, int]] = {}
     for table in EFFECTS:
         for job_id, n in lab.execute(f"SELECT job_id, count(*) FROM effect_{table} GROUP BY 1"):
-            out.setdefault(job_id, {"log": 0, "once": 0})[table] = n
-    return out
+            counts.setdefault(job_id, {})[table] = n
+    return {job_id: JobEffects(**n) for job_id, n in counts.items()}
 
 
-def job_row(lab: Lab, job_id: int) -> dict[str, Any]:
-    """One job as a dict: status, worker_id, claimed (bool), attempts (if the column exists)."""
+@dataclass(frozen=True)
+class JobRow(Result):
+    """One job as the job table holds it now (:func:`job_row`).
+
+    status: PENDING, IN_PROGRESS, DONE (or DEAD, with job_table_leases.sql)
+    worker: the worker_id on the row: the worker that claimed it last (None: never claimed,
+        or handed back by the reaper)
+    claimed_at_set: whether the row carries a claim time (claimed_at IS NOT NULL)
+    attempts: claims of it that ran out their lease (None: the table has no attempts column,
+        added by job_table_leases.sql)
+    """
+
+    status: str
+    worker: str | None
+    claimed_at_set: bool
+    attempts: int | None = None
+
+
+def job_row(lab: Lab, job_id: int) -> JobRow:
+    """One job: its status, worker, whether it has a claim time, its attempts (if the column
+    exists)."""
     cols = [r[0] for r in lab.execute(
         "SELECT column_name FROM information_schema.columns "
         "WHERE table_schema = current_schema() AND table_name = 'job'")]
@@ -182,10 +217,8 @@ def job_row(lab: Lab, job_id: int) -> dict[str, Any]:
                       (job_id,))
     if not row:
         raise LabkitError(f"There is no job {job_id}.", "create the jobs first (lab.create_jobs(n)).")
-    out = {"status": row[0][0], "worker": row[0][1], "claimed_at set": row[0][2]}
-    if extra:
-        out["attempts"] = row[0][3]
-    return out
+    return JobRow(status=row[0][0], worker=row[0][1], claimed_at_set=row[0][2],
+                  attempts=row[0][3] if extra else None)
 
 
 def fresh_jobs(lab: Lab, n: int) -> None:
@@ -419,8 +452,31 @@ def inversions(order: Sequence[int], key: dict[int, str] | None = None) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class OrderingRun(Result):
+    """The order in which ``workers`` processes finished a queue's jobs (:func:`ordering_run`).
+
+    workers: worker processes that drained the queue
+    jobs: jobs that ended DONE
+    order: the job ids in the order they finished (ids follow creation order)
+    inversions: pairs of jobs finished in the opposite order of their creation
+    pairs: pairs of finished jobs in all (the most inversions there can be)
+    key_inversions: inversions between two jobs of the same customer (None: the jobs had no
+        customers)
+    in_flight_max: most jobs of one customer in flight at the same moment (None: no customers)
+    """
+
+    workers: int
+    jobs: int
+    order: list[int]
+    inversions: int
+    pairs: int
+    key_inversions: int | None = None
+    in_flight_max: int | None = None
+
+
 def ordering_run(lab: Lab, *, jobs: int, workers: int, customers: int = 0, job_ms: float = 5.0,
-                 jitter: float = 0.8, per_key: bool = True) -> dict[str, Any]:
+                 jitter: float = 0.8, per_key: bool = True) -> OrderingRun:
     """Drain ``jobs`` jobs with ``workers`` processes, jobs of uneven length; return the
     finishing order and its inversions.  With ``customers`` > 0, every job belongs to one
     of that many customers (round robin) and, with ``per_key``, the workers claim with
@@ -438,13 +494,10 @@ def ordering_run(lab: Lab, *, jobs: int, workers: int, customers: int = 0, job_m
     ws = run_workers(lab, workers, style=style, job_ms=job_ms, jitter=jitter, report="batches")
     d = _drain_result(lab, ws, workers, 1)
     order = [job_id for _, job_id, _ in d.finished]
-    out = {"workers": workers, "jobs": d.jobs, "order": order,
-           "inversions": inversions(order),
-           "pairs": len(order) * (len(order) - 1) // 2}
-    if key is not None:
-        out["key_inversions"] = inversions(order, key)
-        out["in_flight_max"] = _max_in_flight_per_key(ws, key)
-    return out
+    return OrderingRun(workers=workers, jobs=d.jobs, order=order, inversions=inversions(order),
+                       pairs=len(order) * (len(order) - 1) // 2,
+                       key_inversions=inversions(order, key) if key is not None else None,
+                       in_flight_max=_max_in_flight_per_key(ws, key) if key is not None else None)
 
 
 def serial_per_key_order(jobs: int, customers: int, *, job_ms: float = 5.0,
@@ -561,10 +614,34 @@ def wait_for_horizon(lab: Lab, timeout: float = 30.0) -> None:
 
 def _claim_buffers(lab: Lab) -> int:
     """Shared buffers one claim touches (EXPLAIN ANALYZE, rolled back)."""
-    return plan_of(lab, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)["buffers"]
+    return plan_of(lab, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True).buffers
 
 
-def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> dict[str, int]:
+@dataclass(frozen=True)
+class ChurnReadings(Result):
+    """What a mass UPDATE out of PENDING leaves in the partial index (:func:`churn_readings`):
+    the claim's shared buffers (EXPLAIN ANALYZE, rolled back) and the index's size in pages,
+    along the way.
+
+    index_pages_before: the partial index's size before the UPDATE, in pages
+    index_pages_after_update: its size right after the UPDATE (its dead entries still in it)
+    buffers_after_update: buffers the first claim after the UPDATE touched (it visits the
+        heap for every dead version, and marks their entries dead)
+    buffers_at_next_claim: buffers the next claim touched (it still reads the entries
+        marked dead)
+    buffers_after_vacuum: buffers a claim touched after a plain VACUUM (the entries gone)
+    index_pages_after_vacuum: the index's size after VACUUM, in pages
+    """
+
+    index_pages_before: int
+    index_pages_after_update: int
+    buffers_after_update: int
+    buffers_at_next_claim: int
+    buffers_after_vacuum: int
+    index_pages_after_vacuum: int
+
+
+def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> ChurnReadings:
     """What a mass UPDATE out of PENDING leaves in the partial index.  A fresh table of
     ``pending`` pending jobs, vacuumed, with autovacuum off for this table only (so that
     nothing cleans up between the readings); then one UPDATE sets the ``done`` oldest to
@@ -581,20 +658,38 @@ def churn_readings(lab: Lab, *, pending: int = 100_000, done: int = 99_900) -> d
     add_pending(lab, pending)
     lab.execute("VACUUM ANALYZE job")
     index = "job_pending_created_idx"
-    out = {"index pages before": table_pages(lab, index)}
+    pages_before = table_pages(lab, index)
     lab.execute("UPDATE job SET status = 'DONE', worker_id = 'old', claimed_at = now() WHERE id <= %s",
                 (done,))
     wait_for_horizon(lab)              # the old versions are dead to everyone now
-    out["index pages after update"] = table_pages(lab, index)
-    out["after update"] = _claim_buffers(lab)
-    out["next claim"] = _claim_buffers(lab)
+    pages_after_update = table_pages(lab, index)
+    after_update = _claim_buffers(lab)
+    next_claim = _claim_buffers(lab)
     lab.execute("VACUUM job")
-    out["after vacuum"] = _claim_buffers(lab)
-    out["index pages after vacuum"] = table_pages(lab, index)
-    return out
+    after_vacuum = _claim_buffers(lab)
+    return ChurnReadings(index_pages_before=pages_before, index_pages_after_update=pages_after_update,
+                         buffers_after_update=after_update, buffers_at_next_claim=next_claim,
+                         buffers_after_vacuum=after_vacuum,
+                         index_pages_after_vacuum=table_pages(lab, index))
 
 
-def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> dict[str, int]:
+@dataclass(frozen=True)
+class TableShrink(Result):
+    """The job table's size as half its rows are deleted and a plain VACUUM runs
+    (:func:`vacuum_truncation`).
+
+    pages_before: the table's size before the DELETE, in pages
+    pages_after_delete: its size right after the DELETE (a DELETE frees no page)
+    pages_after_vacuum: its size after VACUUM, which gives back only the empty pages at the
+        table's end
+    """
+
+    pages_before: int
+    pages_after_delete: int
+    pages_after_vacuum: int
+
+
+def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> TableShrink:
     """A table of ``rows`` jobs loses half of them to a DELETE — the newest half
     (``where="tail"``: the empty pages end the table) or a block in the middle
     (``where="middle"``: live rows stay on the last pages) — then a plain VACUUM runs.
@@ -606,16 +701,16 @@ def vacuum_truncation(lab: Lab, *, rows: int = 20_000, where: str = "tail") -> d
     fresh_jobs(lab, 0)
     lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")
     add_pending(lab, rows)
-    out = {"before": table_pages(lab)}
+    before = table_pages(lab)
     if where == "tail":
         lab.execute("DELETE FROM job WHERE id > %s", (rows // 2,))
     else:
         lab.execute("DELETE FROM job WHERE id > %s AND id <= %s", (rows // 4, rows // 4 + rows // 2))
-    out["after delete"] = table_pages(lab)
+    after_delete = table_pages(lab)
     wait_for_horizon(lab)
     lab.execute("VACUUM job")
-    out["after vacuum"] = table_pages(lab)
-    return out
+    return TableShrink(pages_before=before, pages_after_delete=after_delete,
+                       pages_after_vacuum=table_pages(lab))
 
 
 def claim_rate(lab: Lab, *, claims: int = 200, worker_id: str = "bench") -> float:
@@ -635,20 +730,62 @@ def claim_rate(lab: Lab, *, claims: int = 200, worker_id: str = "bench") -> floa
         return claims / (time.perf_counter() - t0)
 
 
+@dataclass(frozen=True)
+class HistoryPoint(Result):
+    """One point of :func:`history_ladder`: claim throughput with ``done_rows`` finished jobs
+    in the table, with or without the partial index on the pending predicate.
+
+    done_rows: finished (DONE) jobs in the table
+    partial_index: whether the table had the partial index on the pending predicate
+    claims_per_s: claims per second (claim + finish, one at a time), the best round
+    search_pages: shared buffers the claim's search for a pending job read (EXPLAIN ANALYZE
+        on the freshly built table, rolled back)
+    claim_buffers: shared buffers the whole claim statement touched (the same EXPLAIN)
+    table_pages: the job table's size, in pages
+    pkey_pages: its primary key's size, in pages
+
+    ``as_dict()`` gives each field under the label a table of the ladder shows it with
+    (``LABELS``: ``done rows``, ``claims/s``...): ``pd.DataFrame([p.as_dict() for p in points])``
+    is that table.
+    """
+
+    done_rows: int
+    partial_index: bool
+    claims_per_s: float
+    search_pages: int
+    claim_buffers: int
+    table_pages: int
+    pkey_pages: int
+
+    LABELS: ClassVar[dict[str, str]] = {
+        "done_rows": "done rows", "partial_index": "partial index", "claims_per_s": "claims/s",
+        "search_pages": "search pages", "claim_buffers": "claim buffers", "table_pages": "table pages",
+        "pkey_pages": "pkey pages"}
+
+    def as_dict(self, only: Iterable[str] | None = None) -> dict[str, Any]:
+        """The fields as plain values (see :class:`~labkit.core.results.Result`), each under
+        its label in ``LABELS``; ``only`` names them by label or by field."""
+        field_of = {label: name for name, label in self.LABELS.items()}
+        names = None if only is None else [field_of.get(n, n) for n in only]
+        return {self.LABELS[k]: v for k, v in super().as_dict(names).items()}
+
+
 def history_ladder(lab: Lab, ladder: Sequence[int] = (0, 10_000, 100_000), *, claims: int = 200,
                    claims_without_index: int | None = None, rounds: int = 1,
-                   out: Callable[[str], object] | None = None) -> list[dict[str, Any]]:
+                   out: Callable[[str], object] | None = None) -> list[HistoryPoint]:
     """Claim throughput with ``done`` finished rows in the table, with and without the
     partial index.  Every (done, index) point gets a table of its own (in a schema of its
     own, dropped at the end), all built first; then ``rounds`` rounds each run
     ``claims`` claims on every point in turn, so that load from elsewhere on a shared
     machine falls on all points alike, and each point keeps its best round.  Returns one
-    dict per point: claims/s, the pages the claim's search reads and the buffers the whole
-    claim statement touches (EXPLAIN ANALYZE on the freshly built table, rolled back), and
-    the sizes in pages of the table and its primary key."""
+    :class:`HistoryPoint` per point: claims/s, the pages the claim's search reads and the
+    buffers the whole claim statement touches (EXPLAIN ANALYZE on the freshly built table,
+    rolled back), and the sizes in pages of the table and its primary key."""
     _positive("rounds", rounds)
     points = [(done, index) for done in ladder for index in (True, False)]
-    subs, rows = [], []
+    subs: list[Lab] = []
+    built: list[HistoryPoint] = []        # each point as built, its rate still to measure
+    sizes: list[int] = []                 # claims measured per round at each point
     try:
         for i, (done, index) in enumerate(points):
             n = claims if index or claims_without_index is None else claims_without_index
@@ -656,26 +793,47 @@ def history_ladder(lab: Lab, ladder: Sequence[int] = (0, 10_000, 100_000), *, cl
             subs.append(sub)
             make_queue(sub, pending=n * rounds + 10, done=done, index=index)
             plan = plan_of(sub, CLAIM_SQL, {"batch": 1, "worker_id": "explain"}, analyze=True)
-            rows.append({"done rows": done, "partial index": index, "claims/s": 0.0,
-                         "search pages": plan["search_buffers"], "claim buffers": plan["buffers"],
-                         "table pages": table_pages(sub), "pkey pages": table_pages(sub, "job_pkey"),
-                         "_n": n})
+            built.append(HistoryPoint(done_rows=done, partial_index=index, claims_per_s=0.0,
+                                      search_pages=plan.search_buffers, claim_buffers=plan.buffers,
+                                      table_pages=table_pages(sub), pkey_pages=table_pages(sub, "job_pkey")))
+            sizes.append(n)
+        best = [0.0] * len(built)
         for _ in range(rounds):
-            for sub, row in zip(subs, rows):
-                row["claims/s"] = max(row["claims/s"], claim_rate(sub, claims=row["_n"]))
+            for k, (sub, n) in enumerate(zip(subs, sizes)):
+                best[k] = max(best[k], claim_rate(sub, claims=n))
     finally:
         for sub in subs:
             sub.discard()
+    rows = [replace(point, claims_per_s=rate) for point, rate in zip(built, best)]
     for row in rows:
-        del row["_n"]
         if out:
-            out(f"  {row['done rows']:>9,} done rows  index={'yes' if row['partial index'] else 'no ':3}  "
-                f"{row['claims/s']:9.0f} claims/s")
+            out(f"  {row.done_rows:>9,} done rows  index={'yes' if row.partial_index else 'no ':3}  "
+                f"{row.claims_per_s:9.0f} claims/s")
     return rows
 
 
+@dataclass(frozen=True)
+class QueryPlan(Result):
+    """A statement's plan, from EXPLAIN (FORMAT JSON) in a transaction rolled back
+    (:func:`plan_of`).
+
+    nodes: the plan's node types, top down ("Limit", "LockRows", "Index Scan"...)
+    indexes: the indexes its scans use, in the same order
+    buffers: shared buffers (hit or read) the whole statement touched (0 without ANALYZE)
+    search_buffers: of them, those of the scans that search for rows (a scan with no Index
+        Cond or Recheck Cond: the search for pending jobs, not a look-up by key)
+    ms: the execution time, in milliseconds (None without ANALYZE)
+    """
+
+    nodes: list[str]
+    indexes: list[str]
+    buffers: int
+    search_buffers: int
+    ms: float | None
+
+
 def plan_of(lab: Lab, query: str, params: dict[str, Any] | None = None, *,
-            analyze: bool = False) -> dict[str, Any]:
+            analyze: bool = False) -> QueryPlan:
     """EXPLAIN a claim inside a transaction that is rolled back.  Returns the plan's node
     types (top down), the indexes it uses and, with ``analyze``, shared buffers touched
     and the execution time."""
@@ -708,8 +866,8 @@ def plan_of(lab: Lab, query: str, params: dict[str, Any] | None = None, *,
             walk(child)
 
     walk(top["Plan"])
-    return {"nodes": nodes, "indexes": indexes, "buffers": pages(top["Plan"]),
-            "search_buffers": search, "ms": top.get("Execution Time")}
+    return QueryPlan(nodes=nodes, indexes=indexes, buffers=pages(top["Plan"]), search_buffers=search,
+                     ms=top.get("Execution Time"))
 
 
 SCANS = ("Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan")
@@ -751,7 +909,7 @@ def bench_history_command(*, open_lab: Callable[[], Lab], ladder: str, claims: i
         archive_done(lab)
         archived = claim_rate(lab, claims=claims)
         print(f"  after archiving {max(points):,} done rows (no partial index): {archived:9.0f} claims/s")
-        by = {(r["done rows"], r["partial index"]): r["claims/s"] for r in rows}
+        by = {(r.done_rows, r.partial_index): r.claims_per_s for r in rows}
         top = max(points)
         print(f"slow-down from {min(points):,} to {top:,} done rows: "
               f"with index ×{by[(min(points), True)] / by[(top, True)]:.1f}, "

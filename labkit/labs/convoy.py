@@ -41,6 +41,7 @@ from ..core.lab import Lab
 from ..core.limits import bulk, number, writable_file
 from ..core.plots import PALETTE, legend_beside, plain_log_ticks, setup_matplotlib, static_box
 from ..core.queries import queries
+from ..core.results import Result
 from ..core.text import fill
 from ..core.text import table as text_table
 from ._checked import one_row
@@ -728,7 +729,28 @@ def run(lab: Lab | mysql.MyLab, policy: str = "skip", workers: int = 4, job_ms: 
                      backlog, crew.logs, wall, cpu_client, cpu_server, float(commit_delay_ms))
 
 
-def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CommitCost(Result):
+    """What one tiny commit costs on this server (:func:`commit_cost_ms`), one INSERT per
+    commit on one connection, back to back.
+
+    fsync: the server's fsync setting (on: a flushed commit is durable)
+    synchronous_commit: the server's synchronous_commit setting (the sessions' default)
+    synchronous_commit_on_ms: one commit with synchronous_commit on (COMMIT returns after the
+        WAL flush), in milliseconds
+    synchronous_commit_off_ms: one commit with synchronous_commit off (COMMIT returns before
+        the flush), in milliseconds
+    flush_ms: the difference: what waiting for the flush adds to a commit, in milliseconds
+    """
+
+    fsync: str
+    synchronous_commit: str
+    synchronous_commit_on_ms: float
+    synchronous_commit_off_ms: float
+    flush_ms: float
+
+
+def commit_cost_ms(lab: Lab, commits: int = 200) -> CommitCost:
     """What one tiny commit costs on this server, in ms: with synchronous_commit on (COMMIT
     returns after the WAL flush; durable when fsync is on) and off, measured back to back on
     one connection; with the server's fsync and synchronous_commit."""
@@ -737,18 +759,20 @@ def commit_cost_ms(lab: Lab, commits: int = 200) -> dict[str, Any]:
     try:
         # an ordinary table: a temporary one writes no WAL, and its commit flushes nothing
         conn.execute("CREATE TABLE IF NOT EXISTS commit_cost (n int)")
-        out = {"fsync": one_row(conn.execute("SHOW fsync"), "SHOW fsync")[0],
-               "synchronous_commit": one_row(conn.execute("SHOW synchronous_commit"),
-                                             "SHOW synchronous_commit")[0]}
+        fsync = one_row(conn.execute("SHOW fsync"), "SHOW fsync")[0]
+        synchronous_commit = one_row(conn.execute("SHOW synchronous_commit"), "SHOW synchronous_commit")[0]
+        per_commit_ms = {}
         for mode in ("on", "off"):
             conn.execute("SELECT set_config('synchronous_commit', %s, false)", (mode,))
             t0 = time.perf_counter()
             for i in range(commits):
                 conn.execute("INSERT INTO commit_cost VALUES (%s)", (i,))  # autocommit: one commit each
-            out[f"synchronous_commit_{mode}_ms"] = (time.perf_counter() - t0) * 1000 / commits
-        out["flush_ms"] = out["synchronous_commit_on_ms"] - out["synchronous_commit_off_ms"]
+            per_commit_ms[mode] = (time.perf_counter() - t0) * 1000 / commits
         conn.execute("DROP TABLE commit_cost")
-        return out
+        return CommitCost(fsync=fsync, synchronous_commit=synchronous_commit,
+                          synchronous_commit_on_ms=per_commit_ms["on"],
+                          synchronous_commit_off_ms=per_commit_ms["off"],
+                          flush_ms=per_commit_ms["on"] - per_commit_ms["off"])
     finally:
         conn.close()
 

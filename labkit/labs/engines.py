@@ -18,6 +18,7 @@ The scenes script :class:`~labkit.core.mysessions.MySessions` on a lab database
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LabkitError
@@ -25,6 +26,8 @@ from ..core.mysessions import MySessions
 from ..core.mysql import MyLab
 from ..core.plots import PALETTE, plain_log_ticks
 from ..core.queries import queries
+from ..core.results import Result
+from ..core.steps import Step
 from . import convoy
 
 if TYPE_CHECKING:
@@ -52,7 +55,25 @@ def make_jobs(lab: MyLab, *, indexed: bool = True) -> None:
     lab.execute(JOBS)
 
 
-def gap_scene(lab: MyLab, isolation: str, *, indexed: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GapScene(Result):
+    """Two SKIP LOCKED claims and a producer's insert on the MySQL-compatible server
+    (:func:`gap_scene`): each session's step, as the scripted run recorded it.
+
+    a: A's claim (its rows: the job A got, none if it got nothing)
+    b: B's claim, sent while A's transaction is open
+    insert: P's insert of a job that sorts between jobs 1 and 2 (``waited`` and
+        ``blocked_by``: whether a claim's lock held it up, and whose)
+    transcript: the whole run, one line per step
+    """
+
+    a: Step
+    b: Step
+    insert: Step
+    transcript: str
+
+
+def gap_scene(lab: MyLab, isolation: str, *, indexed: bool) -> GapScene:
     """A and B claim with SKIP LOCKED; then producer P adds a job that sorts between jobs 1
     and 2; A and B commit.  Returns the steps (``a``, ``b``, ``insert``) and the transcript."""
     make_jobs(lab, indexed=indexed)
@@ -67,7 +88,7 @@ def gap_scene(lab: MyLab, isolation: str, *, indexed: bool) -> dict[str, Any]:
         if run.sessions["P"].pending is not None:
             run.wait("P")
         text = run.transcript().to_lines()
-    return {"a": a, "b": b, "insert": insert, "transcript": text}
+    return GapScene(a=a, b=b, insert=insert, transcript=text)
 
 
 PROBE_WAIT_S = 1          # how long a probe waits for a lock before InnoDB gives up on it
@@ -311,7 +332,20 @@ def _missing(value) -> bool:
     return value is None or value != value
 
 
-def finish_scene(lab: MyLab, isolation: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FinishScene(Result):
+    """Two workers holding different jobs, B finishing first (:func:`finish_scene`).
+
+    finish: B's UPDATE that marks job 2 DONE (``waited`` and ``blocked_by``: whether A's claim
+        held it up, and whose lock it was)
+    transcript: the whole run, one line per step
+    """
+
+    finish: Step
+    transcript: str
+
+
+def finish_scene(lab: MyLab, isolation: str) -> FinishScene:
     """A and B each claim a job with SKIP LOCKED; B finishes first (its UPDATE moves job 2's
     entry in the index on status), then A commits.  Returns B's finishing step and the
     transcript."""
@@ -326,7 +360,7 @@ def finish_scene(lab: MyLab, isolation: str) -> dict[str, Any]:
             run.wait("B")
         run.B("COMMIT")
         text = run.transcript().to_lines()
-    return {"finish": finish, "transcript": text}
+    return FinishScene(finish=finish, transcript=text)
 
 
 def convoy_side_by_side(pg: Lab, my: MyLab, workers=(1, 4, 16), policies=("wait", "nowait", "skip"),
@@ -388,20 +422,95 @@ def plot_side_by_side(side: pd.DataFrame) -> Figure:
     return fig
 
 
+@dataclass(frozen=True)
+class ConvoyPoint(Result):
+    """One point of the convoy sweep (:func:`convoy_point`): its row of
+    :func:`~labkit.labs.convoy.sweep`, the same fields in the same order (``convoy.COLUMNS``).
+    A timed run counts the jobs done inside its window; NaN is a figure the run could not
+    give.
+
+    policy: the claim's lock policy: ``wait`` (FOR UPDATE), ``nowait`` or ``skip`` (SKIP LOCKED)
+    workers: worker connections claiming at once (N)
+    variant: the run in words: ``hold`` (row lock held for the job) or ``no-hold``, and for
+        NOWAIT ``tight`` or ``backoff``
+    job_ms: one job's length d, in milliseconds
+    seconds: the measured window, in seconds (None: a backlog drained)
+    jobs: jobs done inside the window
+    jobs_per_s: jobs done per second of the window
+    model_jobs_per_s: the model's jobs per second: 1/d for wait and NOWAIT with the lock held
+        for the job, N/d otherwise
+    efficiency: jobs_per_s over model_jobs_per_s
+    claim_wait_p50_ms: median time from asking for a job to getting one, in milliseconds
+        (waits still open when the window closed count as at least that long)
+    claim_wait_p95_ms: its 95th percentile, in milliseconds
+    claim_wait_p99_ms: its 99th percentile, in milliseconds
+    claim_wait_max_ms: the longest claim wait, in milliseconds
+    job_latency_p50_ms: median time from asking for a job to its end, in milliseconds
+    job_latency_p99_ms: its 99th percentile, in milliseconds
+    errors: NOWAIT errors (a claim that met a locked row) inside the window
+    errors_per_s: errors per second of the window
+    errors_per_job: errors per job done (NaN: no job done)
+    busy_workers: workers busy with a job, on average over the window
+    idle_workers: workers that finished no job
+    top_worker_share: the busiest worker's share of the jobs done (NaN: no job done)
+    client_cpu_pct: the client's CPU time over the run's wall time, in percent
+    server_cpu_pct: the workers' server sessions' CPU time over the wall time, in percent (NaN:
+        not measured: a server on another host, or a MySQL-compatible one)
+    makespan_s: the time a drained backlog took, in seconds (NaN: a timed run)
+    model_makespan_s: the model's time for it, in seconds (NaN: a timed run)
+    backlog: jobs drained (0: a timed run)
+    claim_wait_censored: claim waits still open when the window closed
+    claim_wait_p99_censored: whether the p99 lands among those (then it is a lower bound)
+    commit_delay_ms: the commit_delay every worker commit waited, in milliseconds
+    deadlocks: transactions the server rolled back to break a deadlock (each retried)
+    """
+
+    policy: str
+    workers: int
+    variant: str
+    job_ms: float
+    seconds: float | None
+    jobs: int
+    jobs_per_s: float
+    model_jobs_per_s: float
+    efficiency: float
+    claim_wait_p50_ms: float
+    claim_wait_p95_ms: float
+    claim_wait_p99_ms: float
+    claim_wait_max_ms: float
+    job_latency_p50_ms: float
+    job_latency_p99_ms: float
+    errors: int
+    errors_per_s: float
+    errors_per_job: float
+    busy_workers: float
+    idle_workers: int
+    top_worker_share: float
+    client_cpu_pct: float
+    server_cpu_pct: float
+    makespan_s: float
+    model_makespan_s: float
+    backlog: int
+    claim_wait_censored: int
+    claim_wait_p99_censored: bool
+    commit_delay_ms: float
+    deadlocks: int
+
+
 def convoy_point(lab: Lab | MyLab, policy: str, workers: int, *, isolation: str | None = None,
-                 job_ms: float = 20, seconds: float = 1.0) -> dict[str, Any]:
+                 job_ms: float = 20, seconds: float = 1.0) -> ConvoyPoint:
     """One point of :func:`convoy_side_by_side` run again: ``policy`` at ``workers`` on
     PostgreSQL (``lab`` a :class:`~labkit.core.lab.Lab`) or on the MySQL-compatible server
-    under ``isolation`` (one of ``LEVELS``).  Returns the sweep's row as a dict (``jobs_per_s``,
+    under ``isolation`` (one of ``LEVELS``).  Returns the sweep's row (``jobs_per_s``,
     ``efficiency``, ``deadlocks``...)."""
     if not isinstance(lab, MyLab):
-        return convoy.sweep(lab, (workers,), (policy,), job_ms=job_ms, seconds=seconds).iloc[0].to_dict()
+        return ConvoyPoint(**convoy.run(lab, policy, workers, job_ms, seconds).row())
     if isolation not in LEVELS:
         raise LabkitError(f"isolation={isolation!r} is not one of the levels the sweep runs.",
                           f"pass one of {', '.join(LEVELS)}.")
     saved = lab.isolation
     try:
         lab.isolation = isolation
-        return convoy.sweep(lab, (workers,), (policy,), job_ms=job_ms, seconds=seconds).iloc[0].to_dict()
+        return ConvoyPoint(**convoy.run(lab, policy, workers, job_ms, seconds).row())
     finally:
         lab.isolation = saved
