@@ -735,6 +735,27 @@ class _Series:
         return state
 
 
+def _id_watermark_skips(prod: _Producers, events: int, watermark: int, seen: list[int],
+                        later: set[int]) -> list[int]:
+    """The ids an id-watermark poller never returns: committed after its first poll, below what it saw."""
+    # committed after the first poll with an id below what it saw: the next poll
+    # (id > watermark) does not return them, and no later one will
+    return sorted(i for i, _ in prod.committed[:events]
+                  if i < watermark and i not in seen and i not in later)
+
+
+def _write_other_tables_while_reading(lab: Lab, consumer: Consumer, slot: str, series: _Series,
+                                      chunk: int) -> int:
+    """Write WAL for another table while the consumer is up, confirming as it goes; the bytes written."""
+    reading_wal = 0
+    for _ in range(READING_CHUNKS if chunk else 0):
+        reading_wal += unrelated_wal(lab, chunk)
+        series.sample("reading", "another table written")
+        state, _n = _let_go_of_wal(lab, consumer, slot, lab.execute(_q("current_lsn"))[0][0])
+        series.sample("reading", "confirmed", state)
+    return reading_wal
+
+
 def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_bytes: int,
            producers: int) -> dict[str, Any]:
     """The run of :func:`cdc_trace` in its slot: the fields of :class:`CdcTrace` but the slot's
@@ -751,10 +772,7 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
                                                                           {"after": 0})))
         watermark = max(seen)
         later = {r[0] for r in _outbox_read(lab, _q("committed_ids"), {"after": watermark})}
-        # committed after the first poll with an id below what it saw: the next poll
-        # (id > watermark) does not return them, and no later one will
-        skipped = sorted(i for i, _ in prod.committed[:events]
-                         if i < watermark and i not in seen and i not in later)
+        skipped = _id_watermark_skips(prod, events, watermark, seen, later)
         series.sample("reading", f"{events} events written")
         before = _activity(lab)
         txns = consumer.deliver(bk)
@@ -763,12 +781,7 @@ def _trace(lab: Lab, bk: Broker, slot: str, events: int, down_events: int, down_
         # while the consumer is up, other tables are written too; it confirms as it goes
         # (a heartbeat, as CDC tools send one, lets the slot move past WAL it has no use for)
         unrelated_table(lab)
-        reading_wal = 0
-        for _ in range(READING_CHUNKS if chunk else 0):
-            reading_wal += unrelated_wal(lab, chunk)
-            series.sample("reading", "another table written")
-            state, _n = _let_go_of_wal(lab, consumer, slot, lab.execute(_q("current_lsn"))[0][0])
-            series.sample("reading", "confirmed", state)
+        reading_wal = _write_other_tables_while_reading(lab, consumer, slot, series, chunk)
         before_down = _slot_state(lab, slot)
 
         # 2. the consumer is down

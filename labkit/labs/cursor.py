@@ -464,6 +464,46 @@ class SafeCursorGap(RelayGap):
     safe_cursor_lost_events: list[int]
 
 
+def _notes_while_open(relay: str, n: int, newer: list[int], first: int, now: int) -> dict[int | str, str]:
+    """What the relay's first tick did while P1 was open, keyed by the step each note follows."""
+    if relay == "cursor":
+        return {first: (f"it sees {_ids(newer)}, committed; row {n} is not visible yet, so "
+                        f"id > {PRELOAD} passes over it"),
+                now: (f"the cursor moves to {newer[-1]}: every id up to {newer[-1]} now "
+                      "counts as published")}
+    if relay == "flag":
+        return {first: (f"the claim takes the unpublished rows it can see: {_ids(newer)}; "
+                        f"row {n} is not visible yet")}
+    return {first: (f"P1 is the oldest open writer: rows {_ids(newer)} have newer writers, "
+                    "so they are held back")}
+
+
+def _tick_until_idle(lab: Lab, relay: str, step: StepFn, settle: Callable[[], None] | None,
+                     later: int) -> list[int]:
+    """Tick the relay until a tick publishes nothing (``later + 3`` ticks at most); what it sent."""
+    sent: list[int] = []
+    for _ in range(later + 3):                     # until a tick finds nothing
+        got = tick(lab, relay, step, settle=settle)
+        sent += got
+        if not got:
+            break
+    return sent
+
+
+def _notes_at_end(relay: str, n: int, newer: list[int], lost: list[int], cursor: int | None,
+                  after: int, last: int) -> dict[int | str, str]:
+    """What the ticks after P1's COMMIT did, and what was lost, keyed by the step each note follows."""
+    if relay == "cursor":
+        return {last: (f"id > {cursor} never returns row {n}: {rl.event_id(n)} is lost"
+                       if lost else "nothing lost")}
+    if relay == "flag":
+        return {after: f"row {n} still has published_at NULL: the next claim takes it",
+                last: _end_note(lost, "nothing left to claim")}
+    return {after: (f"P1 has ended, and no older writer is open: rows {_ids([n] + newer)} go out "
+                    f"in xid order, {n} first"),
+            last: _end_note(lost, "nothing left to read")}
+
+
 def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict[str, Any]:
     """P1 BEGIN + INSERT (id n); P2 commits ``later`` orders; the relay ticks; P1 commits; the
     relay ticks until it publishes nothing.  What was lost is read from the server.  Returns
@@ -510,42 +550,18 @@ def _relay_gap(lab: Lab, relay: str, later: int, wait_s: float) -> dict[str, Any
                              label="oldest open writer?").rows
             holder = holder_rows[0][0] if holder_rows else None
         held_open = unpublished(lab, relay)             # committed, not published: P1's row is not committed
-        if relay == "cursor":
-            notes[first] = (f"it sees {_ids(newer)}, committed; row {n} is not visible yet, so "
-                            f"id > {PRELOAD} passes over it")
-            notes[at()] = (f"the cursor moves to {newer[-1]}: every id up to {newer[-1]} now "
-                           "counts as published")
-        elif relay == "flag":
-            notes[first] = (f"the claim takes the unpublished rows it can see: {_ids(newer)}; "
-                            f"row {n} is not visible yet")
-        else:
-            notes[first] = (f"P1 is the oldest open writer: rows {_ids(newer)} have newer writers, "
-                            "so they are held back")
+        notes.update(_notes_while_open(relay, n, newer, first, at()))
         do("P1", "COMMIT")
         if relay == "cursor":
             notes[at()] = f"row {n} is committed now"
         after = at() + 1
-        sent_after: list[int] = []
-        for _ in range(later + 3):                     # until a tick finds nothing
-            got = tick(lab, relay, step, settle=settle)
-            sent_after += got
-            if not got:
-                break
+        sent_after = _tick_until_idle(lab, relay, step, settle, later)
         last = at()
     lost = unpublished(lab, relay)
     if relay == "safe" and lost and (who := _older_writers(lab, relay)):
         raise _held_back_error(who, "one began while the script ran")
     cursor = cursor_position(lab, relay) if relay != "flag" else None
-    if relay == "cursor":
-        notes[last] = (f"id > {cursor} never returns row {n}: {rl.event_id(n)} is lost"
-                       if lost else "nothing lost")
-    elif relay == "flag":
-        notes[after] = f"row {n} still has published_at NULL: the next claim takes it"
-        notes[last] = _end_note(lost, "nothing left to claim")
-    else:
-        notes[after] = (f"P1 has ended, and no older writer is open: rows {_ids([n] + newer)} go out "
-                        f"in xid order, {n} first")
-        notes[last] = _end_note(lost, "nothing left to read")
+    notes.update(_notes_at_end(relay, n, newer, lost, cursor, after, last))
     return {"lost_events": lost,
             "lost_event_ids": [rl.event_id(i) for i in lost],
             "p1_event": n,

@@ -227,6 +227,73 @@ def _publisher(spec: dict, role: str, timeout_s: float | None):
 # -- the relay, in a process of its own ---------------------------------------------------------
 
 
+def _settings_in_force(conn: psycopg.Connection) -> list:
+    """The backstop settings in force in the relay's session (hang.sql's backstop_in_force)."""
+    return list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force"))
+
+
+def _broker_answers_probe(ctx: Context, pub, publish_timeout_s: float) -> bool:
+    """Ask the broker once whether it answers and report it; False (after a pause) if not."""
+    asked = time.monotonic()
+    try:
+        pub.probe(publish_timeout_s)
+    except (PublishTimedOut, BrokerDown):
+        ctx.emit("probe", ok=False, waited_s=time.monotonic() - asked)
+        time.sleep(RETRY_PAUSE_S)
+        return False
+    ctx.emit("probe", ok=True, waited_s=time.monotonic() - asked)
+    return True
+
+
+def _set_backstop(ctx: Context, conn: psycopg.Connection, backstop_ms: str, whole: bool,
+                  first_claim: bool) -> None:
+    """SET LOCAL the server-side backstop in the open transaction; report it before the first claim."""
+    conn.execute(_sql("backstop"), {"ms": backstop_ms})
+    if whole:
+        conn.execute(_sql("backstop_whole"), {"ms": backstop_ms})
+    if first_claim:
+        ctx.emit("backstop", settings=_settings_in_force(conn))
+
+
+def _claim_batch(ctx: Context, conn: psycopg.Connection, kind: str, batch: int) -> list:
+    """Claim up to ``batch`` outbox rows and report them; an empty outbox is an error."""
+    rows = conn.execute(relay.CLAIM, {"batch": batch}).fetchall()
+    if not rows:
+        raise LabkitError(f"The {kind} relay found nothing to claim.",
+                          "place the orders before letting the relays go.")
+    ctx.emit("claimed", ids=[r[0] for r in rows], events=[r[1] for r in rows])
+    return rows
+
+
+def _publish_bound(ev: str, started: float, deadline_s: float,
+                   publish_timeout_s: float) -> tuple[float, str]:
+    """How long a bounded relay may wait for this publish, and which bound that is."""
+    left = deadline_s - (time.monotonic() - started)
+    if left <= 0:
+        raise DeadlinePassed(f"the deadline of {deadline_s:g} s passed before {ev}")
+    return ((publish_timeout_s, "publish timeout") if publish_timeout_s <= left
+            else (left, "deadline"))
+
+
+def _publish_claimed(ctx: Context, pub, rows: list, bounded: bool, started: float,
+                     deadline_s: float, publish_timeout_s: float) -> None:
+    """Publish each claimed row in turn (bounded: within the publish timeout and the deadline)."""
+    for _, ev, body in rows:
+        timeout: float | None = None
+        by: str | None = None
+        if bounded:
+            timeout, by = _publish_bound(ev, started, deadline_s, publish_timeout_s)
+        pub.publish(ev, body, timeout, by)
+        ctx.emit("published", event_id=ev)
+
+
+def _rollback_if_open(conn: psycopg.Connection) -> None:
+    """ROLLBACK the connection's open transaction, if any, ignoring a failure to do so."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        with suppress(psycopg.Error):
+            conn.execute("ROLLBACK")
+
+
 def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kind: str,
                        batch: int, publish_timeout_s: float, deadline_s: float) -> dict:
     """One relay (run by a Worker) that ticks until it has committed one batch.  ``kind``:
@@ -247,64 +314,39 @@ def hang_relay_process(ctx: Context, *, dsn: str, schema: str, broker: dict, kin
     backstop_ms = f"{round(2 * deadline_s * 1000)}ms"
     whole = conn.info.server_version >= 170000
     if bounded:     # the session's own bounds, before any transaction sets the backstop
-        ctx.emit("session_settings", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
+        ctx.emit("session_settings", settings=_settings_in_force(conn))
     healthy, first_claim, committed = True, True, 0
     try:
         while not committed:
             if not healthy:
-                asked = time.monotonic()
-                try:
-                    pub.probe(publish_timeout_s)
-                except (PublishTimedOut, BrokerDown):
-                    ctx.emit("probe", ok=False, waited_s=time.monotonic() - asked)
-                    time.sleep(RETRY_PAUSE_S)
+                if not _broker_answers_probe(ctx, pub, publish_timeout_s):
                     continue
-                ctx.emit("probe", ok=True, waited_s=time.monotonic() - asked)
                 healthy = True
             started = time.monotonic()
             outcome, why = "committed", None
             conn.execute("BEGIN")
             try:
                 if bounded:
-                    conn.execute(_sql("backstop"), {"ms": backstop_ms})
-                    if whole:
-                        conn.execute(_sql("backstop_whole"), {"ms": backstop_ms})
-                    if first_claim:
-                        ctx.emit("backstop", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
-                rows = conn.execute(relay.CLAIM, {"batch": batch}).fetchall()
-                if not rows:
-                    raise LabkitError(f"The {kind} relay found nothing to claim.",
-                                      "place the orders before letting the relays go.")
-                ctx.emit("claimed", ids=[r[0] for r in rows], events=[r[1] for r in rows])
+                    _set_backstop(ctx, conn, backstop_ms, whole, first_claim)
+                rows = _claim_batch(ctx, conn, kind, batch)
                 if first_claim:
                     first_claim = False
                     ctx.pause("claimed")
-                for _, ev, body in rows:
-                    timeout, by = None, None
-                    if bounded:
-                        left = deadline_s - (time.monotonic() - started)
-                        if left <= 0:
-                            raise DeadlinePassed(f"the deadline of {deadline_s:g} s passed before {ev}")
-                        timeout, by = ((publish_timeout_s, "publish timeout") if publish_timeout_s <= left
-                                       else (left, "deadline"))
-                    pub.publish(ev, body, timeout, by)
-                    ctx.emit("published", event_id=ev)
+                _publish_claimed(ctx, pub, rows, bounded, started, deadline_s, publish_timeout_s)
                 if bounded and time.monotonic() - started > deadline_s:
                     raise DeadlinePassed(f"the deadline of {deadline_s:g} s passed before the mark")
                 conn.execute(relay.MARK, {"ids": [r[0] for r in rows]})
                 conn.execute("COMMIT")
                 committed = len(rows)
                 if bounded:     # after a COMMIT (a ROLLBACK would undo even a plain SET)
-                    ctx.emit("after_commit", settings=list(one_row(conn.execute(_sql("backstop_in_force")), "hang.sql's backstop_in_force")))
+                    ctx.emit("after_commit", settings=_settings_in_force(conn))
             except (PublishTimedOut, DeadlinePassed, BrokerDown) as exc:
                 conn.execute("ROLLBACK")
                 outcome, why, healthy = "rolled back", str(exc), False
                 if isinstance(exc, PublishTimedOut):
                     ctx.emit("publish_timeout", event_id=exc.event_id, waited_s=exc.waited_s, by=exc.by)
             except BaseException:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    with suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
+                _rollback_if_open(conn)
                 raise
             ctx.emit("transaction", outcome=outcome, seconds=time.monotonic() - started, why=why)
         return {"committed": committed}
@@ -733,34 +775,81 @@ def _run(lab: Lab, bk: Broker, hang_s: float, publish_timeout_s: float, deadline
                 watch.close()
 
 
-def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t0, timeline, hang,
-            hang_s, publish_timeout_s, deadline_s, orders) -> BrokerHang:
-    ev = {k: w.events for k, w in workers.items()}
-    tx = {k: [(e["outcome"], round(e["seconds"], 3)) for e in ev[k] if e["kind"] == "transaction"]
-          for k in KINDS}
+def _transactions(ev: dict) -> dict:
+    """Each relay's transactions, in order: (outcome, seconds)."""
+    return {k: [(e["outcome"], round(e["seconds"], 3)) for e in ev[k] if e["kind"] == "transaction"]
+            for k in KINDS}
+
+
+def _delivery_counts(delivered: list) -> dict[str, int]:
+    """How many times the consumer received each event_id."""
     counts: dict[str, int] = {}
     for e in delivered:
         counts[e] = counts.get(e, 0) + 1
-    dup = {k: sum(counts.get(e, 0) - 1 for e in claims[k] if counts.get(e, 0) > 1) for k in KINDS}
+    return counts
+
+
+def _duplicates(claims: dict, counts: dict[str, int]) -> dict[str, int]:
+    """Per relay: extra deliveries of the events it claimed."""
+    return {k: sum(counts.get(e, 0) - 1 for e in claims[k] if counts.get(e, 0) > 1) for k in KINDS}
+
+
+def _first_settings(events: list, kind: str) -> list:
+    """The settings of the first event of this kind ([None] * 3 if there is none)."""
+    return next((e["settings"] for e in events if e["kind"] == kind), [None] * 3)
+
+
+def _step_text(e: dict) -> str | None:
+    """A relay event as a line of the timeline (None: not shown)."""
+    if e["kind"] == "transaction":
+        return f"{e['outcome'].upper()} after {e['seconds']:.2f} s"
+    if e["kind"] == "publish_timeout":
+        return (f"publish of {e['event_id']}: no answer within "
+                f"{e['waited_s']:g} s ({e['by']}) -> ROLLBACK")
+    if e["kind"] == "probe":
+        return "the broker answers a probe: claim again" if e["ok"] else None
+    return None
+
+
+def _add_relay_steps(timeline: list, ev: dict, t0: float) -> None:
+    """Add each relay's steps since ``t0`` to the timeline, then sort it by time."""
+    for kind in KINDS:
+        for e in ev[kind]:
+            what = _step_text(e)
+            if what and e["t"] >= t0:
+                timeline.append(HangStep(t_s=round(e["t"] - t0, 3), who=f"{kind} relay", what=what))
+    timeline.sort(key=lambda x: x.t_s)
+
+
+def _server_backstop(settings: list, session: list, after: list, deadline_s: float) -> ServerBackstop:
+    """The bounded relay's server-side backstop: which settings, their bound, and what was in force."""
+    whole = settings[2] not in (None, "0")
+    return ServerBackstop(
+        settings=["transaction_timeout"] if whole else
+                 ["statement_timeout", "idle_in_transaction_session_timeout"],
+        seconds=2 * deadline_s,
+        bounds="the whole transaction" if whole else "each statement and each idle gap, not their sum",
+        in_force=BackstopSettings(*settings),
+        session=BackstopSettings(*session),
+        after_commit=BackstopSettings(*after),
+    )
+
+
+def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t0, timeline, hang,
+            hang_s, publish_timeout_s, deadline_s, orders) -> BrokerHang:
+    ev = {k: w.events for k, w in workers.items()}
+    tx = _transactions(ev)
+    counts = _delivery_counts(delivered)
+    dup = _duplicates(claims, counts)
     lost = [r[0] for r in watch.execute(query("outbox_lab.sql", "lost_events").sql).fetchall()]
     unpublished = watch.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()[0]
     applied, twice = watch.execute(query("outbox_lab.sql", "labels_printed").sql).fetchone()
     timeouts = [e for e in ev["bounded"] if e["kind"] == "publish_timeout"]
     probes = [e for e in ev["bounded"] if e["kind"] == "probe"]
-    settings = next((e["settings"] for e in ev["bounded"] if e["kind"] == "backstop"), [None] * 3)
-    session, after = (next((e["settings"] for e in ev["bounded"] if e["kind"] == kind), [None] * 3)
-                      for kind in ("session_settings", "after_commit"))
-    for kind in KINDS:
-        for e in ev[kind]:
-            what = {"transaction": lambda e: f"{e['outcome'].upper()} after {e['seconds']:.2f} s",
-                    "publish_timeout": lambda e: f"publish of {e['event_id']}: no answer within "
-                                                 f"{e['waited_s']:g} s ({e['by']}) -> ROLLBACK",
-                    "probe": lambda e: "the broker answers a probe: claim again" if e["ok"] else None,
-                    }.get(e["kind"], lambda e: None)(e)
-            if what and e["t"] >= t0:
-                timeline.append(HangStep(t_s=round(e["t"] - t0, 3), who=f"{kind} relay", what=what))
-    timeline.sort(key=lambda x: x.t_s)
-    whole = settings[2] not in (None, "0")
+    settings, session, after = (_first_settings(ev["bounded"], kind)
+                                for kind in ("backstop", "session_settings", "after_commit"))
+    _add_relay_steps(timeline, ev, t0)
+    unbounded, bounded = (at_end.get(pids[k], (None, 0)) for k in KINDS)
     return BrokerHang(
         broker=hang.kind,
         hang=hang.how,
@@ -770,9 +859,9 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
         longest_transaction_s_bounded=max(s for _, s in tx["bounded"]),
         server_saw_longest_s_unbounded=round(seen[pids["unbounded"]]["longest"], 3),
         server_saw_longest_s_bounded=round(seen[pids["bounded"]]["longest"], 3),
-        locks_held_while_hung_unbounded=at_end.get(pids["unbounded"], (None, 0))[1],
-        locks_held_while_hung_bounded=at_end.get(pids["bounded"], (None, 0))[1],
-        backend_state_while_hung_unbounded=at_end.get(pids["unbounded"], (None, 0))[0],
+        locks_held_while_hung_unbounded=unbounded[1],
+        locks_held_while_hung_bounded=bounded[1],
+        backend_state_while_hung_unbounded=unbounded[0],
         transactions_unbounded=tx["unbounded"],
         transactions_bounded=tx["bounded"],
         gave_up_by=timeouts[0]["by"] if timeouts else None,
@@ -785,15 +874,7 @@ def _result(lab, watch, workers, pids, seen, at_end, claims, delivered, depth, t
         unpublished_at_end=unpublished,
         consumer_applied=int(applied),
         orders_applied_twice=twice,
-        server_backstop=ServerBackstop(
-            settings=["transaction_timeout"] if whole else
-                     ["statement_timeout", "idle_in_transaction_session_timeout"],
-            seconds=2 * deadline_s,
-            bounds="the whole transaction" if whole else "each statement and each idle gap, not their sum",
-            in_force=BackstopSettings(*settings),
-            session=BackstopSettings(*session),
-            after_commit=BackstopSettings(*after),
-        ),
+        server_backstop=_server_backstop(settings, session, after, deadline_s),
         timeline=timeline,
     )
 

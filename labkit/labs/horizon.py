@@ -577,6 +577,72 @@ def _failure(w: Worker) -> str:
     return failed[-1]["error"] if failed else f"exit code {w.exitcode}"
 
 
+def _hold_the_horizon(lab: Lab, hold_horizon: bool, other: OtherDatabase | None,
+                      seconds: float) -> psycopg.Connection | None:
+    """Open what holds the horizon for the run: the writer in ``other``, the report, or nothing."""
+    if hold_horizon and other is not None:
+        return other.begin(lab, lasts_s=seconds + REPORT_MARGIN_S)
+    if hold_horizon:
+        return open_report(lab, lasts_s=seconds + REPORT_MARGIN_S)
+    return None
+
+
+def _collect_progress(procs: list[Worker], samples: list, deadline: float) -> float:
+    """Gather the workers' claim timings until ``deadline`` (a worker that stops is an error); the time then."""
+    while (now := time.monotonic()) < deadline:
+        for w in procs:
+            for e in w.poll(0):
+                if e["kind"] == "progress":
+                    samples.extend(e["samples"])
+            if not w.alive:
+                raise LabkitError(f"Worker {w.name!r} stopped in the middle of the run "
+                                  f"({_failure(w)}).", "read the error, then run it again.")
+        time.sleep(min(0.02, max(0.0, deadline - now)))
+    return now
+
+
+def _sample_point(lab: Lab, now: float, t0: float) -> dict:
+    """One point of the run's series: the claim's EXPLAIN, the dead tuples and the horizon's age."""
+    return {"t": round(now - t0, 3), **explain_claim(lab).as_dict(),
+            "dead": dead_tuples(lab), "horizon_age": horizon_age(lab)}
+
+
+def _top_up_if_running_low(lab: Lab, jobs: int, claimed: int, now: float, t0: float, end: float,
+                           last_run_at):
+    """On a long run, add jobs before the workers run out; the jobs and the last run_at after it."""
+    left = jobs - claimed
+    rate = claimed / max(now - t0, 1e-3)
+    if left < rate * TOP_UP_S / 2 and end - now > 1:        # a long run: top up
+        n = int(min(MAX_JOBS, max(MIN_JOBS, rate * TOP_UP_S)))
+        bulk(lab, query("horizon.sql", "top_up").sql, {"n": n, "after": last_run_at}, rows=n)
+        last_run_at += timedelta(microseconds=n)
+        jobs += n
+    return jobs, last_run_at
+
+
+def _claims_of_run(procs: list[Worker], run: dict[int, int]) -> tuple[list, int]:
+    """Every claim timing the workers reported for this run, and how many claims found nothing."""
+    samples = [s for w in procs for e in w.events
+               if e["kind"] == "progress" and e["run"] == run[id(w)] for s in e["samples"]]
+    dry = sum(e["dry"] for w in procs for e in w.events
+              if e["kind"] == "run_done" and e["run"] == run[id(w)])
+    return samples, dry
+
+
+def _name_the_holder(lab: Lab, report: psycopg.Connection | None,
+                     other: OtherDatabase | None) -> tuple[Any, list | None]:
+    """Who held the horizon, and (a writer elsewhere) the rows that name it; then wait for the horizon."""
+    held_by = holder_info(lab, report.info.backend_pid) if report is not None else None
+    named = None
+    if report is not None and other is not None:    # the query a reader runs names it
+        named = [h for h in who_holds_the_horizon(lab, limit=100)
+                 if h.pid == report.info.backend_pid]
+        wait_for_horizon(lab)   # no session of this database is older: VACUUM's own cutoff
+    elif report is None:
+        wait_for_horizon(lab)   # on a shared server, someone else's snapshot would keep some
+    return held_by, named
+
+
 def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horizon: bool,
          other: OtherDatabase | None = None) -> dict:
     """One timed run of workers waiting at their ``ready`` pause, on a filled table; with
@@ -589,10 +655,7 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
     last_run_at = lab.execute("SELECT max(run_at) FROM job")[0][0]
     report = None
     try:
-        if hold_horizon and other is not None:
-            report = other.begin(lab, lasts_s=seconds + REPORT_MARGIN_S)
-        elif hold_horizon:
-            report = open_report(lab, lasts_s=seconds + REPORT_MARGIN_S)
+        report = _hold_the_horizon(lab, hold_horizon, other, seconds)
         t0 = time.monotonic()
         end = t0 + seconds
         for w in procs:
@@ -600,44 +663,19 @@ def _run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, hold_horiz
         samples: list[tuple[float, float]] = []
         series: list[dict] = []
         next_at = t0 + SAMPLE_S
-        while (now := time.monotonic()) < end:
-            deadline = min(next_at, end)
-            while (now := time.monotonic()) < deadline:
-                for w in procs:
-                    for e in w.poll(0):
-                        if e["kind"] == "progress":
-                            samples.extend(e["samples"])
-                    if not w.alive:
-                        raise LabkitError(f"Worker {w.name!r} stopped in the middle of the run "
-                                          f"({_failure(w)}).", "read the error, then run it again.")
-                time.sleep(min(0.02, max(0.0, deadline - now)))
+        while time.monotonic() < end:
+            now = _collect_progress(procs, samples, min(next_at, end))
             if now >= end:
                 break
-            series.append({"t": round(now - t0, 3), **explain_claim(lab).as_dict(),
-                           "dead": dead_tuples(lab), "horizon_age": horizon_age(lab)})
+            series.append(_sample_point(lab, now, t0))
             next_at += SAMPLE_S
-            left = jobs - len(samples)
-            rate = len(samples) / max(now - t0, 1e-3)
-            if left < rate * TOP_UP_S / 2 and end - now > 1:        # a long run: top up
-                n = int(min(MAX_JOBS, max(MIN_JOBS, rate * TOP_UP_S)))
-                bulk(lab, query("horizon.sql", "top_up").sql, {"n": n, "after": last_run_at}, rows=n)
-                last_run_at += timedelta(microseconds=n)
-                jobs += n
+            jobs, last_run_at = _top_up_if_running_low(lab, jobs, len(samples), now, t0, end,
+                                                       last_run_at)
         for w in procs:
             w.wait_for("run_done", run=run[id(w)], timeout=60)
-        samples = [s for w in procs for e in w.events
-                   if e["kind"] == "progress" and e["run"] == run[id(w)] for s in e["samples"]]
-        dry = sum(e["dry"] for w in procs for e in w.events
-                  if e["kind"] == "run_done" and e["run"] == run[id(w)])
+        samples, dry = _claims_of_run(procs, run)
         _wait_gone(lab, pids)                   # every count is in the statistics now
-        held_by = holder_info(lab, report.info.backend_pid) if report is not None else None
-        named = None
-        if report is not None and other is not None:    # the query a reader runs names it
-            named = [h for h in who_holds_the_horizon(lab, limit=100)
-                     if h.pid == report.info.backend_pid]
-            wait_for_horizon(lab)   # no session of this database is older: VACUUM's own cutoff
-        elif report is None:
-            wait_for_horizon(lab)   # on a shared server, someone else's snapshot would keep some
+        held_by, named = _name_the_holder(lab, report, other)
         dead = dead_tuples(lab)
         # the horizons as they stand with the holder still open: a new snapshot's xmin here
         # (the oldest transaction running anywhere on the server), VACUUM's cutoff on the job
@@ -928,6 +966,69 @@ class HorizonTraceElsewhere(HorizonTrace):
     vacuum_line_with: str | None
 
 
+def _run_is_clean(run: HorizonRun, hold: bool, seconds: float) -> bool:
+    """Whether a run measured what it should: without a holder, nobody else held the horizon;
+    with one, its closing VACUUM removed every dead version."""
+    if hold:
+        return not run.unremovable      # (the writer elsewhere: see horizon_trace)
+    return not held_by_someone_else(run, seconds=seconds)
+
+
+def _clean_run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, workers: int,
+               hold: bool, other: OtherDatabase | None) -> HorizonRun:
+    """One of the two runs on a fresh table, run again (up to ``CLEAN_TRIES`` in all) while it is not clean."""
+    tries = CLEAN_TRIES if not hold or other is not None else 1
+    for attempt in range(1, tries + 1):
+        if attempt > 1:                 # someone else held it: let them finish
+            with contextlib.suppress(LabkitError):
+                wait_for_horizon(lab)
+        create_queue(lab, jobs)
+        raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold, other=other)
+        run = HorizonRun(**_summary(raw, seconds=seconds), workers=workers,
+                         seconds=seconds, runs=attempt)
+        if _run_is_clean(run, hold, seconds):
+            break
+    return run
+
+
+def _writer_fields(other: OtherDatabase | None) -> dict[str, Any]:
+    """Where the writer in another database ran (nothing without one)."""
+    return {} if other is None else {
+        "holder_database": other.name, "other_database_created": other.created, "note": other.note,
+        "writer_statement": other.statement or None}
+
+
+def _side_by_side(without: HorizonRun, ran: HorizonRun | None) -> dict[str, Any]:
+    """Each figure of the two runs side by side (``_with`` None without that run), and the
+    oldest horizon other sessions held during each."""
+    fields: dict[str, Any] = {}
+    for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
+                "dead_tuples", "unremovable", "claim_xmin", "vacuum_cutoff", "shared_cutoff"):
+        fields[f"{key}_without"] = getattr(without, key)
+        fields[f"{key}_with"] = getattr(ran, key) if ran else None
+    for name, one in (("without", without), ("with", ran)):    # was the run without one clean?
+        ages = [p.horizon_age for p in (one.series if one else []) if p.horizon_age is not None]
+        fields[f"horizon_age_{name}"] = max(ages, default=None)
+    return fields
+
+
+def _holder_fields(held, other_database: bool) -> dict[str, Any]:
+    """Who held the horizon in the run with a holder: its name and state, the row, its transaction id."""
+    where = f" in database {held.database}" if other_database and held else ""
+    return {
+        "horizon_held_by": f"{held.application_name} ({held.state}){where}" if held else None,
+        "holder": held,
+        "holder_xid": (int(held.backend_xid or held.backend_xmin or 0) or None) if held else None,
+    }
+
+
+def _elsewhere_fields(ran: HorizonRun | None) -> dict[str, Any]:
+    """What the run with the writer in another database found: who named it, what VACUUM kept."""
+    return {"holders": ran.named_by_query if ran else None,
+            "vacuum_unremovable_with": ran.unremovable if ran else None,
+            "vacuum_line_with": ran.vacuum_line if ran else None}
+
+
 def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_database: bool = False,
                   create_database: bool = True) -> HorizonTrace:
     """:func:`churn` twice with the same workers (started once) on a fresh table of the
@@ -955,41 +1056,18 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
             for name, hold in (("without", False), ("with", True)):
                 if hold and other is not None and other.name is None:
                     break                   # nowhere to open the writer: said in ``note``
-                tries = CLEAN_TRIES if not hold or other is not None else 1
-                for attempt in range(1, tries + 1):
-                    if attempt > 1:                 # someone else held it: let them finish
-                        with contextlib.suppress(LabkitError):
-                            wait_for_horizon(lab)
-                    create_queue(lab, jobs)
-                    raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold, other=other)
-                    out[name] = run = HorizonRun(**_summary(raw, seconds=seconds), workers=workers,
-                                                 seconds=seconds, runs=attempt)
-                    if not hold and not held_by_someone_else(run, seconds=seconds):
-                        break
-                    if hold and not run.unremovable:   # (the writer elsewhere: see above)
-                        break
+                out[name] = _clean_run(lab, procs, jobs=jobs, seconds=seconds, workers=workers,
+                                       hold=hold, other=other)
             _stop_workers(procs)
         finally:
             for w in procs:
                 w.kill()
-        extra: dict[str, Any] = {} if other is None else {
-            "holder_database": other.name, "other_database_created": other.created, "note": other.note,
-            "writer_statement": other.statement or None}
+        extra = _writer_fields(other)
     without, ran = out["without"], out.get("with")
     held = ran.horizon_held_by if ran else None
-    fields: dict[str, Any] = {}
-    for key in ("claim_ms_p50", "claim_ms_p99", "buffers_per_claim", "select_ms", "claims",
-                "dead_tuples", "unremovable", "claim_xmin", "vacuum_cutoff", "shared_cutoff"):
-        fields[f"{key}_without"] = getattr(without, key)
-        fields[f"{key}_with"] = getattr(ran, key) if ran else None
-    for name, one in (("without", without), ("with", ran)):    # was the run without one clean?
-        ages = [p.horizon_age for p in (one.series if one else []) if p.horizon_age is not None]
-        fields[f"horizon_age_{name}"] = max(ages, default=None)
-    where = f" in database {held.database}" if other_database and held else ""
+    fields = _side_by_side(without, ran)
     fields.update(
-        horizon_held_by=f"{held.application_name} ({held.state}){where}" if held else None,
-        holder=held,
-        holder_xid=(int(held.backend_xid or held.backend_xmin or 0) or None) if held else None,
+        **_holder_fields(held, other_database),
         durability=durability(lab),
         server=lab.db.version,
         seconds=seconds, workers=workers, jobs=jobs,
@@ -997,10 +1075,7 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
     )
     if not other_database:
         return HorizonTrace(**fields)
-    return HorizonTraceElsewhere(**fields, **extra,
-                                 holders=ran.named_by_query if ran else None,
-                                 vacuum_unremovable_with=ran.unremovable if ran else None,
-                                 vacuum_line_with=ran.vacuum_line if ran else None)
+    return HorizonTraceElsewhere(**fields, **extra, **_elsewhere_fields(ran))
 
 
 def plot(result: HorizonTrace, ax=None):

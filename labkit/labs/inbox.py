@@ -395,6 +395,74 @@ SHORT_NAMES = {"in_memory": "in memory", "inbox": "inbox, one transaction",
                "separate_tx_record_first": "record, then effect"}
 
 
+def _draw_effect_cells(ax, grid: list[list[int]], colours: list) -> None:
+    """Each cell of the grid in its colour, with its count written on it."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    ax.imshow(grid, cmap=ListedColormap(colours), norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5, 3.5], 4),
+              aspect="auto")
+    for row, values in enumerate(grid):
+        for col, v in enumerate(values):
+            ax.text(col, row, str(v), ha="center", va="center",
+                    color="black" if v == 1 else "white", fontweight="bold")
+
+
+def _frame_kill_and_copies(ax, k: int, d: int, rows: int) -> None:
+    """Frame the event in flight at the kill, and (dashed) the copies redelivered to every consumer."""
+    from matplotlib.patches import Rectangle
+
+    from ..core.plots import PALETTE
+
+    ax.add_patch(Rectangle((k - 1.5, -0.5), 1, rows, fill=False, lw=3, ec=PALETTE[1],
+                           clip_on=False))
+    if d:   # the copies went to every consumer alike: frame their columns across every row
+        ax.add_patch(Rectangle((-0.5, -0.5), d, rows, fill=False, lw=2.5, ls="--",
+                               ec=PALETTE[7], clip_on=False))
+
+
+def _event_tick_labels(n: int, k: int) -> list[str]:
+    """The bottom axis's labels: the first and last event, every fifth, and the one killed."""
+    return [str(i) if i in (1, n) or i % 5 == 0 or i == k else "" for i in range(1, n + 1)]
+
+
+def _label_effect_axes(ax, n: int, k: int, consumers: list[str]) -> None:
+    """Name the events and the consumers, and draw white lines between the cells."""
+    ax.set_xticks(range(n), _event_tick_labels(n, k))
+    ax.set_xlabel("event (evt-0001 ...): labels printed for its order")
+    ax.set_yticks(range(len(consumers)), [SHORT_NAMES.get(c, c) for c in consumers])
+    ax.set_xticks([x - 0.5 for x in range(n + 1)], minor=True)
+    ax.set_yticks([y - 0.5 for y in range(len(consumers) + 1)], minor=True)
+    ax.grid(which="minor", color="white", lw=2)
+    ax.tick_params(which="minor", length=0)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+
+
+def _name_frames_on_top(ax, k: int, d: int) -> None:
+    """The top axis: what the kill frame and the copies' frame mark."""
+    top = ax.secondary_xaxis("top")
+    marks: list[tuple[float, str]] = [(k - 1, "killed here")]
+    if d:
+        marks.insert(0, ((d - 1) / 2, f"{'1' if d == 1 else f'1–{d}'}: copies to every consumer"))
+    top.set_xticks([x for x, _ in marks], [label for _, label in marks])
+    top.tick_params(length=0)
+    top.spines["top"].set_visible(False)
+
+
+def _tally_text(r: ConsumerRun) -> str:
+    """One consumer's tally: how many events it applied twice and how many it lost."""
+    said = [f"{len(r.twice)} twice"] * bool(r.twice) + [f"{len(r.lost)} lost"] * bool(r.lost)
+    return ", ".join(said) or "all once"
+
+
+def _tally_on_right(ax, t: ConsumerTrace, consumers: list[str]) -> None:
+    """The right axis: each consumer's tally."""
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(range(len(consumers)), [_tally_text(t.consumers[c]) for c in consumers])
+    right.tick_params(length=0)
+    right.spines["right"].set_visible(False)
+
+
 def plot_effects(t: ConsumerTrace, ax=None):
     """The effects of :func:`consumer_trace`'s run, ``t``, as a grid: a row per consumer, a
     column per event, each cell the labels printed for that event (read back from
@@ -404,8 +472,7 @@ def plot_effects(t: ConsumerTrace, ax=None):
     axis tallies each row.  ``ax``: a matplotlib axes to draw on (None: a new
     figure).  Returns the figure."""
     import matplotlib.pyplot as plt
-    from matplotlib.colors import BoundaryNorm, ListedColormap
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     from ..core.plots import PALETTE, setup_matplotlib
 
@@ -423,42 +490,11 @@ def plot_effects(t: ConsumerTrace, ax=None):
         fig = ax.figure
     # never, once, twice, three times or more
     colours = [PALETTE[7], PALETTE[5], PALETTE[2], PALETTE[4]]
-    ax.imshow(grid, cmap=ListedColormap(colours), norm=BoundaryNorm([-0.5, 0.5, 1.5, 2.5, 3.5], 4),
-              aspect="auto")
-    for row, values in enumerate(grid):
-        for col, v in enumerate(values):
-            ax.text(col, row, str(v), ha="center", va="center",
-                    color="black" if v == 1 else "white", fontweight="bold")
-    ax.add_patch(Rectangle((k - 1.5, -0.5), 1, len(consumers), fill=False, lw=3, ec=PALETTE[1],
-                           clip_on=False))
-    if d:   # the copies went to every consumer alike: frame their columns across every row
-        ax.add_patch(Rectangle((-0.5, -0.5), d, len(consumers), fill=False, lw=2.5, ls="--",
-                               ec=PALETTE[7], clip_on=False))
-    ax.set_xticks(range(n), [str(i) if i in (1, n) or i % 5 == 0 or i == k else "" for i in range(1, n + 1)])
-    ax.set_xlabel("event (evt-0001 ...): labels printed for its order")
-    ax.set_yticks(range(len(consumers)), [SHORT_NAMES.get(c, c) for c in consumers])
-    ax.set_xticks([x - 0.5 for x in range(n + 1)], minor=True)
-    ax.set_yticks([y - 0.5 for y in range(len(consumers) + 1)], minor=True)
-    ax.grid(which="minor", color="white", lw=2)
-    ax.tick_params(which="minor", length=0)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_visible(False)
-    top = ax.secondary_xaxis("top")
-    marks: list[tuple[float, str]] = [(k - 1, "killed here")]
-    if d:
-        marks.insert(0, ((d - 1) / 2, f"{'1' if d == 1 else f'1–{d}'}: copies to every consumer"))
-    top.set_xticks([x for x, _ in marks], [label for _, label in marks])
-    top.tick_params(length=0)
-    top.spines["top"].set_visible(False)
-    right = ax.secondary_yaxis("right")
-    tally = []
-    for c in consumers:
-        r = t.consumers[c]
-        said = [f"{len(r.twice)} twice"] * bool(r.twice) + [f"{len(r.lost)} lost"] * bool(r.lost)
-        tally.append(", ".join(said) or "all once")
-    right.set_yticks(range(len(consumers)), tally)
-    right.tick_params(length=0)
-    right.spines["right"].set_visible(False)
+    _draw_effect_cells(ax, grid, colours)
+    _frame_kill_and_copies(ax, k, d, len(consumers))
+    _label_effect_axes(ax, n, k, consumers)
+    _name_frames_on_top(ax, k, d)
+    _tally_on_right(ax, t, consumers)
     fig.legend([Patch(color=colours[i]) for i in (1, 2, 0)], ["applied once", "twice", "never (lost)"],
                loc="outside lower center", ncol=3, frameon=False)
     return fig
