@@ -300,3 +300,13 @@ def test_drop_schemas_drops_what_the_pattern_names_and_nothing_else(db):
     finally:
         for lab in (*mine, other):
             lab.drop()
+
+
+def test_a_labs_advisory_keys_are_its_own_and_fit_the_lock_table():
+    """Advisory locks are database-wide: each lab, and each purpose within a lab, has its own
+    key, positive and within 48 bits (pg_locks shows it as classid and objid)."""
+    from labkit.core.lab import advisory_key
+
+    keys = {advisory_key(s, p) for s in ("lab_a_u", "lab_b_u") for p in ("", "hang", "leader")}
+    assert len(keys) == 6 and all(0 < k < 2 ** 48 for k in keys)
+    assert advisory_key("lab_a_u", "hang") == advisory_key("lab_a_u", "hang")

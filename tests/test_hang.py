@@ -32,7 +32,7 @@ def kind(request):
 def _nothing_left(db, lab, before: set[int], kind: str = "recording") -> None:
     assert child_pids() - before == set()
     assert backends_gone(db, f"labkit:{lab.schema}:hang-%") == []
-    held = lab.execute(query("hang.sql", "hang_locks").sql, {"k1": hang.HANG_KEY, "schema": lab.schema})
+    held = lab.execute(query("hang.sql", "hang_locks").sql, {"key": lab.advisory_key(hang.HANG_LOCK)})
     assert held == [(0,)]
     assert [t.name for t in threading.enumerate() if t.name == "labkit-hang-proxy"] == []
     if kind == "rabbitmq":                        # the lab's queue is gone from RabbitMQ too

@@ -347,7 +347,7 @@ def test_the_transcripts_show_what_each_client_sent_and_what_the_other_saw(lab, 
     assert lab.execute("SELECT count(*) FROM pg_prepared_statements") == [(0,)]
     _shared_session_picture(s, r.backend_pids)
     with db.connect() as conn:                      # no advisory lock of the lab is left held
-        key = pooler._key(lab)
+        key = lab.advisory_key()
         assert conn.execute("SELECT pg_try_advisory_lock(%s), pg_try_advisory_lock(%s)",
                             (key, key + 1)).fetchone() == (True, True)
     assert len(launched) == 1 and running(launched[0]) == [] and not pooler._live

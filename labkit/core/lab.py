@@ -50,6 +50,16 @@ def schema_name(name: str, user: str | None = None) -> str:
     return f"{full[:MAX_SCHEMA - 9].rstrip('_')}_{digest}"
 
 
+def advisory_key(schema: str, purpose: str = "") -> int:
+    """A bigint advisory-lock key of the lab ``schema``'s own, one per ``purpose``.  Advisory
+    locks are database-wide, not per schema: two labs (two trainees on one server) that took
+    the same key would wait for each other.  48 bits of a hash of the schema's name (and the
+    purpose), so always positive: its high half is the lock's ``classid`` in ``pg_locks``,
+    its low half ``objid`` (``objsubid`` 1)."""
+    text = schema if not purpose else f"{schema}:{purpose}"
+    return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16)
+
+
 
 def own_lab_schemas(conn: psycopg.Connection, *, tag: str | None = None,
                     like: str = r"lab\_%") -> list[str]:
@@ -90,6 +100,10 @@ class Lab:
 
     def __repr__(self) -> str:
         return f"Lab({self.schema!r} on {self.db.backend})"
+
+    def advisory_key(self, purpose: str = "") -> int:
+        """An advisory-lock key of this lab's own, for ``purpose`` (:func:`advisory_key`)."""
+        return advisory_key(self.schema, purpose)
 
     # A lab used as a context manager is a scratch lab: dropped when the block ends.
     def __enter__(self) -> Lab:

@@ -66,7 +66,7 @@ from typing import Any
 import psycopg
 
 from ..core.errors import LabkitError
-from ..core.lab import Lab
+from ..core.lab import Lab, advisory_key
 from ..core.limits import number
 from ..core.procs import Context, Worker
 from ..core.queries import query
@@ -80,7 +80,7 @@ MAX_HANG_S = 30          # under RabbitMQ's default heartbeat (60 s) and the wor
 MAX_TIMEOUT_S = 10
 MAX_ORDERS = 1000
 HANG_MARGIN_S = 0.5      # the hang outlasts the deadline by this much at least
-HANG_KEY = 7150          # first half of the recording broker's hang lock (the schema's hash is the other)
+HANG_LOCK = "recording broker hangs"   # the purpose of the lab's advisory-lock key (Lab.advisory_key)
 RETRY_PAUSE_S = 0.05     # between two failed "do you answer?" probes (each waits its own timeout)
 SAMPLE_S = 0.05          # how often the lab reads pg_stat_activity
 KINDS = ("unbounded", "bounded")
@@ -134,7 +134,7 @@ class _RecordingPublisher:
 
     def __init__(self, spec: dict, role: str):
         self.broker = RecordingBroker(spec["dsn"], spec["schema"], role=role)
-        self.params = {"k1": HANG_KEY, "schema": spec["schema"]}
+        self.params = {"key": advisory_key(spec["schema"], HANG_LOCK)}
 
     def _confirm(self, timeout_s: float | None, event_id: str | None, by: str) -> None:
         conn = self.broker.conn
@@ -521,7 +521,7 @@ class _Hang:
         self.kind = bk.kind
         self.proxy: HangProxy | None = None
         self.conn: psycopg.Connection | None = None
-        self.params = {"k1": HANG_KEY, "schema": lab.schema}
+        self.params = {"key": lab.advisory_key(HANG_LOCK)}
         self.on = False
         if isinstance(bk, RabbitBroker):        # bk.kind == "rabbitmq"
             import pika

@@ -43,7 +43,6 @@ on a Unix socket there only.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import pwd
 import re
@@ -546,11 +545,6 @@ atexit.register(stop_all)
 def check_params(*, jobs: Any = 20, listen_wait_s: Any = 1.0) -> None:
     number("jobs", jobs, low=2, high=MAX_JOBS, whole=True, example=20)
     number("listen_wait_s", listen_wait_s, low=0.1, high=MAX_WAIT_S, unit=" s", example=1)
-
-
-def _key(lab: Lab) -> int:
-    """An advisory-lock key of this lab's own (advisory locks are database-wide)."""
-    return int(hashlib.sha1(lab.schema.encode()).hexdigest()[:12], 16)
 
 
 def _one(conn: psycopg.Connection, name: str, params: dict | None = None) -> Any:
@@ -1072,7 +1066,7 @@ def pooler_trace(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> Poo
         try:
             claims = _claims(lab, bouncer, a, b, direct, jobs)
             session = _session_set(a, b)
-            advisory = _advisory(a, b, direct, _key(lab))
+            advisory = _advisory(a, b, direct, lab.advisory_key())
             prepared = _prepared(bouncer, lab, a)
             listen = _listen(bouncer, lab, a, b, direct, listen_wait_s)
         finally:
@@ -1692,7 +1686,7 @@ def transcripts(lab: Lab, *, jobs: int = 20, listen_wait_s: float = 1.0) -> Pool
             pids = {_pid(a), _pid(b)}
             claims = _claims_run(lab, bouncer, a, b, direct, jobs)
             setting = _set_run(a, b)
-            advisory = _advisory_run(a, b, direct, _key(lab))
+            advisory = _advisory_run(a, b, direct, lab.advisory_key())
             listen = _listen_run(a, b, direct, f"{lab.schema}_pooler", listen_wait_s)
             prepared = _prepared_run(bouncer, lab, a)
             pids |= ({_pid(a), _pid(b)} | set(claims.backend_pids)

@@ -28,11 +28,11 @@ SELECT current_setting('statement_timeout'),
 -- name: hang
 -- The recording broker hangs (scripted): the lab takes the lock that the
 -- broker's confirm waits for, and holds it as long as the hang lasts.
-SELECT pg_advisory_lock(%(k1)s, hashtext(%(schema)s) & 2147483647);
+SELECT pg_advisory_lock(%(key)s);
 
 -- name: answer
 -- The recording broker answers again: the lab lets the lock go; every waiting confirm returns.
-SELECT pg_advisory_unlock(%(k1)s, hashtext(%(schema)s) & 2147483647);
+SELECT pg_advisory_unlock(%(key)s);
 
 -- name: confirm_within
 -- How long the recording broker's confirm may wait, for its transaction only: the relay's
@@ -44,15 +44,17 @@ SELECT set_config('statement_timeout', %(ms)s, true),
 -- The recording broker's confirm, sent after it has stored a message:
 -- returns at once while the broker is healthy, and waits while the
 -- lab holds the hang lock. The message is stored either way.
-SELECT pg_advisory_xact_lock_shared(%(k1)s, hashtext(%(schema)s) & 2147483647);
+SELECT pg_advisory_xact_lock_shared(%(key)s);
 
 -- name: hang_locks
--- Sessions holding or waiting for the lab's hang lock (nothing once the lab has ended).
+-- Sessions holding or waiting for the lab's hang lock (nothing once the lab has ended): a
+-- bigint key's high half is classid, its low half objid.
 SELECT count(*)
   FROM pg_locks
- WHERE locktype = 'advisory' AND objsubid = 2
-   AND classid = %(k1)s::oid
-   AND objid = (hashtext(%(schema)s) & 2147483647)::oid;
+ WHERE locktype = 'advisory' AND objsubid = 1
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND classid::bigint = (%(key)s::bigint >> 32)
+   AND objid::bigint = (%(key)s::bigint & 4294967295);
 
 -- name: relay_transactions
 -- Each relay backend as the server sees it: its state, how long its transaction
