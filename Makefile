@@ -5,6 +5,9 @@
 #               running and saving a notebook never changes notebooks/ or student/.
 #   make test   set up .venv, run labkit's tests and nbval over every notebook (on two
 #               processes; TEST_JOBS=1 for one)
+#               In layers: make test-fast (the tests that need no database server at all:
+#               pytest -m "not server" tests), make test-unit (all of tests/; pytest -m server
+#               tests for those that need PostgreSQL), make test-notebooks (nbval alone)
 # For a training room on one machine (as root; README, "Running a training room"):
 #   make hub        a JupyterHub for the room: TRAINEES=12 MODE=embedded|shared (shared: the
 #                   admin DSN in LABKIT_DSN, exported in a root shell, not on a command line;
@@ -31,7 +34,7 @@ TRAINEES   ?= 8
 MODE       ?= embedded
 HUB_PORT   ?= 8000
 
-.PHONY: setup lab study test test-unit test-notebooks server-stop doctor clean-labs hub test-hub hub-status hub-clean
+.PHONY: setup lab study test test-unit test-fast test-notebooks server-stop doctor clean-labs hub test-hub hub-status hub-clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Claim Lab needs Python 3.10 or newer (found %s)" % sys.version.split()[0])'
@@ -86,6 +89,11 @@ test: setup
 
 test-unit: setup
 	$(BIN)/pytest $(XDIST) tests
+
+# The tests that need no database server (text, parsing, the timing model, lint, the data
+# files' validators): they pass with none running and start none.
+test-fast: setup
+	$(BIN)/pytest $(XDIST) -m "not server" tests
 
 test-notebooks: setup
 	$(BIN)/pytest $(XDIST) notebooks $(NBVAL)

@@ -27,9 +27,65 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def pytest_configure(config):
     config.addinivalue_line("markers", "default_leg: checked without LABKIT_DSN only (nothing in "
                                        "it depends on which server answers)")
+    config.addinivalue_line("markers", "server: needs a database server (the embedded PostgreSQL "
+                                       "or LABKIT_DSN; a MySQL for needs_mysql); `-m 'not server'` "
+                                       "runs the rest with none reachable")
 
 
+# The suite in layers: `pytest -m "not server" tests` (make test-fast) runs the tests that need
+# no database server at all -- text, parsing, the timing model, lint, the data files' validators
+# -- and `pytest -m server tests` the rest.  A test is `server` when it uses a fixture that
+# reaches a server (directly or through another fixture: item.fixturenames holds them all), is
+# marked needs_mysql, or sits in a module marked `pytestmark = pytest.mark.server` (its tests
+# reach one another way: labkit.connect(), a `labkit` command, a notebook executed).
+SERVER_FIXTURES = frozenset({
+    "db", "lab",                                   # the session's server, a lab schema on it
+    "scratch_server", "replica_server",            # an embedded cluster of the test's own
+    "logical_server", "password_server",           # test_cdc, test_exercises_cdc; test_classroom
+    "server", "mylab",                             # the appendix's MySQL (test_mysql, ...)
+    "quick",                                       # test_bench: `labkit bench --quick` run
+    "jupyterlab",                                  # test_live_widgets: its kernels' schemas are
+                                                   # dropped on the server at the end
+    "trainers_lab",                                # test_workcopy: `make lab` starts the server
+})
+
+
+# Tests that reach a server another way, in modules whose other tests need none: a `labkit`
+# command run in the test (cli.main, spec_command, an installed copy's commands), labkit.connect()
+# called in its body, or notebooks executed by a kernel.  (tests/test_layers.py checks that
+# each name is still a test of its module.)
+SERVER_TESTS = {
+    "test_bench.py": {"test_durable_cost_measures_both_commit_modes_again"},
+    "test_claims.py": {"test_bench_history_command_prints_figures"},
+    "test_drain.py": {"test_cli_trace_drain_and_zombie_json", "test_cli_trace_drain_freeze_after"},
+    "test_foundation.py": {"test_connect_says_which_server_in_one_line",
+                           "test_backend_follows_the_environment"},
+    "test_grade.py": {"test_the_command_prints_json_and_exits_by_verdict"},
+    "test_install.py": {"test_grade_a_shipped_sample_from_an_installed_copy",
+                        "test_spec_run_of_a_shipped_spec_from_an_installed_copy",
+                        "test_bench_quick_json_from_an_installed_copy"},
+    "test_mysql.py": {"test_doctor_names_the_appendix_skip_without_calling_it_a_problem"},
+    "test_spec.py": {"test_cli_prints_the_output", "test_cli_diff_passes_and_fails",
+                     "test_cli_refuses_files_that_are_not_spec_text"},
+    "test_spec_security.py": {"test_trusted_is_refused_where_labkit_classroom_is_set"},
+    "test_torture.py": {"test_the_unfenced_drain_breaks_the_zero_stale_writes_invariant",
+                        "test_command_line_prints_the_json_report"},
+    "test_training.py": {"test_book_executes_notebooks_and_pages_open_without_errors"},
+}
+
+
+def _needs_server(item) -> bool:
+    name = getattr(item, "originalname", item.name)
+    return bool(SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("needs_mysql")
+                or name in SERVER_TESTS.get(item.path.name, ()))
+
+
+@pytest.hookimpl(tryfirst=True)         # before `-m` selects on the marks added here
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _needs_server(item) and not item.get_closest_marker("server"):
+            item.add_marker(pytest.mark.server)
     if not os.environ.get("LABKIT_DSN"):
         return
     skip = pytest.mark.skip(reason="does not depend on the server: checked without LABKIT_DSN, "

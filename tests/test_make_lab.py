@@ -9,6 +9,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.server      # `make lab` starts the embedded server (unless LABKIT_DSN)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
