@@ -43,7 +43,7 @@ import psycopg
 from psycopg import sql
 
 from ..core.checked import column_names, one_row
-from ..core.db import WORKER_GUARDS, Guards, open_connection, session_name
+from ..core.db import WORKER_GUARDS, Guards, open_connection, session_name, wait_backends_gone
 from ..core.errors import LabkitError
 from ..core.lab import Lab
 from ..core.limits import bulk, number
@@ -173,12 +173,7 @@ def _stop_workers(procs: list[Worker], timeout: float = 10.0) -> None:
 def _wait_gone(lab: Lab, pids: list[int], timeout: float = 10.0) -> None:
     """Until the server shows none of these sessions (a session's last statistics are sent
     as its backend exits)."""
-    deadline = time.monotonic() + timeout
-    while pids and lab.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)):
-        if time.monotonic() > deadline:
-            raise LabkitError(f"The server still shows the sessions {pids} {timeout:.0f} s after "
-                              "they were closed.", "run `labkit doctor`; end them with `labkit clean`.")
-        time.sleep(0.02)
+    wait_backends_gone(lab.admin, pids, timeout=timeout, what="the lab's closed sessions")
 
 
 # -- the long report -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..core.db import WORKER_GUARDS, open_connection
+from ..core.db import WORKER_GUARDS, open_connection, wait_backends_gone
 from ..core.errors import LabkitError
 from ..core.lab import Lab, read_sql
 from ..core.limits import number
@@ -381,12 +381,7 @@ class Observer:
 
     def wait_gone(self, pid: int, timeout: float = 15) -> None:
         """Until the server has noticed that backend ``pid`` died."""
-        deadline = time.monotonic() + timeout
-        while self.conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchall():
-            if time.monotonic() > deadline:
-                raise LabkitError(f"The server still shows the killed relay's backend after {timeout:.0f} s.",
-                                  "run `labkit doctor`; the server may be overloaded.")
-            time.sleep(0.02)
+        wait_backends_gone(self.conn, [pid], timeout=timeout, what="the killed relay's backend")
 
     def outcome(self, delivered: list[str], broker_messages: int) -> dict:
         """The end state, read from the database; ``delivered`` are the event ids the
