@@ -49,6 +49,16 @@ SAFE_READ_HINT = ("Which rows can still commit behind your cursor? For each row 
                   "returns.")
 
 
+
+def _outbox_ids(check: Check, rows: list, what: str) -> list[int] | None:
+    """The outbox ids in the first column of ``rows``; None, with a finding naming ``what``,
+    when that column is not ids."""
+    try:
+        return [int(r[0]) for r in rows]
+    except (TypeError, ValueError, IndexError):
+        check.add(False, f"{what} returned {rows[:3]}: its first column should be the outbox id")
+        return None
+
 def _params(last_xid: str, last_id: int) -> dict:
     return {"last_xid": last_xid, "last_id": last_id, "batch": BATCH}
 
@@ -101,11 +111,8 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
             if st.error:
                 check.add(False, f"read {len(polls) + 1} failed: {st.error.short()}")
                 return False
-            try:
-                got = [int(r[0]) for r in st.rows]
-            except (TypeError, ValueError, IndexError):
-                check.add(False, f"read {len(polls) + 1} returned {st.rows[:3]}: its first column "
-                          "should be the outbox id")
+            got = _outbox_ids(check, st.rows, f"read {len(polls) + 1}")
+            if got is None:
                 return False
             committed = {int(i): x for i, x in box.execute("SELECT id, xid::text FROM outbox")}
             early.extend(f"{i} (read {len(polls) + 1})" for i in got if i not in committed)
@@ -225,11 +232,8 @@ def _claim(run: Sessions, relay: str, text: str, version: dict, check: Check) ->
         why = st.error.short() if st.error else "it waited for the other relay's lock"
         check.add(False, f"relay {relay}'s claim failed: {why}")
         return None
-    try:
-        ids = [int(r[0]) for r in st.rows]
-    except (TypeError, ValueError, IndexError):
-        check.add(False, f"relay {relay}'s claim returned {st.rows[:3]}: its first column "
-                  "should be the outbox id")
+    ids = _outbox_ids(check, st.rows, f"relay {relay}'s claim")
+    if ids is None:
         return None
     if any(i not in version for i in ids):
         check.add(False, f"relay {relay}'s claim returned ids that are not outbox rows")
