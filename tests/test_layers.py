@@ -48,27 +48,31 @@ SERVER = [
 
 
 def _collect(*marks: str) -> dict[str, subprocess.Popen]:
+    """Collect the suite once per mark expression; "" collects it with no -m at all."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
     return {mark: subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-m", mark, "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "tests"],
+        [sys.executable, "-m", "pytest", *(["-m", mark] if mark else []), "--collect-only", "-q",
+         "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for mark in marks}
 
 
 @pytest.fixture(scope="module")
 def layers() -> dict[str, tuple[set[str], int]]:
-    """For each layer, the node ids it selects and the number of tests collected in all."""
+    """For each layer, and for the whole suite ("" - no -m), the node ids it selects and the
+    number pytest reports selected.  The whole suite is what a plain `pytest tests` runs, so a test
+    the plugin deselects on this machine (the cross-engine appendix with LABKIT_MYSQL_DSN=off) is
+    in neither layer and not in the whole either."""
     out = {}
-    for mark, proc in _collect("not server", "server").items():
+    for mark, proc in _collect("not server", "server", "").items():
         text, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, text[-3000:]
         ids = {line for line in text.splitlines() if "::" in line and not line.startswith(" ")}
-        summary = re.search(r"(\d+)/(\d+) tests? collected", text)
+        summary = re.search(r"(\d+)(?:/\d+)? tests? collected", text)
         assert summary, text[-2000:]
         assert int(summary.group(1)) == len(ids), text[-2000:]
-        out[mark] = (ids, int(summary.group(2)))
+        out[mark] = (ids, len(ids))
     return out
 
 
@@ -90,10 +94,9 @@ def test_the_server_layer_holds_the_tests_that_need_one(layers):
 
 
 def test_the_two_layers_are_the_whole_suite_once(layers):
-    (fast, total), (server, total_again) = layers["not server"], layers["server"]
-    assert total == total_again
+    (fast, _), (server, _), (whole, _) = layers["not server"], layers["server"], layers[""]
     assert fast & server == set()
-    assert len(fast) + len(server) == total
+    assert fast | server == whole
 
 
 def test_every_test_named_as_a_server_test_still_exists(layers):
