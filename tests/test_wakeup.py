@@ -28,6 +28,8 @@ def test_notify_is_delivered_at_commit_not_before(lab):
 def test_same_payload_is_folded_within_one_transaction_only(lab):
     r = wk.coalesced(lab, repeats=3)
     assert r.sent_in_one_transaction == 5 and r.same_payload_sent == 3
+    assert r.payloads_sent[:3] == [r.payloads_sent[0]] * 3     # one payload, three times
+    assert sorted(set(r.payloads_sent), key=int) == r.payloads  # then two others, once each
     assert r.same_payload_received == 1          # three NOTIFYs, one delivery
     assert r.distinct_payloads_received == 3 == r.received
     assert r.payloads == sorted(r.payloads, key=int)   # in the order they were sent
@@ -87,7 +89,7 @@ def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
     assert time.monotonic() - t < 20                  # the notebook's section: about 8 s here
     assert r.notify_latency_ms_p50 < r.poll_latency_ms_p50 / 5
     assert 400 * 0.1 < r.poll_latency_ms_p50 < 400            # about half a poll
-    assert r.poll_latency_ms_p99 < 400 * 1.5
+    assert r.poll_latency_ms_p99 <= r.poll_latency_ms_max < 400 * 1.5
     assert r.claims_from_notify + r.claims_from_poll == 12
     assert r.claims_from_notify >= 11               # each job woke the worker itself
     assert r.missed_notifications_caught_by_poll == 1
@@ -99,7 +101,7 @@ def test_a_notified_worker_claims_far_sooner_than_a_polling_one(lab, db):
 
 
 def test_the_shape_the_notebook_asserts_fails_when_the_wake_up_saves_nothing():
-    ok = dict(notify_latency_ms_p50=1.5, poll_latency_ms_p50=180.0, poll_latency_ms_p99=420.0,
+    ok = dict(notify_latency_ms_p50=1.5, poll_latency_ms_p50=180.0, poll_latency_ms_max=420.0,
               poll_ms=400)
 
     def trace(**figures):       # the four figures saves() reads of a NotifyTrace
@@ -108,7 +110,7 @@ def test_the_shape_the_notebook_asserts_fails_when_the_wake_up_saves_nothing():
     holds, seen = wk.saves(trace())
     assert holds is True and "1.5 ms notified against 180 ms polling" in seen
     assert wk.saves(trace(notify_latency_ms_p50=40.0))[0] is False     # not 5x shorter
-    assert wk.saves(trace(poll_latency_ms_p99=700.0))[0] is False      # a poll waited too long
+    assert wk.saves(trace(poll_latency_ms_max=700.0))[0] is False      # a poll waited too long
 
 
 def test_the_worker_claims_every_job_from_the_table_in_both_modes(lab):
@@ -166,7 +168,8 @@ def test_command_prints_json_and_text_and_drops_its_lab(db, capsys):
     assert wk.notify_command(open_lab=open_lab, jobs=3, poll_ms=50, safety_poll_ms=100, json=True) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out) == ["jobs", "poll_ms", "safety_poll_ms", "poll_latency_ms_p50",
-                         "poll_latency_ms_p99", "notify_latency_ms_p50", "notify_latency_ms_p99",
+                         "poll_latency_ms_p99", "poll_latency_ms_max", "notify_latency_ms_p50",
+                         "notify_latency_ms_p99", "notify_latency_ms_max",
                          "poll_over_notify_p50", "poll_idle_wakeups", "notify_idle_wakeups",
                          "poll_claim_queries", "notify_claim_queries", "claims_from_notify",
                          "claims_from_poll", "missed_notifications_caught_by_poll",

@@ -32,8 +32,9 @@ The fixes, for the notebook's prose: ``SET LOCAL`` (or ``set_config(..., true)``
 transaction, or ``ALTER ROLE ... SET`` / ``ALTER DATABASE ... SET`` for a setting every
 session should have; ``pg_advisory_xact_lock`` (released at COMMIT); a direct (or
 session-pooled) connection for the listener; for prepared statements, ``prepare_threshold=None``
-on PgBouncer older than 1.21, or ``max_prepared_statements`` above 0 from 1.21 (PgBouncer then
-tracks protocol-level prepared statements itself; on by default from 1.24).  SQL ``PREPARE``
+on PgBouncer older than 1.21, or on 1.21 to 1.23 with ``max_prepared_statements`` at their
+default of 0; with it above 0 (from 1.21), or from 1.24, whose default is 200, PgBouncer tracks
+protocol-level prepared statements itself.  SQL ``PREPARE``
 and ``DEALLOCATE`` never work in transaction pooling.
 
 :class:`PgBouncer` runs one pooler for a lab: its own config, in a private folder, listening
@@ -274,7 +275,8 @@ class PgBouncer:
                 prepare_threshold: int | None = None, **kw) -> psycopg.Connection:
         """A client connection through the pooler.  ``prepare_threshold=None``: psycopg's
         automatic prepared statements (a query run a sixth time is prepared as ``_pg3_0`` on the
-        server session) break in transaction pooling on PgBouncer older than 1.21: the
+        server session) break in transaction pooling when PgBouncer does not track them (older
+        than 1.21; 1.21 to 1.23 with ``max_prepared_statements`` at their default of 0): the
         statement lives on one server connection, and another client's ``_pg3_0`` collides
         with it there, or the next transaction runs on a connection that lacks it."""
         if "options" in kw:

@@ -232,6 +232,7 @@ class Coalesced(Result):
     channel: the lab's notification channel
     sent_in_one_transaction: NOTIFYs the first transaction sent
     same_payload_sent: of those, how many carried the same payload (the first job's id)
+    payloads_sent: the payloads the first transaction sent, in the order it sent them
     received: notifications the listener received from that transaction
     same_payload_received: of those, how many carried the repeated payload (1: folded)
     distinct_payloads_received: distinct payloads received (every distinct one arrives)
@@ -243,6 +244,7 @@ class Coalesced(Result):
     channel: str
     sent_in_one_transaction: int
     same_payload_sent: int
+    payloads_sent: list[str]
     received: int
     same_payload_received: int
     distinct_payloads_received: int
@@ -268,7 +270,8 @@ def coalesced(lab: Lab, *, repeats: int = 3, wait_ms: float = WAIT_MS) -> Coales
         b.commit()
         again = [n.payload for n in _received(a, wait_ms / 1000)]
         return Coalesced(channel=ch, sent_in_one_transaction=len(sent), same_payload_sent=repeats,
-                         received=len(got), same_payload_received=got.count(str(ids[0])),
+                         payloads_sent=sent, received=len(got),
+                         same_payload_received=got.count(str(ids[0])),
                          distinct_payloads_received=len(set(got)), payloads=got,
                          next_transaction_received=again.count(str(ids[0])))
 
@@ -753,13 +756,13 @@ def latency(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_ms: f
 def saves(r: NotifyTrace) -> tuple[bool, str]:
     """The shape of :func:`notify_trace`'s result that notebook 12 asserts, and what was
     measured: the notified worker's median wait is under a fifth of the polling worker's, and
-    the polling worker's worst wait is within one and a half intervals (one interval, plus the
-    claim).  Both waits are on the server's clock."""
+    the polling worker's worst (longest) wait is within one and a half intervals (one
+    interval, plus the claim).  Both waits are on the server's clock."""
     holds = (r.notify_latency_ms_p50 * 5 < r.poll_latency_ms_p50
-             and r.poll_latency_ms_p99 <= r.poll_ms * 1.5)
+             and r.poll_latency_ms_max <= r.poll_ms * 1.5)
     return holds, (f"median {r.notify_latency_ms_p50:g} ms notified against "
                    f"{r.poll_latency_ms_p50:g} ms polling; polling's worst "
-                   f"{r.poll_latency_ms_p99:g} ms, every {r.poll_ms:g} ms")
+                   f"{r.poll_latency_ms_max:g} ms, every {r.poll_ms:g} ms")
 
 
 @dataclass(frozen=True)
@@ -788,8 +791,10 @@ class NotifyTrace(Result):
     safety_poll_ms: the notified worker's safety-net poll, ms (and the restarted worker's wait before its poll)
     poll_latency_ms_p50: the polling worker's median wait, ms
     poll_latency_ms_p99: the polling worker's 99th-percentile wait, ms
+    poll_latency_ms_max: the polling worker's longest wait, ms
     notify_latency_ms_p50: the notified worker's median wait, ms
     notify_latency_ms_p99: the notified worker's 99th-percentile wait, ms
+    notify_latency_ms_max: the notified worker's longest wait, ms
     poll_over_notify_p50: how many times shorter the notified worker's median wait is
     poll_idle_wakeups: the polling worker's wake-ups that found nothing
     notify_idle_wakeups: the notified worker's wake-ups that found nothing
@@ -809,8 +814,10 @@ class NotifyTrace(Result):
     safety_poll_ms: float
     poll_latency_ms_p50: float
     poll_latency_ms_p99: float
+    poll_latency_ms_max: float
     notify_latency_ms_p50: float
     notify_latency_ms_p99: float
+    notify_latency_ms_max: float
     poll_over_notify_p50: float
     poll_idle_wakeups: int
     notify_idle_wakeups: int
@@ -839,7 +846,9 @@ def notify_trace(lab: Lab, *, jobs: int = 20, poll_ms: float = 500, safety_poll_
     return NotifyTrace(
         jobs=jobs, poll_ms=poll_ms, safety_poll_ms=safety_poll_ms,
         poll_latency_ms_p50=p.latency_ms_p50, poll_latency_ms_p99=p.latency_ms_p99,
+        poll_latency_ms_max=p.latency_ms_max,
         notify_latency_ms_p50=n.latency_ms_p50, notify_latency_ms_p99=n.latency_ms_p99,
+        notify_latency_ms_max=n.latency_ms_max,
         poll_over_notify_p50=round(p.latency_ms_p50 / max(n.latency_ms_p50, 0.01), 1),
         poll_idle_wakeups=p.idle_wakeups, notify_idle_wakeups=n.idle_wakeups,
         poll_claim_queries=p.claim_queries, notify_claim_queries=n.claim_queries,
