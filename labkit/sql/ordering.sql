@@ -63,8 +63,7 @@ SELECT id, event_id, payload
 
 -- The hash: the first byte of md5(aggregate), modulo the number of relays.
 -- Every event of one aggregate goes to the same relay, which publishes them in claim order.
--- It holds while every relay agrees on %(relays)s: a relay added or removed moves aggregates
--- between relays, and a batch the old owner still holds can then be overtaken.
+-- It holds while every relay agrees on %(relays)s.
 SELECT id, event_id, payload
   FROM outbox
  WHERE published_at IS NULL

@@ -3,14 +3,16 @@ cursor and loses nothing (:func:`check_safe_read`), and a claim that two relays 
 reordering an order's events (:func:`check_aggregate_claim`).
 
 :func:`check_safe_read` plays three producers in a scripted order on the outbox of
-:mod:`labkit.labs.cursor` (with its ``xid`` column), in three acts.  P1 inserts first and
+:mod:`labkit.labs.cursor` (with its ``xid`` column), in four acts.  P1 inserts first and
 commits late, P2 commits in between.  P3's transaction writes first (its order row) but gets
 its outbox id after P2's second, and commits while P2 is still open.  Then P1 writes an order
 row, P2 and P3 each commit an order, and P1 writes its outbox row last and commits: three
-committed rows whose id order and xid order differ, for one read with a batch of 2.  Between
-the steps the relay runs the learner's read seven times, the checker moving the cursor
-(``%(last_xid)s``, ``%(last_id)s``) to the last row each read returned.  What each read
-returned is compared with what the database held committed at that moment.
+committed rows whose id order and xid order differ, for one read with a batch of 2.  Last,
+one transaction of P1 places three orders, more rows than a batch, and P2 commits one more:
+a cursor on the xid alone passes the rows of P1's transaction that its batch left out.
+Between the steps the relay runs the learner's read nine times, the checker moving the
+cursor (``%(last_xid)s``, ``%(last_id)s``) to the last row each read returned.  What each
+read returned is compared with what the database held committed at that moment.
 
 :func:`check_aggregate_claim` runs the learner's claim in two relays at once over the
 outbox of :mod:`labkit.labs.ordering` (a version per order), the second relay publishing
@@ -33,8 +35,9 @@ from ...labs import ordering as od
 from ...labs import relay as rl
 from . import Check, bind, scratch
 
-POLLS = 7
+POLLS = 9
 BATCH = 2
+ONE_TRANSACTION = 3      # act 4: the rows one transaction of P1 writes, more than a batch
 SAFE_READ = """\
 SELECT id, event_id
   FROM outbox
@@ -70,7 +73,7 @@ def _ids(ids: list[int]) -> str:
 def check_safe_read(lab: Lab, query: str, *, wait_s: float = 10.0) -> Check:
     """Run ``query`` -- the relay's read, one statement taking ``%(last_xid)s`` (text, cast it
     with ``::xid8``), ``%(last_id)s`` and, if it likes, ``%(batch)s`` (2), returning outbox
-    ids in its first column -- seven times between scripted producers' steps, moving the
+    ids in its first column -- nine times between scripted producers' steps, moving the
     cursor to (xid, id) of the last row each read returned.  It passes when every committed
     event was returned, none twice, and none before it had committed.  ``wait_s``: how long
     to wait for other sessions' older transactions, which would hold any safe read back."""
@@ -96,8 +99,18 @@ def _placed(step: Step) -> int:
     return int(step.rows[-1][0])
 
 
+def _act_four(box: Lab, run: Sessions) -> tuple[list[int], int]:
+    """Act 4: one transaction of P1 places ``ONE_TRANSACTION`` orders, more rows than a read's
+    batch, and commits; then P2 commits one order.  Returns the outbox ids of P1's rows and
+    of P2's."""
+    run.P1("BEGIN")
+    rows = [_placed(run.P1(cg.place_text(box, k))) for k in range(8, 8 + ONE_TRANSACTION)]
+    run.P1("COMMIT")
+    return rows, _placed(run.P2(cg.place_text(box, 8 + ONE_TRANSACTION)))
+
+
 def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
-    """The producers' three acts with the relay's reads between them, then the findings (no
+    """The producers' four acts with the relay's reads between them, then the findings (no
     more once a read failed: its finding says why)."""
     cursor = ("0", 0)
     polls: list[list[int]] = []
@@ -151,33 +164,52 @@ def _run_safe_read(box: Lab, query: str, check: Check, wait_s: float) -> Check:
         story[p5] = story[p6] = "committed at once, a newer xid than row 7's"
         story[p7] = ("P1's second: its transaction wrote before rows 5 and 6, its outbox row came "
                      "last, all three committed before read 5")
+        ok = ok and poll() and poll()
+        act_four = (*_act_four(box, run), len(polls) + 1)   # and the first read after it
         while ok and len(polls) < POLLS:
             ok = poll()
     if ok:
-        _judge_safe_read(check, box, polls, early, story)
+        _judge_safe_read(check, box, polls, early, story, act_four)
     return check
 
 
 def _judge_safe_read(check: Check, box: Lab, polls: list[list[int]], early: list[str],
-                     story: dict[int, str]) -> None:
+                     story: dict[int, str], act_four: tuple[list[int], int, int]) -> None:
     """The findings on what the reads returned, against every row committed by the end: none
-    lost, none twice, none before it had committed."""
+    of the first three acts lost, none of act 4 lost (``act_four``: the rows of P1's one
+    transaction, P2's row, the first read after them), none twice, none before it had
+    committed."""
     every = [int(i) for (i,) in box.execute("SELECT id FROM outbox ORDER BY id")]
     returned = [i for got in polls for i in got]
     shown = "; ".join(_ids(got) for got in polls)
     if not returned:
         check.add(False, f"the reads returned no row at all ({shown}), while {len(every)} were committed")
         return
-    lost = [i for i in every if i not in returned]
-    check.add(not lost, f"every committed event was returned (the reads, in turn: {shown})" if not lost else
+    lost = [i for i in every if i not in returned and i not in [*act_four[0], act_four[1]]]
+    check.add(not lost, f"every committed event of acts 1 to 3 was returned (the reads, in turn: {shown})"
+              if not lost else
               f"the reads returned, in turn: {shown}. " + "; ".join(
                   f"{'Row' if k == 0 else 'row'} {i} ({story.get(i, 'a producer')}) was never returned"
                   for k, i in enumerate(lost)))
+    _judge_one_transaction(check, returned, *act_four)
     twice = sorted({i for i in returned if returned.count(i) > 1})
     check.add(not twice, "no event was returned twice" if not twice else
               f"row(s) {_ids(twice)} returned more than once: the cursor did not move past them")
     check.add(not early, "every row a read returned had committed before that read" if not early
               else f"returned rows that were not committed outbox rows at that moment: {', '.join(early)}")
+
+
+def _judge_one_transaction(check: Check, returned: list[int], rows: list[int], p2: int,
+                           read: int) -> None:
+    """The finding on act 4: every row of P1's one transaction, ``rows`` (more than a batch),
+    and P2's row ``p2`` after it, both committed before read ``read``, was returned."""
+    missed = [i for i in [*rows, p2] if i not in returned]
+    check.add(not missed, f"act 4: the rows of P1's one transaction, {_ids(rows)} (more rows than a "
+              f"batch), and P2's row {p2} after them were all returned" if not missed else
+              f"act 4: one transaction of P1 wrote rows {_ids(rows)} (more rows than a batch) and "
+              f"committed, then P2 committed row {p2}, all before read {read}; "
+              f"{'row' if len(missed) == 1 else 'rows'} {_ids(missed)} "
+              f"{'was' if len(missed) == 1 else 'were'} never returned")
 
 
 # -- two relays, one claim ----------------------------------------------------------------------
