@@ -2,7 +2,10 @@
 answer and fails each typical wrong one with the finding that names its mistake; bad input
 is refused before any scene is built; the scene's sessions and database are gone after."""
 
+import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 from conftest import backends_gone
@@ -24,6 +27,7 @@ SELECT pid
  WHERE state = 'idle in transaction'
    AND datname = current_database()
 """
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "10_the_mvcc_horizon.ipynb"
 
 
 def _wrong(check) -> list[str]:
@@ -71,6 +75,17 @@ def test_the_writer_sits_in_a_database_of_the_checks_own_dropped_after(lab, db, 
     assert dbname not in _databases(db)
 
 
+def test_the_checker_knows_the_notebooks_starting_query():
+    cell = next("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]
+                if "".join(c["source"]).startswith("MY_HOLDERS = "))
+    starter = re.match(r'MY_HOLDERS = """(.*?)"""', cell, re.S).group(1)
+    assert ex.is_starter(starter) and ex.is_starter(STARTING)
+    # spacing, case and a closing semicolon aside; any other change is an attempt
+    assert ex.is_starter(" ".join(STARTING.split()).lower() + ";")
+    assert not ex.is_starter(STARTING + " ORDER BY pid")
+    assert not ex.is_starter(STARTING.replace("datname = current_database()", "true"))
+
+
 def test_the_starting_point_misses_the_writer_and_names_an_innocent(lab):
     check = ex.check_holders(lab, STARTING)
     assert not check.passed
@@ -80,9 +95,11 @@ def test_the_starting_point_misses_the_writer_and_names_an_innocent(lab):
     assert wrong[1].startswith("the session idle in a READ COMMITTED transaction came back")
     assert check.findings[0] == (True, "the REPEATABLE READ report idle in its transaction came "
                                        "back (it held a snapshot)")
-    assert "hint" in str(check)
+    # the untouched starter is told what is wrong and asked for an attempt, without the hint
+    assert check.hint == ex.STARTER_HINT and "change it and run the cell again" in str(check)
+    assert ex.HOLDERS_HINT not in str(check) and "pg_stat_activity" not in str(check)
     # what went wrong on the server, never the query to write: no column, no function
-    for text in [*wrong, check.hint]:
+    for text in [*wrong, check.hint, ex.HOLDERS_HINT]:
         assert "backend_xid" not in text and "pg_backend_pid" not in text and "age(" not in text
 
 
@@ -112,6 +129,8 @@ def test_every_idle_in_transaction_session_anywhere_names_the_innocent_one(lab):
                                   "ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC")
     wrong = _wrong(check)
     assert len(wrong) == 1 and "READ COMMITTED" in wrong[0], str(check)
+    # an attempt of the learner's own, still wrong: the hint comes with it
+    assert check.hint == ex.HOLDERS_HINT and "hint" in str(check)
 
 
 def test_every_session_names_the_idle_one_and_its_own(lab):

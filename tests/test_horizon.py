@@ -4,6 +4,7 @@ makes every claim walk the jobs done since it began, and VACUUM remove none of t
 import dataclasses
 import json
 import math
+import os
 import time
 
 import matplotlib
@@ -90,7 +91,9 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
         assert len(series) >= 2
         assert [p.t for p in series] == sorted(p.t for p in series)
         assert set(series[0].as_dict()) == {"t", "claim_ms", "claims", "buffers", "select_ms", "dead",
-                                            "horizon_age"}
+                                            "horizon_age", "horizon_holder"}
+    # with the report open, the samples name it as the session that held the horizon
+    assert r.with_.series[-1].horizon_holder.startswith(f"labkit:{lab.schema}:report (pid ")
     fig = hz.plot(r)
     assert len(fig.axes) == 2 and "fsync=" in fig._suptitle.get_text()
     # the growth is the point: the buffers are drawn on a linear axis from 0, and the line
@@ -134,6 +137,9 @@ def test_vacuum_removes_nothing_while_the_report_is_open_and_everything_after(la
     assert held == (0, 1000, 1000)
     assert "1000 are dead but not yet removable" in r.line_while_held
     assert (r.removed_after, r.not_removable_after, r.n_dead_tup_after) == (1000, 0, 0)
+    # "remain": every job's live version, and the dead versions VACUUM had to keep
+    assert (r.remain_while_held, r.remain_after) == (500 + 1000, 500)
+    assert f"{r.remain_while_held} remain" in r.line_while_held
     assert r.ended_by == "idle_in_transaction_session_timeout = 1s"
     assert 0.9 <= r.ended_after_s < 10
     _lab_sessions_gone(db, lab)
@@ -401,6 +407,7 @@ def test_vacuum_keeps_the_index_size_and_reindex_concurrently_gives_it_back(lab,
     assert r.pages_held > 10 * r.pages_clean              # the incident grew the index
     assert r.buffers_held > 10 * r.buffers_clean
     assert r.vacuum.removed == 2 * 10_000 and r.vacuum.not_yet_removable == 0
+    assert r.vacuum.remain == 200 + 10_000                # every job's live version, no dead one
     assert r.pages_vacuumed == r.pages_held               # VACUUM: the file keeps its size
     assert "newly deleted" in r.vacuum.index_line
     assert r.buffers_vacuumed < r.buffers_held / 10       # ... but the claim is quick again
@@ -411,6 +418,15 @@ def test_vacuum_keeps_the_index_size_and_reindex_concurrently_gives_it_back(lab,
     assert not c["W2 claim"].waited and c["W2 claim"].rows            # ... no claim waits for it
     p = runs.plain_steps
     assert p["W2 claim"].waited and p["W2 claim"].blocked_by == ["R"]  # a plain one blocks claims
+    q = runs.plain_read_steps
+    assert q["Q read"].waited and q["Q read"].blocked_by == ["R"]      # ... and a plain read
+    # as pg_locks shows it: SHARE on the table (no writes), ACCESS EXCLUSIVE on the index; the
+    # claim, an UPDATE, waits for the table's lock, the read for the index's (at planning)
+    assert runs.plain_held == [("job", "ShareLock"), ("job_due_idx", "AccessExclusiveLock")]
+    assert runs.plain_waits == {"W2 claim": [("job", "RowExclusiveLock")],
+                                "Q read": [("job_due_idx", "AccessShareLock")]}
+    # the rebuilt index's size is read after the concurrent rebuild, before the plain ones
+    assert r.pages_reindexed == runs.pages_after_concurrently
     assert "REINDEX CONCURRENTLY" in str(runs.concurrently)
     assert backends_gone(db, f"labkit:{lab.schema}:W%") == []
     assert backends_gone(db, f"labkit:{lab.schema}:R") == []
@@ -431,15 +447,95 @@ def test_an_existing_database_comes_first_when_preferred(lab, db):
 
 def test_a_run_someone_else_held_is_told_from_a_clean_one():
     def run(*ages):
-        series = [_typed(hz.SeriesPoint, t=0.5 * (i + 1), horizon_age=a) for i, a in enumerate(ages)]
+        series = [_typed(hz.SeriesPoint, t=0.5 * (i + 1), horizon_age=a,
+                         horizon_holder=None if a is None else f"someone (pid {i})")
+                  for i, a in enumerate(ages)]
         return _typed(hz.HorizonRun, series=series)
 
-    # the workers' own snapshots are a few transactions old; None: no other session held any
-    assert not hz.held_by_someone_else(run(3, 2, None, 4, 2, 3, 2), seconds=4)
-    # someone held it early on only: the samples the figures come from were clean
-    assert not hz.held_by_someone_else(run(1500, 1700, 3, 4, 2, 3, 2), seconds=4)
-    # ... and late in the run, where buffers_per_claim is read: run it again
-    assert hz.held_by_someone_else(run(3, 2, 3, 4, 2, 400, 650), seconds=4)
+    # None: no session but the workers held any; a few transactions: a statement in flight
+    clean = run(3, 2, None, 4, None, 3, 2)
+    assert not hz.held_by_someone_else(clean) and hz.someone_else(clean) is None
+    # someone held it early on only: its claims left entries no scan could mark, which the
+    # claims after it read, so the run is not clean either
+    early = run(1500, 1700, 3, 4, 2, 3, 2)
+    assert hz.held_by_someone_else(early)
+    assert hz.someone_else(early) == "someone (pid 1), 1,700 transactions back at 1 s"
+    # ... nor one held late in the run
+    assert hz.someone_else(run(3, 2, 3, 4, 2, 400, 650)) == "someone (pid 6), 650 transactions back at 3.5 s"
+
+
+def test_a_snapshot_someone_else_holds_early_in_the_run_without_a_holder_is_noticed(lab, db):
+    """A real session that is none of the lab's holds a snapshot in the lab's database for the
+    first third of the run with no long transaction, and ends long before its last third:
+    the lab does not take that run as its baseline, runs it again, and names the session."""
+    import threading
+
+    from labkit.core.db import Guards
+
+    seconds = 6
+    name = f"someone else {os.getpid()}"
+    other = db.connect(application_name=name, guards=Guards(idle_in_transaction="60s"))
+    ended: list[float] = []
+
+    def end_it_a_third_of_the_way_in():
+        # the run has begun once a worker has run a claim: a state the server shows
+        with db.connect() as watch:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not watch.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s "
+                    "AND query LIKE 'UPDATE job%%'",
+                    (f"labkit:{lab.schema}:{hz.WORKER_ROLE}%",)).fetchone():
+                time.sleep(0.005)
+        time.sleep(seconds / 3)
+        other.close()
+        ended.append(time.monotonic())
+
+    try:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT 1")                   # its snapshot, held while it sits idle
+        pid = other.info.backend_pid
+        for _ in range(hz.FOREIGN_AGE + 50):        # older than FOREIGN_AGE from the start
+            lab.execute("SELECT pg_current_xact_id()")
+        closer = threading.Thread(target=end_it_a_third_of_the_way_in, daemon=True)
+        closer.start()
+        r = hz.horizon_trace(lab, seconds=seconds, workers=1)
+        closer.join(10)
+    finally:
+        other.close()
+    assert ended, "the other session was never ended"
+    here = lab.execute("SELECT current_database()")[0][0]
+    run = r.without
+    # the first run was held and set aside, the session named as the lab saw it
+    assert run.runs >= 2 and run.set_aside, hz.baseline_note(r)
+    assert run.set_aside[0].startswith(f"{name} (pid {pid}, idle in transaction) in database {here}, ")
+    # the run kept was clean, and the note says so, and what it took
+    assert run.someone_else is None and r.baseline_held_by is None
+    assert all(p.horizon_age is None or p.horizon_age <= hz.FOREIGN_AGE for p in run.series)
+    note = hz.baseline_note(r)
+    assert note.startswith("the run with no long transaction was clean") and name in note
+    _lab_sessions_gone(db, lab)
+
+
+def test_the_baseline_note_says_whether_the_run_without_a_holder_was_clean():
+    def trace(runs, set_aside, held_by):
+        without = _typed(hz.HorizonRun, runs=runs, set_aside=set_aside, someone_else=held_by,
+                         series=[_typed(hz.SeriesPoint)] * 7)
+        return _result(without=without, baseline_held_by=held_by)
+
+    assert hz.baseline_note(trace(1, [], None)) == (
+        "the run with no long transaction was clean: no other session held the claim's horizon "
+        f"more than {hz.FOREIGN_AGE} transactions back in any of its 7 samples")
+    again = hz.baseline_note(trace(2, ["x (pid 9, idle in transaction) in database d, 900 "
+                                       "transactions back at 0.5 s"], None))
+    assert again.endswith("(it took 2 runs: someone else held the horizon in the run before it, "
+                          "x (pid 9, idle in transaction) in database d, 900 transactions back "
+                          "at 0.5 s)")
+    held = hz.baseline_note(trace(3, ["a", "b"], "c (pid 7, active) in database d, 300 "
+                                                 "transactions back at 2 s"))
+    assert held == ("the run with no long transaction is not a clean baseline: another session "
+                    "held the claim's horizon back in each of its 3 runs, in the last c (pid 7, "
+                    "active) in database d, 300 transactions back at 2 s; its figures include the "
+                    "walk that hold caused")
 
 
 # -- the printed tables ------------------------------------------------------------------------
@@ -478,12 +574,23 @@ def test_the_two_horizons_table_puts_the_report_and_the_writer_side_by_side():
                      shared_cutoff_with=None, buffers_per_claim_with=3551, unremovable_with=0)
     t = hz.two_horizons(report, writer)
     assert list(t.columns) == ["report here", "writer elsewhere"]
-    assert list(t.index) == [label for _, label in hz.HORIZONS]
-    # each horizon that is the holder's own xid says so; the holder's row is the holder
+    assert list(t.index) == [label for _, label in hz.HORIZONS + hz.HELD + hz.HORIZON_COSTS]
     assert t.loc["the holder's xmin or xid"].tolist() == ["1,000", "12,000"]
-    assert t.loc["removable cutoff: job"].tolist() == ["1,000 (= holder)", "20,107"]
-    assert t.loc["a new snapshot's xmin here"].tolist() == ["1,787", "12,000 (= holder)"]
-    assert t.loc["removable cutoff: pg_database"].tolist() == ["1,000 (= holder)", "-"]
+    assert t.loc["removable cutoff: job"].tolist() == ["1,000", "20,107"]
+    assert t.loc["a new snapshot's xmin here"].tolist() == ["1,787", "12,000"]
+    assert t.loc["removable cutoff: pg_database"].tolist() == ["1,000", "-"]
+    # whether the holder held each horizon, said in words: nobody compares the xids by eye
+    assert t.loc["the holder holds a new snapshot's xmin"].tolist() == ["no", "yes"]
+    assert t.loc["the holder holds job's cutoff"].tolist() == ["yes", "no"]
+    assert t.loc["the holder holds pg_database's cutoff"].tolist() == ["yes", "-"]
+    assert hz.horizons_held(report) == hz.HorizonsHeld(snapshot_xmin=False, job_cutoff=True,
+                                                       shared_cutoff=True)
+    assert hz.horizons_held(writer).as_dict() == {"snapshot_xmin": True, "job_cutoff": False,
+                                                  "shared_cutoff": None}
+    # past the wrap, a cutoff that is numerically smaller is still newer: it is not held
+    wrapped = _result(holder_xid=2**32 - 10, claim_xmin_with=5, vacuum_cutoff_with=2**32 - 10,
+                      shared_cutoff_with=None)
+    assert hz.horizons_held(wrapped) == hz.HorizonsHeld(False, True, None)
     assert t.loc["buffers one claim reads, median"].tolist() == ["4,050", "3,551"]
     assert t.loc["VACUUM kept on job"].tolist() == ["9,314", "0"]
     assert all(len(ln) <= 96 for ln in t.to_string().splitlines())

@@ -29,6 +29,7 @@ claims go on (:func:`reindex_runs`).  ``labkit trace horizon`` is :func:`horizon
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import re
 import statistics
@@ -65,10 +66,10 @@ REPORT_ROLE = "report"       # the long report's session: labkit:<schema>:report
 WRITER_ROLE = "writer"       # the writer in another database: labkit:<schema>:writer
 WORKER_ROLE = "churn-w"      # the workers' sessions: labkit:<schema>:churn-w1, ...
 REPORT_MARGIN_S = 60         # the report ends itself this long after the run should have
-# A run without the report is clean when no other session held the claim's horizon more than
-# FOREIGN_AGE transactions back while it was sampled (the workers' own snapshots are a few
-# transactions old); on a shared server a run someone else held is run again, up to
-# CLEAN_TRIES runs in all.
+# A run without the report is clean when, in none of its samples, a session other than the
+# lab's own workers held the claim's horizon more than FOREIGN_AGE transactions back; on a
+# shared server a run someone else held is run again, up to CLEAN_TRIES runs in all, and
+# one still held after that says so (HorizonTrace.baseline_held_by, baseline_note).
 FOREIGN_AGE = 200
 CLEAN_TRIES = 3
 
@@ -477,11 +478,25 @@ def dead_tuples(lab: Lab) -> int:
     return int(rows[0][1]) if rows else 0
 
 
+def horizon_holder(lab: Lab) -> tuple[int | None, str | None]:
+    """How many transactions back a client session other than this one and the lab's own
+    workers holds the claim's horizon, and which session that is (horizon.sql
+    "horizon_age"): the oldest snapshot of a session of this database, or the oldest
+    transaction id of a session of any database, and the session as
+    ``<application_name> (pid N, <state>) in database <name>``; (None, None) when no such
+    session has one."""
+    rows = lab.execute(query("horizon.sql", "horizon_age").sql,
+                       {"workers": session_name(lab.schema, WORKER_ROLE)})
+    if not rows:
+        return None, None
+    age, pid, datname, app, state = rows[0]
+    return age, f"{app or '(no application_name)'} (pid {pid}, {state}) in database {datname}"
+
+
 def horizon_age(lab: Lab) -> int | None:
-    """How many transactions old the claim's horizon is as other client sessions hold it:
-    the oldest snapshot of a session of this database, or the oldest transaction id of a
-    session of any database; None when no other session has one."""
-    return lab.execute(query("horizon.sql", "horizon_age").sql)[0][0]
+    """How many transactions old the claim's horizon is as sessions other than the lab's
+    workers hold it (:func:`horizon_holder`); None when none has one."""
+    return horizon_holder(lab)[0]
 
 
 @dataclass(frozen=True)
@@ -511,6 +526,9 @@ class VacuumReport(Result):
 
     removed: the dead row versions VACUUM took away (read from its VERBOSE report,
         PostgreSQL 15 and later; None before).
+    remain: the row versions its report says remain in the table after it: the live ones
+        (counted where VACUUM read every page, estimated from the pages it read otherwise)
+        and the dead ones it had to keep.
     not_yet_removable: the dead row versions it found but had to keep for an older snapshot.
     cutoff: its "removable cutoff", a 32-bit xid: a version whose replacing transaction is
         older may go.
@@ -523,6 +541,7 @@ class VacuumReport(Result):
     """
 
     removed: int | None
+    remain: int | None
     not_yet_removable: int | None
     cutoff: int | None
     n_dead_tup: int | None
@@ -550,6 +569,7 @@ def vacuum(lab: Lab, table: str = "job") -> VacuumReport:
     index_line = next((ln.strip() for ln in text.splitlines()
                        if ln.strip().startswith('index "job_due_idx"')), "")
     return VacuumReport(removed=int(m.group(1)) if m else None,
+                        remain=int(m.group(2)) if m else None,
                         not_yet_removable=int(m.group(3)) if m else None,
                         cutoff=int(cut.group(1)) if cut else None,
                         n_dead_tup=dead_tuples(lab) if table == "job" else None,
@@ -597,9 +617,11 @@ def _collect_progress(procs: list[Worker], samples: list, deadline: float) -> fl
 
 
 def _sample_point(lab: Lab, now: float, t0: float) -> dict:
-    """One point of the run's series: the claim's EXPLAIN, the dead tuples and the horizon's age."""
+    """One point of the run's series: the claim's EXPLAIN, the dead tuples, and how far back
+    and by whom the horizon was held."""
+    age, holder = horizon_holder(lab)
     return {"t": round(now - t0, 3), **explain_claim(lab).as_dict(),
-            "dead": dead_tuples(lab), "horizon_age": horizon_age(lab)}
+            "dead": dead_tuples(lab), "horizon_age": age, "horizon_holder": holder}
 
 
 def _top_up_if_running_low(lab: Lab, jobs: int, claimed: int, now: float, t0: float, end: float,
@@ -699,8 +721,10 @@ class SeriesPoint(Result):
         (:func:`explain_claim`).
     select_ms: that execution's time on the server, in milliseconds.
     dead: pg_stat_user_tables.n_dead_tup of the job table then (it lags by about a second).
-    horizon_age: the claim's horizon as other client sessions held it then, in transactions
-        (:func:`horizon_age`); None when no other session had one.
+    horizon_age: how many transactions back a session other than the lab's workers held the
+        claim's horizon then (:func:`horizon_holder`); None when none did.
+    horizon_holder: that session, as ``<application_name> (pid N, <state>) in database
+        <name>``; None when none held it.
     """
 
     t: float
@@ -710,6 +734,7 @@ class SeriesPoint(Result):
     select_ms: float
     dead: int
     horizon_age: int | None
+    horizon_holder: str | None
 
 
 @dataclass(frozen=True)
@@ -775,9 +800,16 @@ class HorizonRun(ChurnRun):
 
     runs: how many runs it took to get it (a run someone else's transaction held back is run
         again, up to ``CLEAN_TRIES``).
+    someone_else: for the run without a holder, who else held the claim's horizon back in
+        it, as the lab saw it (:func:`someone_else`); None when no one did, and for the run
+        with a holder.
+    set_aside: for the run without a holder, who else held the horizon in each run of it
+        that was done again, in order; empty when the first run was kept.
     """
 
     runs: int
+    someone_else: str | None
+    set_aside: list[str]
 
 
 def _summary(raw: dict, *, seconds: float) -> dict[str, Any]:
@@ -790,7 +822,8 @@ def _summary(raw: dict, *, seconds: float) -> dict[str, Any]:
         inside = [m for t, m in samples if lo <= t - t0 < p["t"]]
         out_series.append(SeriesPoint(t=p["t"], claim_ms=round(statistics.median(inside), 3) if inside else None,
                                       claims=len(inside), buffers=p["buffers"], select_ms=p["select_ms"],
-                                      dead=p["dead"], horizon_age=p["horizon_age"]))
+                                      dead=p["dead"], horizon_age=p["horizon_age"],
+                                      horizon_holder=p["horizon_holder"]))
         lo = p["t"]
     late = [p for p in series if p["t"] >= seconds * 2 / 3] or series[-1:]
     vac: VacuumReport = raw["vacuum"]
@@ -845,12 +878,24 @@ def churn(lab: Lab, *, seconds: float, workers: int = 2, hold_horizon: bool,
 # -- both runs, and the figure --------------------------------------------------------------------
 
 
-def held_by_someone_else(run: ChurnRun, *, seconds: float) -> bool:
+def someone_else(run: ChurnRun) -> str | None:
+    """Who else held the claim's horizon back during a run without the report, as the lab
+    saw it: of the samples in which a session other than the lab's workers held it more
+    than ``FOREIGN_AGE`` transactions back, the one furthest back, as ``<session>, N
+    transactions back at T s``; None when no sample had one.  Every sample of the run
+    counts, the first as much as the last: the claims made while someone held the horizon
+    left entries no scan could mark dead, and every later claim reads them."""
+    held = [p for p in run.series if p.horizon_age is not None and p.horizon_age > FOREIGN_AGE]
+    if not held:
+        return None
+    worst = max(held, key=lambda p: p.horizon_age or 0)
+    return f"{worst.horizon_holder}, {worst.horizon_age:,} transactions back at {worst.t:g} s"
+
+
+def held_by_someone_else(run: ChurnRun) -> bool:
     """Whether, in a run without the report, someone else's transaction on the server held
-    the claim's horizon back during the samples ``buffers_per_claim`` is read from (the last
-    third): the horizon older than ``FOREIGN_AGE`` transactions in one of them."""
-    late = [p.horizon_age for p in run.series if p.t >= seconds * 2 / 3]
-    return any(age is not None and age > FOREIGN_AGE for age in late)
+    the claim's horizon back in any of its samples (:func:`someone_else`)."""
+    return someone_else(run) is not None
 
 
 @dataclass(frozen=True)
@@ -874,9 +919,14 @@ class HorizonTrace(Result):
         (this database's horizon).
     shared_cutoff_without, shared_cutoff_with: VACUUM's cutoff on a catalog every database
         shares (None without a holder, or where the role may not vacuum it).
-    horizon_age_without, horizon_age_with: the largest age of the claim's horizon as other
-        sessions held it during the run, in transactions (small without the holder, unless
-        someone else's transaction held the horizon then); None when no sample had one.
+    horizon_age_without, horizon_age_with: how far back, at most, a session other than the
+        lab's workers held the claim's horizon during the run, in transactions (with the
+        holder, the holder's; without it, None or small, unless someone else's transaction
+        held the horizon then); None when no sample had one.
+    baseline_held_by: who else held the claim's horizon back during the run without a
+        holder, in every one of its runs (``without.runs``), as the lab saw it in the last
+        (:func:`someone_else`): that run is not a clean baseline.  None when the run kept
+        was clean.
     horizon_held_by: the holder, as "labkit:<schema>:report (idle in transaction)" (and
         " in database <name>" for a writer in another database); None without one.
     holder: the holder as pg_stat_activity showed it at the end of the run (its pid,
@@ -915,6 +965,7 @@ class HorizonTrace(Result):
     shared_cutoff_with: int | None
     horizon_age_without: int | None
     horizon_age_with: int | None
+    baseline_held_by: str | None
     horizon_held_by: str | None
     holder: HolderInfo | None
     holder_xid: int | None
@@ -961,28 +1012,35 @@ class HorizonTraceElsewhere(HorizonTrace):
     vacuum_line_with: str | None
 
 
-def _run_is_clean(run: HorizonRun, hold: bool, seconds: float) -> bool:
-    """Whether a run measured what it should: without a holder, nobody else held the horizon;
-    with one, its closing VACUUM removed every dead version."""
+def _run_is_clean(run: HorizonRun, hold: bool) -> bool:
+    """Whether a run measured what it should: without a holder, nobody else held the horizon
+    in any of its samples; with one, its closing VACUUM removed every dead version."""
     if hold:
         return not run.unremovable      # (the writer elsewhere: see horizon_trace)
-    return not held_by_someone_else(run, seconds=seconds)
+    return run.someone_else is None
 
 
 def _clean_run(lab: Lab, procs: list[Worker], *, jobs: int, seconds: float, workers: int,
                hold: bool, other: OtherDatabase | None) -> HorizonRun:
-    """One of the two runs on a fresh table, run again (up to ``CLEAN_TRIES`` in all) while it is not clean."""
+    """One of the two runs on a fresh table, run again (up to ``CLEAN_TRIES`` in all) while it
+    is not clean; the run without a holder says who else held the horizon, in the run kept
+    (``someone_else``) and in each run set aside (``set_aside``)."""
     tries = CLEAN_TRIES if not hold or other is not None else 1
+    set_aside: list[str] = []
     for attempt in range(1, tries + 1):
         if attempt > 1:                 # someone else held it: let them finish
             with contextlib.suppress(LabkitError):
                 wait_for_horizon(lab)
         create_queue(lab, jobs)
         raw = _run(lab, procs, jobs=jobs, seconds=seconds, hold_horizon=hold, other=other)
-        run = HorizonRun(**_summary(raw, seconds=seconds), workers=workers,
-                         seconds=seconds, runs=attempt)
-        if _run_is_clean(run, hold, seconds):
+        run = HorizonRun(**_summary(raw, seconds=seconds), workers=workers, seconds=seconds,
+                         runs=attempt, someone_else=None, set_aside=list(set_aside))
+        if not hold:
+            run = dataclasses.replace(run, someone_else=someone_else(run))
+        if _run_is_clean(run, hold):
             break
+        if run.someone_else is not None:
+            set_aside.append(run.someone_else)
     return run
 
 
@@ -1035,8 +1093,11 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
     Returns a :class:`HorizonTrace` (with ``other_database``, a
     :class:`HorizonTraceElsewhere`): each figure of the two runs side by side, the holder,
     what was measured under, and each run whole.  On a shared server, a run without the
-    report that someone else's long transaction held back (:func:`held_by_someone_else`) is
-    run again, up to ``CLEAN_TRIES`` runs in all: ``without.runs`` says how many it took.  So
+    report that someone else's long transaction held back in any of its samples
+    (:func:`someone_else`) is run again, up to ``CLEAN_TRIES`` runs in all: ``without.runs``
+    says how many it took, ``without.set_aside`` who held the runs set aside, and
+    ``baseline_held_by`` who held the last when every run was held (:func:`baseline_note`
+    says it in a sentence).  So
     is a run with the writer in another database whose closing VACUUM a statement of someone
     else's, in flight in the lab's database, made keep some versions (its snapshot is no
     newer than the writer's id): ``with_.runs``."""
@@ -1062,6 +1123,7 @@ def horizon_trace(lab: Lab, *, seconds: float = 4, workers: int = 2, other_datab
     held = ran.horizon_held_by if ran else None
     fields = _side_by_side(without, ran)
     fields.update(
+        baseline_held_by=without.someone_else,
         **_holder_fields(held, other_database),
         durability=durability(lab),
         server=lab.db.version,
@@ -1145,16 +1207,74 @@ def runs_table(result: HorizonTrace, held_by: str):
                         index=list(FIGURES))
 
 
+def baseline_note(result: HorizonTrace) -> str:
+    """One sentence on :func:`horizon_trace`'s run with no long transaction: clean (no session
+    but the lab's workers held the claim's horizon more than ``FOREIGN_AGE`` transactions
+    back in any of its samples), and how many runs it took; or, when someone else held it
+    in every run, that it is no clean baseline and who held it, as the lab saw it."""
+    run = result.without
+    if result.baseline_held_by is not None:
+        return (f"the run with no long transaction is not a clean baseline: another session "
+                f"held the claim's horizon back in each of its {run.runs} runs, in the last "
+                f"{result.baseline_held_by}; its figures include the walk that hold caused")
+    where = f"in any of its {len(run.series)} samples" if len(run.series) != 1 else "in its one sample"
+    note = (f"the run with no long transaction was clean: no other session held the claim's "
+            f"horizon more than {FOREIGN_AGE} transactions back {where}")
+    if run.set_aside:
+        runs = "the run" if len(run.set_aside) == 1 else "each run"
+        note += (f" (it took {run.runs} runs: someone else held the horizon in {runs} before "
+                 f"it, {'; '.join(run.set_aside)})")
+    return note
+
+
 # The rows of :func:`two_horizons`: a field of :func:`horizon_trace`'s result, and its label.
 # The cutoffs are the "removable cutoff" of VACUUM VERBOSE's output for that table.
 HORIZONS = (("holder_xid", "the holder's xmin or xid"),
             ("claim_xmin_with", "a new snapshot's xmin here"),
             ("vacuum_cutoff_with", "removable cutoff: job"),
-            ("shared_cutoff_with", "removable cutoff: pg_database"),
-            ("buffers_per_claim_with", "buffers one claim reads, median"),
-            ("unremovable_with", "VACUUM kept on job"))
-# The rows of HORIZONS that are xids: marked "= holder" where they are the holder's.
-HORIZON_XIDS = ("claim_xmin_with", "vacuum_cutoff_with", "shared_cutoff_with")
+            ("shared_cutoff_with", "removable cutoff: pg_database"))
+# The rows under them that say whether the holder held each horizon: a field of
+# :class:`HorizonsHeld`, and its label.
+HELD = (("snapshot_xmin", "the holder holds a new snapshot's xmin"),
+        ("job_cutoff", "the holder holds job's cutoff"),
+        ("shared_cutoff", "the holder holds pg_database's cutoff"))
+# The last rows: what the holder cost, as in :func:`runs_table`.
+HORIZON_COSTS = (("buffers_per_claim_with", "buffers one claim reads, median"),
+                 ("unremovable_with", "VACUUM kept on job"))
+
+
+@dataclass(frozen=True)
+class HorizonsHeld(Result):
+    """Which horizons the holder of a :func:`horizon_trace` run held back
+    (:func:`horizons_held`).  The holder holds a horizon when that horizon is no newer than
+    the holder's own xid (its snapshot's xmin, or its transaction id): then no version that
+    died after the holder began may be marked dead or removed under it.  None where there is
+    no such horizon (or no holder).
+
+    snapshot_xmin: the xmin of a new snapshot in the lab's database, which every claim's
+        scan tests the versions it meets against.
+    job_cutoff: VACUUM's removable cutoff on the job table (this database's horizon).
+    shared_cutoff: VACUUM's removable cutoff on a catalog every database shares (None where
+        the role may not vacuum it).
+    """
+
+    snapshot_xmin: bool | None
+    job_cutoff: bool | None
+    shared_cutoff: bool | None
+
+
+def horizons_held(result: HorizonTrace) -> HorizonsHeld:
+    """Which horizons the holder of ``result``'s run with a holder held back: a
+    :class:`HorizonsHeld`, each horizon compared with the holder's xid as the server compares
+    xids (:func:`xid_newer`)."""
+    def held(horizon: int | None) -> bool | None:
+        if horizon is None or result.holder_xid is None:
+            return None
+        return not xid_newer(horizon, result.holder_xid)
+
+    return HorizonsHeld(snapshot_xmin=held(result.claim_xmin_with),
+                        job_cutoff=held(result.vacuum_cutoff_with),
+                        shared_cutoff=held(result.shared_cutoff_with))
 
 
 def two_horizons(report: HorizonTrace, writer: HorizonTrace):
@@ -1163,23 +1283,24 @@ def two_horizons(report: HorizonTrace, writer: HorizonTrace):
     ``other_database``): a row per :data:`HORIZONS` (the holder's snapshot xmin or
     transaction id; the xmin of a new snapshot in the lab's database, the oldest transaction
     running anywhere on the server; VACUUM's removable cutoff on the job table, this
-    database's horizon, and on a catalog every database shares; what one claim read and
-    what VACUUM kept), xids as the server shows them (32-bit), "-" where there is none, and
-    "(= holder)" after each horizon that is the holder's own xid; the cutoffs are VACUUM
-    VERBOSE's "removable cutoff".  A claim's scan marks an entry dead only for a version
-    that died before both the first two horizons: each holder held one.  A pandas DataFrame
-    of text."""
+    database's horizon, and on a catalog every database shares), xids as the server shows
+    them (32-bit), "-" where there is none; a row per :data:`HELD`, "yes" or "no": whether
+    the holder held that horizon (:func:`horizons_held`), so that nobody compares the xids
+    by eye; and a row per :data:`HORIZON_COSTS` (what one claim read and what VACUUM
+    kept).  The cutoffs are
+    VACUUM VERBOSE's "removable cutoff".  A claim's scan marks an entry dead only for a
+    version that died before both of the first two horizons: each holder held one.  A pandas
+    DataFrame of text."""
     import pandas as pd
 
-    def cell(t: HorizonTrace, k: str) -> str:
-        v = getattr(t, k)
-        text = _figure(k, v)
-        held = k in HORIZON_XIDS and v is not None and v == t.holder_xid
-        return f"{text} (= holder)" if held else text
+    def column(t: HorizonTrace) -> list[str]:
+        held = horizons_held(t).as_dict()
+        said = {True: "yes", False: "no", None: "-"}
+        return ([_figure(k, getattr(t, k)) for k, _ in HORIZONS] + [said[held[k]] for k, _ in HELD]
+                + [_figure(k, getattr(t, k)) for k, _ in HORIZON_COSTS])
 
-    return pd.DataFrame({"report here": [cell(report, k) for k, _ in HORIZONS],
-                         "writer elsewhere": [cell(writer, k) for k, _ in HORIZONS]},
-                        index=[label for _, label in HORIZONS])
+    return pd.DataFrame({"report here": column(report), "writer elsewhere": column(writer)},
+                        index=[label for _, label in HORIZONS + HELD + HORIZON_COSTS])
 
 
 def xid_newer(a: int, b: int) -> bool:
@@ -1200,10 +1321,13 @@ class VacuumRemovable(Result):
     dead_versions: the dead versions that left (2 per job: PENDING and RUNNING).
     holder: the report as pg_stat_activity showed it while it was open.
     removed_while_held: the dead versions VACUUM removed with the report open.
+    remain_while_held: the row versions its report says remain in the table: the live ones
+        and the dead ones it kept.
     not_removable_while_held: those it found but had to keep.
     n_dead_tup_while_held: n_dead_tup right after that VACUUM.
     line_while_held: that VACUUM's tuples line.
     removed_after: the dead versions VACUUM removed once the report had ended.
+    remain_after: the row versions its report says remain in the table then.
     not_removable_after: those it still had to keep.
     n_dead_tup_after: n_dead_tup right after that VACUUM.
     line_after: that VACUUM's tuples line.
@@ -1216,10 +1340,12 @@ class VacuumRemovable(Result):
     dead_versions: int
     holder: HolderInfo | None
     removed_while_held: int | None
+    remain_while_held: int | None
     not_removable_while_held: int | None
     n_dead_tup_while_held: int | None
     line_while_held: str
     removed_after: int | None
+    remain_after: int | None
     not_removable_after: int | None
     n_dead_tup_after: int | None
     line_after: str
@@ -1268,9 +1394,11 @@ def vacuum_removable(lab: Lab, *, jobs: int = 1000, timeout_s: float = 1) -> Vac
     after = vacuum(lab)
     return VacuumRemovable(
         jobs=jobs, dead_versions=2 * jobs, holder=holder,
-        removed_while_held=held.removed, not_removable_while_held=held.not_yet_removable,
+        removed_while_held=held.removed, remain_while_held=held.remain,
+        not_removable_while_held=held.not_yet_removable,
         n_dead_tup_while_held=held.n_dead_tup, line_while_held=held.line,
-        removed_after=after.removed, not_removable_after=after.not_yet_removable,
+        removed_after=after.removed, remain_after=after.remain,
+        not_removable_after=after.not_yet_removable,
         n_dead_tup_after=after.n_dead_tup, line_after=after.line,
         ended_by=f"idle_in_transaction_session_timeout = {setting}",
         ended_after_s=round(ended_after, 2),
@@ -1599,32 +1727,58 @@ def index_pages(lab: Lab) -> int:
 
 @dataclass(frozen=True)
 class ReindexRuns(Result):
-    """Two scripted runs of a REINDEX of the claim's index while workers claim
-    (:func:`reindex_runs`).  Transcripts and steps only: nothing of it is in the JSON.
+    """Three scripted runs of a REINDEX of the claim's index while other sessions use the
+    table (:func:`reindex_runs`).  Transcripts and steps only: nothing of it is in the JSON.
 
     concurrently: the transcript of REINDEX INDEX CONCURRENTLY while W1 holds a claim open
         and W2 claims (``.print()`` prints it).
     concurrently_steps: its steps by label: ``W1 claim``, ``reindex``, ``W2 claim`` (each
         with ``waited``, ``blocked_by``, ``rows``).
+    pages_after_concurrently: the index's size once the concurrent rebuild was done
+        (:func:`index_pages`), before the plain ones.
+    buffers_after_concurrently: what one claim read then (:func:`claim_buffers`).
     plain: the transcript of a plain REINDEX INDEX inside R's transaction while W2 claims.
     plain_steps: its steps by label: ``reindex``, ``W2 claim``.
+    plain_read: the same with Q reading the table (a count) in place of W2's claim.
+    plain_read_steps: its steps by label: ``reindex``, ``Q read``.
+    plain_held: the locks R held on the job table and the claim's index while W2 waited,
+        read from pg_locks: (the table or index, the mode), such as ``("job", "ShareLock")``.
+    plain_waits: for ``W2 claim`` and ``Q read``, the locks each waited for, read the same
+        way while it waited (empty for a step that did not wait).
     """
 
     concurrently: Transcript = not_json()
     concurrently_steps: dict[str, Step] = not_json()
+    pages_after_concurrently: int = not_json()
+    buffers_after_concurrently: int = not_json()
     plain: Transcript = not_json()
     plain_steps: dict[str, Step] = not_json()
+    plain_read: Transcript = not_json()
+    plain_read_steps: dict[str, Step] = not_json()
+    plain_held: list[tuple[str, str]] = not_json()
+    plain_waits: dict[str, list[tuple[str, str]]] = not_json()
+
+
+def relation_locks(lab: Lab, pid: int, *, granted: bool) -> list[tuple[str, str]]:
+    """The locks session ``pid`` holds (``granted``) or waits for on the job table and the
+    claim's index (horizon.sql "relation_locks"): (the table or index, the mode as pg_locks
+    names it) each."""
+    rows = lab.execute(query("horizon.sql", "relation_locks").sql, {"pid": pid, "granted": granted})
+    return [(rel, mode) for rel, mode in rows]
 
 
 def reindex_runs(lab: Lab) -> ReindexRuns:
-    """Two scripted runs of three sessions (:class:`~labkit.core.sessions.Sessions`) on the
-    lab's job table, each a REINDEX of the claim's index while workers claim.
+    """Three scripted runs (:class:`~labkit.core.sessions.Sessions`) on the lab's job table,
+    each a REINDEX of the claim's index while other sessions use the table.
 
     ``concurrently``: W1 claims a job in a transaction it keeps open; R runs REINDEX INDEX
     CONCURRENTLY (horizon.sql "reindex_concurrently"), which waits for W1; meanwhile W2
     claims a job at once; W1 commits and R finishes.  ``plain``: R runs a plain REINDEX
     (horizon.sql "reindex") in a transaction; W2's claim waits for R; R commits and the
-    claim goes through.  Returns each run's transcript and its steps: a :class:`ReindexRuns`."""
+    claim goes through.  ``plain_read``: the same with Q's plain read of the table
+    (horizon.sql "read_jobs") in place of the claim.  While W2 and Q wait, the locks R
+    holds and the ones each waits for are read from pg_locks (:func:`relation_locks`).
+    Returns each run's transcript and its steps, and those locks: a :class:`ReindexRuns`."""
     from ..core.sessions import Sessions
 
     claim = _literal(lab, query("production.sql", "claim").sql, {"worker": "W", "lease_s": LEASE_S})
@@ -1637,15 +1791,28 @@ def reindex_runs(lab: Lab) -> ReindexRuns:
         run.W1("COMMIT")
         run.wait("R")
         concurrently, concurrently_steps = run.transcript(), steps
+    rebuilt = index_pages(lab), claim_buffers(lab)
+    reindex = query("horizon.sql", "reindex").sql
     with Sessions(lab, "R", "W2", lock_timeout="10s") as run:
         run.R("BEGIN")
-        steps = {"reindex": run.R(query("horizon.sql", "reindex").sql, label="REINDEX"),
-                 "W2 claim": run.W2(claim, label="claim")}
+        steps = {"reindex": run.R(reindex, label="REINDEX"), "W2 claim": run.W2(claim, label="claim")}
+        held = relation_locks(lab, run.sessions["R"].pid, granted=True)
+        waits = {"W2 claim": relation_locks(lab, run.sessions["W2"].pid, granted=False)}
         run.R("COMMIT")
         run.wait("W2")
         plain, plain_steps = run.transcript(), steps
+    with Sessions(lab, "R", "Q", lock_timeout="10s") as run:
+        run.R("BEGIN")
+        steps = {"reindex": run.R(reindex, label="REINDEX"),
+                 "Q read": run.Q(query("horizon.sql", "read_jobs").sql, label="read")}
+        waits["Q read"] = relation_locks(lab, run.sessions["Q"].pid, granted=False)
+        run.R("COMMIT")
+        run.wait("Q")
+        plain_read, plain_read_steps = run.transcript(), steps
     return ReindexRuns(concurrently=concurrently, concurrently_steps=concurrently_steps,
-                       plain=plain, plain_steps=plain_steps)
+                       pages_after_concurrently=rebuilt[0], buffers_after_concurrently=rebuilt[1],
+                       plain=plain, plain_steps=plain_steps, plain_read=plain_read,
+                       plain_read_steps=plain_read_steps, plain_held=held, plain_waits=waits)
 
 
 @dataclass(frozen=True)
@@ -1666,7 +1833,7 @@ class IndexRecovery(Result):
     buffers_vacuumed: what one claim read then.
     pages_reindexed: the index's size after REINDEX INDEX CONCURRENTLY.
     buffers_reindexed: what one claim read then.
-    reindex: the two REINDEX runs (concurrent, and plain for comparison), as transcripts.
+    reindex: the REINDEX runs (concurrent, and plain for comparison), as transcripts.
     """
 
     backlog: int
@@ -1695,8 +1862,9 @@ def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: 
     ``pages_held``, ``buffers_held``.  The report ends; once nothing older holds the
     versions, VACUUM VERBOSE (``vacuum``, :func:`vacuum`) removes them all: ``pages_vacuumed``,
     ``buffers_vacuumed``.  Then :func:`reindex_runs` (REINDEX CONCURRENTLY while claims go
-    on, and a plain REINDEX for comparison): ``pages_reindexed``, ``buffers_reindexed`` (read
-    after the concurrent rebuild), and that function's results under ``reindex``: an
+    on, and plain ones for comparison): ``pages_reindexed``, ``buffers_reindexed`` (read
+    after the concurrent rebuild, before the plain ones), and that function's results under
+    ``reindex``: an
     :class:`IndexRecovery`."""
     number("backlog", backlog, low=1, high=100_000, whole=True, example=200)
     number("churn", churn, low=1, high=1_000_000, whole=True, example=20_000)
@@ -1727,7 +1895,8 @@ def index_recovery(lab: Lab, *, backlog: int = 200, churn: int = 20_000, batch: 
     return IndexRecovery(backlog=backlog, churn=churn, pages_clean=pages_clean, buffers_clean=buffers_clean,
                          pages_held=pages_held, buffers_held=buffers_held, vacuum=vacuumed,
                          pages_vacuumed=pages_vacuumed, buffers_vacuumed=buffers_vacuumed,
-                         pages_reindexed=index_pages(lab), buffers_reindexed=claim_buffers(lab),
+                         pages_reindexed=runs.pages_after_concurrently,
+                         buffers_reindexed=runs.buffers_after_concurrently,
                          reindex=runs)
 
 
@@ -1753,6 +1922,7 @@ def horizon_command(*, open_lab: Callable[[], Lab], seconds: float = 10, workers
     elsewhere = r if isinstance(r, HorizonTraceElsewhere) else None
     if elsewhere is not None:
         print(f"the writer's database: {elsewhere.note}")
+    print(baseline_note(r))
     print(f"{'':24}{'without':>12}{'with':>12}")
     for key, label in (("claims", "claims"), ("claim_ms_p50", "claim p50 ms"),
                        ("claim_ms_p99", "claim p99 ms"), ("buffers_per_claim", "buffers a claim, median"),

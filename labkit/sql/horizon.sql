@@ -159,14 +159,22 @@ SELECT n_live_tup, n_dead_tup
  WHERE relid = 'job'::regclass;
 
 -- name: horizon_age
--- How many transactions old the claim's horizon is, as other client sessions hold it (NULL
--- when none does): the oldest snapshot of a session of this database, or the oldest
--- transaction id of a session of any database.
-SELECT max(greatest(CASE WHEN datname = current_database() THEN age(backend_xmin) END,
-                    age(backend_xid)))
+-- Who holds the claim's horizon furthest back, other than the lab's own workers (sessions
+-- whose application_name starts with %(workers)s) and this session, and how many
+-- transactions old that hold is: the oldest snapshot of a client session of this database,
+-- or the oldest transaction id of a client session of any database. No row when none has
+-- one.
+SELECT greatest(CASE WHEN datname = current_database() THEN age(backend_xmin) END,
+                age(backend_xid)) AS age,
+       pid, datname, application_name, state
   FROM pg_stat_activity
  WHERE backend_type = 'client backend'
-   AND pid <> pg_backend_pid();
+   AND pid <> pg_backend_pid()
+   AND NOT starts_with(coalesce(application_name, ''), %(workers)s)
+   AND (backend_xid IS NOT NULL
+        OR (datname = current_database() AND backend_xmin IS NOT NULL))
+ ORDER BY 1 DESC
+ LIMIT 1;
 
 -- name: durability
 -- What each commit waits for on this server.
@@ -242,6 +250,20 @@ REINDEX INDEX CONCURRENTLY job_due_idx;
 -- EXCLUSIVE on the index, which every query that plans against the table waits for, until
 -- its transaction ends.
 REINDEX INDEX job_due_idx;
+
+-- name: read_jobs
+-- A plain read of the job table (a dashboard's count), for the plain REINDEX to block.
+SELECT count(*) FROM job;
+
+-- name: relation_locks
+-- The locks session %(pid)s holds (%(granted)s true) or waits for (false) on the job table
+-- and the claim's index: each relation and the mode, as pg_locks names it (ShareLock for
+-- SHARE, RowExclusiveLock for ROW EXCLUSIVE, ...).
+SELECT relation::regclass::text, mode
+  FROM pg_locks
+ WHERE pid = %(pid)s AND locktype = 'relation' AND granted = %(granted)s
+   AND relation IN ('job'::regclass, 'job_due_idx'::regclass)
+ ORDER BY 1, 2;
 
 -- name: idle_reader
 -- The checker's innocent reader: a READ COMMITTED transaction that ran one query and sits

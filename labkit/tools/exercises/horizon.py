@@ -20,7 +20,10 @@ is older than the writer's id, though the writer's transaction began first), and
 the innocent sessions nor the query's own session. What the sessions hold is read from
 ``pg_stat_activity``; the learner's SQL is never parsed. Sessions that are not the
 checker's (other people's on a shared server) are left out of the judgement, in the result
-and in the order.
+and in the order. The one thing the SQL's text decides is the hint: the notebook's starting
+query, unchanged (:data:`STARTER`, compared without regard to spacing or case), is told what
+it got wrong and asked for an attempt of the learner's own; the hint comes with the attempts
+that differ from it.
 
 Not in the scene: prepared transactions and replication slots hold the horizon too, but
 have no session, so a query for pids cannot name them (``horizon.other_horizon_holders``
@@ -49,6 +52,25 @@ HOLDERS_HINT = ("A session holds the horizon while it has a snapshot or a transa
                 "backend_ columns say each session holds, not at its state, and at how many "
                 "transactions old each hold is; leave your own session out, and put the oldest "
                 "hold first.")
+
+# The notebook's starting query (its MY_HOLDERS cell): run unchanged, its verdict says what
+# it got wrong and invites an attempt, without the hint.
+STARTER = """
+SELECT pid
+  FROM pg_stat_activity
+ WHERE state = 'idle in transaction'
+   AND datname = current_database()
+"""
+STARTER_HINT = ("That is the query the notebook started you with, unchanged. The lines above "
+                "say what it got wrong: change it and run the cell again.")
+
+
+def is_starter(query: str) -> bool:
+    """Whether ``query`` is :data:`STARTER`, spacing, case and a closing semicolon aside."""
+    def plain(text: str) -> str:
+        return " ".join(text.split()).rstrip(";").strip().lower()
+    return plain(query) == plain(STARTER)
+
 
 # Every session of the scene ends itself this long after its last statement, should the
 # checker's process die before it closes them.
@@ -91,7 +113,7 @@ def check_holders(lab: Lab, query: str) -> Check:
     against the scene in this module's description; return the :class:`Check`."""
     text = bind(lab, query, {})                    # bad input is refused before any scene
     check = Check("who holds the horizon: a report and a writer hold it, two idle sessions "
-                  "do not", hint=HOLDERS_HINT)
+                  "do not", hint=STARTER_HINT if is_starter(query) else HOLDERS_HINT)
     work = _scratch(lab)
     conns: list[psycopg.Connection] = []
     try:
