@@ -189,8 +189,9 @@ def slot_errors(lab: Lab) -> Iterator[None]:
         who = ", ".join(f"pid {p} ({a}, open {s} s)" for p, a, s in writers) or "none left now"
         raise LabkitError(f"Creating the replication slot waited {SLOT_WAIT_S} s for the "
                           f"transactions already running to end, and they did not ({who}).",
-                          "end those transactions (`labkit doctor` lists them, `labkit clean` "
-                          "ends yours), then run this again.") from None
+                          "wait for the transactions named above to end, or end them where "
+                          "they are yours (`labkit clean` ends your own idle ones), then run "
+                          "this again.") from None
     except psycopg.errors.UndefinedFile:
         raise LabkitError(f"This server has no {PLUGIN} output plugin (a contrib module).",
                           "install the server's contrib modules (on Debian and Ubuntu they "

@@ -231,8 +231,8 @@ def _held_back_error(who: list[tuple], waited: str) -> LabkitError:
         f"are older than the outbox rows, so the safe cursor may not read past them; {waited}. "
         "A transaction with an id, in any database of the server, holds back every snapshot's xmin, "
         "which is where the safe cursor stops.",
-        "end those transactions (`labkit doctor` lists them, `labkit clean` ends your own idle "
-        "ones), then run it again.")
+        "wait for the transactions named above to end, or end them where they are yours "
+        "(`labkit clean` ends your own idle ones), then run it again.")
 
 
 def create_cursor_outbox(lab: Lab, relay: str, *, wait_s: float = 10.0) -> None:
