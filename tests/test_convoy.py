@@ -15,6 +15,7 @@ import pytest
 from conftest import backends_gone
 
 from labkit import cli
+from labkit.core import load
 from labkit.core.errors import LabkitError
 from labkit.core.lab import schema_name
 from labkit.core.text import TEXT_WIDTH
@@ -117,11 +118,21 @@ def test_a_backoff_pause_doubles_its_ceiling_up_to_the_cap():
 
 
 def test_claim_mark_commit_lets_even_the_wait_policy_scale(lab):
-    held = convoy.run(lab, "wait", 4, D_MS, 0.5).row()
-    short = convoy.run(lab, "wait", 4, D_MS, 0.5, hold=False)
-    row = short.row()
-    assert row["jobs_per_s"] > 2 * held["jobs_per_s"]
-    assert row["busy_workers"] > 2.5
+    def both():
+        held = convoy.run(lab, "wait", 4, D_MS, 0.5).row()
+        short = convoy.run(lab, "wait", 4, D_MS, 0.5, hold=False)
+        return held, short
+
+    def scales(held, short):
+        row = short.row()
+        return (row["jobs_per_s"] > 2 * held["jobs_per_s"] and row["busy_workers"] > 2.5,
+                f"{held['jobs_per_s']:.0f} jobs/s holding the lock, {row['jobs_per_s']:.0f} not, "
+                f"{row['busy_workers']:.1f} workers busy")
+
+    held, short = both()
+    holds, seen = scales(held, short)
+    load.shape(holds, "4 workers that release the lock before the job do over twice the jobs, "
+               "with over 2.5 of them busy", measured=seen, again=lambda: scales(*both()))
     # the lock was released before the job ran: a claim holds it for far less than d
     lock_ms = sorted((c.released - c.claimed) * 1e3 for c in short.claims)
     assert lock_ms[len(lock_ms) // 2] < D_MS / 4
@@ -241,7 +252,7 @@ def test_queue_positions_count_who_was_already_waiting(lab):
     assert (q["wait_ms"] >= 0).all()
 
 
-def test_commit_delay_really_lengthens_every_commit_and_is_reset(lab):
+def test_commit_delay_really_lengthens_the_commits_and_is_reset(lab):
     if lab.execute("SHOW fsync")[0][0] != "on" or not lab.execute(
             "SELECT rolsuper FROM pg_roles WHERE rolname = current_user")[0][0]:
         with pytest.raises(LabkitError):
@@ -250,8 +261,11 @@ def test_commit_delay_really_lengthens_every_commit_and_is_reset(lab):
     with convoy.WorkerPool(lab) as pool:
         slow = convoy.run(lab, "wait", workers=2, job_ms=5, seconds=0.4, hold=False, pool=pool,
                           commit_delay_ms=8)
-        held = [(c.released - c.claimed) * 1e3 for c in slow.claims]
-        assert held and min(held) >= 8                 # the row lock lasts through the delayed commit
+        held = sorted((c.released - c.claimed) * 1e3 for c in slow.claims)
+        # the row lock lasts through the delayed commit: a commit that has to flush its own WAL
+        # sleeps first; one whose record another session's flush already covered does not
+        # (that is the group commit the delay is for), so the median, not every claim, is over 8
+        assert held and held[len(held) // 2] >= 8
         assert slow.row()["variant"] == "no-hold, commit_delay 8 ms"
         assert {c.execute("SHOW commit_delay").fetchone()[0] for c in pool.conns} == {"0"}
         fast = convoy.run(lab, "wait", workers=2, job_ms=5, seconds=0.4, hold=False, pool=pool)
