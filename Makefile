@@ -3,7 +3,7 @@
 #   make study  the same, opening the student copies (the exercises without their answers)
 #               Both open working copies in work/ (git-ignored; `labkit workcopy` makes them):
 #               running and saving a notebook never changes notebooks/ or student/.
-#   make test   set up .venv, run labkit's tests and nbval over every notebook (on two
+#   make test   set up .venv, run labkit's tests and nbval over every notebook (on four
 #               processes; TEST_JOBS=1 for one)
 #               In layers: make test-fast (the tests that need no database server at all:
 #               pytest -m "not server" tests), make test-unit (all of tests/; pytest -m server
@@ -82,7 +82,9 @@ study: setup
 # The suite runs on TEST_JOBS processes (pytest-xdist; a notebook's cells stay in order on one),
 # each with an embedded server of its own. On a server given by LABKIT_DSN it runs on one:
 # some tests end sessions and drop schemas across the server they run on.
-TEST_JOBS ?= $(if $(LABKIT_DSN),1,2)
+# Four, even on two cores: most of a test's time is spent waiting (on locks, on timed jobs, on
+# kernels and the browser), so four processes keep two cores busy where two left them half idle.
+TEST_JOBS ?= $(if $(LABKIT_DSN),1,4)
 XDIST := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile,-p no:xdist)
 test: setup
 	$(BIN)/pytest $(XDIST) tests notebooks $(NBVAL)

@@ -71,8 +71,11 @@ def test_a_held_horizon_makes_every_claim_walk_the_jobs_done_since(lab, db):
     # idle two-core machine; that is a timing, asserted as a shape in notebook 10, not here:
     # the buffers above are the measure that does not depend on the load)
     assert r.select_ms_with > 0 and r.select_ms_without > 0
-    # every version the run replaced counts as dead; with the report open VACUUM removes none
-    assert r.unremovable_with == r.dead_tuples_with == 2 * r.claims_with
+    # every version the run replaced is dead (a claim and a complete each); with the report open
+    # VACUUM removes none of them.  n_dead_tup is a statistic each backend reports when it ends
+    # or idles, so on a loaded machine a late report of earlier sessions can add to it
+    assert r.unremovable_with == 2 * r.claims_with
+    assert r.dead_tuples_with >= r.unremovable_with
     assert r.unremovable_without < r.unremovable_with / 10
     # the horizons, as 32-bit xids: the report's snapshot holds this database's horizon
     # (VACUUM's cutoff on the job table) and, where the role may vacuum it, a shared

@@ -113,3 +113,21 @@ def test_the_server_fixtures_are_fixtures_the_suite_defines():
     for path in (ROOT / "tests").glob("*.py"):
         defined |= set(re.findall(r"@pytest\.fixture[^\n]*\n(?:@[^\n]*\n)*def (\w+)", path.read_text()))
     assert sorted(SERVER_FIXTURES - defined) == []
+
+
+def test_the_long_files_are_collected_first_and_every_files_order_is_kept():
+    from types import SimpleNamespace
+
+    from labkit.tools import pytest_plugin
+
+    # a file renamed would silently fall back to its usual place and lengthen the run's tail
+    assert [name for name in pytest_plugin.LONG_FIRST if not (ROOT / name).is_file()] == []
+    config = SimpleNamespace(rootpath=ROOT)
+    items = [SimpleNamespace(path=ROOT / name, n=n) for n, name in enumerate(
+        ["tests/test_text.py", "notebooks/17_prove_it.ipynb", "tests/test_text.py",
+         "tests/test_training.py", "notebooks/17_prove_it.ipynb", "tests/test_lint.py"])]
+    pytest_plugin._long_files_first(config, items)
+    assert [(item.path.relative_to(ROOT).as_posix(), item.n) for item in items] == [
+        ("tests/test_training.py", 3), ("notebooks/17_prove_it.ipynb", 1),
+        ("notebooks/17_prove_it.ipynb", 4), ("tests/test_text.py", 0), ("tests/test_text.py", 2),
+        ("tests/test_lint.py", 5)]

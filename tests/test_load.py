@@ -154,7 +154,7 @@ def test_a_notebook_run_counts_the_shapes_not_checked(tmp_path, strict):
 
 
 def test_two_processes_count_every_shape_not_checked_once(tmp_path):
-    """Under pytest-xdist (make test's -n 2) each worker's kernels log to the worker's own file,
+    """Under pytest-xdist (make test's -n 4) each worker's kernels log to the worker's own file,
     and the controlling process's closing line counts both notebooks' shapes, each once."""
     import shutil
     import subprocess

@@ -12,11 +12,12 @@ skip line that says why and how to run them, and nothing else in the workbook ch
 A run that executes notebooks ends with one line counting the timed shapes that were not
 checked because the machine was loaded (labkit.core.load.shape), and names each.
 
-``make test`` runs the suite on two processes (pytest-xdist, ``-n 2 --dist loadfile``: a
-notebook's cells stay in order on one of them).  On the default path each process gets an
-embedded server of its own (``LABKIT_DATA_DIR`` beside the default one, ``...-gw0``,
-``...-gw1``), stopped when the process ends: some tests end sessions or drop schemas across
-the server they run on, which must not be the other process's.  On a server given by
+``make test`` runs the suite on four processes (pytest-xdist, ``-n 4 --dist loadfile``: a
+notebook's cells stay in order on one of them; :data:`LONG_FIRST` starts the longest files
+first).  On the default path each process gets an embedded server of its own
+(``LABKIT_DATA_DIR`` beside the default one, ``...-gw0`` to ``...-gw3``), stopped when the
+process ends: some tests end sessions or drop schemas across the server they run on, which
+must not be another process's.  On a server given by
 ``LABKIT_DSN`` the Makefile runs them on one process.
 """
 
@@ -65,7 +66,36 @@ def _wants_mysql(item) -> bool:
     return item.get_closest_marker("needs_mysql") is not None or item.path.name == APPENDIX
 
 
+# The files that take longest (measured with --junitxml on two cores), longest first.  Under
+# ``--dist loadfile`` each file goes whole to one process, in collection order, so a long file
+# collected last leaves the other processes idle while it runs; collected first, the short files
+# fill in around it.  A file missing from this list only runs in its usual place.
+LONG_FIRST = (
+    "tests/test_training.py", "tests/test_live_widgets.py", "tests/test_torture.py",
+    "notebooks/17_prove_it.ipynb", "tests/test_install.py", "tests/test_drill.py",
+    "tests/test_signals.py", "tests/test_relay.py", "tests/test_grade.py",
+    "tests/test_lifecycle.py", "tests/test_layers.py", "notebooks/16_how_fast.ipynb",
+)
+
+
+def _long_files_first(config, items) -> None:
+    """Reorder ``items`` so that the files in :data:`LONG_FIRST` come first, in that order; the
+    tests within a file (a notebook's cells) and every other file keep their order."""
+    root = config.rootpath
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+
+    def key(item) -> int:
+        try:
+            name = item.path.relative_to(root).as_posix()
+        except ValueError:
+            return len(rank)
+        return rank.get(name, len(rank))
+
+    items.sort(key=key)                         # stable: every file's own order stays
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    _long_files_first(config, items)
     wanting = [item for item in items if _wants_mysql(item)]
     if not wanting:
         return
