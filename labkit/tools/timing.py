@@ -74,6 +74,7 @@ COLD_READS = (
     ("13_outbox_cursors_and_order", 2910, 22, 3, 2, 20, 75),
     ("13_outbox_cursors_and_order", 2946, 22, 3, 2, 40, 105),
     ("14_change_data_capture", 3653, 17, 3, 1, 10, 90),
+    ("14_change_data_capture", 3863, 21, 3, 1, 20, 123),
     ("15_outbox_size_and_inbox", 3456, 16, 2, 1, 20, 77),
     ("16_how_fast", 1464, 14, 3, 0, 40, 58),
     ("19_other_engines", 2849, 28, 3, 1, 60, 77),
