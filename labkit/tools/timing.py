@@ -76,6 +76,7 @@ COLD_READS = (
     ("14_change_data_capture", 3653, 17, 3, 1, 10, 90),
     ("14_change_data_capture", 3863, 21, 3, 1, 20, 123),
     ("15_outbox_size_and_inbox", 3456, 16, 2, 1, 20, 77),
+    ("15_outbox_size_and_inbox", 3506, 16, 2, 1, 10, 103),
     ("16_how_fast", 1464, 14, 3, 0, 40, 58),
     ("19_other_engines", 2849, 28, 3, 1, 60, 77),
 )
