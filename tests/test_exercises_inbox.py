@@ -1,7 +1,10 @@
 """The inbox exercise's checker, on the real server: the workbook's record step passes, and
 each typical wrong one fails with the finding that names what broke."""
 
+import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 from conftest import backends_gone
@@ -11,6 +14,7 @@ from labkit.core.queries import query
 from labkit.tools.exercises import inbox as ex
 
 RIGHT = query("inbox.sql", "record").text
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "15_outbox_size_and_inbox.ipynb"
 
 # The notebook's starting point: it inserts the id when a check finds it missing from the
 # inbox -- a check that sees only what had committed when the statement began.
@@ -31,6 +35,16 @@ SELECT %(event_id)s AS event_id
  WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)
 """
 
+# A try-lock instead of a wait: B takes the id held by A's open transaction for a copy at
+# once. Right while A commits; when A rolls back, the event is recorded by nobody.
+TRY_LOCK = """
+INSERT INTO inbox (event_id)
+SELECT %(event_id)s
+ WHERE pg_try_advisory_xact_lock(hashtext(%(event_id)s))
+   AND NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)
+RETURNING event_id
+"""
+
 
 def _wrong(check) -> str:
     return "\n".join(text for ok, text in check.findings if not ok)
@@ -41,7 +55,10 @@ def test_the_workbooks_record_step_passes(lab):
     assert result.passed, str(result)
     said = "\n".join(text for _, text in result.findings)
     assert "B's waited for A's transaction, then came back empty" in said
-    assert "labels printed per order: 1, 1, 1, 1" in said and "hint" not in str(result)
+    assert ("evt-0005 at the same moment, A's rolled back after your statement: B's waited for "
+            "A's transaction, then came back as new") in said
+    assert "labels printed per order: 1, 1, 1, 1, 1" in said and "hint" not in str(result)
+    assert "the inbox holds all 5 event ids" in said
 
 
 def test_the_same_statement_in_one_line_passes(lab):
@@ -56,12 +73,46 @@ def test_the_starting_point_fails_only_on_the_simultaneous_copy_and_the_hint_say
     assert "later copy" not in wrong and "first delivery" not in wrong and "labels" not in wrong
     assert "evt-0004 in session B: ERROR 23505" in wrong
     assert "B's (after waiting for A's COMMIT) with an error" in wrong
-    assert result.hint == ex.HINT_RACE_FAILED
-    # the hint says what went wrong and where to look, never the statement
-    assert "ON CONFLICT" not in result.hint and "RETURNING" not in result.hint
+    assert "rolled back" not in wrong
+    # unchanged, it gets the verdict and an invitation to change it, not the hint
+    assert result.hint == ex.STARTER_HINT and "change it and run the cell again" in str(result)
+    assert ex.HINT_RACE_FAILED not in str(result)
+    # changed (here a clause added to its check), the hint says what went wrong and where to
+    # look, never the statement
+    changed = ex.check_record(lab, STARTING_POINT.replace("event_id = %(event_id)s)",
+                                                          "event_id = %(event_id)s LIMIT 1)"))
+    assert not changed.passed and changed.hint == ex.HINT_RACE_FAILED
+    assert "ON CONFLICT" not in changed.hint and "RETURNING" not in changed.hint
     # with the insert's own outcome deciding, the same statement passes
     assert ex.check_record(lab, STARTING_POINT.replace(
         "RETURNING", "ON CONFLICT (event_id) DO NOTHING\nRETURNING")).passed
+
+
+def test_the_checker_knows_the_notebooks_starting_point():
+    cell = next("".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]
+                if "".join(c["source"]).startswith("MY_RECORD = "))
+    starter = re.match(r'MY_RECORD = """(.*?)"""', cell, re.S).group(1)
+    assert ex.is_starter(starter) and ex.is_starter(STARTING_POINT)
+    # comments, spacing, case and a closing semicolon aside; any other change is an attempt
+    assert ex.is_starter(" ".join(STARTING_POINT.split()).upper() + ";  -- mine")
+    assert not ex.is_starter(STARTING_POINT.replace("RETURNING", "ON CONFLICT DO NOTHING RETURNING"))
+    assert not ex.is_starter(RIGHT) and not ex.is_starter(None)
+
+
+def test_a_try_lock_loses_the_event_when_the_first_copy_rolls_back(lab):
+    result = ex.check_record(lab, TRY_LOCK)
+    assert not result.passed
+    wrong = _wrong(result)
+    # it passes every act where A commits: B's copy is skipped at once, without waiting ...
+    assert "later copy" not in wrong and "first delivery" not in wrong
+    assert "evt-0004" not in wrong and "not fail" not in wrong
+    # ... and when A rolls back, B's acknowledged copy leaves the event to nobody
+    assert ("A's rolled back after your statement: B's came back empty without waiting for A, "
+            "and B's delivery was acknowledged: the event ended recorded by nobody") in wrong
+    assert "1, 1, 1, 1, 0 (evt-0005 never)" in wrong
+    assert "the inbox holds 4 of the 5 event ids" in wrong
+    assert result.hint == ex.HINT_ROLLBACK_LOST
+    assert "ON CONFLICT" not in result.hint and "INSERT" not in result.hint
 
 
 def test_check_then_insert_lets_the_simultaneous_copies_both_through(lab):
@@ -72,7 +123,7 @@ def test_check_then_insert_lets_the_simultaneous_copies_both_through(lab):
     assert "later copy" not in wrong and "first delivery" not in wrong and "inbox holds" not in wrong
     # ... and B's check, made before A committed, said "new" even though B then waited for A
     assert "B's (after waiting for A's COMMIT) with a row, so both were applied" in wrong
-    assert "1, 1, 1, 2 (evt-0004 twice)" in wrong
+    assert "1, 1, 1, 2, 1 (evt-0004 twice)" in wrong
     assert str(result).startswith("FAIL") and "hint" in str(result)
     assert result.hint == ex.HINT_RACE_BOTH
 

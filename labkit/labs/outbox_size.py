@@ -424,6 +424,8 @@ class DeleteWay(Result):
     table_bytes_after: the same after the cleanup and its VACUUM (it does not shrink)
     total_bytes_before: table, indexes and TOAST before the cleanup, in bytes
     total_bytes_after: the same after the cleanup and its VACUUM, in bytes
+    claim_buffers: buffers (8 kB pages, hits + reads) the relay's claim of 10 rows read here,
+        before the cleanup (the same history as :func:`drop_way`'s claim)
     claim_locks: relations the relay's claim locks on this outbox (the table and its indexes)
     unpublished_left: unpublished events still in the outbox afterwards
     """
@@ -442,6 +444,7 @@ class DeleteWay(Result):
     table_bytes_after: int
     total_bytes_before: int
     total_bytes_after: int
+    claim_buffers: int
     claim_locks: int
     unpublished_left: int
 
@@ -457,7 +460,7 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     row), ``vacuum_ms``, ``vacuum_wal_bytes``, ``vacuum_index_scans``,
     ``table_bytes_before``/``after`` (the heap: it does not shrink -- VACUUM gives back
     only empty pages at the end of the file, and the newest rows sit there),
-    ``total_bytes_before``/``after``, ``claim_locks`` and ``unpublished_left`` (a
+    ``total_bytes_before``/``after``, ``claim_buffers``, ``claim_locks`` and ``unpublished_left`` (a
     :class:`DeleteWay`)."""
     check_params(history=history, batch=batch)
     number("hours", hours, low=1, high=48, whole=True, example=HOURS)
@@ -468,7 +471,7 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
     _arrive(lab, _Ids(), WAITING)
     settle(lab)
     before = disk_sizes(lab)
-    locks = claim_cost(lab)["locks"]
+    claim = claim_cost(lab)
     deleted = batches = 0
     with lab.connect(role="cleanup") as conn:
         lsn = _wal_mark(conn)
@@ -491,7 +494,8 @@ def delete_way(lab: Lab, *, history: int = HISTORY, batch: int = BATCH, hours: i
                      vacuum_index_scans=int(vac["index_scans"]),
                      table_bytes_before=before["table_bytes"], table_bytes_after=after["table_bytes"],
                      total_bytes_before=before["total_bytes"], total_bytes_after=after["total_bytes"],
-                     claim_locks=locks, unpublished_left=_unpublished(lab))
+                     claim_buffers=claim["buffers"], claim_locks=claim["locks"],
+                     unpublished_left=_unpublished(lab))
 
 
 def _unpublished(lab: Lab) -> int:
@@ -766,12 +770,18 @@ def _claimed(step) -> int | None:
     return len(ids.split(",")) if ids else 0
 
 
-def _count(step) -> int | None:
-    """The row count of a step's last command tag ("DELETE 4" -> 4)."""
-    if not step.done or step.error or not step.results:
+def _delete_step(text: str) -> str:
+    """A scripted cleaner's batch (a DELETE) showing the ids it deleted."""
+    return ("WITH deleted AS (\n" + text.rstrip().rstrip(";") + "\nRETURNING id\n)\n"
+            "SELECT string_agg(id::text, ', ' ORDER BY id) AS deleted_ids FROM deleted")
+
+
+def _deleted(step) -> int | None:
+    """How many ids a :func:`_delete_step` step deleted."""
+    if not step.done or step.error:
         return None
-    tag = step.results[-1].command.split()
-    return int(tag[-1]) if tag and tag[-1].isdigit() else None
+    ids = step.rows[0][0] if step.rows else None
+    return len(ids.split(",")) if ids else 0
 
 
 @dataclass(frozen=True)
@@ -813,7 +823,8 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
     open; cleaner 1 deletes a batch of ``batch`` old published rows and keeps its
     transaction open; cleaner 2 runs the same batch (SKIP LOCKED) -- it takes the next
     ``batch`` rows without waiting -- and then the batch without SKIP LOCKED, which waits
-    for cleaner 1 until cleaner 1 commits.  The relay's rows are never in a cleaner's way:
+    for cleaner 1 until cleaner 1 commits.  Cleaner 2 runs in autocommit: each batch commits
+    as it ends.  Each batch shows the ids it deleted (``deleted_ids``).  The relay's rows are never in a cleaner's way:
     it locks unpublished rows, the cleanup reads published ones.
 
     Returns ``relay_claimed``, ``cleaner1_deleted``, ``skip_deleted``, ``skip_waited``,
@@ -829,8 +840,9 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
     _history(lab, history, first=1, start=start, step_s=1.0)
     _arrive(lab, _Ids(), waiting)
     older_than = lab.execute("SELECT now() - interval '1 hour'")[0][0]
-    skip = _literal(lab, _q("cleanup_batch"), {"n": batch, "older_than": older_than})
-    wait = _literal(lab, _q("cleanup_batch_waiting"), {"n": batch, "older_than": older_than})
+    skip = _delete_step(_literal(lab, _q("cleanup_batch"), {"n": batch, "older_than": older_than}))
+    wait = _delete_step(_literal(lab, _q("cleanup_batch_waiting"),
+                                 {"n": batch, "older_than": older_than}))
     with Sessions(lab, "relay", "cleaner1", "cleaner2", watch={"outbox": "id"}) as run:
         claim = run.relay(_claim_step(waiting), label=f"claim {waiting}, SKIP LOCKED")
         held = list(claim.locks_after.get("relay", []))
@@ -845,11 +857,11 @@ def beside_relay(lab: Lab, *, batch: int = 4, history: int = 12, waiting: int = 
         transcript = run.transcript()
     unpublished = _unpublished(lab)
     published = int(lab.execute("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")[0][0])
-    return BesideRelay(relay_claimed=_claimed(claim), cleaner1_deleted=_count(c1),
-                       skip_deleted=_count(c2), skip_waited=c2.waited,
+    return BesideRelay(relay_claimed=_claimed(claim), cleaner1_deleted=_deleted(c1),
+                       skip_deleted=_deleted(c2), skip_waited=c2.waited,
                        cleaner1_held_after_skip=c1_held,
                        waiting_waited=w.waited, waiting_blocked_by=list(w.blocked_by),
-                       waiting_deleted=_count(w),
+                       waiting_deleted=_deleted(w),
                        relay_held_throughout=bool(held) and all(sorted(k) == sorted(held) for k in relay_kept),
                        unpublished_left=unpublished, published_left=published, transcript=transcript)
 

@@ -10,7 +10,11 @@ statement; the effect (one more shipping label for the event's order, ``inbox.sq
 2. a later copy of the first event (B), after its first delivery committed;
 3. two copies of the fourth event at the same moment: A runs the statement and keeps its
    transaction open, B runs it meanwhile, then A applies the effect and commits, then B
-   finishes.
+   finishes;
+4. two copies of the fifth event at the same moment, A's delivery failing: A runs the
+   statement and keeps its transaction open, B runs it meanwhile, then A rolls back (its
+   consumer died, or its effect failed), then B finishes.  B's copy must come back as new:
+   once A's record is gone, B's is the only delivery left to apply the event.
 
 It then reads the labels printed per order and the inbox's rows: every effect must have
 happened exactly once, every event must be recorded, and no delivery may fail.  A
@@ -18,15 +22,21 @@ check-then-insert (the inbox read with ``SELECT ... WHERE event_id = ...`` befor
 record is written) passes steps 1 and 2 and fails step 3: B's read sees only what had
 committed when its statement began, and A had not committed yet, so B's insert goes ahead,
 waits for A's and then fails on the primary key (or, where the check only decides what to
-return, both copies come back as new).
+return, both copies come back as new).  A statement that takes the id for a
+copy without waiting for the transaction that holds it (a try-lock, say) passes steps 1 to 3
+and fails step 4: B's copy comes back empty and is acknowledged, A's record rolls back, and
+the event ends recorded and applied by nobody.
 
 The hint names what went wrong, most telling finding first, and what to look at; it never
-gives the statement.  The SQL must be one statement, and must take the event's id as
+gives the statement.  The notebook's starting point, run unchanged
+(:data:`STARTER`, compared without regard to comments, spacing or case), gets its verdict
+lines and an invitation to change it, not the hint.  The SQL must be one statement, and must take the event's id as
 ``%(event_id)s``: anything else is refused before the checker runs it, with the fix.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import psycopg
@@ -39,9 +49,10 @@ from ...core.steps import Step
 from ...labs.relay import create_outbox, event_id, place_orders
 from . import Check, Solo, bind, scratch
 
-EVENTS = 4                     # evt-0001 .. evt-0004, one order each
+EVENTS = 5                     # evt-0001 .. evt-0005, one order each
 LATER_COPY = 1                 # the event delivered again after its first delivery committed
 AT_ONCE = 4                    # the event whose two copies arrive at the same moment
+ROLLED_BACK = 5                # the same again, and A's delivery of it rolls back
 
 UNIQUE_VIOLATION = "23505"
 
@@ -64,8 +75,34 @@ HINT_RACE_BOTH = ("B's check read a snapshot taken when its statement began, bef
                   "outcome decide, a row back only when this statement inserted one.")
 HINT_COPY_ROW = ("A copy came back with a row: return a row only when this statement inserted the "
                  "id, not when it was already there.")
+HINT_ROLLBACK_LOST = ("B took its copy for a copy while A's record of the event was not committed "
+                      "yet. A's transaction then rolled back, so nobody recorded the event or "
+                      "applied it, and B's delivery was acknowledged all the same. A record that "
+                      "is not committed may still go away: B can only know it is a copy once it "
+                      "knows how A's transaction ended.")
 HINT_OTHER = ("Every effect once: the statement must record the id and return a row exactly when "
               "this delivery recorded it.")
+
+
+# The notebook's starting point (its MY_RECORD cell): run unchanged, it gets the verdict and an
+# invitation to change it, without the hint.
+STARTER = """
+INSERT INTO inbox (event_id)
+SELECT %(event_id)s
+ WHERE NOT EXISTS (SELECT 1 FROM inbox WHERE event_id = %(event_id)s)
+RETURNING event_id
+"""
+STARTER_HINT = ("That is the statement the notebook started you with, unchanged. The lines above "
+                "say which delivery went wrong: change it and run the cell again.")
+
+
+def is_starter(sql_text: str) -> bool:
+    """Whether ``sql_text`` is :data:`STARTER`, comments, spacing, case and a closing
+    semicolon aside."""
+    def plain(text: str) -> str:
+        text = re.sub(r"--[^\n]*", " ", text)
+        return " ".join(text.split()).rstrip(";").strip().lower()
+    return isinstance(sql_text, str) and plain(sql_text) == plain(STARTER)
 
 
 def _labels(lab: Lab) -> dict[int, int]:
@@ -108,6 +145,12 @@ class _Consumers:
     def deliver(self, session: str, event: str) -> bool | None:
         return self.finish(session, event, self.record(session, event))
 
+    def abort(self, session: str, step: Step) -> None:
+        """ROLLBACK after the statement, whatever it returned: the delivery died."""
+        if not step.done:
+            self.run.wait(session)
+        self.run.step(session, "ROLLBACK")
+
 
 def _said(applied: bool | None) -> str:
     return {True: "a row", False: "no row", None: "an error"}[applied]
@@ -134,11 +177,13 @@ class _Deliveries:
     applied), False (no row: taken for a copy) or None (it failed)."""
 
     ids: list[str]                       # the events, evt-0001 first
-    firsts: dict[str, bool | None]       # each event's first delivery but the twin's
+    firsts: dict[str, bool | None]       # each event's first delivery but the last two's
     later: bool | None                   # the later copy of the first event
     a: bool | None                       # A's copy of the twin
     b: bool | None                       # B's copy of the twin
     b_waited: bool                       # did B's copy wait (for A's transaction)?
+    after_rollback: bool | None          # B's copy of the event whose A copy rolled back
+    after_rollback_waited: bool          # did that copy wait (for A's transaction)?
     failed: list[str]                    # each failed delivery, with its error
     sqlstates: list[str]                 # each failed delivery's SQLSTATE
 
@@ -151,6 +196,11 @@ class _Deliveries:
     def twin(self) -> str:
         """The event whose two copies arrive at the same moment."""
         return self.ids[AT_ONCE - 1]
+
+    @property
+    def orphan(self) -> str:
+        """The event whose two copies arrive at the same moment, A's delivery rolling back."""
+        return self.ids[ROLLED_BACK - 1]
 
 
 def _refuse_unusable(lab: Lab, sql_text: str, ids: list[str]) -> None:
@@ -175,8 +225,9 @@ def _bound(scene: Lab, sql_text: str, ids: list[str]) -> tuple[dict[str, str], d
 
 
 def _deliver_the_rest(c: _Consumers, ids: list[str], first: bool) -> _Deliveries:
-    """After the first event's delivery: the next two first deliveries, the later copy, then
-    the twin's two copies at the same moment (A records, B records, A finishes, B finishes)."""
+    """After the first event's delivery: the next two first deliveries, the later copy, the
+    twin's two copies at the same moment (A records, B records, A finishes, B finishes), then
+    the fifth event's two copies the same way, but A rolls back instead of finishing."""
     firsts: dict[str, bool | None] = {ids[0]: first}
     firsts[ids[1]] = c.deliver("A", ids[1])
     firsts[ids[2]] = c.deliver("B", ids[2])
@@ -187,8 +238,15 @@ def _deliver_the_rest(c: _Consumers, ids: list[str], first: bool) -> _Deliveries
     b_waited_for_a = not b_step.done
     a = c.finish("A", twin, a_step)
     b = c.finish("B", twin, b_step)
-    return _Deliveries(ids, firsts, later, a, b, b_step.waited or b_waited_for_a,
-                       c.failed, c.sqlstates)
+    b_waited = b_step.waited or b_waited_for_a
+    orphan = ids[ROLLED_BACK - 1]
+    a_step = c.record("A", orphan)
+    b_step = c.record("B", orphan)
+    b_waited_for_a = not b_step.done
+    c.abort("A", a_step)
+    after_rollback = c.finish("B", orphan, b_step)
+    return _Deliveries(ids, firsts, later, a, b, b_waited, after_rollback,
+                       b_step.waited or b_waited_for_a, c.failed, c.sqlstates)
 
 
 def _none_failed(d: _Deliveries) -> tuple[bool, str]:
@@ -229,6 +287,28 @@ def _twins_once(d: _Deliveries) -> tuple[bool, str]:
             + (", so both were applied" if a and b else ", so neither was applied" if a is b is False else ""))
 
 
+def _rolled_back_twin_new(d: _Deliveries, labels: dict[int, int], recorded: list[str]) -> tuple[bool, str]:
+    """B's copy of the event whose A copy rolled back comes back as new, and the event ends
+    recorded and applied."""
+    after, orphan = d.after_rollback, d.orphan
+    head = (f"the two copies of {orphan} at the same moment, A's rolled back after your "
+            "statement: B's")
+    if after is True:
+        waited = " waited for A's transaction, then" if d.after_rollback_waited else ""
+        return True, f"{head}{waited} came back as new, and applied the event"
+    if after is None:
+        return False, f"{head} came back with an error"
+    label = labels.get(ROLLED_BACK, 0)
+    kept = orphan in recorded
+    return False, (f"{head} came back empty" + ("" if d.after_rollback_waited else
+                                                 " without waiting for A")
+                   + (", and B's delivery was acknowledged: the event ended recorded by nobody "
+                      "and applied by nobody (its label never printed)"
+                      if not kept and not label else
+                      f" (label printed {label} time(s), "
+                      f"{'recorded' if kept else 'not recorded'})"))
+
+
 def _labels_once(labels: dict[int, int], ids: list[str]) -> tuple[bool, str]:
     """Each order's label was printed exactly once."""
     counts = [labels.get(n, 0) for n in range(1, EVENTS + 1)]
@@ -256,7 +336,8 @@ def _hint(d: _Deliveries, recorded: list[str]) -> str:
                           (key_failed and later is False, HINT_RACE_FAILED),
                           (key_failed, HINT_KEY_FAILED),
                           (a is True and b is True and later is False, HINT_RACE_BOTH),
-                          (later is True or (a is True and b is True), HINT_COPY_ROW)):
+                          (later is True or (a is True and b is True), HINT_COPY_ROW),
+                          (d.after_rollback is False, HINT_ROLLBACK_LOST)):
         if applies:
             return hint
     return HINT_OTHER
@@ -268,12 +349,13 @@ def check_record(lab: Lab, sql_text: str) -> Check:
     checker applies the effect only when a row comes back, in the same transaction, over
     the deliveries described in this module's docstring, in a scratch schema of its own.
     It passes when no delivery fails, each first delivery comes back as new, the later copy
-    and exactly one of the two simultaneous copies come back empty, each order's label was
-    printed once and the inbox holds every event id."""
+    and exactly one of the two simultaneous copies come back empty, B's copy of the event
+    whose A copy rolled back comes back as new, each order's label was printed once and the
+    inbox holds every event id.  The untouched starting point gets :data:`STARTER_HINT`."""
     ids = [event_id(i) for i in range(1, EVENTS + 1)]
     # empty SQL, unknown parameters: refused now; so is SQL that never reads the event's id
     _refuse_unusable(lab, sql_text, ids)
-    check = Check("an inbox consumer's record step: 4 events, a later copy, two copies at once")
+    check = Check("an inbox consumer's record step: 5 events, a later copy, two pairs at once")
     scene = scratch(lab)
     try:
         create_outbox(scene)
@@ -293,7 +375,8 @@ def check_record(lab: Lab, sql_text: str) -> Check:
         scene.drop()
 
     for ok, text in (_none_failed(d), _firsts_new(d), _later_copy_skipped(d), _twins_once(d),
+                     _rolled_back_twin_new(d, labels, recorded),
                      _labels_once(labels, ids), _all_recorded(recorded, ids)):
         check.add(ok, text)
-    check.hint = _hint(d, recorded)
+    check.hint = STARTER_HINT if is_starter(sql_text) else _hint(d, recorded)
     return check
