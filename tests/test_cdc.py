@@ -188,6 +188,10 @@ def test_the_outbox_read_from_the_wal_in_commit_order_and_what_the_slot_costs(lo
     rl = r.relay
     assert rl.published == 18 + 8 and rl.rows_updated == 18 + 8 and rl.outbox_scans >= 2
     assert rl.publish_order_ids == sorted(rl.publish_order_ids)      # id order
+    # its scans: a claim per tick (one batch of 100, then one that finds nothing) and a mark
+    # per batch; and one tick more, on the emptied outbox, scans it all the same
+    assert (rl.ticks, rl.marks) == (2, 1) and rl.outbox_scans >= rl.ticks + rl.marks
+    assert rl.empty_tick_scans >= 1
     # the cost: WAL kept while down, given back after the read and confirm
     assert r.unrelated_wal_bytes >= 2 * MB
     assert r.wal_retained_bytes_while_down >= 2 * MB > r.wal_retained_bytes_before_down

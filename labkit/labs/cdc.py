@@ -581,15 +581,23 @@ class RelayComparison(Result):
     """The polling relay draining the same outbox, for comparison with the CDC consumer.
 
     published: events it published.
-    outbox_scans: scans of the outbox table while it ran (pg_stat_user_tables; None before PostgreSQL 15).
+    outbox_scans: scans of the outbox table while it ran, sequential and index
+        (pg_stat_user_tables; None before PostgreSQL 15).
     rows_updated: outbox rows it updated, one per published event (None before PostgreSQL 15).
     publish_order_ids: outbox ids in the order it published them (id order).
+    ticks: its ticks, one claim each; the last claimed nothing, which is how it knew it was done.
+    marks: the UPDATEs that marked its batches published (one per tick that claimed rows).
+    empty_tick_scans: scans of the outbox by one more tick, on the outbox it had emptied (None
+        before PostgreSQL 15): what a poller costs on every tick when there is nothing to send.
     """
 
     published: int
     outbox_scans: int | None
     rows_updated: int | None
     publish_order_ids: list[int]
+    ticks: int
+    marks: int
+    empty_tick_scans: int | None
 
 
 @dataclass(frozen=True)
@@ -889,13 +897,22 @@ def _relay_comparison(lab: Lab) -> RelayComparison:
     the table and each published row is an UPDATE."""
     before = _activity(lab)
     lb = ListBroker()
+    moves: list[str] = []
     with lab.connect(role="cdc-relay") as conn:
-        relay.Relay(conn, lb, batch=100).run()
+        poller = relay.Relay(conn, lb, batch=100, hook=lambda kind, **_: moves.append(kind))
+        poller.run()
         _flush_stats(conn)
-    scans, updated = _delta(_activity(lab), before)
+        scans, updated = _delta(_activity(lab), before)
+        ticks, marks = moves.count("claimed") + moves.count("idle"), moves.count("committed")
+        # one tick more, as a poller's next tick finds the outbox empty
+        idle_before = _activity(lab)
+        poller.tick()
+        _flush_stats(conn)
+        empty_scans, _ = _delta(_activity(lab), idle_before)
     ids = dict(_outbox_read(lab, "SELECT event_id, id FROM outbox"))
     return RelayComparison(published=len(lb.messages), outbox_scans=scans, rows_updated=updated,
-                           publish_order_ids=[ids[ev] for ev, _ in lb.messages])
+                           publish_order_ids=[ids[ev] for ev, _ in lb.messages],
+                           ticks=ticks, marks=marks, empty_tick_scans=empty_scans)
 
 
 STREAM_WORK_MEM = "64kB"         # the smallest logical_decoding_work_mem the server takes

@@ -278,11 +278,11 @@ SELECT current_setting('sync_replication_slots'),
 -- consumer confirms: decoding may not move the slot's restart_lsn past its start.
 INSERT INTO unrelated (pad) VALUES ('held open');
 
--- name: alert_create_temporary
--- A temporary logical slot: it belongs to the session that creates it (active, with that
--- session's pid) and is dropped when the session ends.
+-- name: alert_create_physical
+-- A physical slot, the kind a standby streams WAL through (primary_slot_name). With
+-- immediately_reserve true it keeps WAL from now on, before any standby has connected.
 SELECT lsn::text
-  FROM pg_create_logical_replication_slot(%(slot)s, 'test_decoding', true);
+  FROM pg_create_physical_replication_slot(%(slot)s, true);
 
 -- name: alert_truth
 -- The checker's own measure of each of its slots: whether a session holds it, and the WAL
