@@ -8,6 +8,7 @@ own output (`labkit bench --check`), not a unit test.
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -244,12 +245,75 @@ def test_reference_file_has_every_key():
     assert ref["history"]["done_rows"] == 1_000_000
 
 
-def test_reference_run_is_labelled_not_durable():
-    """The reference was recorded with fsync = off: the file says its commits were not durable
-    and carries no durable claim figure, so nothing reads one from it as if it were."""
+def test_reference_run_is_durable_and_labelled_as_its_settings_say():
+    """The reference's durability label follows from its settings, and its commits were durable,
+    as a learner's embedded server's are: notebook 16 sets the two runs side by side."""
     d = bench.load_reference()["durability"]
-    assert d["fsync"] == "off" and d["commits_durable"] is False
-    assert d["claim_jobs_per_s_durable"] is None and "fsync = off" in d["note"]
+    assert d["commits_durable"] == (d["fsync"] == "on" and d["synchronous_commit"] != "off")
+    assert d["commits_durable"] is True, "record the reference on a server with fsync = on"
+    assert set(d["claim_jobs_per_s_durable"]) == {"1", "10"}
+    assert all(v > 0 for v in d["claim_jobs_per_s_durable"].values())
+
+
+def _figure(v: float) -> str:
+    """A figure as bench_reference.md writes it: two decimals below 10, else a whole number."""
+    return f"{v:.2f}" if abs(v) < 10 else f"{v:,.0f}"
+
+
+def _reference_md_figures(ref: dict) -> dict[str, list[str]]:
+    """Every number of each "What it says" line of bench_reference.md, in the order written,
+    as the JSON gives it (the line's first words name it)."""
+    c, p, r = ref["claim_jobs_per_s"], ref["pgbench_jobs_per_s"], ref["ratio_vs_pgbench"]
+    batches = list(c)
+    d, peer, h = ref["durability"], ref["peer"], ref["history"]
+    by = {(pt["done_rows"], pt["partial_index"]): pt["jobs_per_s"] for pt in h["points"]}
+    a, st, nb = ref["amqp"], ref["server_start"], ref["notebook_seconds"]
+    durable, off = d["claim_jobs_per_s_durable"], d["claim_jobs_per_s_synchronous_commit_off"]
+    return {
+        "Claim ceiling": [*map(_figure, c.values()), *batches, *map(_figure, p.values()),
+                          *(f"{v:.2f}" for v in r.values())],
+        "Durable commits": [x for b in durable for x in (_figure(durable[b]), _figure(off[b]), b)],
+        "Draining": [f"{peer['labkit']['jobs']:,}", _figure(peer["labkit"]["jobs_per_s"]),
+                     _figure(peer["pgqueuer"]["jobs_per_s"]), f"{ref['ratio_vs_peer']:.2f}"],
+        "Convoy": [str(ref["convoy"]["workers"]), str(ref["convoy"]["job_ms"]),
+                   f"{ref['convoy_efficiency_16']:.2f}"],
+        "History": [_figure(by[(0, True)]), _figure(by[(h["done_rows"], True)]), "0",
+                    f"{h['done_rows']:,}", _figure(by[(0, False)]), _figure(by[(h["done_rows"], False)])],
+        "RabbitMQ": [_figure(a["transient"]["publish_msgs_per_s"]), _figure(a["transient"]["consume_msgs_per_s"]),
+                     _figure(a["durable"]["publish_msgs_per_s"]),
+                     *map(_figure, a["durable"]["messages_per_s"].values()), *a["durable"]["messages_per_s"],
+                     *map(_figure, a["durable"]["table_claim_jobs_per_s_durable"].values())],
+        "Embedded server": [f"{st['first_start_s']:.2f}", f"{st['cold_start_s']:.2f}",
+                            f"{st['warm_connect_ms']:.1f}"],
+        "Notebooks": [f"{max(nb.values()):.1f}", str(len(nb)), f"{ref['workbook_seconds']:.0f}"],
+    }
+
+
+def test_reference_md_says_what_the_reference_json_holds():
+    """bench_reference.md describes the recorded run: its server settings, its length, its load
+    and every number of every "What it says" line and goal are the JSON's, rounded as written."""
+    ref = bench.load_reference()
+    text = (ROOT / "data" / "bench_reference.md").read_text(encoding="utf-8")
+    settings = next(line for line in text.splitlines() if line.startswith("| server settings |"))
+    said = dict(re.findall(r"`(\w+) = (\w+)`", settings))
+    for name in ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"):
+        assert said.get(name) == ref["durability"][name], name
+    assert f"run took {ref['bench_seconds']:.0f} s." in " ".join(text.split())
+    assert f"{ref['machine']['cpus']} vCPUs" in text
+    assert f"load average {ref['machine']['load_average_1m']:.1f} " in text
+    says = text.split("## What it says", 1)[1].split("\n## ", 1)[0]
+    # each bullet, its wrapped lines joined, up to the blank line that may follow it
+    bullets = [" ".join(b.split("\n\n", 1)[0].split()) for b in re.split(r"\n- ", "\n" + says)[1:]]
+    figures = {b.split(":", 1)[0].split(" (", 1)[0]: b for b in bullets if not b.startswith("**")}
+    expected = _reference_md_figures(ref)
+    for name, line in figures.items():
+        matched = [k for k in expected if name.startswith(k)]
+        assert matched, f"a 'What it says' line the test does not know: {line!r}"
+        numbers = re.findall(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?", line)
+        assert numbers == expected[matched[0]], line
+    assert len(figures) == len(expected)
+    for g in ref["goals"]:
+        assert f"**{g['status']}**: {g['goal']} (measured {_figure(g['measured'])})" in says, g["goal"]
 
 
 def test_pgbench_never_gets_the_password_on_its_command_line(lab, tmp_path):
