@@ -85,7 +85,10 @@ study: setup
 # Four, even on two cores: most of a test's time is spent waiting (on locks, on timed jobs, on
 # kernels and the browser), so four processes keep two cores busy where two left them half idle.
 TEST_JOBS ?= $(if $(LABKIT_DSN),1,4)
-XDIST := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile,-p no:xdist)
+# --no-loadscope-reorder keeps the order labkit's plugin collects in (its longest files first);
+# by default xdist hands out the files with the most tests first, which leaves the long files
+# with few tests (the browser checks, the torture runs) to run on alone at the end.
+XDIST := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder,-p no:xdist)
 test: setup
 	$(BIN)/pytest $(XDIST) tests notebooks $(NBVAL)
 

@@ -67,9 +67,11 @@ def _wants_mysql(item) -> bool:
 
 
 # The files that take longest (measured with --junitxml on two cores), longest first.  Under
-# ``--dist loadfile`` each file goes whole to one process, in collection order, so a long file
-# collected last leaves the other processes idle while it runs; collected first, the short files
-# fill in around it.  A file missing from this list only runs in its usual place.
+# ``--dist loadfile --no-loadscope-reorder`` (make test) each file goes whole to one process, in
+# collection order, so a long file collected last leaves the other processes idle while it runs;
+# collected first, the short files fill in around it.  (Without --no-loadscope-reorder xdist
+# hands out the files with the most tests first, whatever this order.)  A file missing from
+# this list only runs in its usual place.
 LONG_FIRST = (
     "tests/test_training.py", "tests/test_live_widgets.py", "tests/test_torture.py",
     "notebooks/17_prove_it.ipynb", "tests/test_install.py", "tests/test_drill.py",
