@@ -238,8 +238,16 @@ def test_a_wait_still_open_at_the_end_is_counted_as_censored(lab):
     assert row["claim_wait_censored"] >= 1            # someone is left waiting
     assert row["claim_wait_p99_censored"]            # and its p99 is only a lower bound
     assert row["claim_wait_max_ms"] <= 500 + 1       # no wait can be measured past the run's end
-    free = convoy.run(lab, "skip", workers=3, job_ms=20, seconds=0.3).row()
-    assert not free["claim_wait_p99_censored"]
+
+    def free_run():
+        # SKIP LOCKED waits for no lock, so the p99 is a finished wait; only a claim the machine
+        # descheduled just as the window closed can be cut off there (a loaded machine: again)
+        free = convoy.run(lab, "skip", workers=3, job_ms=20, seconds=0.3).row()
+        return (not free["claim_wait_p99_censored"],
+                f"{free['claim_wait_censored']} cut off, max {free['claim_wait_max_ms']:.0f} ms")
+
+    holds, seen = free_run()
+    load.shape(holds, "with SKIP LOCKED the p99 wait is a finished one", measured=seen, again=free_run)
 
 
 def test_queue_positions_count_who_was_already_waiting(lab):

@@ -226,6 +226,9 @@ def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s:
         while not (max_jobs and handled >= max_jobs) and not noticed():
             for job_id, version, status in conn.execute(_sql("reap")).fetchall():
                 ctx.emit("reaped", id=job_id, claim_version=version, status=status)
+            # a claim's time is taken before it is sent: the server starts the lease at its
+            # now(), after this, so a lease drawn from it never ends later than the server's
+            asked = time.monotonic()
             while len(held) < batch and not stop:
                 row = conn.execute(query("production.sql", "claim").sql,
                                    {"worker": name, "lease_s": lease_s}).fetchone()
@@ -243,7 +246,7 @@ def lifecycle_worker(ctx: Context, dsn: str, schema: str, lease_s: float, job_s:
                     time.sleep(SLICE_S)
                 continue
             idle = False
-            ctx.emit("claimed", ids=[c[0] for c in held], claim_versions=[c[1] for c in held])
+            ctx.emit("claimed", ids=[c[0] for c in held], claim_versions=[c[1] for c in held], t=asked)
             while held and not noticed():
                 job_id, version = held.pop(0)
                 out = handle(job_id, version)
@@ -397,7 +400,8 @@ class LeaseEvent(Result):
     worker: the worker it happened in (a signal: the worker it was sent to).
     kind: ``claimed``, ``started``, ``heartbeat``, ``reaped``, ``completed``,
         ``handler_stopped``, ``idle`` or ``signal``.
-    t: seconds since worker 1's first claim, on the machine's monotonic clock.
+    t: seconds since worker 1's first claim, on the machine's monotonic clock (a claim's
+        time is when it was sent, before the server started its lease).
     claim_version: the claim it belongs to (None: no claim, or a claim of several versions).
     rows: rows the heartbeat or the complete matched (None for the other kinds).
     signal: the signal sent, ``SIGSTOP``, ``SIGCONT``, ... (None for the other kinds).
