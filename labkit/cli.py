@@ -692,7 +692,7 @@ def configure_convoy_parser(commands: Subcommands) -> None:
 
 def _run_bench(a: argparse.Namespace) -> int:
     return bench.bench_command(quick=a.quick, json=a.json, notebooks=a.notebooks, clients=a.clients,
-                               seconds=a.seconds, check=a.check)
+                               seconds=a.seconds, check=a.check, figures=a.figures)
 
 
 def _run_bench_history(a: argparse.Namespace) -> int:
@@ -719,6 +719,8 @@ def configure_bench_parser(commands: Subcommands) -> None:
     p.add_argument("--seconds", type=float, default=None,
                    help="measured seconds per claim point (default 1 with --quick, 3 otherwise)")
     p.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    p.add_argument("--figures", nargs="+", metavar="NAME", choices=bench.FIGURES, default=None,
+                   help=f"measure only these figures (default: all of {', '.join(bench.FIGURES)})")
 
     p = _command(commands, "bench-history", "claim throughput as finished-job history grows (0 → 1M rows)",
                  _run_bench_history,

@@ -395,3 +395,15 @@ def test_pgbench_sessions_carry_the_claimers_guards(lab, monkeypatch):
     assert seen["PGOPTIONS"].split(" -c ") == [
         f"-c search_path={lab.schema},public", "lock_timeout=10s", "statement_timeout=60s",
         "idle_in_transaction_session_timeout=60s"]
+
+
+def test_figures_measures_only_the_figures_named(db):
+    proc = subprocess.run([sys.executable, "-m", "labkit", "bench", "--quick", "--json",
+                           "--figures", "server"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["server_start"]["warm_connect_ms"] > 0
+    assert not result.get("claim_jobs_per_s") and not result.get("history")
+    bad = subprocess.run([sys.executable, "-m", "labkit", "bench", "--figures", "speed"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "invalid choice: 'speed'" in bad.stderr

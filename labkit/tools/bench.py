@@ -1585,9 +1585,9 @@ def plot_ceiling(mine: dict | None, reference: dict | None):
 # -- command line --------------------------------------------------------------------------------------
 
 def bench_command(*, quick: bool, json: bool, notebooks: list[str] | None, clients: int | None,
-                  seconds: float | None, check: bool) -> int:
-    """``labkit bench [--quick] [--json] [--notebooks NAME ...]``: progress on stderr, the
-    table or JSON on stdout; with ``check``, exit 1 when a goal is missed."""
+                  seconds: float | None, check: bool, figures: list[str] | None = None) -> int:
+    """``labkit bench [--quick] [--json] [--notebooks NAME ...] [--figures NAME ...]``: progress
+    on stderr, the table or JSON on stdout; with ``check``, exit 1 when a goal is missed."""
     from json import dumps  # (the parameter ``json`` is the --json switch)
 
 
@@ -1600,8 +1600,9 @@ def bench_command(*, quick: bool, json: bool, notebooks: list[str] | None, clien
         print(msg, file=sys.stderr, flush=True)
 
     s.check()                       # every setting, before any work
+    chosen = _chosen_figures(tuple(figures or ()))
     progress(dbmod.connect(quiet=True).describe())
-    result = run(settings=s, progress=progress)
+    result = run(settings=s, progress=progress, figures=chosen)
     print(dumps(result, indent=1, default=str) if json else table(result))
     progress(f"benchmark done in {result['bench_seconds']:.0f} s")
     if check and any(g["status"] == "missed" for g in result["goals"]):
