@@ -10,7 +10,8 @@ wrong. It reads what happened from the database, never from the learner's SQL te
 The pieces every checker shares are here: :class:`Check`, :func:`scratch` (the throw-away
 schema; :func:`scratch_name` names a throw-away database on another engine), :func:`bind`
 (the learner's parameters written in, with an error that says which ones are allowed;
-:func:`fill_in` does it with another engine's driver) and :class:`Solo` (one autocommit session). The interview drill's
+:func:`fill_in` does it with another engine's driver), :func:`unchanged` (whether an attempt is
+still the notebook's starting point) and :class:`Solo` (one autocommit session). The interview drill's
 checkers (the claim, the dashboard count, the reaper) are in :mod:`labkit.tools.drill`;
 each later notebook's checkers are in a module of this package named after it.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -62,6 +64,16 @@ class Check:
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def unchanged(attempt: object, starter: str) -> bool:
+    """Whether ``attempt`` is still ``starter``, the notebook's starting point: SQL comments,
+    spacing, case and a closing semicolon aside (a checker answers the untouched starting point
+    with what is wrong and an invitation to try, and keeps its hint for an attempt)."""
+    def plain(text: str) -> str:
+        text = re.sub(r"--[^\n]*", " ", text)
+        return " ".join(text.split()).rstrip(";").strip().lower()
+    return isinstance(attempt, str) and plain(attempt) == plain(starter)
 
 
 def scratch_name(prefix: str = "drill_check") -> str:

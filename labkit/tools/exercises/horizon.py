@@ -44,7 +44,7 @@ from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import query as named_query  # ``query`` is the learner's SQL below
 from ...labs.horizon import another_database, open_report
-from . import Check, Solo, bind
+from . import Check, Solo, bind, unchanged
 from . import scratch as _scratch
 
 HOLDERS_HINT = ("A session holds the horizon while it has a snapshot or a transaction id, whatever "
@@ -66,10 +66,8 @@ STARTER_HINT = ("That is the query the notebook started you with, unchanged. The
 
 
 def is_starter(query: str) -> bool:
-    """Whether ``query`` is :data:`STARTER`, spacing, case and a closing semicolon aside."""
-    def plain(text: str) -> str:
-        return " ".join(text.split()).rstrip(";").strip().lower()
-    return plain(query) == plain(STARTER)
+    """Whether ``query`` is :data:`STARTER` (see :func:`unchanged`)."""
+    return unchanged(query, STARTER)
 
 
 # Every session of the scene ends itself this long after its last statement, should the

@@ -36,7 +36,6 @@ lines and an invitation to change it, not the hint.  The SQL must be one stateme
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import psycopg
@@ -47,7 +46,7 @@ from ...core.queries import query
 from ...core.sessions import Sessions
 from ...core.steps import Step
 from ...labs.relay import create_outbox, event_id, place_orders
-from . import Check, Solo, bind, scratch
+from . import Check, Solo, bind, scratch, unchanged
 
 EVENTS = 5                     # evt-0001 .. evt-0005, one order each
 LATER_COPY = 1                 # the event delivered again after its first delivery committed
@@ -97,12 +96,8 @@ STARTER_HINT = ("That is the statement the notebook started you with, unchanged.
 
 
 def is_starter(sql_text: str) -> bool:
-    """Whether ``sql_text`` is :data:`STARTER`, comments, spacing, case and a closing
-    semicolon aside."""
-    def plain(text: str) -> str:
-        text = re.sub(r"--[^\n]*", " ", text)
-        return " ".join(text.split()).rstrip(";").strip().lower()
-    return isinstance(sql_text, str) and plain(sql_text) == plain(STARTER)
+    """Whether ``sql_text`` is :data:`STARTER` (see :func:`unchanged`)."""
+    return unchanged(sql_text, STARTER)
 
 
 def _labels(lab: Lab) -> dict[int, int]:
