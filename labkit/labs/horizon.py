@@ -493,12 +493,6 @@ def horizon_holder(lab: Lab) -> tuple[int | None, str | None]:
     return age, f"{app or '(no application_name)'} (pid {pid}, {state}) in database {datname}"
 
 
-def horizon_age(lab: Lab) -> int | None:
-    """How many transactions old the claim's horizon is as sessions other than the lab's
-    workers hold it (:func:`horizon_holder`); None when none has one."""
-    return horizon_holder(lab)[0]
-
-
 @dataclass(frozen=True)
 class Durability(Result):
     """What each commit waits for, as the server runs it (:func:`durability`; SHOW's text).
@@ -890,12 +884,6 @@ def someone_else(run: ChurnRun) -> str | None:
         return None
     worst = max(held, key=lambda p: p.horizon_age or 0)
     return f"{worst.horizon_holder}, {worst.horizon_age:,} transactions back at {worst.t:g} s"
-
-
-def held_by_someone_else(run: ChurnRun) -> bool:
-    """Whether, in a run without the report, someone else's transaction on the server held
-    the claim's horizon back in any of its samples (:func:`someone_else`)."""
-    return someone_else(run) is not None
 
 
 @dataclass(frozen=True)
