@@ -12,9 +12,9 @@ skip line that says why and how to run them, and nothing else in the workbook ch
 A run that executes notebooks ends with one line counting the timed shapes that were not
 checked because the machine was loaded (labkit.core.load.shape), and names each.
 
-``make test`` runs the suite on four processes (pytest-xdist, ``-n 4 --dist loadfile``: a
-notebook's cells stay in order on one of them; :data:`LONG_FIRST` starts the longest files
-first).  On the default path each process gets an embedded server of its own
+``make test`` runs the suite on four processes (pytest-xdist, ``-n 4 --dist loadfile
+--no-loadscope-reorder``: a notebook's cells stay in order on one of them, and
+:data:`LONG_FIRST` starts the longest files first).  On the default path each process gets an embedded server of its own
 (``LABKIT_DATA_DIR`` beside the default one, ``...-gw0`` to ``...-gw3``), stopped when the
 process ends: some tests end sessions or drop schemas across the server they run on, which
 must not be another process's.  On a server given by
