@@ -277,11 +277,10 @@ def test_the_isolation_probe_fails_when_a_home_is_open(room_users, tmp_path):
     room = hub.Room(mode="embedded", trainees=2, port=8123, bin=str(Path(python).parent))
     for name in room.names:
         hub.ensure_user(name)
-    probe = roomload.PROBE
     entries = [pwd.getpwnam(hub.system_user(n)) for n in room.names]
 
     def reach(who, other) -> str:
-        done = subprocess.run([python, str(probe), other.pw_dir, "/proc/1/environ"],
+        done = subprocess.run(roomload.probe_argv(python, other.pw_dir, "/proc/1/environ"),
                               env=hub.user_env(who, room.bin), preexec_fn=hub.as_user(who),
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr          # the trainee ran the probe itself

@@ -1,5 +1,6 @@
-"""Can this trainee reach another's files?  Run by ``labkit hub loadtest`` as a trainee, by
-path (``python _roomload_probe.py OTHER_HOME ENVIRON_FILE``): it tries to list the other
+"""Can this trainee reach another's files?  Run by ``labkit hub loadtest`` as a trainee, its
+source given with ``-c`` (``python -c SOURCE OTHER_HOME ENVIRON_FILE``, roomload.probe_argv),
+so that the trainee needs no right to read the checkout: it tries to list the other
 trainee's home and to read a process's environment file, and prints one line for each it
 reaches (nothing when both are closed).  The standard library only: any Python the trainees
 may run can run it."""

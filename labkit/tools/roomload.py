@@ -421,9 +421,16 @@ def _stop(running: _Running) -> None:
     hub.clean(running.folder, out=lambda line: None)
 
 
-# Run as a trainee, by path (the standard library only): one line per place of another
-# trainee it reaches, nothing when both are closed.
+# Run as a trainee (the standard library only): one line per place of another trainee it
+# reaches, nothing when both are closed.
 PROBE = Path(__file__).resolve().with_name("_roomload_probe.py")
+
+
+def probe_argv(python: str, other_home: str, environ: str) -> list[str]:
+    """The command that runs :data:`PROBE` as a trainee: its source given with ``-c``, so the
+    trainee needs no right to read the checkout (a clone in a home or a folder only its owner
+    may enter is the usual case)."""
+    return [python, "-c", PROBE.read_text(encoding="utf-8"), other_home, environ]
 
 
 def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]:
@@ -446,7 +453,7 @@ def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]
             break                                   # a room of one has no neighbour
         pids = hub._pids_of(other.pw_uid)
         environ = f"/proc/{pids[0]}/environ" if pids else "/proc/1/environ"
-        probe = subprocess.run([str(Path(room.bin) / "python"), str(PROBE), other.pw_dir, environ],
+        probe = subprocess.run(probe_argv(str(Path(room.bin) / "python"), other.pw_dir, environ),
                                env=hub.user_env(entries[name], room.bin),
                                preexec_fn=hub.as_user(entries[name]), capture_output=True, text=True, timeout=60)
         if probe.returncode != 0 or probe.stdout.strip():
