@@ -411,7 +411,7 @@ class DrainRun:
     batch: int
     jobs: int
     seconds: float
-    finished: list[tuple[float, int, str]] = field(default_factory=list)   # (t, job id, worker)
+    finished: list[tuple[float, int, str]] = field(default_factory=list)   # (work end, job id, worker)
 
     @property
     def jobs_per_s(self) -> float:
@@ -435,8 +435,11 @@ def drain(lab: Lab, *, jobs: int, workers: int = 2, batch: int = 1, job_ms: floa
 def _drain_result(lab: Lab, ws: list[Worker], workers: int, batch: int) -> DrainRun:
     starts = [e["t"] for w in ws for e in w.events if e["kind"] == "start"]
     ends = [e["t"] for w in ws for e in w.events if e["kind"] == "end"]
-    finished = sorted((e["t"], i, w.name) for w in ws for e in w.events if e["kind"] == "finished"
-                      for i in e["ids"])
+    # A job's finishing moment is the end of its work, taken before its DONE is sent: the
+    # moment the worker got back from that commit can come late on a loaded machine, after
+    # another worker has claimed, run and finished the customer's next job.
+    finished = sorted((e["work_end"], i, w.name) for w in ws for e in w.events
+                      if e["kind"] == "finished" for i in e["ids"])
     done = lab.execute("SELECT count(*) FROM job WHERE status = 'DONE'")[0][0]
     return DrainRun(workers, batch, done, max(ends) - min(starts), finished)
 
