@@ -39,6 +39,7 @@ from .labs import (
     hang,
     horizon,
     inbox,
+    incidents,
     lifecycle,
     ordering,
     outbox_size,
@@ -207,16 +208,16 @@ def killed_runs_schemas(conn) -> list[str]:
 
 
 def _appendix_line() -> str:
-    """Notebook 19's server, in one line: which one, or why the appendix is skipped (not a
+    """Notebook 20's server, in one line: which one, or why the appendix is skipped (not a
     problem: nothing else needs it)."""
     from .core import mysql
 
     try:
-        return f"cross-engine appendix (notebook 19): {mysql.find().describe()}"
+        return f"cross-engine appendix (notebook 20): {mysql.find().describe()}"
     except mysql.NoServer as exc:
-        return f"cross-engine appendix (notebook 19) skipped: {exc.what} To run it: {exc.fix}"
+        return f"cross-engine appendix (notebook 20) skipped: {exc.what} To run it: {exc.fix}"
     except LabkitError as exc:
-        return f"cross-engine appendix (notebook 19) cannot run: {exc}"
+        return f"cross-engine appendix (notebook 20) cannot run: {exc}"
 
 
 IDLE_MAX_S = 7 * 86_400      # a week: longer than any session a lab leaves behind
@@ -418,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the interview drill, and crashes replayed on a real server
     configure_drill_parser(commands)
     configure_trace_parser(commands)
+    configure_incident_parser(commands)
     return parser
 
 
@@ -655,7 +657,7 @@ def _run_convoy(a: argparse.Namespace) -> int:
 
 
 def configure_convoy_parser(commands: Subcommands) -> None:
-    """``labkit convoy``: the sweep of notebook 02 (and of notebook 19, on another engine)."""
+    """``labkit convoy``: the sweep of notebook 02 (and of notebook 20, on another engine)."""
     p = _command(commands, "convoy", "measure the convoy: N workers claiming from one job table, per "
                                      "claim policy",
                  _run_convoy, prefix="labkit convoy")
@@ -683,7 +685,7 @@ def configure_convoy_parser(commands: Subcommands) -> None:
                         "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=spec.ENGINES, default="postgresql",
-                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 19 "
+                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 20 "
                         "(LABKIT_MYSQL_DSN, else 127.0.0.1:3306)")
     p.add_argument("--isolation", choices=["repeatable-read", "read-committed"], default=None,
                    help="MySQL and MariaDB only: the workers' isolation level (default: the server's, "
@@ -802,6 +804,27 @@ def configure_drill_parser(commands: Subcommands) -> None:
                    help="print the average score per topic and the topics to revisit, then exit")
     _command(drills, "check", "validate data/questions.yaml, data/costly_answers.yaml and data/capstone.yaml",
              lambda a: drill.drill_command(what="check"))
+
+
+# -- the incident file
+
+def _run_incident(a: argparse.Namespace) -> int:
+    return incidents.run_command(open_lab=_run_lab("incident"), name=a.name, fixed=a.fixed, json=a.json)
+
+
+def configure_incident_parser(commands: Subcommands) -> None:
+    """``labkit incident list|run`` (notebook 18)."""
+    group = _group(commands, "incident", "outages users of PostgreSQL queues reported, "
+                                         "replayed broken and fixed on a real server")
+    p = _command(group, "list", "list the incidents: name, where in a job's life, the public thread",
+                 lambda a: incidents.list_command(json=a.json), prefix="labkit incident list")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p = _command(group, "run", "replay one incident as it was reported (or with --fixed, with its "
+                               "fix) and say whether its invariant held",
+                 _run_incident, prefix="labkit incident run")
+    p.add_argument("name", metavar="NAME", help="the incident (`labkit incident list` names them)")
+    p.add_argument("--fixed", action="store_true", help="replay it with the fix")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
 # -- crashes, freezes and zombies replayed on a real server
