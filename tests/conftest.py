@@ -257,3 +257,14 @@ def replica_server(scratch_server, monkeypatch):
                                                                        "wal_level=replica"))
     scratch_server.start()
     return labkit.connect(quiet=True)
+
+
+# A widget's repr where its static view should be (a deck, a handout page, a notebook's page).
+WIDGET_REPR = re.compile(r"\b[VH]Box\(children=")
+
+
+def reprs_in(pages) -> list[str]:
+    """The names of the pages (HTML files) that show a widget's repr."""
+    import html
+
+    return [p.name for p in pages if WIDGET_REPR.search(html.unescape(p.read_text()))]
