@@ -73,11 +73,12 @@ def test_history_count_grows_with_history_without_the_index_and_stays_flat_with_
 
 
 def test_the_fixed_unique_enqueue_shows_the_second_insert_waiting_for_the_first(lab):
-    text = str(inc.run(lab, "unique-enqueue", fixed=True).transcript)
-    rows = [re.sub(r"\s+", " ", line).strip() for line in text.splitlines()[2:]]
-    assert rows[3].startswith("4 INSERT ON CONFLICT <waiting ...> BLOCKS (waits for A)"), text
-    assert rows[4] == "5 COMMIT → COMMIT unblocks B", text
-    assert rows[5] == "4' <... completed> → INSERT 0 0", text
+    text = inc.format_run(inc.run(lab, "unique-enqueue", fixed=True))
+    rows = [re.sub(r"\s+", " ", line).strip() for line in text.splitlines()[1:9]]
+    assert rows == ["1 A BEGIN → BEGIN", "2 B BEGIN → BEGIN", "3 A INSERT ON CONFLICT → INSERT 0 1",
+                    "4 B INSERT ON CONFLICT <waiting ...> BLOCKS (waits for A)",
+                    "5 A COMMIT → COMMIT unblocks B", "4' B <... completed> → INSERT 0 0",
+                    "6 B COMMIT → COMMIT", ""], text
 
 
 def test_an_unknown_incident_names_the_ones_there_are(lab):

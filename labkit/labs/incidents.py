@@ -107,7 +107,7 @@ class _Script:
         return "your statement" if name in self.using else label
 
 
-def _settled(run: Sessions, *names: str) -> None:
+def settled(run: Sessions, *names: str) -> None:
     """Wait until each of ``names`` has no step waiting (a step of the caller's SQL may wait
     for a lock, or be chosen as a deadlock's victim): the script never commits a session
     whose statement is still running."""
@@ -151,9 +151,9 @@ def _unique_enqueue(lab: Lab, fixed: bool, sql: _Script) -> _Outcome:
             run.B(sql("unique_enqueue_check"), label="count 'report:42'")
             run.A(sql("unique_enqueue_insert"), label="INSERT 'report:42'")
             run.B(sql("unique_enqueue_insert"), label="INSERT 'report:42'")
-        _settled(run, "A")
+        settled(run, "A")
         run.A("COMMIT")
-        _settled(run, "B")
+        settled(run, "B")
         run.B("COMMIT")
         transcript = run.transcript()
     live = _count(lab, "SELECT count(*) FROM job WHERE unique_key = 'report:42' "
@@ -179,8 +179,8 @@ def _enqueue_outside(lab: Lab, fixed: bool, sql: _Script) -> _Outcome:
         run.web("ROLLBACK")
         run.worker(sql("enqueue_left"), label="jobs left")
         transcript = run.transcript()
-    claimed = early.rows
-    without_order = sum(1 for _job, _order, total in claimed if total is None)
+    claimed = [r[0] for r in early.rows]
+    without_order = sum(1 for line in claimed if line.endswith("no such order"))
     orphans = _count(lab, "SELECT count(*) FROM job j WHERE NOT EXISTS "
                           "(SELECT 1 FROM shop_order o WHERE o.id = j.order_id)")
     return _Outcome(without_order == 0 and orphans == 0,
@@ -192,10 +192,10 @@ def _enqueue_outside(lab: Lab, fixed: bool, sql: _Script) -> _Outcome:
 def _frozen_now(lab: Lab, fixed: bool, sql: _Script) -> _Outcome:
     """A poller keeps one transaction open and asks, again and again, what is due ``now()``.
     ``now()`` is the time its transaction started: a job that fell due after that is never
-    due to it.  Fixed: ``clock_timestamp()``, the time of the call."""
+    due to it.  Fixed: ``statement_timestamp()``, the start of the poll's own statement."""
     _scene(lab, "frozen_now")
     poll = "frozen_now_poll_fixed" if fixed else "frozen_now_poll_broken"
-    label = "due <= " + ("clock_timestamp()" if fixed else "now()")
+    label = "due <= " + ("statement_timestamp()" if fixed else "now()")
     with Sessions(lab, "poller", "app") as run:
         run.poller("BEGIN")
         run.poller(sql(poll), label=label)
@@ -312,9 +312,9 @@ def _batch_callback(lab: Lab, fixed: bool, sql: _Script) -> _Outcome:
             label = sql.label("batch_count_fixed", "remaining - 1, fire at 0")
             run.A(_bind(lab, sql("batch_count_fixed"), {"worker": "A"}), label=label)
             run.B(_bind(lab, sql("batch_count_fixed"), {"worker": "B"}), label=label)
-            _settled(run, "A")
+            settled(run, "A")
             run.A("COMMIT")
-            _settled(run, "B")
+            settled(run, "B")
             run.B("COMMIT")
         else:
             run.A("COMMIT")
@@ -473,10 +473,9 @@ def run(lab: Lab, name: str, *, fixed: bool = False, using: dict[str, str] | Non
 
 
 def _layout(t: Transcript) -> str:
-    """A column per session, as the workbook's transcripts are, unless a step would wrap in
-    its column: then a row per step (session, step and result on one line)."""
-    text = t.to_text()
-    return text if len(text.splitlines()) == len(t.rows) + 2 else t.to_lines()
+    """A row per step: its session, what it ran and got, and the note (one line each, so the
+    broken run and the fixed one read the same way, whatever their sessions' names)."""
+    return t.to_lines()
 
 
 def format_run(r: IncidentRun) -> str:

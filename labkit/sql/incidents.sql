@@ -58,8 +58,8 @@ INSERT INTO job (run_at) VALUES (clock_timestamp());
 SELECT count(*) AS due FROM job WHERE status = 'PENDING' AND run_at <= now();
 
 -- name: frozen_now_poll_fixed
--- The same question against the clock, not the transaction's start.
-SELECT count(*) AS due FROM job WHERE status = 'PENDING' AND run_at <= clock_timestamp();
+-- The same question against the start of this statement, not of the transaction.
+SELECT count(*) AS due FROM job WHERE status = 'PENDING' AND run_at <= statement_timestamp();
 
 -- name: key_share_scene
 -- Jobs, and log lines that point at their job by a foreign key.
@@ -217,12 +217,13 @@ WITH claimed AS (
      WHERE id = (SELECT id FROM job WHERE status = 'PENDING'
                   ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING id, order_id)
-SELECT c.id AS job, c.order_id, o.total
+SELECT format('job %s, order %s: %s', c.id, c.order_id,
+              coalesce('total ' || o.total, 'no such order')) AS claimed
   FROM claimed c LEFT JOIN shop_order o ON o.id = c.order_id;
 
 -- name: enqueue_left
 -- What the queue holds afterwards.
-SELECT id AS job, order_id, status FROM job ORDER BY id;
+SELECT format('job %s, order %s: %s', id, order_id, status) AS left FROM job ORDER BY id;
 
 -- name: batch_scene
 -- A batch of two jobs, the log of its "all done" callback,

@@ -4,17 +4,17 @@ learner's SQL in place of the file's fix).
 
 * :func:`check_enqueue` -- the unique enqueue.  The partial unique index is there; two requests
   enqueue the report at the same moment, each in a transaction of its own (A's insert, B's
-  insert while A's transaction is open, A commits, B commits); then, each on a fresh table, a
-  request after the first committed, a request while the report's job is RUNNING, and one
-  after it is DONE.  It passes when no request fails, one live job with the key is left each
+  insert while A's transaction is open, A commits, B commits); then, each on a fresh table, the
+  same with A rolling back, a request after the first committed, a request while the report's
+  job is RUNNING, and one after it was built twice before (two DONE jobs).  It passes when no request fails, one live job with the key is left each
   time, and a RUNNING job stays RUNNING.  A plain insert leaves one job, but B's request
   fails on the index (23505); a check-then-insert in one statement does the same, because B's
   check reads what had committed when its statement began.
 * :func:`check_batch_done` -- the batch's "all done".  The last two jobs of a batch finish at
   once: A and B each mark their job DONE and run the learner's statement in the same open
-  transaction, then A commits, then B; then three jobs finish one after another (X, Y, Z).  It
-  passes when no step fails and the callback fired exactly once each time, by the worker that
-  finished the batch (B; Z).  "Is any job of the batch left?" asked inside the transaction fires it never:
+  transaction, then A commits, then B; then three jobs finish one after another, not in the
+  order of their ids, by workers whose names are drawn afresh.  It passes when no step fails
+  and the callback fired exactly once each time, by the worker that finished the batch.  "Is any job of the batch left?" asked inside the transaction fires it never:
   each worker sees the other's job still running, its DONE not yet committed.
 
 Each checker reads the outcome from the server (the rows left, the errors the steps got), never
@@ -23,11 +23,14 @@ from the SQL's text.  The hints say what went wrong and where to look, not the s
 
 from __future__ import annotations
 
+import secrets
+
 import psycopg
 
 from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import statements
+from ...core.sessions import Sessions
 from ...labs import incidents
 from . import Check, Solo, bind, scratch, unchanged
 
@@ -46,9 +49,10 @@ def _errors(run: incidents.IncidentRun) -> list[str]:
 
 
 def _one_statement(text: str) -> None:
-    if len(statements(text)) != 1:
-        raise LabkitError("The exercise takes one statement.", "write a single statement (no ';' "
-                                                               "between two).")
+    found = len(statements(text))
+    if found != 1:
+        raise LabkitError(f"The exercise takes one statement, not {found}.",
+                          "write a single statement (comments alone are none; no ';' between two).")
 
 
 def _alone(scene: Lab, text: str) -> str | None:
@@ -61,22 +65,47 @@ def _alone(scene: Lab, text: str) -> str | None:
     return None
 
 
+def _fresh(scene: Lab) -> None:
+    scene.reset()
+    scene.execute(incidents.q("unique_enqueue_scene"))
+    scene.execute(incidents.q("unique_enqueue_index"))
+
+
+def _enqueue_rolled_back(scene: Lab, text: str) -> tuple[bool, str]:
+    """Two requests at once again, and A's rolls back (a later step of its request failed)
+    while B's statement runs: B's enqueue must stand, one live job."""
+    what = "at once, and A's request rolls back"
+    _fresh(scene)
+    with Sessions(scene, "A", "B") as run:
+        for name in ("A", "B"):
+            run.step(name, "BEGIN")
+            run.step(name, text, label="your statement")
+        incidents.settled(run, "A")
+        run.A("ROLLBACK")
+        incidents.settled(run, "B")
+        run.B("COMMIT")
+        failed = [f"{s.session}: {s.error.sqlstate} {s.error.message}" for s in run.steps if s.error]
+    live, _ = scene.execute(incidents.q("unique_enqueue_live"))[0]
+    if failed:
+        return False, f"{what}: a request failed: {failed[0]}"
+    return live == 1, f"{what}: live jobs with the key: {live}" + ("" if live == 1 else ", not 1")
+
+
 def _enqueue_later(scene: Lab, text: str) -> list[tuple[bool, str]]:
-    """The enqueue's later scenes, each on a fresh table with the index: a request after the
-    first one committed; a request while the report's job is RUNNING; a request after it is
-    DONE.  One finding per scene."""
-    found = []
+    """The enqueue's later scenes, each on a fresh table with the index: two at once with A
+    rolling back; a request after the first one committed; a request while the report's job
+    is RUNNING; a request after it was built twice (two DONE jobs).  One finding per scene."""
+    found = [_enqueue_rolled_back(scene, text)]
     for what, before in (("again, after the first request committed", None),
                          ("while the report's job is RUNNING", "RUNNING"),
-                         ("after the report's job is DONE", "DONE")):
-        scene.reset()
-        scene.execute(incidents.q("unique_enqueue_scene"))
-        scene.execute(incidents.q("unique_enqueue_index"))
+                         ("after the report was built twice before (two DONE jobs)", "DONE")):
+        _fresh(scene)
         errors = []
         if before is None:
             errors.append(_alone(scene, text))
         else:
-            scene.execute(incidents.q("unique_enqueue_existing"), {"status": before})
+            for _ in range(1 if before == "RUNNING" else 2):
+                scene.execute(incidents.q("unique_enqueue_existing"), {"status": before})
         errors.append(_alone(scene, text))
         live, running = scene.execute(incidents.q("unique_enqueue_live"))[0]
         failed = [e for e in errors if e]
@@ -126,20 +155,27 @@ def check_enqueue(lab: Lab, sql_text: str) -> Check:
     return check
 
 
-def _batch_in_turn(scene: Lab, text: str) -> tuple[list[str], str | None]:
-    """The batch's second scene: three jobs finished one after another by X, Y and Z, each in
-    a transaction of its own (mark DONE, the statement, COMMIT); who fired, and an error."""
+IN_TURN = (3, 1, 2)      # the order the three jobs finish in, one after another
+
+
+def _batch_in_turn(scene: Lab, text: str) -> tuple[int, bool, str | None]:
+    """The batch's second scene: three jobs finished one after another, in the order
+    :data:`IN_TURN` (not their ids' order), each by a worker of a name drawn afresh (so no
+    statement can know it), in a transaction of its own (mark DONE, the statement, COMMIT);
+    how often the callback fired, whether only by the last, and an error."""
     scene.reset()
     scene.execute(incidents.q("batch_scene_three"))
+    names = [f"w{secrets.token_hex(3)}" for _ in IN_TURN]
     with Solo(scene, role="worker") as conn:
-        for job, worker in ((1, "X"), (2, "Y"), (3, "Z")):
+        for job, worker in zip(IN_TURN, names):
             try:
                 with conn.transaction():
                     conn.execute(incidents.q("batch_finish"), {"job": job})
-                    conn.execute(text, {"worker": worker})
+                    conn.execute(bind(scene, text, {"worker": worker}))
             except psycopg.Error as exc:
-                return [], f"{worker}: {exc.sqlstate} {str(exc).splitlines()[0]}"
-    return [r[0] for r in scene.execute("SELECT fired_by FROM callback_log ORDER BY fired_by")], None
+                return 0, False, f"job {job}'s worker: {exc.sqlstate} {str(exc).splitlines()[0]}"
+    fired = [r[0] for r in scene.execute("SELECT fired_by FROM callback_log")]
+    return len(fired), fired == [names[-1]], None
 
 
 def check_batch_done(lab: Lab, sql_text: str) -> Check:
@@ -152,7 +188,7 @@ def check_batch_done(lab: Lab, sql_text: str) -> Check:
     scene = scratch(lab)
     try:
         r = incidents.run(scene, "batch-callback", fixed=True, using={"batch_count_fixed": sql_text})
-        in_turn, turn_error = _batch_in_turn(scene, sql_text)
+        in_turn, by_last, turn_error = _batch_in_turn(scene, sql_text)
     finally:
         scene.drop()
     errors = _errors(r)
@@ -165,9 +201,12 @@ def check_batch_done(lab: Lab, sql_text: str) -> Check:
     if turn_error:
         check.add(False, f"in turn: a step failed: {turn_error}")
     else:
-        check.add(in_turn == ["Z"], f"in turn (X, Y, Z): the callback fired {len(in_turn)} time(s)"
-                                    + (f", by {', '.join(in_turn)}" if in_turn else "")
-                                    + ("" if in_turn == ["Z"] else "; once, by Z, the last"))
+        order = ", ".join(map(str, IN_TURN))
+        check.add(in_turn == 1 and by_last,
+                  f"in turn (jobs {order}): the callback fired {in_turn} time(s)"
+                  + ("" if not in_turn else ", by the last to finish" if by_last and in_turn == 1
+                     else ", not only by the last to finish")
+                  + ("" if in_turn == 1 and by_last else "; once, by the last"))
     if unchanged(sql_text, BATCH_STARTER):
         check.hint = f"That is the check as it stands: {TRY}"
     elif errors or turn_error:
@@ -176,7 +215,7 @@ def check_batch_done(lab: Lab, sql_text: str) -> Check:
         check.hint = ("Each worker looked before the other's DONE was committed, so each saw a job "
                       "still running. What could make the second worker wait for the first, and "
                       "then see what it did?")
-    elif len(fired) > 1 or len(in_turn) > 1:
+    elif len(fired) > 1 or in_turn > 1:
         check.hint = "More than one worker decided the batch was done: what do they look at, and when?"
     elif not check.passed:
         check.hint = ("The callback fired before the batch was done: it must fire for the job that "
