@@ -44,6 +44,19 @@ def test_blocked_step_is_detected_from_the_server_and_completes_after_commit(job
         s.B("COMMIT")
 
 
+def test_one_commit_that_lets_two_sessions_through_says_so_on_its_own_row(jobs):
+    with labkit.Sessions(jobs, "A", "B", "C") as s:
+        s.A("BEGIN")
+        s.A("SELECT id FROM job WHERE id IN (1, 2) FOR UPDATE")
+        s.B("SELECT id FROM job WHERE id = 1 FOR UPDATE")
+        s.C("SELECT id FROM job WHERE id = 2 FOR UPDATE")
+        s.A("COMMIT")
+        rows = {r.n: r for r in s.transcript().rows}
+    assert rows["5"].note == "unblocks B; unblocks C"           # A's COMMIT let both through
+    assert rows["3'"].note == "" and rows["4'"].note == ""
+    assert list(rows) == ["1", "2", "3", "4", "5", "3'", "4'"]
+
+
 def test_nowait_and_lock_timeout_share_55P03_but_are_told_apart(jobs):
     with labkit.Sessions(jobs, "A", "B", "C") as s:
         s.A("BEGIN")

@@ -60,24 +60,30 @@ class Transcript:
                 rows.append(Row(str(step.index + 1), step.session,
                                 _cell(step.label, "→ " + step.outcome(brief=True)),
                                 _note(step), _locks(step, run.names), "error" if step.error else "ok"))
+            own = rows[-1]      # this step's row: what it caused is noted there
             # waiting steps that moved on to wait behind someone else after this step
             for other in run.steps:
                 for after, new_blockers in other.rewaits:
                     if after == step.index:
-                        rows[-1].note = _join(rows[-1].note,
-                                              f"{other.session} now waits for {', '.join(new_blockers)}")
-            # steps that this one let through (or that finished while the script waited)
+                        own.note = _join(own.note, f"{other.session} now waits for {', '.join(new_blockers)}")
+            # steps that this one let through (or that finished while the script waited); a
+            # step that waited behind another waiting step is let through by that step's
+            # completion, and says so on its row
+            let_through = {step.session: own}
             for other in run.steps:
                 if other.waited and other.completed_after == step.index and (
                         other is not step or other.script_waited):
                     if other.script_waited:
                         note = _join(_note(other), "the script waited for it")
                     else:
-                        rows[-1].note = _join(rows[-1].note, f"unblocks {other.session}")
+                        behind = other.rewaits[-1][1] if other.rewaits else other.blocked_by
+                        by = next((let_through[b] for b in behind if b in let_through), own)
+                        by.note = _join(by.note, f"unblocks {other.session}")
                         note = _note(other)
                     rows.append(Row(f"{other.index + 1}'", other.session,
                                     f"<... completed> → {other.outcome(brief=True)}", note, "",
                                     "error" if other.error else "completed"))
+                    let_through[other.session] = rows[-1]
         return cls(run.names, rows, run.steps, locks_known)
 
     # -- text ------------------------------------------------------------------------
