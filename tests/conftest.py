@@ -95,6 +95,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    # test_layers.py collects the whole suite once and reads each test's layer from here
+    if os.environ.get("LABKIT_PRINT_LAYERS"):
+        for item in session.items:
+            print("LAYER", "server" if item.get_closest_marker("server") else "fast", item.nodeid)
+
+
 @pytest.fixture(scope="session")
 def db():
     return labkit.connect(quiet=True)

@@ -3,9 +3,9 @@ no database server, `pytest -m server tests` the rest, and together they are the
 
 The marking itself is in conftest.py: a test using a fixture that reaches a server (``db``,
 ``lab``, ``scratch_server`` ...) is ``server``, and so is one named in ``SERVER_TESTS`` or in a
-module marked ``pytestmark = pytest.mark.server``.  Both layers are collected here as a
-contributor collects them, by pytest in a process of its own; nothing is run and no server is
-asked for anything.
+module marked ``pytestmark = pytest.mark.server``.  The fast layer is collected here as a
+contributor collects it, and the whole suite once more with each test's layer printed, each by
+pytest in a process of its own; nothing is run and no server is asked for anything.
 """
 
 from __future__ import annotations
@@ -47,33 +47,43 @@ SERVER = [
 ]
 
 
-def _collect(*marks: str) -> dict[str, subprocess.Popen]:
-    """Collect the suite once per mark expression; "" collects it with no -m at all."""
+def _collect(mark: str, *, print_layers: bool = False) -> subprocess.Popen:
+    """Collect the suite as a contributor does (``-m mark``; "" collects it with no -m at all),
+    in a process of its own; ``print_layers``: conftest prints each test's layer too."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
-    return {mark: subprocess.Popen(
+           if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST", "LABKIT_PRINT_LAYERS"))}
+    if print_layers:
+        env["LABKIT_PRINT_LAYERS"] = "1"
+    return subprocess.Popen(
         [sys.executable, "-m", "pytest", *(["-m", mark] if mark else []), "--collect-only", "-q",
          "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for mark in marks}
+
+
+def _ids(proc: subprocess.Popen) -> tuple[set[str], str]:
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, text[-3000:]
+    ids = {line for line in text.splitlines() if "::" in line and not line.startswith((" ", "LAYER "))}
+    summary = re.search(r"(\d+)(?:/\d+)? tests? collected", text)
+    assert summary, text[-2000:]
+    assert int(summary.group(1)) == len(ids), text[-2000:]
+    return ids, text
 
 
 @pytest.fixture(scope="module")
 def layers() -> dict[str, tuple[set[str], int]]:
-    """For each layer, and for the whole suite ("" - no -m), the node ids it selects and the
-    number pytest reports selected.  The whole suite is what a plain `pytest tests` runs, so a test
-    the plugin deselects on this machine (the cross-engine appendix with LABKIT_MYSQL_DSN=off) is
-    in neither layer and not in the whole either."""
-    out = {}
-    for mark, proc in _collect("not server", "server", "").items():
-        text, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, text[-3000:]
-        ids = {line for line in text.splitlines() if "::" in line and not line.startswith(" ")}
-        summary = re.search(r"(\d+)(?:/\d+)? tests? collected", text)
-        assert summary, text[-2000:]
-        assert int(summary.group(1)) == len(ids), text[-2000:]
-        out[mark] = (ids, len(ids))
-    return out
+    """For each layer, and for the whole suite ("" - no -m), the node ids it selects and how
+    many.  The fast layer is collected as `make test-fast` does (-m "not server"); the whole
+    suite is what a plain `pytest tests` runs, collected once more with each test's layer
+    printed (a test the plugin deselects on this machine, the cross-engine appendix with
+    LABKIT_MYSQL_DSN=off, is in neither layer and not in the whole either); the server layer
+    is the whole's tests printed as server, which is what `-m server` selects."""
+    fast_proc, whole_proc = _collect("not server"), _collect("", print_layers=True)
+    fast, _ = _ids(fast_proc)
+    whole, text = _ids(whole_proc)
+    server = {line.split(" ", 2)[2] for line in text.splitlines() if line.startswith("LAYER server ")}
+    assert server <= whole
+    return {"not server": (fast, len(fast)), "server": (server, len(server)), "": (whole, len(whole))}
 
 
 def _has(ids: set[str], prefix: str) -> bool:

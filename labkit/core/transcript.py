@@ -66,24 +66,7 @@ class Transcript:
                 for after, new_blockers in other.rewaits:
                     if after == step.index:
                         own.note = _join(own.note, f"{other.session} now waits for {', '.join(new_blockers)}")
-            # steps that this one let through (or that finished while the script waited); a
-            # step that waited behind another waiting step is let through by that step's
-            # completion, and says so on its row
-            let_through = {step.session: own}
-            for other in run.steps:
-                if other.waited and other.completed_after == step.index and (
-                        other is not step or other.script_waited):
-                    if other.script_waited:
-                        note = _join(_note(other), "the script waited for it")
-                    else:
-                        behind = other.rewaits[-1][1] if other.rewaits else other.blocked_by
-                        by = next((let_through[b] for b in behind if b in let_through), own)
-                        by.note = _join(by.note, f"unblocks {other.session}")
-                        note = _note(other)
-                    rows.append(Row(f"{other.index + 1}'", other.session,
-                                    f"<... completed> → {other.outcome(brief=True)}", note, "",
-                                    "error" if other.error else "completed"))
-                    let_through[other.session] = rows[-1]
+            rows += _completions(run, step, own)
         return cls(run.names, rows, run.steps, locks_known)
 
     # -- text ------------------------------------------------------------------------
@@ -221,6 +204,30 @@ def _locks(step: Step, names: list[str]) -> str:
         if held:
             parts.append(f"{name}:{','.join(str(k) for k in held)}")
     return " ".join(parts)
+
+
+def _completions(run: Run, step: Step, own: Row) -> list[Row]:
+    """The rows of the steps that ``step`` let through (or that finished while the script
+    waited), noting "unblocks" on ``own``, the step's row; a step that waited behind another
+    waiting step is let through by that step's completion, and the note goes on its row."""
+    rows: list[Row] = []
+    let_through = {step.session: own}
+    for other in run.steps:
+        if not (other.waited and other.completed_after == step.index
+                and (other is not step or other.script_waited)):
+            continue
+        if other.script_waited:
+            note = _join(_note(other), "the script waited for it")
+        else:
+            behind = other.rewaits[-1][1] if other.rewaits else other.blocked_by
+            by = next((let_through[b] for b in behind if b in let_through), own)
+            by.note = _join(by.note, f"unblocks {other.session}")
+            note = _note(other)
+        rows.append(Row(f"{other.index + 1}'", other.session,
+                        f"<... completed> → {other.outcome(brief=True)}", note, "",
+                        "error" if other.error else "completed"))
+        let_through[other.session] = rows[-1]
+    return rows
 
 
 def _join(a: str, b: str) -> str:
