@@ -36,13 +36,11 @@ HUB_PORT   ?= 8000
 
 .PHONY: setup lab study test test-unit test-fast test-notebooks server-stop doctor clean-labs hub test-hub hub-status hub-clean
 
-# --no-compile: pip does not byte-compile all ~150 packages up front (half the install's time);
-# Python compiles each module the first time it is imported, and keeps the result.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Claim Lab needs Python 3.10 or newer (found %s)" % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
 setup: $(STAMP)
