@@ -89,18 +89,27 @@ TEST_JOBS ?= $(if $(LABKIT_DSN),1,4)
 # by default xdist hands out the files with the most tests first, which leaves the long files
 # with few tests (the browser checks, the torture runs) to run on alone at the end.
 XDIST := $(if $(filter-out 0 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder,-p no:xdist)
+# Where PYTHONDONTWRITEBYTECODE is set (CI sets it), Python never caches a compiled module, and
+# every process compiles labkit again: the test workers, each notebook's kernel and the hundreds
+# of worker processes the labs spawn. compileall writes the compiled files all the same (under a
+# second); a module edited later is compiled afresh, as Python checks each file's date.
+COMPILE := $(BIN)/python -m compileall -q labkit tests >/dev/null
 test: setup
+	@$(COMPILE)
 	$(BIN)/pytest $(XDIST) tests notebooks $(NBVAL)
 
 test-unit: setup
+	@$(COMPILE)
 	$(BIN)/pytest $(XDIST) tests
 
 # The tests that need no database server (text, parsing, the timing model, lint, the data
 # files' validators): they pass with none running and start none.
 test-fast: setup
+	@$(COMPILE)
 	$(BIN)/pytest $(XDIST) -m "not server" tests
 
 test-notebooks: setup
+	@$(COMPILE)
 	$(BIN)/pytest $(XDIST) notebooks $(NBVAL)
 
 doctor: setup
