@@ -139,5 +139,5 @@ def test_the_long_files_are_collected_first_and_every_files_order_is_kept():
     pytest_plugin._long_files_first(config, items)
     assert [(item.path.relative_to(ROOT).as_posix(), item.n) for item in items] == [
         ("tests/test_training.py", 3), ("notebooks/17_prove_it.ipynb", 1),
-        ("notebooks/17_prove_it.ipynb", 4), ("tests/test_text.py", 0), ("tests/test_text.py", 2),
-        ("tests/test_lint.py", 5)]
+        ("notebooks/17_prove_it.ipynb", 4), ("tests/test_lint.py", 5), ("tests/test_text.py", 0),
+        ("tests/test_text.py", 2)]

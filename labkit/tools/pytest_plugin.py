@@ -66,17 +66,25 @@ def _wants_mysql(item) -> bool:
     return item.get_closest_marker("needs_mysql") is not None or item.path.name == APPENDIX
 
 
-# The files that take longest (measured with --junitxml on two cores), longest first.  Under
+# The files that take longest (measured with --junitxml in a fresh clone's make test on two
+# cores: every file of 20 s or more), longest first.  Under
 # ``--dist loadfile --no-loadscope-reorder`` (make test) each file goes whole to one process, in
 # collection order, so a long file collected last leaves the other processes idle while it runs;
 # collected first, the short files fill in around it.  (Without --no-loadscope-reorder xdist
 # hands out the files with the most tests first, whatever this order.)  A file missing from
 # this list only runs in its usual place.
 LONG_FIRST = (
-    "tests/test_training.py", "tests/test_live_widgets.py", "tests/test_torture.py",
-    "notebooks/17_prove_it.ipynb", "tests/test_install.py", "tests/test_drill.py",
-    "tests/test_signals.py", "tests/test_relay.py", "tests/test_grade.py",
-    "tests/test_lifecycle.py", "tests/test_layers.py", "notebooks/16_how_fast.ipynb",
+    "tests/test_live_widgets.py", "tests/test_training.py", "notebooks/17_prove_it.ipynb",
+    "tests/test_relay.py", "tests/test_torture.py", "tests/test_horizon.py", "tests/test_grade.py",
+    "tests/test_lifecycle.py", "notebooks/20_other_engines.ipynb", "tests/test_mysql.py",
+    "tests/test_security.py", "tests/test_install.py", "tests/test_drill.py",
+    "notebooks/06_outbox_relay.ipynb", "tests/test_bench.py", "tests/test_load.py",
+    "tests/test_layers.py", "tests/test_lint.py", "notebooks/02_the_convoy.ipynb",
+    "notebooks/16_how_fast.ipynb", "notebooks/11_failures_heartbeats_schedules.ipynb",
+    "tests/test_signals.py", "tests/test_ordering.py", "tests/test_foundation.py",
+    "tests/test_inbox.py", "notebooks/12_wakeups_and_poolers.ipynb", "tests/test_wakeup.py",
+    "notebooks/10_the_mvcc_horizon.ipynb", "notebooks/09_relay_vs_drain.ipynb",
+    "notebooks/05_indexes_ordering_batches.ipynb", "notebooks/08_fencing_tokens.ipynb",
 )
 
 
