@@ -65,10 +65,10 @@ def test_an_incident_breaks_as_reported_and_holds_fixed(lab, name):
 def test_history_count_grows_with_history_without_the_index_and_stays_flat_with_it(lab):
     broken = inc.run(lab, "history-count")
     fixed = inc.run(lab, "history-count", fixed=True)
-    assert broken.observed["scan"] == "Seq Scan" and broken.observed["growth"] > 5
-    assert fixed.observed["scan"] == "Index Only Scan"
-    assert fixed.observed["buffers_per_count"][0] == fixed.observed["buffers_per_count"][1]
-    assert fixed.observed["buffers_per_count"][1] < broken.observed["buffers_per_count"][0]
+    assert broken.observed.scan == "Seq Scan" and broken.observed.growth > 5
+    assert fixed.observed.scan == "Index Only Scan"
+    assert fixed.observed.buffers_per_count[0] == fixed.observed.buffers_per_count[1]
+    assert fixed.observed.buffers_per_count[1] < broken.observed.buffers_per_count[0]
     assert (broken.invariant_holds, fixed.invariant_holds) == (False, True)
 
 
@@ -79,6 +79,16 @@ def test_the_fixed_unique_enqueue_shows_the_second_insert_waiting_for_the_first(
                     "4 B INSERT ON CONFLICT <waiting ...> BLOCKS (waits for A)",
                     "5 A COMMIT → COMMIT unblocks B", "4' B <... completed> → INSERT 0 0",
                     "6 B COMMIT → COMMIT", ""], text
+
+
+def test_what_a_run_read_back_is_read_by_name_and_cannot_be_changed(lab):
+    got = inc.run(lab, "key-share")
+    assert got.observed.error == "55P03" and got.observed["claimed"] == []
+    with pytest.raises(AttributeError, match="no 'errors'; it has claimed, error"):
+        got.observed.errors
+    with pytest.raises(TypeError, match="cannot be changed"):
+        got.observed["error"] = None
+    assert json.loads(got.to_json())["observed"] == {"claimed": [], "error": "55P03"}
 
 
 def test_an_unknown_incident_names_the_ones_there_are(lab):

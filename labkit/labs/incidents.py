@@ -63,6 +63,25 @@ class Incident:
     invariant: str
 
 
+class Readings(dict):
+    """What an incident's run read back from the server, by name: ``run.observed.b_claimed``.
+    Each incident reads its own things, so this is a mapping (its ``--json`` is an object) that
+    is also read by attribute; a misspelt name is an AttributeError listing the names there are,
+    and nothing may be changed."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"this run read back no {name!r}; it has "
+                                 f"{', '.join(self) or 'nothing'}") from None
+
+    def _frozen(self, *args: Any, **kw: Any) -> None:
+        raise TypeError("an incident's readings are what the server showed: they cannot be changed")
+
+    __setattr__ = __setitem__ = __delitem__ = update = pop = clear = setdefault = _frozen
+
+
 @dataclass(frozen=True)
 class IncidentRun(Result):
     """One incident played, broken or fixed (:func:`run`).
@@ -71,7 +90,8 @@ class IncidentRun(Result):
     fixed: played with the fix
     invariant: the promise checked
     invariant_holds: whether the server's state after the run kept it
-    observed: what the run read back from the server (counts, the error a step got...)
+    observed: what the run read back from the server (counts, the error a step got...), by
+        name (:class:`Readings`)
     took_s: wall-clock seconds the run took, set-up included
     transcript: the sessions' steps, in order (None for an incident without sessions)
     """
@@ -80,7 +100,7 @@ class IncidentRun(Result):
     fixed: bool
     invariant: str
     invariant_holds: bool
-    observed: dict[str, Any]
+    observed: Readings
     took_s: float
     transcript: Transcript | None = not_json()
 
@@ -468,7 +488,7 @@ def run(lab: Lab, name: str, *, fixed: bool = False, using: dict[str, str] | Non
     start = time.monotonic()
     outcome = INCIDENTS[name][1](lab, fixed, _Script(using))
     return IncidentRun(name=name, fixed=fixed, invariant=about.invariant,
-                       invariant_holds=outcome.holds, observed=outcome.observed,
+                       invariant_holds=outcome.holds, observed=Readings(outcome.observed),
                        took_s=round(time.monotonic() - start, 2), transcript=outcome.transcript)
 
 

@@ -133,7 +133,7 @@ def check_enqueue(lab: Lab, sql_text: str) -> Check:
     finally:
         scene.drop()
     errors = _errors(r)
-    live = r.observed["live_jobs_with_the_key"]
+    live = r.observed.live_jobs_with_the_key
     check.add(not errors, "two requests at once: neither failed" if not errors else
               "two requests at once: a request failed: " + "; ".join(errors))
     check.add(live == 1, f"two requests at once: live jobs with the key: {live}"
@@ -192,7 +192,7 @@ def check_batch_done(lab: Lab, sql_text: str) -> Check:
     finally:
         scene.drop()
     errors = _errors(r)
-    fired = r.observed["fired_by"]
+    fired = r.observed.fired_by
     check.add(not errors, "at once: no step failed" if not errors else
               "at once: a step failed: " + "; ".join(errors))
     check.add(fired == ["B"], f"at once: the callback fired {len(fired)} time(s)"
