@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 
 import pytest
 
@@ -91,13 +90,18 @@ def test_the_reading_sees_a_machine_kept_busy():
     quiet = load.reading()
     assert quiet.cpus == os.cpu_count() and quiet.stretch > 0.9
     import multiprocessing          # processes, not threads: they load the CPUs for real
-    procs = [multiprocessing.Process(target=_spin, args=(1.5,)) for _ in range(4 * (os.cpu_count() or 1))]
+    started, stop = multiprocessing.Semaphore(0), multiprocessing.Event()
+    procs = [multiprocessing.Process(target=_spin, args=(started, stop))
+             for _ in range(4 * (os.cpu_count() or 1))]
     for p in procs:
         p.start()
     try:
-        time.sleep(0.3)
+        # read only once every spinner spins (on a loaded machine a process can take a second
+        # or more to start, and a reading taken before would see less load than there is)
+        assert all(started.acquire(timeout=60) for _ in procs)
         loaded = load.reading()
     finally:
+        stop.set()
         for p in procs:
             p.join()
     assert loaded.stretch > STRETCH_SEEN and loaded.busy, (quiet, loaded)
@@ -106,9 +110,9 @@ def test_the_reading_sees_a_machine_kept_busy():
 STRETCH_SEEN = load.STRETCH
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def _spin(started, stop) -> None:
+    started.release()
+    while not stop.is_set():
         pass
 
 
