@@ -31,6 +31,7 @@ from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import statements
 from ...core.sessions import Sessions
+from ...core.steps import Step
 from ...labs import incidents
 from . import Check, Solo, bind, scratch, unchanged
 
@@ -42,10 +43,18 @@ SELECT 1, %(worker)s
 TRY = "change the statement and run the cell again."
 
 
-def _errors(run: incidents.IncidentRun) -> list[str]:
-    """``session: SQLSTATE message`` for each step of the run that failed."""
-    steps = run.transcript.steps if run.transcript is not None else []
+def _errors(steps: list[Step]) -> list[str]:
+    """``session: SQLSTATE message`` for each of ``steps`` that failed."""
     return [f"{s.session}: {s.error.sqlstate} {s.error.message}" for s in steps if s.error]
+
+
+def _run_errors(run: incidents.IncidentRun) -> list[str]:
+    return _errors(run.transcript.steps if run.transcript is not None else [])
+
+
+def _brief(exc: psycopg.Error) -> str:
+    """``SQLSTATE`` and the first line of the server's message."""
+    return f"{exc.sqlstate} {str(exc).splitlines()[0]}"
 
 
 def _one_statement(text: str) -> None:
@@ -61,7 +70,7 @@ def _alone(scene: Lab, text: str) -> str | None:
         try:
             conn.execute(text)
         except psycopg.Error as exc:
-            return f"{exc.sqlstate} {str(exc).splitlines()[0]}"
+            return _brief(exc)
     return None
 
 
@@ -84,7 +93,7 @@ def _enqueue_rolled_back(scene: Lab, text: str) -> tuple[bool, str]:
         run.A("ROLLBACK")
         incidents.settled(run, "B")
         run.B("COMMIT")
-        failed = [f"{s.session}: {s.error.sqlstate} {s.error.message}" for s in run.steps if s.error]
+        failed = _errors(run.steps)
     live, _ = scene.execute(incidents.q("unique_enqueue_live"))[0]
     if failed:
         return False, f"{what}: a request failed: {failed[0]}"
@@ -132,7 +141,7 @@ def check_enqueue(lab: Lab, sql_text: str) -> Check:
         later = _enqueue_later(scene, text)
     finally:
         scene.drop()
-    errors = _errors(r)
+    errors = _run_errors(r)
     live = r.observed.live_jobs_with_the_key
     check.add(not errors, "two requests at once: neither failed" if not errors else
               "two requests at once: a request failed: " + "; ".join(errors))
@@ -173,7 +182,7 @@ def _batch_in_turn(scene: Lab, text: str) -> tuple[int, bool, str | None]:
                     conn.execute(incidents.q("batch_finish"), {"job": job})
                     conn.execute(bind(scene, text, {"worker": worker}))
             except psycopg.Error as exc:
-                return 0, False, f"job {job}'s worker: {exc.sqlstate} {str(exc).splitlines()[0]}"
+                return 0, False, f"job {job}'s worker: {_brief(exc)}"
     fired = [r[0] for r in scene.execute("SELECT fired_by FROM callback_log")]
     return len(fired), fired == [names[-1]], None
 
@@ -191,7 +200,7 @@ def check_batch_done(lab: Lab, sql_text: str) -> Check:
         in_turn, by_last, turn_error = _batch_in_turn(scene, sql_text)
     finally:
         scene.drop()
-    errors = _errors(r)
+    errors = _run_errors(r)
     fired = r.observed.fired_by
     check.add(not errors, "at once: no step failed" if not errors else
               "at once: a step failed: " + "; ".join(errors))
