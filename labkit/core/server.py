@@ -274,6 +274,8 @@ class Status:
 class EmbeddedServer:
     """One PostgreSQL cluster in a data directory, managed with pg_ctl."""
 
+    hba_text = HBA          # who may connect (a replica pair's nodes also let replication in)
+
     def __init__(self, data_dir: Path | None = None):
         self.data_dir = Path(data_dir).absolute() if data_dir else data_root()
         self.pgdata = self.data_dir / "data"
@@ -530,7 +532,7 @@ class EmbeddedServer:
             self._private_dir(self.pgdata, created)
             self._write_state(cluster="data", created_by="labkit")
         self._private_dir(self.run_dir, created)
-        _write_atomic(self.hba_file, HBA, 0o644 if user is not None else 0o600)
+        _write_atomic(self.hba_file, self.hba_text, 0o644 if user is not None else 0o600)
 
     def _ours(self) -> bool:
         """Did labkit create the cluster folder?  (An older labkit left a state file and a
@@ -568,7 +570,11 @@ class EmbeddedServer:
                 "then run `labkit server start`. Do not reset the server for this.")
 
     def _options(self, port: int) -> str:
-        settings = {
+        return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in self._settings(port).items())
+
+    def _settings(self, port: int) -> dict[str, str]:
+        """The server's settings, given on its command line (they win over its files)."""
+        return {
             "port": str(port),
             "listen_addresses": "",
             "unix_socket_directories": str(self.run_dir),
@@ -596,7 +602,6 @@ class EmbeddedServer:
             # slot needs no WAL sender.
             "wal_level": "logical",
         }
-        return " ".join(f"-c {shlex.quote(f'{k}={v}')}" for k, v in settings.items())
 
     # -- life cycle ---------------------------------------------------------------
     def _initdb(self) -> None:

@@ -190,9 +190,9 @@ def _runner(host: str | None) -> pwd.struct_passwd | None:
 
 
 # The process between us and PgBouncer (it drops root, asks the kernel to end it when we die,
-# then becomes PgBouncer): a file of its own beside this one, run by path as
+# then becomes PgBouncer): labkit.core's launcher, a file of its own, run by path as
 # `python -I -S FILE`, so that it imports nothing but the standard library.
-_LAUNCH = Path(__file__).resolve().with_name("_pooler_launch.py")
+_LAUNCH = Path(__file__).resolve().parent.parent / "core" / "_launch.py"
 
 
 def _quote(value: str) -> str:
@@ -442,7 +442,7 @@ class PgBouncer:
             with signals_deferred():
                 self._proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", str(_LAUNCH), str(parent), str(uid), str(gid),
-                     self.binary, str(self._file(self.config_path))],
+                     str(int(signal.SIGTERM)), self.binary, str(self._file(self.config_path))],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(self.dir),
                     start_new_session=True)   # a Ctrl-C at the terminal is ours to act on, not its
                 _live.add(self)
