@@ -836,6 +836,7 @@ def configure_trace_parser(commands: Subcommands) -> None:
     configure_lease_traces(traces)
     configure_production_traces(traces)
     configure_outbox_traces(traces)
+    configure_failover_traces(traces)
 
 
 RELAY_TRACES = (("relay", "the outbox relay killed (or frozen) mid-batch; a second relay "
@@ -1186,3 +1187,33 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def configure_failover_traces(traces: Subcommands) -> None:
+    """``labkit trace restart|listener|half-open|failover``: the server goes away, on the lab's own
+    throw-away servers (always from the embedded binaries, also with LABKIT_DSN set)."""
+    from .labs import failover, halfopen, relisten
+
+    p = _command(traces, "restart", "a restart under a worker: an advisory claim runs twice, a leased one once",
+                 lambda a: failover.restart_command(json=a.json))
+    p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
+    p = _command(traces, "listener", "LISTEN workers across a restart: the one that never reconnects stalls",
+                 lambda a: relisten.trace_command(cap_s=a.cap, jobs=a.jobs, json=a.json))
+    p.add_argument("--cap", type=_number, default=6.0,
+                   help="seconds the trace watches after the restart (default 6)")
+    p.add_argument("--jobs", type=_number, default=5, help="jobs enqueued after the restart (default 5)")
+    p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
+    p = _command(traces, "half-open", "a connection gone silent: how long a worker hangs, with and without keepalives",
+                 lambda a: halfopen.trace_command(cap_s=a.cap, tcp_user_timeout_ms=a.tcp_user_timeout,
+                                                  json=a.json))
+    p.add_argument("--cap", type=_number, default=6.0,
+                   help="seconds the trace waits for the hung worker (default 6)")
+    p.add_argument("--tcp-user-timeout", type=_number, default=2000,
+                   help="the keepalive run's tcp_user_timeout in ms (default 2000)")
+    p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
+    p = _command(traces, "failover", "a primary fails over to its standby: what is lost, what runs twice, "
+                 "whether the fence holds", lambda a: failover.failover_command(replication=a.replication,
+                                                                                json=a.json))
+    p.add_argument("--replication", choices=["async", "sync"], default="async",
+                   help="the standby streams asynchronously (default) or is the primary's synchronous standby")
+    p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")

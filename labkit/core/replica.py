@@ -326,6 +326,14 @@ class ReplicaPair:
         return int(self.standby.one("SELECT pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_replay_lsn())",
                                     (flushed,)))
 
+    def flush_lag_ms(self) -> float:
+        """How long the standby last took to flush what the primary had flushed (the
+        walsender's ``flush_lag``), in ms; 0 when it has nothing to report."""
+        assert self.primary is not None
+        lag = self.primary.one("SELECT extract(epoch FROM flush_lag) * 1000 FROM pg_stat_replication "
+                               "WHERE application_name = %s", (STANDBY_NAME,))
+        return float(lag or 0)
+
     def cut_standby(self, timeout: float = 30) -> None:
         """The standby stops receiving WAL (its primary_conninfo cleared and reloaded: its WAL
         receiver ends and does not come back), and the primary no longer sees it."""

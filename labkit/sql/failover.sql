@@ -1,0 +1,100 @@
+-- When the server goes away (labkit.labs.failover): a restart, and a failover to a standby.
+-- Every query runs on the lab's own throw-away servers (labkit.core.replica), never on the
+-- workbook's shared one.
+
+-- name: scene
+-- Jobs with a lease and a fence (version: bumped by every claim; epoch: the timeline the
+-- claim was made on), the outbox the completions write into, and a record of every run.
+CREATE TABLE job (
+    id          int PRIMARY KEY,
+    status      text NOT NULL DEFAULT 'PENDING',
+    worker      text,
+    lease_until timestamptz,
+    version     int NOT NULL DEFAULT 0,
+    epoch       int NOT NULL DEFAULT 0
+);
+CREATE TABLE outbox (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event     text NOT NULL,
+    published boolean NOT NULL DEFAULT false
+);
+CREATE TABLE job_run (
+    job_id int NOT NULL,
+    worker text NOT NULL,
+    claim  text NOT NULL
+);
+
+-- name: enqueue
+-- Jobs 1..n, all pending.
+INSERT INTO job (id) SELECT g FROM generate_series(1, %(n)s) AS g;
+
+-- name: advisory_claim
+-- The advisory claim (the way some queues hold a job): the job's row is left as it is, and a
+-- session-level advisory lock on its id says "taken" for as long as this session lives.
+SELECT pg_try_advisory_lock(%(id)s) AS got;
+
+-- name: advisory_candidates
+-- The advisory claimer's candidates: pending jobs that nobody has recorded a run of yet.
+SELECT id FROM job WHERE status = 'PENDING' ORDER BY id;
+
+-- name: lease_claim
+-- The row claim with a lease: the claim is a committed row, so it outlives any session.  A
+-- job is claimable while pending, or once its lease has run out.
+UPDATE job
+   SET status = 'RUNNING', worker = %(worker)s, lease_until = now() + %(lease)s::interval,
+       version = version + 1,
+       epoch = ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int
+ WHERE id = (SELECT id FROM job
+              WHERE id = ANY(%(ids)s)
+                AND (status = 'PENDING' OR (status = 'RUNNING' AND lease_until < now()))
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, version, epoch;
+
+-- name: record_run
+-- The worker ran the job: one row per run, whoever ran it and how it had claimed it.
+INSERT INTO job_run (job_id, worker, claim) VALUES (%(id)s, %(worker)s, %(claim)s);
+
+-- name: complete
+-- The completion and its event, in one transaction (the outbox pattern).  Fenced: only the
+-- holder of the job's current version may complete it.
+WITH done AS (
+    UPDATE job SET status = 'DONE', lease_until = NULL
+     WHERE id = %(id)s AND version = %(version)s
+    RETURNING id
+)
+INSERT INTO outbox (event) SELECT 'job ' || id || ' done' FROM done RETURNING id;
+
+-- name: fenced_write
+-- A worker's write that carries its fencing token: the job's version it claimed.
+UPDATE job SET status = 'DONE', worker = %(worker)s
+ WHERE id = %(id)s AND version = %(version)s;
+
+-- name: fenced_write_epoch
+-- The same write fenced by (epoch, version): a token from an older timeline never matches.
+UPDATE job SET status = 'DONE', worker = %(worker)s
+ WHERE id = %(id)s AND (epoch, version) = (%(epoch)s, %(version)s);
+
+-- name: relay_claim
+-- The relay: claim a batch of unpublished events (published, then marked, in one transaction).
+SELECT id, event FROM outbox WHERE NOT published ORDER BY id
+ LIMIT %(batch)s FOR UPDATE SKIP LOCKED;
+
+-- name: relay_mark
+-- ...and mark them published once the broker has confirmed each.
+UPDATE outbox SET published = true WHERE id = ANY(%(ids)s);
+
+-- name: job_state
+-- One job as the server holds it.
+SELECT status, worker, version, epoch FROM job WHERE id = %(id)s;
+
+-- name: runs_per_job
+-- How many times each job was run, and by which kind of claim.
+SELECT job_id, claim, count(*) AS runs FROM job_run GROUP BY job_id, claim ORDER BY job_id;
+
+-- name: commit_probe_scene
+-- One small table the commit-cost probe inserts into, a row per commit.
+CREATE TABLE commit_probe (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz DEFAULT now());
+
+-- name: commit_probe
+-- One commit: a row inserted (autocommit: the statement is its own transaction).
+INSERT INTO commit_probe DEFAULT VALUES;

@@ -1,0 +1,146 @@
+"""The restart and failover traces (labkit.labs.failover) on the lab's own primary and standby
+(labkit.core.replica): what each promises, and that nothing of theirs is left running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.core import replica
+from labkit.core.errors import LabkitError, ServerError
+from labkit.labs import failover
+
+pytestmark = pytest.mark.usefixtures("scratch_server")
+
+
+def pair_processes(root: Path) -> list[int]:
+    """Processes whose working folder is under ``root`` (a pair's servers run in theirs)."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_pair_streams_and_a_promoted_standby_takes_writes():
+    with replica.ReplicaPair(replication="sync") as pair:
+        assert pair.primary.one("SELECT pg_is_in_recovery()") is False
+        assert pair.standby.one("SELECT pg_is_in_recovery()") is True
+        assert pair.primary.one("SELECT sync_state FROM pg_stat_replication") == "sync"
+        with pair.primary.connect() as conn:
+            conn.execute("CREATE TABLE t (id int)")
+            conn.execute("INSERT INTO t VALUES (1)")
+        pair.wait_caught_up()
+        assert pair.standby.one("SELECT count(*) FROM t") == 1
+        with pytest.raises(Exception, match="read-only"):
+            pair.standby.one("INSERT INTO t VALUES (2) RETURNING id")
+        pair.primary.crash()
+        pair.promote()
+        assert pair.timeline(pair.standby) == 2
+        assert pair.standby.one("INSERT INTO t VALUES (2) RETURNING id") == 2
+        folder = pair.folder
+    assert not folder.exists()
+    assert pair_processes(replica.pairs_root()) == []
+    assert not replica._live
+
+
+def test_a_restart_runs_the_advisory_claim_twice_and_the_leased_one_once():
+    run = failover.restart_trace()
+    assert run.advisory_claims_run_twice == 1
+    assert run.row_claims_run_twice == 0
+    assert run.runs == {1: ["w1", "w2"], 2: ["w1"]}
+    assert run.kept == ["job 2's committed claim: RUNNING, worker w1, version 1"]
+    assert any("job 3 is PENDING" in text for text in run.lost)
+    assert ("w1's connection", "the connection is gone") in run.rows
+    assert pair_processes(replica.pairs_root()) == []
+
+
+def test_an_asynchronous_failover_loses_acknowledged_commits_and_reissues_the_fence():
+    run = failover.failover_trace(replication="async")
+    assert run.acknowledged > 0 and run.lost_commits == run.acknowledged
+    assert run.jobs_run_again > 0
+    assert run.marks_lost > 0 and run.events_published_twice >= run.marks_lost
+    assert run.in_flight == 0
+    assert run.fence_version_reissued and run.zombie_write_accepted
+    assert not run.zombie_write_accepted_with_epoch
+    assert run.timelines == (1, 2)
+    assert run.commit_ms_p50 > 0
+
+
+def test_a_synchronous_failover_loses_nothing_acknowledged_and_the_fence_holds():
+    run = failover.failover_trace(replication="sync")
+    assert run.acknowledged == 0 and run.lost_commits == 0
+    assert run.in_flight == 3                     # w1, the relay and B waited for the standby
+    assert run.jobs_run_again == 0
+    assert not run.fence_version_reissued
+    assert not run.zombie_write_accepted and not run.zombie_write_accepted_with_epoch
+    # The relay's batch in flight was published, its mark never acknowledged: published again.
+    assert run.events_published_twice > 0 and run.marks_lost == 0
+
+
+def test_commit_cost_times_every_level_in_one_pair():
+    cost = failover.commit_cost(commits=60, rounds=3)
+    assert set(cost.ms_p50) == set(failover.COMMIT_LEVELS)
+    assert cost.commits == 60 and all(ms > 0 for ms in cost.ms_p50.values())
+
+
+def test_bad_settings_are_refused_with_the_fix():
+    with pytest.raises(LabkitError, match="--replication async or --replication sync"):
+        failover.failover_trace(replication="semi")
+    with pytest.raises(ServerError, match="use one of async, sync"):
+        replica.ReplicaPair(replication="semi")
+    with pytest.raises(LabkitError, match="jobs >= 40"):
+        failover.failover_trace(jobs=10)
+
+
+def test_the_pair_comes_from_the_embedded_binaries_whatever_labkit_dsn_says(monkeypatch):
+    monkeypatch.setenv("LABKIT_DSN", "postgresql://nobody@127.0.0.1:1/none")
+    assert failover.restart_trace().advisory_claims_run_twice == 1
+
+
+def _run_until_standby(code: str) -> tuple[subprocess.Popen, Path]:
+    """``code`` in a new Python process; returns once its pair's standby is running."""
+    proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ.copy())
+    folder = replica.pairs_root() / f"{proc.pid}-1"
+    deadline = time.monotonic() + 60
+    while not (folder / "standby" / "data" / "postmaster.pid").exists():
+        assert proc.poll() is None, "the trace ended before its standby started"
+        assert time.monotonic() < deadline, "the standby never started"
+        time.sleep(0.02)
+    return proc, folder
+
+
+TRACE = "from labkit.labs import failover; failover.failover_trace(replication='sync', jobs=4000)"
+
+
+def test_ctrl_c_mid_failover_leaves_nothing_running():
+    proc, folder = _run_until_standby(TRACE)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) != 0
+    assert pair_processes(folder) == []
+    assert not folder.exists()
+
+
+def test_a_killed_process_takes_its_servers_with_it_and_the_next_pair_sweeps_its_folder():
+    proc, folder = _run_until_standby(TRACE)
+    proc.kill()
+    proc.wait(30)
+    deadline = time.monotonic() + 20
+    while pair_processes(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pair_processes(folder) == []           # the kernel sent each postmaster SIGQUIT
+    assert folder.exists()
+    mine = replica._new_folder()
+    try:
+        assert not folder.exists()
+    finally:
+        mine.rmdir()
