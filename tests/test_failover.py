@@ -144,3 +144,41 @@ def test_a_killed_process_takes_its_servers_with_it_and_the_next_pair_sweeps_its
         assert not folder.exists()
     finally:
         mine.rmdir()
+
+
+# -- the notebook's exercises -------------------------------------------------------------------
+
+from labkit.tools.exercises import failover as exercises  # noqa: E402
+
+RESTART_ANSWER = failover.query(failover.SQL, "restart_claim_answer").text
+FENCE_ANSWER = """UPDATE job SET status = 'DONE'
+ WHERE id = %(id)s AND (epoch, version) = (%(epoch)s, %(version)s)"""
+
+
+def test_the_advisory_claim_fails_the_restart_exercise_and_the_leased_claim_passes():
+    starter = exercises.check_restart_claim(exercises.RESTART_STARTER)
+    assert not starter.passed
+    assert "w2 claimed job 1: w1's job again" in str(starter)
+    assert "advisory claim as it stands" in starter.hint
+    assert exercises.check_restart_claim(RESTART_ANSWER).passed
+    # A claim with no lease never gives the job back.
+    no_lease = exercises.check_restart_claim(
+        "UPDATE job SET status = 'RUNNING', worker = %(worker)s WHERE id = (SELECT id FROM job "
+        "WHERE status = 'PENDING' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id")
+    assert not no_lease.passed and "lease_until is past" in no_lease.hint
+
+
+def test_the_version_fence_fails_the_failover_exercise_and_the_epoch_fence_passes():
+    starter = exercises.check_fenced_write(exercises.FENCE_STARTER)
+    assert not starter.passed
+    assert "zombie B (version 2, epoch 1): 1 row changed" in str(starter)
+    assert exercises.check_fenced_write(FENCE_ANSWER).passed
+
+
+def test_an_exercise_with_unknown_parameters_or_two_statements_says_what_is_allowed():
+    with pytest.raises(LabkitError, match=r"use only %\(id\)s, %\(version\)s, %\(epoch\)s"):
+        exercises.check_fenced_write("UPDATE job SET status = 'DONE' WHERE id = %(job)s")
+    with pytest.raises(LabkitError, match="one statement, not 2"):
+        exercises.check_restart_claim("SELECT 1; SELECT 2")
+    with pytest.raises(LabkitError, match="empty"):
+        exercises.check_restart_claim("  ")

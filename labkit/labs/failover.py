@@ -1,4 +1,4 @@
-"""When the server goes away: a restart, and a failover to a standby (notebook 21).
+"""When the server goes away: a restart, and a failover to a standby (notebook 19).
 
 Both run on the lab's own throw-away servers (:class:`labkit.core.replica.ReplicaPair`), never
 on the workbook's shared one, and every query is named in ``labkit/sql/failover.sql``.

@@ -1,15 +1,14 @@
 """The listener that died: workers woken by LISTEN/NOTIFY, and a server restart under them.
 
 A worker woken by NOTIFY keeps one connection open and runs LISTEN on it.  On the server, that
-LISTEN is state of the connection's session, and of nothing else: no catalog row, nothing in the
-WAL.  When the server restarts, every session ends, and every LISTEN with it; the server that
-comes back has no record that anyone listened, and a NOTIFY sent to the channel reaches no
-one.  A worker that does not notice, open a new connection and LISTEN again is never woken;
-if it has no poll of its own, it never looks at the table either, and its queue grows while
-its thread runs and its log shows nothing worse than an error at the moment of the restart.
-This is the shape of reports such as graphile-worker #541 ("LISTEN/NOTIFY sometimes drops
-without recovery") and Oban #1499 (after the notifier restarted, new jobs stay "available"
-until the node is restarted).
+LISTEN belongs to the connection's session and lives in the server's memory: no table holds it
+and nothing of it is written to disk.  When the server restarts, every session ends, and every
+LISTEN with it; the server that comes back has no record that anyone listened, and a NOTIFY
+sent to the channel reaches no one.  A worker that does not open a new connection and LISTEN
+again is never woken; if it has no poll of its own, it never looks at the table either, and
+its queue grows while its thread still runs.  This is the shape of reports such as
+graphile-worker #541 ("LISTEN/NOTIFY sometimes drops without recovery") and Oban #1499 (after
+the notifier restarted, new jobs stay "available" until the node is restarted).
 
 :func:`listener_trace` shows it on a real server, a throw-away one of the lab's own
 (:class:`~labkit.core.replica.ReplicaPair`, never the workbook's server, which other notebooks
@@ -29,11 +28,17 @@ sweep that follows its new LISTEN.  Read from the server afterwards: a new sessi
 not in ``pg_stat_activity`` any more.  :func:`trace_command` prints the run
 (``labkit trace relisten``, wired in by the command line).
 
-What this lab does not show, for the notebook's prose: a safety poll alone would not have
-saved the naive listener, since it would poll on the same dead connection and fail the same
-way; what brings the queue back is a new connection.  The ListenWorker's safety poll is for
-a notification lost while its connection lives; here its sweep after the new LISTEN finds
-the jobs whose NOTIFY came while it had no connection.
+What this lab does not measure, for the notebook's prose:
+
+* A safety poll on the listener's own connection would not have saved the naive listener: it
+  would fail on the dead connection as the wait does.  A poll through a pool, which opens new
+  connections, would find the jobs a poll interval late (graphile-worker #541's workers went
+  on polling every few minutes).  What gives the queue back its wake-ups is a new connection
+  that LISTENs again.  Here the ListenWorker's safety poll has nothing to do: the sweep after
+  its new LISTEN finds the jobs whose NOTIFY came while it had no connection.
+* Notifications committed but not yet read when the server stops are lost too: at start the
+  server empties its notification queue (``pg_notify/``; ``AsyncShmemInit`` in
+  ``src/backend/commands/async.c``, read, not measured here).
 """
 
 from __future__ import annotations
@@ -318,9 +323,9 @@ def listener_trace(*, cap_s: float = 6.0, jobs: int = 5, safety_poll_s: float = 
        the restart);
     3. a probe session LISTENs on both channels; the server is restarted (SIGQUIT to the
        postmaster, every session ends; then a start);
-    4. ``jobs`` jobs to each queue, with their NOTIFY, one round every
-       ``1 / (jobs - 1)`` s; the trace watches until ``cap_s`` after the server took
-       connections again, then reads each queue from the table and, in a new probe session,
+    4. ``jobs`` jobs to each queue, each with its NOTIFY, in rounds spread over a second from
+       the moment the server takes connections again; the trace watches until ``cap_s``
+       after that moment, then reads each queue from the table and, in a new probe session,
        the channels it listens on and the sessions the server has.
 
     Both workers are stopped and their threads joined at the end, also on an error or Ctrl-C;
@@ -410,8 +415,7 @@ def _result(trace: _Trace, *, before: _ServerView, after: _ServerView, waiting: 
         "naive_sessions_after": len(after.sessions[APPS[NAIVE]]),
         "worker_sessions_after": len(after.sessions[APPS[WORKER]]),
     }
-    rows = _rows(trace, naive_log[warm[0]:], worker_log[warm[1]:], before=before, after=after,
-                 waiting=waiting, facts=facts)
+    rows = _rows(trace, warm, before=before, after=after, waiting=waiting, facts=facts)
     return ListenerRun(
         cap_s=trace.cap_s, jobs=trace.jobs,
         stalled_s_without_reconnect=stalled[NAIVE], jobs_waiting_without_reconnect=waiting[NAIVE],
@@ -433,46 +437,60 @@ def _claimed(n: int, of: int) -> str:
     return f"claimed all {of}" if n == of else f"claimed {n} of {of}"
 
 
-def _rows(trace: _Trace, naive_after: list[tuple[float, str]],
-          worker_after: list[tuple[float, str, int | None]], *, before: _ServerView,
-          after: _ServerView, waiting: dict[str, int], facts: dict[str, int]) -> list[tuple[str, str]]:
+def _sessions(n: int) -> str:
+    return "no session" if n == 0 else "1 session" if n == 1 else f"{n} sessions"
+
+
+def _naive_did(after: list[tuple[float, str]]) -> str:
+    """What the naive listener did about the restart, from its log after it."""
+    failures = sum(1 for _, w in after if w.startswith("wait failed"))
+    if failures > 1:
+        did = "its wait failed; it logged that and waited again on the same connection, failing every time"
+    elif failures == 1:
+        did = "its wait failed once; it logged that and waited again on the same connection"
+    else:
+        did = "nothing: it went on waiting"
+    listens = any(w.startswith("LISTEN") for _, w in after)
+    return did + ("; it ran LISTEN again" if listens else "; it never LISTENed again")
+
+
+def _worker_did(after: list[tuple[float, str, int | None]]) -> str:
+    """What the ListenWorker did about the restart, from its log after it."""
+    lost = any(w == "connection lost" for _, w, _ in after)
+    listens = any(w == "LISTEN" for _, w, _ in after)
+    if lost and listens:
+        return "connection lost; a new connection, LISTEN on it and a sweep of its queue"
+    return "connection lost; no new LISTEN" if lost else "nothing: it went on waiting"
+
+
+def _rows(trace: _Trace, warm: tuple[int, int], *, before: _ServerView, after: _ServerView,
+          waiting: dict[str, int], facts: dict[str, int]) -> list[tuple[str, str]]:
     """The run in words, from the logs and the server's answers: no timings, so that two runs
     that behave the same read the same."""
+    naive_after, worker_after = trace.naive.log[warm[0]:], trace.worker.log[warm[1]:]
     naive_claims = sum(1 for _, w in naive_after if "claimed" in w)
     worker_claims = sum(1 for _, _, job in worker_after if job is not None)
-    if facts["naive_wait_failures"] > 1:
-        naive_did = ("its wait failed; it logged the error and waited again on the same "
-                     "connection, which failed again, every time")
-    elif facts["naive_wait_failures"] == 1:
-        naive_did = "its wait failed once; it logged the error and waited again on the same connection"
-    else:
-        naive_did = "nothing: it went on waiting"
-    if any(w.startswith("LISTEN") for _, w in naive_after):
-        naive_did += "; it ran LISTEN again"
-    relisten = sum(1 for _, w, _ in worker_after if w == "LISTEN")
-    lost = any(w == "connection lost" for _, w, _ in worker_after)
-    worker_did = ("connection lost; a new connection, LISTEN on it and a sweep of its queue" if lost and relisten
-                  else "connection lost; no new LISTEN" if lost else "nothing: it went on waiting")
+    first_why = next((why for _, why, job in trace.worker.log[:warm[1]] if job is not None), None)
+    first = "woken, claimed it" if first_why == "notify" else f"claimed it ({first_why})"
     gone = ("gone from pg_stat_activity" if facts["old_sessions_left"] == 0
             else f"{facts['old_sessions_left']} still in pg_stat_activity")
     return [
         ("both workers start, each LISTENing on its own channel",
          f"naive listener: LISTEN {CHANNELS[NAIVE]}; ListenWorker: LISTEN {CHANNELS[WORKER]}, then a sweep"),
-        ("a job to each queue, with its NOTIFY",
-         "naive listener: woken, claimed it; ListenWorker: woken, claimed it"),
+        ("a job to each queue, with its NOTIFY", f"naive listener: woken, claimed it; ListenWorker: {first}"),
         ("a probe session LISTENs on both channels",
-         f"pg_listening_channels(): {', '.join(before.channels) or 'none'}"),
+         f"its pg_listening_channels(): {', '.join(before.channels) or 'none'}"),
         ("the server restarts (an immediate shutdown, then a start)",
-         f"naive listener: {naive_did}; ListenWorker: {worker_did}"),
-        ("the server, asked in a new session afterwards",
-         f"pg_listening_channels(): {', '.join(after.channels) or 'none'}; the sessions that "
-         f"listened before: {gone}; naive listener: {facts['naive_sessions_after']} session, "
-         f"ListenWorker: {facts['worker_sessions_after']}"),
+         f"naive listener: {_naive_did(naive_after)}; ListenWorker: {_worker_did(worker_after)}"),
         (f"{trace.jobs} jobs to each queue, one at a time, each with its NOTIFY",
          f"naive listener: {_claimed(naive_claims, trace.jobs)}; "
          f"ListenWorker: {_claimed(worker_claims, trace.jobs)}"),
         ("the watch ends",
          f"naive listener: {waiting[NAIVE]} jobs waiting; ListenWorker: {waiting[WORKER]} jobs waiting"),
+        ("the probe connects again (a new session)",
+         f"its pg_listening_channels(): {', '.join(after.channels) or 'none'}; the sessions that "
+         f"listened before the restart: {gone}; naive listener: {_sessions(facts['naive_sessions_after'])}, "
+         f"ListenWorker: {_sessions(facts['worker_sessions_after'])}"),
     ]
 
 

@@ -98,3 +98,28 @@ CREATE TABLE commit_probe (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, a
 -- name: commit_probe
 -- One commit: a row inserted (autocommit: the statement is its own transaction).
 INSERT INTO commit_probe DEFAULT VALUES;
+
+-- name: restart_claim_starter
+-- The claim as it stands: the first pending job, held by a session-level advisory lock.
+SELECT id FROM job
+ WHERE id = (SELECT min(id) FROM job WHERE status = 'PENDING')
+   AND pg_try_advisory_lock(id);
+
+-- name: restart_claim_answer
+-- A claim the server keeps across a restart: a committed row with a lease, claimable again
+-- only once the lease has run out.
+UPDATE job
+   SET status = 'RUNNING', worker = %(worker)s, lease_until = now() + interval '30 seconds'
+ WHERE id = (SELECT id FROM job
+              WHERE status = 'PENDING' OR (status = 'RUNNING' AND lease_until < now())
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: lease_runs_out
+-- Scripted: the claimed job's lease has run out (the checker does not wait 30 seconds).
+UPDATE job SET lease_until = now() - interval '1 second' WHERE id = %(id)s;
+
+-- name: fence_starter
+-- The fenced completion as notebook 08 wrote it: the token is the job's version.
+UPDATE job SET status = 'DONE'
+ WHERE id = %(id)s AND version = %(version)s;
