@@ -90,7 +90,9 @@ def test_the_listen_worker_reconnects_and_claims_every_job_well_within_the_cap(r
     assert r.jobs_waiting_with_reconnect == 0
     assert 0 <= r.stalled_s_with_reconnect < r.cap_s
     after = [(t, what, job) for t, what, job in r.worker_log if t >= r.restarted_at_s]
-    assert [what for _, what, _ in after][:2] == ["connection lost", "LISTEN"]
+    # (on a loaded machine the server may still be starting when it first tries: "connect
+    # failed", and it tries again after retry_s)
+    assert [what for _, what, _ in after if what != "connect failed"][:2] == ["connection lost", "LISTEN"]
     assert len([job for _, _, job in after if job is not None]) == r.jobs
     assert r.worker_listens == 2
     # its new LISTEN came after its pause (retry_s), and before the watch ended

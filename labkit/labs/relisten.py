@@ -26,7 +26,7 @@ The naive listener claims nothing; the ListenWorker claims every job, the first 
 sweep that follows its new LISTEN.  Read from the server afterwards: a new session's
 ``pg_listening_channels()`` is empty, and the sessions that listened before the restart are
 not in ``pg_stat_activity`` any more.  :func:`trace_command` prints the run
-(``labkit trace relisten``, wired in by the command line).
+(``labkit trace listener``).
 
 What this lab does not measure, for the notebook's prose:
 
@@ -518,7 +518,7 @@ def report(r: ListenerRun) -> str:
 
 
 def trace_command(*, cap_s: float, jobs: int, json: bool) -> int:
-    """``labkit trace relisten [--cap-s 6] [--jobs 5] [--json]``: :func:`listener_trace`, as
+    """``labkit trace listener [--cap 6] [--jobs 5] [--json]``: :func:`listener_trace`, as
     text or JSON."""
     check_params(cap_s=cap_s, jobs=jobs, retry_s=RETRY_S)
     r = listener_trace(cap_s=cap_s, jobs=jobs)
