@@ -25,6 +25,7 @@ from .core.load import shape
 from .core.mysessions import MySessions
 from .core.plots import PALETTE, legend_below, setup_matplotlib
 from .core.queries import query
+from .core.replica import ReplicaPair
 from .core.sessions import Sessions, Step
 from .core.text import fill, table
 from .core.trace import Trace
@@ -46,6 +47,6 @@ def setup(notebook: str) -> Lab:
     return Lab.open(connect(), notebook)
 
 
-__all__ = ["PALETTE", "Database", "Lab", "LabkitError", "MySessions", "Sessions", "Step", "Trace",
+__all__ = ["PALETTE", "Database", "Lab", "LabkitError", "MySessions", "ReplicaPair", "Sessions", "Step", "Trace",
            "connect", "fill", "lab", "legend_below", "mysql", "query", "read_sql", "schema_name",
            "setup", "shape", "table", "workbook_map", "__version__"]

@@ -208,16 +208,16 @@ def killed_runs_schemas(conn) -> list[str]:
 
 
 def _appendix_line() -> str:
-    """Notebook 20's server, in one line: which one, or why the appendix is skipped (not a
+    """Notebook 21's server, in one line: which one, or why the appendix is skipped (not a
     problem: nothing else needs it)."""
     from .core import mysql
 
     try:
-        return f"cross-engine appendix (notebook 20): {mysql.find().describe()}"
+        return f"cross-engine appendix (notebook 21): {mysql.find().describe()}"
     except mysql.NoServer as exc:
-        return f"cross-engine appendix (notebook 20) skipped: {exc.what} To run it: {exc.fix}"
+        return f"cross-engine appendix (notebook 21) skipped: {exc.what} To run it: {exc.fix}"
     except LabkitError as exc:
-        return f"cross-engine appendix (notebook 20) cannot run: {exc}"
+        return f"cross-engine appendix (notebook 21) cannot run: {exc}"
 
 
 IDLE_MAX_S = 7 * 86_400      # a week: longer than any session a lab leaves behind
@@ -657,7 +657,7 @@ def _run_convoy(a: argparse.Namespace) -> int:
 
 
 def configure_convoy_parser(commands: Subcommands) -> None:
-    """``labkit convoy``: the sweep of notebook 02 (and of notebook 20, on another engine)."""
+    """``labkit convoy``: the sweep of notebook 02 (and of notebook 21, on another engine)."""
     p = _command(commands, "convoy", "measure the convoy: N workers claiming from one job table, per "
                                      "claim policy",
                  _run_convoy, prefix="labkit convoy")
@@ -685,7 +685,7 @@ def configure_convoy_parser(commands: Subcommands) -> None:
                         "within 15%% of 1/d, sweep <= 45 s); exit 1 if one is missed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--engine", choices=spec.ENGINES, default="postgresql",
-                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 20 "
+                   help="the lab's PostgreSQL (default), or the MySQL-compatible server of notebook 21 "
                         "(LABKIT_MYSQL_DSN, else 127.0.0.1:3306)")
     p.add_argument("--isolation", choices=["repeatable-read", "read-committed"], default=None,
                    help="MySQL and MariaDB only: the workers' isolation level (default: the server's, "
@@ -1189,31 +1189,47 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def _run_trace_restart(a: argparse.Namespace) -> int:
+    from .labs import failover
+    return failover.restart_command(json=a.json)
+
+
+def _run_trace_listener(a: argparse.Namespace) -> int:
+    from .labs import relisten
+    return relisten.trace_command(cap_s=a.cap, jobs=a.jobs, json=a.json)
+
+
+def _run_trace_half_open(a: argparse.Namespace) -> int:
+    from .labs import halfopen
+    return halfopen.trace_command(cap_s=a.cap, tcp_user_timeout_ms=a.tcp_user_timeout, json=a.json)
+
+
+def _run_trace_failover(a: argparse.Namespace) -> int:
+    from .labs import failover
+    return failover.failover_command(replication=a.replication, json=a.json)
+
+
 def configure_failover_traces(traces: Subcommands) -> None:
     """``labkit trace restart|listener|half-open|failover``: the server goes away, on the lab's own
     throw-away servers (always from the embedded binaries, also with LABKIT_DSN set)."""
-    from .labs import failover, halfopen, relisten
-
     p = _command(traces, "restart", "a restart under a worker: an advisory claim runs twice, a leased one once",
-                 lambda a: failover.restart_command(json=a.json))
+                 _run_trace_restart)
     p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
     p = _command(traces, "listener", "LISTEN workers across a restart: the one that never reconnects stalls",
-                 lambda a: relisten.trace_command(cap_s=a.cap, jobs=a.jobs, json=a.json))
+                 _run_trace_listener)
     p.add_argument("--cap", type=_number, default=6.0,
                    help="seconds the trace watches after the restart (default 6)")
     p.add_argument("--jobs", type=_number, default=5, help="jobs enqueued after the restart (default 5)")
     p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
-    p = _command(traces, "half-open", "a connection gone silent: how long a worker hangs, with and without keepalives",
-                 lambda a: halfopen.trace_command(cap_s=a.cap, tcp_user_timeout_ms=a.tcp_user_timeout,
-                                                  json=a.json))
+    p = _command(traces, "half-open", "a connection gone silent: how long a worker hangs, with and without "
+                 "keepalives", _run_trace_half_open)
     p.add_argument("--cap", type=_number, default=6.0,
                    help="seconds the trace waits for the hung worker (default 6)")
     p.add_argument("--tcp-user-timeout", type=_number, default=2000,
                    help="the keepalive run's tcp_user_timeout in ms (default 2000)")
     p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")
     p = _command(traces, "failover", "a primary fails over to its standby: what is lost, what runs twice, "
-                 "whether the fence holds", lambda a: failover.failover_command(replication=a.replication,
-                                                                                json=a.json))
+                 "whether the fence holds", _run_trace_failover)
     p.add_argument("--replication", choices=["async", "sync"], default="async",
                    help="the standby streams asynchronously (default) or is the primary's synchronous standby")
     p.add_argument("--json", action="store_true", help="print the figures and steps as JSON")

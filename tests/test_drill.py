@@ -122,7 +122,7 @@ def test_the_bank_names_the_notebooks_that_exist():
     present = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
     assert "01_one_lock_three_policies.ipynb" in present
     named = {q.notebook for q in drill.load_bank().questions} | {c.notebook for c in drill.load_costly()}
-    must = {f"{i:02d}" for i in [*range(1, 17), 20]}
+    must = {f"{i:02d}" for i in [*range(1, 17), 18, 19, 21]}
     assert must <= {name[:2] for name in present}, "a notebook the bank must cover is missing"
     for name in present:
         if name[:2] in must:
@@ -586,7 +586,7 @@ def test_quiz_widget_text_is_readable_on_a_projector(costly):
 
 
 def test_after_run_all_the_first_flashcard_shows_its_question_only(bank):
-    """Notebook 19 run top to bottom leaves the flashcard widget on its first card, the
+    """Notebook 20 run top to bottom leaves the flashcard widget on its first card, the
     question alone: no later cell reveals or moves the card the reader sees."""
     import nbformat
 
@@ -724,7 +724,7 @@ def test_marking_without_the_key_names_the_notebook_not_the_answer(costly):
     assert drill._id_ranges(["c01", "c02", "c04", "c06", "c07", "q10"]) == "c01–c02, c04, c06–c07, q10"
 
 
-NB10 = NOTEBOOK_DIR / "19_interview_drill.ipynb"
+NB10 = NOTEBOOK_DIR / "20_interview_drill.ipynb"
 
 
 def _outputs(path):

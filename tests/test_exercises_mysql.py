@@ -1,4 +1,4 @@
-"""Notebook 20's exercise the server checks: the claim-and-mark on MySQL / MariaDB, without
+"""Notebook 21's exercise the server checks: the claim-and-mark on MySQL / MariaDB, without
 UPDATE ... RETURNING (labkit.tools.exercises.mysql).
 
 The reference answer passes; each typical wrong answer fails with the finding that names

@@ -6,7 +6,7 @@ Chromium over the DevTools protocol (labkit/tools/browser.py).
 * Notebook 06 runs top to bottom in JupyterLab; its step-through replays render as live widgets,
   and pressing the replay's step control (the "step" slider, from the keyboard) and its Play
   button changes the step the replay shows.
-* Notebook 19's quiz on a 1280×720 screen: every choice of every statement, clicked with the
+* Notebook 20's quiz on a 1280×720 screen: every choice of every statement, clicked with the
   mouse, is the one the kernel records, and no two choices overlap.
 * No slide deck (``labkit slides``) and no handout page (``labkit book``, from the committed
   outputs and from a fresh run) contains a widget's repr; a planted repr is caught, so the check
@@ -372,7 +372,7 @@ def test_notebook_06_runs_and_its_replay_steps_when_its_controls_are_pressed(jup
 
 
 # -- the quiz on a projector -------------------------------------------------------------------------
-QUIZ = "quiz_clicks.ipynb"      # one cell, written into the server's copy: notebook 19's quiz widget
+QUIZ = "quiz_clicks.ipynb"      # one cell, written into the server's copy: notebook 20's quiz widget
 QUIZ_ROOT = "document.querySelector('.labkit-quiz-statement').parentElement"
 QUIZ_ROWS = f"[...{QUIZ_ROOT}.querySelectorAll('.labkit-quiz-choice')].filter(r => r.offsetParent !== null)"
 QUIZ_PICKED = f"{QUIZ_ROWS}.findIndex(r => r.querySelector('button').classList.contains('mod-primary'))"
@@ -533,7 +533,7 @@ def test_a_handout_run_afresh_shows_the_replays_static_view(tmp_path):
 # labkit keeps what it prints within TEXT_WIDTH characters (labkit/core/text.py); this checks, in
 # JupyterLab itself, that every stored text output of these notebooks shows whole on the screens
 # that budget is meant for.
-WRAP_NOTEBOOKS = ["01_one_lock_three_policies.ipynb", RELAY, "20_other_engines.ipynb"]
+WRAP_NOTEBOOKS = ["01_one_lock_three_policies.ipynb", RELAY, "21_other_engines.ipynb"]
 # (name, CSS viewport width, height, device pixel ratio, file browser open)
 WRAP_LAYOUTS = [
     ("1280x720, file browser open", 1280, 720, 1, True),

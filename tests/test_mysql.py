@@ -71,7 +71,7 @@ def test_nothing_set_and_nothing_answering_is_the_skip_line_a_new_user_sees(monk
                       "set and nothing answers on 127.0.0.1:1. To run it: set "
                       "LABKIT_MYSQL_DSN=mysql://USER@HOST:PORT/DATABASE (MySQL 8+ or MariaDB 10.6+), or "
                       "start one on 127.0.0.1:1, or set LABKIT_BACKEND=docker for a container.")
-    with pytest.raises(SystemExit) as stop:            # notebook 20's first cell: the same line
+    with pytest.raises(SystemExit) as stop:            # notebook 21's first cell: the same line
         mysql.find_or_stop()
     assert str(stop.value) == reason
 
@@ -417,11 +417,11 @@ def _interrupt_main() -> None:
 
 def test_doctor_names_the_appendix_skip_without_calling_it_a_problem():
     done = run_labkit("doctor", env={mysql.ENV: "off"})
-    assert "cross-engine appendix (notebook 20) skipped: LABKIT_MYSQL_DSN=off turns" in done.stdout
+    assert "cross-engine appendix (notebook 21) skipped: LABKIT_MYSQL_DSN=off turns" in done.stdout
     assert "PROBLEM" not in done.stdout.split("cross-engine appendix")[1]
 
 
 @pytest.mark.needs_mysql
 def test_doctor_names_the_appendix_server(server):
     done = run_labkit("doctor")
-    assert f"cross-engine appendix (notebook 20): {server.flavour} {server.version}" in done.stdout
+    assert f"cross-engine appendix (notebook 21): {server.flavour} {server.version}" in done.stdout

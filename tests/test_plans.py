@@ -31,7 +31,7 @@ def test_the_90_minute_plan_carries_what_a_senior_interview_asks():
     shown = {(i.notebook[:2], s.split(" · ")[0]) for i in PLANS["90"].items for s in i.sections}
     # the claim and the three policies, the durable claim, why it needs a lease, and the drill
     assert {("01", "The job table and the claim"), ("01", "1"), ("01", "2"), ("03", "1"), ("04", "1"),
-            ("19", "3")} <= shown
+            ("20", "3")} <= shown
     quiz, = [i for i in PLANS["90"].items if i.quiz]
     assert 3 <= len(quiz.quiz) <= 4 and quiz.mode == "shown"
 

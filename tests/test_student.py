@@ -201,4 +201,4 @@ def test_every_recorded_cell_has_output_to_show_and_says_what_it_needs(notebooks
                 problems.append(f"{name} cell {k}: tagged recorded without claimlab.needs")
     assert not problems, "\n".join(problems)
     # the pooler section (PgBouncer) and the appendix (a MySQL-compatible server)
-    assert {"12", "20"} <= seen, f"recorded cells in notebooks {sorted(seen)} only"
+    assert {"12", "21"} <= seen, f"recorded cells in notebooks {sorted(seen)} only"

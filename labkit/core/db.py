@@ -31,7 +31,7 @@ DEFAULT_DOCKER_IMAGE = "postgres:18.1"
 APP_NAME = "labkit"
 
 
-# PostgreSQL's URIs, and the MySQL ones of notebook 20 (labkit.core.mysql): one redaction for both
+# PostgreSQL's URIs, and the MySQL ones of notebook 21 (labkit.core.mysql): one redaction for both
 _URI = re.compile(r"^(?P<scheme>(?:postgres(?:ql)?|mysql|mariadb)://)(?P<rest>.*)$", re.I | re.S)
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.I)
 _URI_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.I)

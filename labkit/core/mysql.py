@@ -1,4 +1,4 @@
-"""A MySQL-compatible server for the cross-engine appendix (notebook 20), and a lab on it.
+"""A MySQL-compatible server for the cross-engine appendix (notebook 21), and a lab on it.
 
 Where the server comes from, first match wins:
 
@@ -12,7 +12,7 @@ Where the server comes from, first match wins:
 The driver is PyMySQL: pure Python (nothing to compile, one wheel for every platform),
 maintained, and the same code talks to MySQL and MariaDB.  Nothing else in the workbook needs
 any of this: without a server, :func:`find` raises :class:`NoServer`, whose one line says how
-to get one, and notebook 20 and its tests are skipped with that line.
+to get one, and notebook 21 and its tests are skipped with that line.
 
 A lab here is a database of its own, ``labkit_<lab>_<user>`` (MySQL's schemas *are*
 databases), made afresh on open and dropped by ``drop()``.  Its connections are plain
@@ -299,7 +299,7 @@ def find_engine(engine: str) -> MyServer:
 
 
 def find_or_stop(*, quiet: bool = False) -> MyServer:
-    """:func:`find`, for notebook 20's first cell: without a server, stop the notebook with
+    """:func:`find`, for notebook 21's first cell: without a server, stop the notebook with
     the one line of :func:`skip_reason` instead of a traceback."""
     try:
         return find(quiet=quiet)

@@ -80,7 +80,7 @@ class Node(EmbeddedServer):
         self._proc: subprocess.Popen | None = None
 
     def __repr__(self) -> str:
-        state = f"pid {self._proc.pid}" if self.running else "stopped"
+        state = f"pid {self.pid}" if self.pid is not None else "stopped"
         return f"Node({self.role}, {state})"
 
     @property
@@ -89,7 +89,7 @@ class Node(EmbeddedServer):
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self.running else None
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _settings(self, port: int) -> dict[str, str]:
         settings = super()._settings(port)
@@ -206,14 +206,14 @@ class Node(EmbeddedServer):
         except OSError:
             return False
 
-    def connect(self, *, autocommit: bool = True, name: str = "labkit:pair", **kw) -> psycopg.Connection:  # type: ignore[override]
+    def connect(self, *, autocommit: bool = True, name: str = "labkit:pair", **kw) -> psycopg.Connection:
         return psycopg.connect(self.conninfo(), autocommit=autocommit, application_name=name,
                                connect_timeout=10, **kw)
 
-    def one(self, statement: str, params: object = None):
+    def one(self, statement: str, params: tuple | dict | None = None):
         """The first column of the first row of ``statement``, on a connection of its own."""
         with self.connect() as conn:
-            row = conn.execute(statement, params).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(statement, params).fetchone()
         return None if row is None else row[0]
 
 

@@ -1,4 +1,4 @@
-"""Notebook 20, the cross-engine appendix: the workbook's claim on MySQL and MariaDB.
+"""Notebook 21, the cross-engine appendix: the workbook's claim on MySQL and MariaDB.
 
 The scenes script :class:`~labkit.core.mysessions.MySessions` on a lab database
 (:class:`~labkit.core.mysql.MyLab`); what InnoDB does differently shows in their steps:

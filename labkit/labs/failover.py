@@ -31,10 +31,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
+from typing import Protocol
 
 import psycopg
 
+from ..core.checked import one_row
 from ..core.errors import LabkitError
 from ..core.queries import query
 from ..core.replica import REPLICATIONS, Node, ReplicaPair
@@ -51,7 +54,7 @@ def q(name: str) -> str:
     return query(SQL, name).sql
 
 
-def _scene(node: Node, jobs: int) -> None:
+def make_scene(node: Node, jobs: int) -> None:
     with node.connect(name="labkit:pair:setup") as conn:
         for statement in query(SQL, "scene").statements:
             conn.execute(statement)
@@ -86,6 +89,53 @@ class RestartRun(Result):
     rows: list[tuple[str, str]]
 
 
+def row_of(conn: psycopg.Connection, name: str, params: dict | None = None) -> tuple:
+    """The one row the named query always returns."""
+    return one_row(conn.execute(q(name), params), name)
+
+
+def _value(conn: psycopg.Connection, name: str, params: dict | None = None):
+    """The first column of that row."""
+    return row_of(conn, name, params)[0]
+
+
+def _before_restart(node: Node, w1: psycopg.Connection, w1_tx: psycopg.Connection,
+                    rows: list[tuple[str, str]]) -> int:
+    """w1 takes job 1 by an advisory lock and job 2 by a lease, LISTENs, and leaves job 3's
+    update uncommitted; the version of its job 2 claim."""
+    got = _value(w1, "advisory_claim", {"id": 1})
+    rows.append(("w1: pg_try_advisory_lock(1)", f"{got}: job 1 is w1's while w1's session lives"))
+    claimed = row_of(w1, "lease_claim", {"worker": "w1", "lease": LEASE, "ids": [2]})
+    rows.append((f"w1: claims job 2 with a {LEASE_TEXT} lease (a committed row)",
+                 f"job {claimed[0]} RUNNING, version {claimed[1]}"))
+    w1.execute("LISTEN job_events")
+    w1_tx.execute("UPDATE job SET status = 'DONE' WHERE id = 3")
+    rows.append(("w1: LISTEN job_events; another session of w1's marks job 3 DONE, not committed",
+                 "both live only in w1's sessions"))
+    with node.connect(name="labkit:pair:monitor") as monitor:
+        rows.append(("the server's advisory locks before the restart",
+                     f"{_value(monitor, 'advisory_locks_held')} held"))
+    return int(claimed[1])
+
+
+def _after_restart(node: Node, rows: list[tuple[str, str]]) -> dict:
+    """w2 claims what it can after the restart; what the server holds then."""
+    with node.connect(name="labkit:pair:w2") as w2:
+        candidates = [r[0] for r in w2.execute(q("advisory_candidates")).fetchall()]
+        taken = next((j for j in candidates if _value(w2, "advisory_claim", {"id": j})), None)
+        rows.append(("w2: pg_try_advisory_lock on the first pending job",
+                     f"job {taken}: granted, the lock went with w1's session"))
+        lease = w2.execute(q("lease_claim"), {"worker": "w2", "lease": LEASE, "ids": [2]}).fetchone()
+        rows.append(("w2: claims job 2 by its lease",
+                     "no row: job 2's lease is committed and has not run out"
+                     if lease is None else f"job {lease[0]}"))
+        w2.execute(q("record_run"), {"id": taken, "worker": "w2", "claim": "advisory"})
+        return {"w1_sessions": _value(w2, "sessions_named", {"name": "labkit:pair:w1"}),
+                "job3": _value(w2, "job_state", {"id": 3}),
+                "job2": row_of(w2, "job_state", {"id": 2}),
+                "advisory": _value(w2, "advisory_locks_held")}
+
+
 def restart_trace() -> RestartRun:
     """Worker w1 holds job 1 by ``pg_try_advisory_lock`` and job 2 by a leased row claim; a
     LISTEN and an open transaction (on job 3) live in its sessions; the server restarts; w2
@@ -94,22 +144,11 @@ def restart_trace() -> RestartRun:
     with ReplicaPair(standby=False) as pair:
         node = pair.primary
         assert node is not None
-        _scene(node, 3)
-        w1 = node.connect(name="labkit:pair:w1")
-        w1_tx = node.connect(name="labkit:pair:w1-tx", autocommit=False)
-        try:
-            got = w1.execute(q("advisory_claim"), {"id": 1}).fetchone()[0]
-            rows.append(("w1: pg_try_advisory_lock(1)", f"{got}: job 1 is w1's while w1's session lives"))
-            claimed = w1.execute(q("lease_claim"), {"worker": "w1", "lease": LEASE, "ids": [2]}).fetchone()
-            rows.append((f"w1: claims job 2 with a {LEASE_TEXT} lease (a committed row)",
-                         f"job {claimed[0]} RUNNING, version {claimed[1]}"))
-            w1.execute("LISTEN job_events")
-            w1_tx.execute("UPDATE job SET status = 'DONE' WHERE id = 3")
-            rows.append(("w1: LISTEN job_events; another session of w1's marks job 3 DONE, not committed",
-                         "both live only in w1's sessions"))
-            before = node.one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
-            rows.append(("the server's advisory locks before the restart", f"{before} held"))
-
+        make_scene(node, 3)
+        # closing(): the two connections die with the restart, so nothing is committed on the way out
+        with closing(node.connect(name="labkit:pair:w1")) as w1, \
+                closing(node.connect(name="labkit:pair:w1-tx", autocommit=False)) as w1_tx:
+            version = _before_restart(node, w1, w1_tx, rows)
             node.restart()
             rows.append(("the server restarts: an immediate shutdown (SIGQUIT, as pg_ctl restart -m "
                          "immediate), then recovery from the WAL", "accepting connections again"))
@@ -119,47 +158,27 @@ def restart_trace() -> RestartRun:
             except psycopg.Error as exc:
                 w1_state = _lost(exc)
             rows.append(("w1's connection", w1_state))
-
-            with node.connect(name="labkit:pair:w2") as w2:
-                candidates = [r[0] for r in w2.execute(q("advisory_candidates")).fetchall()]
-                w2_advisory = next((j for j in candidates
-                                    if w2.execute(q("advisory_claim"), {"id": j}).fetchone()[0]), None)
-                rows.append(("w2: pg_try_advisory_lock on the first pending job",
-                             f"job {w2_advisory}: granted, the lock went with w1's session"))
-                w2_lease = w2.execute(q("lease_claim"), {"worker": "w2", "lease": LEASE,
-                                                         "ids": [2]}).fetchone()
-                rows.append(("w2: claims job 2 by its lease",
-                             "no row: job 2's lease is committed and has not run out"
-                             if w2_lease is None else f"job {w2_lease[0]}"))
-                w2.execute(q("record_run"), {"id": w2_advisory, "worker": "w2", "claim": "advisory"})
-                listening = w2.execute("SELECT count(*) FROM pg_stat_activity "
-                                       "WHERE application_name = 'labkit:pair:w1'").fetchone()[0]
-                job3 = w2.execute(q("job_state"), {"id": 3}).fetchone()[0]
-                job2 = w2.execute(q("job_state"), {"id": 2}).fetchone()
-                advisory_after = w2.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                            "AND granted AND pid <> pg_backend_pid()").fetchone()[0]
-            # w1 still ran its two jobs while the server was away; it reconnects to report them.
-            with node.connect(name="labkit:pair:w1-again") as again:
-                again.execute(q("record_run"), {"id": 1, "worker": "w1", "claim": "advisory"})
-                again.execute(q("record_run"), {"id": 2, "worker": "w1", "claim": "lease"})
-                again.execute(q("complete"), {"id": 2, "version": claimed[1]})
-                per_job = again.execute(q("runs_per_job")).fetchall()
-                names = again.execute("SELECT job_id, string_agg(worker, ',' ORDER BY worker) "
-                                      "FROM job_run GROUP BY job_id ORDER BY job_id").fetchall()
-        finally:
-            for conn in (w1, w1_tx):
-                conn.close()
-    runs = {job: workers.split(",") for job, workers in names}
+            after = _after_restart(node, rows)
+        # w1 still ran its two jobs while the server was away; it reconnects to report them.
+        with node.connect(name="labkit:pair:w1-again") as again:
+            again.execute(q("record_run"), {"id": 1, "worker": "w1", "claim": "advisory"})
+            again.execute(q("record_run"), {"id": 2, "worker": "w1", "claim": "lease"})
+            again.execute(q("complete"), {"id": 2, "version": version})
+            per_job = again.execute(q("runs_per_job")).fetchall()
+            names = again.execute(q("runs_by_worker")).fetchall()
     rows.append(("w1 and w2 finish and record their runs",
                  "; ".join(f"job {j} ran {n}x ({claim})" for j, claim, n in per_job)))
-    kept = [f"job 2's committed claim: {job2[0]}, worker {job2[1]}, version {job2[2]}"]
-    lost = [f"w1's advisory lock on job 1 (advisory locks held after the restart, w2's aside: {advisory_after})",
-            f"w1's LISTEN, with w1's session (its sessions after the restart: {listening})",
-            f"job 3's uncommitted update (job 3 is {job3} again)"]
+    job2 = after["job2"]
     return RestartRun(
         advisory_claims_run_twice=sum(1 for _, claim, n in per_job if claim == "advisory" and n > 1),
         row_claims_run_twice=sum(1 for _, claim, n in per_job if claim == "lease" and n > 1),
-        runs=runs, kept=kept, lost=lost, rows=rows)
+        runs={job: workers.split(",") for job, workers in names},
+        kept=[f"job 2's committed claim: {job2[0]}, worker {job2[1]}, version {job2[2]}"],
+        lost=[f"w1's advisory lock on job 1 (advisory locks held after the restart, w2's aside: "
+              f"{after['advisory']})",
+              f"w1's LISTEN, with w1's session (its sessions after the restart: {after['w1_sessions']})",
+              f"job 3's uncommitted update (job 3 is {after['job3']} again)"],
+        rows=rows)
 
 
 # -- a failover ---------------------------------------------------------------------------------------
@@ -232,10 +251,8 @@ def _claim_and_complete(conn: psycopg.Connection, worker: str, job: int,
                         timings: list[float] | None = None) -> tuple[int, int]:
     """Claim ``job`` (a lease), run it, complete it; (version, epoch) it held."""
     t = time.perf_counter()
-    row = conn.execute(q("lease_claim"), {"worker": worker, "lease": LEASE, "ids": [job]}).fetchone()
+    row = row_of(conn, "lease_claim", {"worker": worker, "lease": LEASE, "ids": [job]})
     t_claim = time.perf_counter() - t
-    if row is None:
-        raise LabkitError(f"Job {job} could not be claimed.", "run the trace again.")
     conn.execute(q("record_run"), {"id": job, "worker": worker, "claim": "lease"})
     t = time.perf_counter()
     conn.execute(q("complete"), {"id": job, "version": row[1]})
@@ -264,7 +281,8 @@ class _Actor(threading.Thread):
 
 
 def _sync_waiters(node: Node) -> int:
-    return int(node.one("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"))
+    with node.connect(name="labkit:pair:monitor") as conn:
+        return int(_value(conn, "sync_waiters"))
 
 
 def _play(node: Node, actor: _Actor, waiting: int, timeout: float = 20) -> int:
@@ -283,6 +301,144 @@ def _play(node: Node, actor: _Actor, waiting: int, timeout: float = 20) -> int:
     return waiting
 
 
+class _Failover:
+    """One failover run, step by step (:func:`failover_trace` calls the steps in order)."""
+
+    def __init__(self, pair: ReplicaPair, *, jobs: int, after_cut: int, batch: int):
+        assert pair.primary is not None and pair.standby is not None
+        self.pair, self.primary, self.standby = pair, pair.primary, pair.standby
+        self.jobs, self.after_cut, self.batch = jobs, after_cut, batch
+        self.zombie_job = jobs                  # the last job: A claims it, its lease runs out, B takes it
+        self.before = jobs - after_cut - 1      # jobs done before the cut
+        self.late = range(self.before + 1, self.before + 1 + after_cut)   # ...and after it
+        self.broker = _Broker()
+        self.rows: list[tuple[str, str]] = []
+        self.timings: list[float] = []
+        self.lag_max = 0.0
+        self.tokens: dict[str, tuple[int, int]] = {}
+        self.acked: list[tuple] = []
+        self.in_flight: list[str] = []
+        self.timelines = (0, 0)
+
+    def before_cut(self) -> None:
+        """w1 claims and completes, the relay publishes, A claims the zombie's job; all streamed."""
+        make_scene(self.primary, self.jobs)
+        kind = "a synchronous" if self.pair.replication == "sync" else "an asynchronous"
+        self.rows.append((f"a primary and {kind} standby; {self.jobs} jobs", "the standby streams the primary's WAL"))
+        with self.primary.connect(name="labkit:pair:w1") as w1, \
+                self.primary.connect(name="labkit:pair:relay", autocommit=False) as relay:
+            for job in range(1, self.before + 1):
+                _claim_and_complete(w1, "w1", job, self.timings)
+                if job % 10 == 0:
+                    self.lag_max = max(self.lag_max, self.pair.flush_lag_ms())
+            while len(self.broker.received) < self.before - self.batch:
+                _relay_tick(relay, self.broker, self.batch)
+            row = row_of(w1, "lease_claim", {"worker": "A", "lease": SHORT_LEASE, "ids": [self.zombie_job]})
+            self.tokens["A"] = (row[1], row[2])
+        self.rows.append((f"w1 claims and completes jobs 1-{self.before}; the relay publishes "
+                          f"{len(self.broker.received)} events and marks them", "every commit acknowledged, and streamed"))
+        self.rows.append((f"worker A claims job {self.zombie_job} with a short lease",
+                          f"A's token: version {row[1]}, epoch {row[2]}"))
+        self.pair.wait_caught_up()
+        time.sleep(0.2)             # A's lease runs out
+
+    def _work(self, conn: psycopg.Connection, acked: list) -> None:
+        for job in self.late:
+            acked.append(("complete", job, _claim_and_complete(conn, "w1", job)))
+
+    def _relay(self, conn: psycopg.Connection, acked: list) -> None:
+        conn.autocommit = False
+        while ids := _relay_tick(conn, self.broker, self.batch):
+            acked.append(("mark", tuple(ids)))
+
+    def _b_claims(self, conn: psycopg.Connection, acked: list) -> None:
+        row = row_of(conn, "lease_claim", {"worker": "B", "lease": LEASE, "ids": [self.zombie_job]})
+        acked.append(("claim", self.zombie_job, (row[1], row[2])))
+
+    def fail_over(self) -> None:
+        """The standby is cut off; three clients commit (or wait); the primary crashes; the
+        standby is promoted."""
+        old_timeline = self.pair.timeline(self.primary)
+        self.pair.cut_standby()
+        self.rows.append(("the lab cuts the standby off (arranged: its primary_conninfo cleared)",
+                          "it receives no more WAL"))
+        actors = [_Actor(self.primary, "w1", self._work), _Actor(self.primary, "relay", self._relay),
+                  _Actor(self.primary, "B", self._b_claims)]
+        waiting = 0
+        try:
+            for actor in actors:
+                waiting = _play(self.primary, actor, waiting)
+        finally:
+            self.primary.crash()
+            for actor in actors:
+                actor.join(20)
+        self.acked = [a for actor in actors for a in actor.acked]
+        self.in_flight = [a.name for a in actors if a.error]
+        self.rows.append(("after the cut: w1 completes the next jobs, the relay publishes and marks, "
+                          f"B claims job {self.zombie_job} (A's lease ran out)",
+                          f"{len(self.acked)} commits acknowledged, {waiting} waiting for the standby"))
+        self.rows.append(("the primary crashes (SIGQUIT: an immediate shutdown)",
+                          f"clients waiting on it: {', '.join(self.in_flight) or 'none'}"))
+        self.pair.promote()
+        self.timelines = (old_timeline, self.pair.timeline(self.standby))
+        self.rows.append(("the standby is promoted (pg_promote)",
+                          f"timeline {self.timelines[0]} -> {self.timelines[1]}"))
+
+    def count_lost(self) -> tuple[int, int]:
+        """Of the acknowledged commits, how many the new primary lacks; and the marks lost."""
+        lost = marks_lost = 0
+        with self.standby.connect(name="labkit:pair:check") as conn:
+            for kind, key, *rest in self.acked:
+                if kind == "complete":
+                    lost += _value(conn, "job_state", {"id": key}) != "DONE"
+                elif kind == "mark":
+                    unmarked = _value(conn, "unmarked", {"ids": list(key)})
+                    marks_lost += unmarked
+                    lost += unmarked > 0
+                else:
+                    self.tokens["B"] = rest[0]
+                    lost += row_of(conn, "job_state", {"id": key})[2] != rest[0][0]
+        self.rows.append(("on the promoted standby: the acknowledged commits",
+                          f"{len(self.acked) - lost} of {len(self.acked)} there, {lost} lost"))
+        return lost, marks_lost
+
+    def carry_on(self) -> dict:
+        """The workers carry on against the new primary: they run what is claimable, the relay
+        publishes what is unmarked, C claims the zombie's job, and the zombie writes."""
+        completed = {key for kind, key, *_ in self.acked if kind == "complete"}
+        with self.standby.connect(name="labkit:pair:w2") as w2, \
+                self.standby.connect(name="labkit:pair:relay2", autocommit=False) as relay2:
+            run_again = 0
+            for job in self.late:
+                row = w2.execute(q("lease_claim"), {"worker": "w2", "lease": LEASE, "ids": [job]}).fetchone()
+                if row is not None:
+                    w2.execute(q("complete"), {"id": job, "version": row[1]})
+                    run_again += job in completed
+            while _relay_tick(relay2, self.broker, self.batch):
+                pass
+            c = row_of(w2, "lease_claim", {"worker": "C", "lease": LEASE, "ids": [self.zombie_job]})
+            zombie = self.tokens.get("B", self.tokens["A"])
+            with w2.transaction(force_rollback=True):
+                epoch_write = w2.execute(q("fenced_write_epoch"), {
+                    "worker": "zombie", "id": self.zombie_job, "version": zombie[0], "epoch": zombie[1]}).rowcount
+            zombie_write = w2.execute(q("fenced_write"), {"worker": "zombie", "id": self.zombie_job,
+                                                          "version": zombie[0]}).rowcount
+        reissued = any(version == c[1] for version, _ in self.tokens.values())
+        twice = sum(1 for n in Counter(self.broker.received).values() if n > 1)
+        who = "B" if "B" in self.tokens else "A"
+        self.rows.append(("w2 runs what is claimable; the relay publishes what is unmarked",
+                          f"{run_again} acknowledged completions run again; {twice} events published twice"))
+        self.rows.append((f"C claims job {self.zombie_job} on the new primary",
+                          f"version {c[1]}, epoch {c[2]}: "
+                          + ("a version already handed out before the failover" if reissued else "a new version")))
+        self.rows.append((f"the zombie {who} writes with its token (version {zombie[0]})",
+                          "accepted" if zombie_write else "refused: its version is not the job's"))
+        self.rows.append((f"the same write fenced by (epoch, version) = ({zombie[1]}, {zombie[0]})",
+                          "accepted" if epoch_write else "refused: its epoch is an older timeline's"))
+        return {"run_again": run_again, "twice": twice, "reissued": reissued,
+                "zombie_write": bool(zombie_write), "epoch_write": bool(epoch_write)}
+
+
 def failover_trace(*, replication: str = "async", jobs: int = 160, after_cut: int = 5,
                    batch: int = 10) -> FailoverRun:
     """The failover, with ``replication`` "async" or "sync" (see the module's text)."""
@@ -292,144 +448,20 @@ def failover_trace(*, replication: str = "async", jobs: int = 160, after_cut: in
     if jobs < 4 * batch or not 1 <= after_cut <= batch:
         raise LabkitError(f"jobs={jobs}, after_cut={after_cut}, batch={batch} leave no room for the trace.",
                           f"use jobs >= {4 * batch} and 1 <= after_cut <= batch.")
-    rows: list[tuple[str, str]] = []
-    broker = _Broker()
-    zombie_job = jobs          # the last job: A claims it, its lease runs out, B takes it
-    before = jobs - after_cut - 1
     with ReplicaPair(replication=replication) as pair:
-        primary, standby = pair.primary, pair.standby
-        assert primary is not None and standby is not None
-        _scene(primary, jobs)
-        rows.append((f"a primary and {'a synchronous' if replication == 'sync' else 'an asynchronous'} "
-                     f"standby; {jobs} jobs", "the standby streams the primary's WAL"))
-
-        timings: list[float] = []
-        lag_max = 0.0
-        with primary.connect(name="labkit:pair:w1") as w1, \
-                primary.connect(name="labkit:pair:relay", autocommit=False) as relay:
-            for job in range(1, before + 1):
-                _claim_and_complete(w1, "w1", job, timings)
-                if job % 10 == 0:
-                    lag_max = max(lag_max, pair.flush_lag_ms())
-            while len(broker.received) < before - batch:
-                _relay_tick(relay, broker, batch)
-            a_version, a_epoch = w1.execute(q("lease_claim"), {"worker": "A", "lease": SHORT_LEASE,
-                                                              "ids": [zombie_job]}).fetchone()[1:]
-        rows.append((f"w1 claims and completes jobs 1-{before}; the relay publishes "
-                     f"{len(broker.received)} events and marks them",
-                     "every commit acknowledged, and streamed"))
-        rows.append((f"worker A claims job {zombie_job} with a short lease",
-                     f"A's token: version {a_version}, epoch {a_epoch}"))
-        pair.wait_caught_up()
-        time.sleep(0.2)             # A's lease runs out
-        old_timeline = pair.timeline(primary)
-
-        pair.cut_standby()
-        rows.append(("the lab cuts the standby off (arranged: its primary_conninfo cleared)",
-                     "it receives no more WAL"))
-
-        def work(conn, acked):
-            for job in range(before + 1, before + 1 + after_cut):
-                acked.append(("complete", job, _claim_and_complete(conn, "w1", job)))
-
-        def relay_work(conn, acked):
-            conn.autocommit = False
-            while True:
-                ids = _relay_tick(conn, broker, batch)
-                if not ids:
-                    break
-                acked.append(("mark", tuple(ids)))
-
-        def b_work(conn, acked):
-            row = conn.execute(q("lease_claim"), {"worker": "B", "lease": LEASE,
-                                                  "ids": [zombie_job]}).fetchone()
-            acked.append(("claim", zombie_job, (row[1], row[2])))
-
-        actors = [_Actor(primary, "w1", work), _Actor(primary, "relay", relay_work),
-                  _Actor(primary, "B", b_work)]
-        waiting = 0
-        try:
-            for actor in actors:
-                waiting = _play(primary, actor, waiting)
-        finally:
-            primary.crash()
-            for actor in actors:
-                actor.join(20)
-        acked = [a for actor in actors for a in actor.acked]
-        in_flight = sum(1 for actor in actors if actor.error)
-        rows.append(("after the cut: w1 completes the next jobs, the relay publishes and marks, "
-                     f"B claims job {zombie_job} (A's lease ran out)",
-                     f"{len(acked)} commits acknowledged, {waiting} waiting for the standby"))
-        rows.append(("the primary crashes (SIGQUIT: an immediate shutdown)",
-                     f"clients waiting on it: {', '.join(a.name for a in actors if a.error) or 'none'}"))
-
-        pair.promote()
-        new_timeline = pair.timeline(standby)
-        rows.append(("the standby is promoted (pg_promote)", f"timeline {old_timeline} -> {new_timeline}"))
-
-        with standby.connect(name="labkit:pair:check") as conn:
-            lost = marks_lost = 0
-            completed_before: set[int] = set()
-            b_token = None
-            for kind, key, *rest in acked:
-                if kind == "complete":
-                    completed_before.add(key)
-                    status = conn.execute(q("job_state"), {"id": key}).fetchone()[0]
-                    lost += status != "DONE"
-                elif kind == "mark":
-                    unmarked = conn.execute("SELECT count(*) FROM outbox WHERE id = ANY(%s) "
-                                            "AND NOT published", (list(key),)).fetchone()[0]
-                    marks_lost += unmarked
-                    lost += unmarked > 0
-                else:
-                    b_token = rest[0]
-                    version = conn.execute(q("job_state"), {"id": key}).fetchone()[2]
-                    lost += version != b_token[0]
-            rows.append(("on the promoted standby: the acknowledged commits",
-                         f"{len(acked) - lost} of {len(acked)} there, {lost} lost"))
-
-        # The workers carry on against the new primary: they run what is claimable again and
-        # the relay publishes what is unmarked.
-        with standby.connect(name="labkit:pair:w2") as w2, \
-                standby.connect(name="labkit:pair:relay2", autocommit=False) as relay2:
-            run_again = 0
-            for job in range(before + 1, before + 1 + after_cut):
-                row = w2.execute(q("lease_claim"), {"worker": "w2", "lease": LEASE, "ids": [job]}).fetchone()
-                if row is not None:
-                    w2.execute(q("complete"), {"id": job, "version": row[1]})
-                    run_again += job in completed_before
-            while _relay_tick(relay2, broker, batch):
-                pass
-            c_version, c_epoch = w2.execute(q("lease_claim"), {"worker": "C", "lease": LEASE,
-                                                              "ids": [zombie_job]}).fetchone()[1:]
-            handed = {(a_version, a_epoch)} | ({b_token} if b_token else set())
-            reissued = any(v == c_version for v, _ in handed)
-            zombie = b_token or (a_version, a_epoch)
-            with w2.transaction(force_rollback=True):
-                epoch_write = w2.execute(q("fenced_write_epoch"), {
-                    "worker": "zombie", "id": zombie_job, "version": zombie[0], "epoch": zombie[1]}).rowcount
-            zombie_write = w2.execute(q("fenced_write"), {"worker": "zombie", "id": zombie_job,
-                                                          "version": zombie[0]}).rowcount
-        twice = sum(1 for n in Counter(broker.received).values() if n > 1)
-        who = "B" if b_token else "A"
-        rows.append(("w2 runs what is claimable; the relay publishes what is unmarked",
-                     f"{run_again} acknowledged completions run again; {twice} events published twice"))
-        rows.append((f"C claims job {zombie_job} on the new primary",
-                     f"version {c_version}, epoch {c_epoch}: "
-                     + ("a version already handed out before the failover" if reissued else "a new version")))
-        rows.append((f"the zombie {who} writes with its token (version {zombie[0]})",
-                     "accepted" if zombie_write else "refused: its version is not the job's"))
-        rows.append((f"the same write fenced by (epoch, version) = ({zombie[1]}, {zombie[0]})",
-                     "accepted" if epoch_write else "refused: its epoch is an older timeline's"))
-    timings.sort()
+        run = _Failover(pair, jobs=jobs, after_cut=after_cut, batch=batch)
+        run.before_cut()
+        run.fail_over()
+        lost, marks_lost = run.count_lost()
+        after = run.carry_on()
+    timings = sorted(run.timings)
     return FailoverRun(
-        replication=replication, acknowledged=len(acked), lost_commits=lost,
-        jobs_run_again=run_again, events_published_twice=twice, marks_lost=marks_lost,
-        in_flight=in_flight, fence_version_reissued=reissued,
-        zombie_write_accepted=bool(zombie_write), zombie_write_accepted_with_epoch=bool(epoch_write),
-        timelines=(old_timeline, new_timeline),
-        commit_ms_p50=round(timings[len(timings) // 2] * 1000, 3), flush_lag_ms_max=round(lag_max, 3),
-        rows=rows)
+        replication=replication, acknowledged=len(run.acked), lost_commits=lost,
+        jobs_run_again=after["run_again"], events_published_twice=after["twice"], marks_lost=marks_lost,
+        in_flight=len(run.in_flight), fence_version_reissued=after["reissued"],
+        zombie_write_accepted=after["zombie_write"], zombie_write_accepted_with_epoch=after["epoch_write"],
+        timelines=run.timelines, commit_ms_p50=round(timings[len(timings) // 2] * 1000, 3),
+        flush_lag_ms_max=round(run.lag_max, 3), rows=run.rows)
 
 
 # -- what a synchronous standby costs a commit -----------------------------------------------------
@@ -489,13 +521,12 @@ def commit_cost(*, commits: int = 300, rounds: int = 6) -> CommitCost:
 # -- the commands ------------------------------------------------------------------------------------
 
 
-def report(run: Result, figures: list[str], *, json: bool) -> str:
+def report(run: RestartRun | FailoverRun, figures: list[str], *, json: bool) -> str:
     """A trace's report: its JSON, or its steps as a table and then its figures."""
     if json:
         return run.to_json()
-    steps = table(["what happened", "what the server said"], getattr(run, "rows"))
     values = run.as_dict(figures)
-    return steps + "\n\n" + "\n".join(f"{name}: {value}" for name, value in values.items())
+    return steps(run) + "\n\n" + "\n".join(f"{name}: {value}" for name, value in values.items())
 
 
 RESTART_FIGURES = ["advisory_claims_run_twice", "row_claims_run_twice"]
@@ -513,3 +544,35 @@ def failover_command(*, replication: str, json: bool) -> int:
     """``labkit trace failover --replication async|sync [--json]``."""
     print(report(failover_trace(replication=replication), FAILOVER_FIGURES, json=json))
     return 0
+
+
+class Steps(Protocol):
+    """A trace's result that carries its steps: (what happened, what the server said)."""
+
+    @property
+    def rows(self) -> list[tuple[str, str]]: ...
+
+
+def steps(run: Steps) -> str:
+    """A trace's steps as a table (no timings in it: a notebook compares it exactly)."""
+    return table(["what happened", "what the server said"], run.rows)
+
+
+def promises(async_run: FailoverRun, sync_run: FailoverRun) -> str:
+    """What the two failovers kept and broke, side by side, read from their results."""
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+    rows = [
+        ("acknowledged commits lost", async_run.lost_commits, sync_run.lost_commits),
+        ("jobs run again after an acknowledged completion", async_run.jobs_run_again, sync_run.jobs_run_again),
+        ("events the relay published twice", async_run.events_published_twice, sync_run.events_published_twice),
+        ("commits in flight at the crash (never acknowledged)", async_run.in_flight, sync_run.in_flight),
+        ("a fence's version handed out twice", yes(async_run.fence_version_reissued),
+         yes(sync_run.fence_version_reissued)),
+        ("the zombie's version-fenced write accepted", yes(async_run.zombie_write_accepted),
+         yes(sync_run.zombie_write_accepted)),
+        ("the zombie's (epoch, version)-fenced write accepted",
+         yes(async_run.zombie_write_accepted_with_epoch), yes(sync_run.zombie_write_accepted_with_epoch)),
+    ]
+    return table(["across the failover", "asynchronous", "synchronous"],
+                 [(a, str(b), str(c)) for a, b, c in rows])

@@ -1,4 +1,4 @@
--- The scenes the drill's self-checks (notebook 19) set up in a scratch schema before they
+-- The scenes the drill's self-checks (notebook 20) set up in a scratch schema before they
 -- run the reader's SQL there (labkit.tools.drill reads the sections by name).
 
 -- name: jobs_newest_first

@@ -123,3 +123,25 @@ UPDATE job SET lease_until = now() - interval '1 second' WHERE id = %(id)s;
 -- The fenced completion as notebook 08 wrote it: the token is the job's version.
 UPDATE job SET status = 'DONE'
  WHERE id = %(id)s AND version = %(version)s;
+
+-- name: advisory_locks_held
+-- Advisory locks granted on the server, to any session but this one.
+SELECT count(*) FROM pg_locks
+ WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid();
+
+-- name: sessions_named
+-- The sessions of one application_name.
+SELECT count(*) FROM pg_stat_activity WHERE application_name = %(name)s;
+
+-- name: runs_by_worker
+-- Who ran each job.
+SELECT job_id, string_agg(worker, ',' ORDER BY worker) AS workers
+  FROM job_run GROUP BY job_id ORDER BY job_id;
+
+-- name: unmarked
+-- Of these events, how many are not marked published.
+SELECT count(*) FROM outbox WHERE id = ANY(%(ids)s) AND NOT published;
+
+-- name: sync_waiters
+-- Sessions whose commit waits for the synchronous standby.
+SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep';

@@ -2,7 +2,7 @@
 -- columns as job_table.sql. InnoDB has no partial index, so the claim's index is on
 -- (status, created_at): the claim reads it from the first PENDING entry, oldest first,
 -- and locks only what it reads. Without it, the claim sorts the whole table and, under
--- REPEATABLE READ, locks every row it sorted (notebook 20 shows it).
+-- REPEATABLE READ, locks every row it sorted (notebook 21 shows it).
 
 -- name: job_table
 CREATE TABLE job (

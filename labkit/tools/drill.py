@@ -1,4 +1,4 @@
-"""The interview drill (notebook 19): the question bank, the answers that cost you the
+"""The interview drill (notebook 20): the question bank, the answers that cost you the
 question, flashcards, and self-check exercises run on the real server.
 
 Everything here prints as plain text (GitHub, nbval, handouts) and, in JupyterLab, also
@@ -76,13 +76,14 @@ NOTEBOOKS = (
     "16_how_fast.ipynb",
     "17_prove_it.ipynb",
     "18_the_incident_file.ipynb",
-    "19_interview_drill.ipynb",
-    "20_other_engines.ipynb",
+    "19_when_the_server_goes_away.ipynb",
+    "20_interview_drill.ipynb",
+    "21_other_engines.ipynb",
 )
-# every notebook with a lesson needs a question: all but 00 and 19 (about the workbook itself)
+# every notebook with a lesson needs a question: all but 00 and 20 (about the workbook itself)
 # and 17 (it proves with torture runs what 03-08 teach)
 MUST_COVER = tuple(n for n in NOTEBOOKS
-                   if n not in ("00_start_here.ipynb", "19_interview_drill.ipynb", "17_prove_it.ipynb"))
+                   if n not in ("00_start_here.ipynb", "20_interview_drill.ipynb", "17_prove_it.ipynb"))
 MIN_QUESTIONS = 30
 MIN_PER_LEVEL = 4
 WIDTH = 88

@@ -1,4 +1,4 @@
-"""The timed mock interview (notebook 19): a question, its follow-ups one at a time against
+"""The timed mock interview (notebook 20): a question, its follow-ups one at a time against
 the clock, then the model to score yourself against — a bank question 0 to 3, the capstone
 0 to 4 by its rubric; the scores are kept in a local file, so a learner sees which topics to
 revisit.
@@ -256,7 +256,7 @@ def report(path: str | Path | None = None, *, bank: Bank | None = None) -> str:
     skipped = f"\n({bad} unreadable line(s) of the score file left out)" if bad else ""
     if not records:
         return ("No mock interview scored yet: `labkit drill mock --minutes 20` (or "
-                "interview.mock() in notebook 19) asks the capstone first." + skipped)
+                "interview.mock() in notebook 20) asks the capstone first." + skipped)
     bank = bank or load_bank()
     capstone = [r["score"] for r in records if r.get("question") == "capstone"]
     records = [r for r in records if r.get("question") != "capstone"]

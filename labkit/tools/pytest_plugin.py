@@ -5,7 +5,7 @@ so ``pytest tests``, ``pytest notebooks`` and ``make test`` all see it.  (A conf
 the top of the repository would do the same, but the tests import their helpers with
 ``from conftest import ...``, which a second conftest module would shadow.)
 
-The cross-engine appendix -- notebook 20 and the tests marked ``needs_mysql`` -- runs on a
+The cross-engine appendix -- notebook 21 and the tests marked ``needs_mysql`` -- runs on a
 MySQL-compatible server (labkit.core.mysql.find).  Without one, they are reported as ONE
 skip line that says why and how to run them, and nothing else in the workbook changes.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-APPENDIX = "20_other_engines.ipynb"
+APPENDIX = "21_other_engines.ipynb"
 
 
 def pytest_configure(config) -> None:
@@ -76,7 +76,7 @@ def _wants_mysql(item) -> bool:
 LONG_FIRST = (
     "tests/test_live_widgets.py", "tests/test_training.py", "notebooks/17_prove_it.ipynb",
     "tests/test_relay.py", "tests/test_torture.py", "tests/test_horizon.py", "tests/test_grade.py",
-    "tests/test_lifecycle.py", "notebooks/20_other_engines.ipynb", "tests/test_mysql.py",
+    "tests/test_lifecycle.py", "notebooks/21_other_engines.ipynb", "tests/test_mysql.py",
     "tests/test_security.py", "tests/test_install.py", "tests/test_drill.py",
     "notebooks/06_outbox_relay.ipynb", "tests/test_bench.py", "tests/test_load.py",
     "tests/test_layers.py", "tests/test_lint.py", "notebooks/02_the_convoy.ipynb",
@@ -117,7 +117,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     cells = sum(1 for item in wanting if item.path.name == APPENDIX)
     tests = len(wanting) - cells
     what = " and ".join(part for part in (f"{tests} test(s)" if tests else "",
-                                          f"notebook 20's {cells} cell(s)" if cells else "") if part)
+                                          f"notebook 21's {cells} cell(s)" if cells else "") if part)
     wanting[0].add_marker(pytest.mark.skip(reason=f"{reason} (not run: {what})"))
     rest = set(wanting[1:])
     if rest:

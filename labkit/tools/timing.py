@@ -78,7 +78,7 @@ COLD_READS = (
     ("15_outbox_size_and_inbox", 3456, 16, 2, 1, 20, 77),
     ("15_outbox_size_and_inbox", 3506, 16, 2, 1, 10, 103),
     ("16_how_fast", 1464, 14, 3, 0, 40, 58),
-    ("20_other_engines", 2849, 28, 3, 1, 60, 77),
+    ("21_other_engines", 2849, 28, 3, 1, 60, 77),
 )
 # A label finer than five minutes claims a precision that two learners never share.
 ROUND_TO_MINUTES = 5

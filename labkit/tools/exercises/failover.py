@@ -29,7 +29,6 @@ from ...labs import failover
 from . import Check, fill_in, unchanged
 
 
-
 def _starter(name: str) -> str:
     """A starting point as the notebook shows it: the query without its comment lines."""
     text = failover.query(failover.SQL, name).text
@@ -76,7 +75,7 @@ def check_restart_claim(sql_text: str) -> Check:
     with ReplicaPair(standby=False) as pair:
         node = pair.primary
         assert node is not None
-        failover._scene(node, 3)
+        failover.make_scene(node, 3)
         w1_conn = node.connect(name="labkit:pair:w1")
         try:
             bound = _statement(w1_conn, sql_text, {"worker": "w1"})
@@ -123,20 +122,19 @@ def _zombies(pair: ReplicaPair) -> dict[str, tuple[int, int]]:
     """An asynchronous failover that hands job 1's version 2 out twice: {who: (version, epoch)}."""
     primary, standby = pair.primary, pair.standby
     assert primary is not None and standby is not None
-    failover._scene(primary, 1)
-    claim = failover.q("lease_claim")
+    failover.make_scene(primary, 1)
     with primary.connect(name="labkit:pair:A") as conn:
-        tokens = {"A": conn.execute(claim, {"worker": "A", "lease": failover.SHORT_LEASE, "ids": [1]}).fetchone()}
+        tokens = {"A": failover.row_of(conn, "lease_claim", {"worker": "A", "lease": failover.SHORT_LEASE, "ids": [1]})}
     pair.wait_caught_up()
     time.sleep(0.2)                            # A's lease runs out
     pair.cut_standby()
     with primary.connect(name="labkit:pair:B") as conn:
-        tokens["B"] = conn.execute(claim, {"worker": "B", "lease": failover.LEASE, "ids": [1]}).fetchone()
+        tokens["B"] = failover.row_of(conn, "lease_claim", {"worker": "B", "lease": failover.LEASE, "ids": [1]})
     primary.crash()
     pair.promote()
     with standby.connect(name="labkit:pair:reaper") as conn:
         conn.execute(failover.q("lease_runs_out"), {"id": 1})   # scripted: B's lease runs out there too
-        tokens["C"] = conn.execute(claim, {"worker": "C", "lease": failover.LEASE, "ids": [1]}).fetchone()
+        tokens["C"] = failover.row_of(conn, "lease_claim", {"worker": "C", "lease": failover.LEASE, "ids": [1]})
     return {who: (row[1], row[2]) for who, row in tokens.items()}
 
 
