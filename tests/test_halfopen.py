@@ -25,7 +25,8 @@ from conftest import child_pids
 from labkit.core.errors import LabkitError
 from labkit.labs import halfopen
 
-pytestmark = pytest.mark.server     # a server of the lab's own, started in the namespace
+# a server of the lab's own, started in a network namespace of its own
+pytestmark = [pytest.mark.server, pytest.mark.needs_netns]
 
 ROOT = Path(__file__).resolve().parent.parent
 CAP_S = 6.0

@@ -250,7 +250,8 @@ def test_a_parent_killed_outright_takes_its_pgbouncer_along(db):
 
 
 def test_the_launcher_imports_only_the_standard_library_and_becomes_the_program_it_names():
-    """The file run as `python -I -S FILE` between labkit and PgBouncer: nothing a user could
+    """The file run as `python -I -S FILE` between labkit and PgBouncer (and a replica pair's
+    servers): nothing a user could
     plant is imported; it execs the program (same pid), or exits 70 when its parent is gone."""
     import ast
 
@@ -259,11 +260,11 @@ def test_the_launcher_imports_only_the_standard_library_and_becomes_the_program_
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
     launch = [sys.executable, "-I", "-S", str(pooler._LAUNCH)]
-    child = subprocess.Popen(launch + ["0", "-1", "-1", "/bin/sh", "-c", "echo $$"], stdout=subprocess.PIPE,
+    child = subprocess.Popen(launch + ["0", "-1", "-1", "15", "/bin/sh", "-c", "echo $$"], stdout=subprocess.PIPE,
                              text=True, cwd="/")
     out, _ = child.communicate(timeout=30)
     assert (child.returncode, out.strip()) == (0, str(child.pid))
-    orphan = subprocess.run(launch + ["1", "-1", "-1", "/bin/echo", "not reached"], capture_output=True,
+    orphan = subprocess.run(launch + ["1", "-1", "-1", "15", "/bin/echo", "not reached"], capture_output=True,
                             text=True, timeout=30)
     assert (orphan.returncode, orphan.stdout) == (70, "")
 

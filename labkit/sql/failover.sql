@@ -39,7 +39,9 @@ SELECT id FROM job WHERE status = 'PENDING' ORDER BY id;
 
 -- name: lease_claim
 -- The row claim with a lease: the claim is a committed row, so it outlives any session.  A
--- job is claimable while pending, or once its lease has run out.
+-- job is claimable while pending, or once its lease has run out.  The fence's token: version
+-- (one more at every claim) and epoch (the timeline the claim was made on, read from the name
+-- of the WAL file being written: a promotion starts a new timeline).
 UPDATE job
    SET status = 'RUNNING', worker = %(worker)s, lease_until = now() + %(lease)s::interval,
        version = version + 1,
@@ -145,3 +147,23 @@ SELECT count(*) FROM outbox WHERE id = ANY(%(ids)s) AND NOT published;
 -- name: sync_waiters
 -- Sessions whose commit waits for the synchronous standby.
 SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep';
+
+-- name: stream_scene
+-- The unarranged run's table: one row per commit, numbered by the writer.
+CREATE TABLE stream (n int PRIMARY KEY);
+
+-- name: stream_commit
+-- One commit of the writer (autocommit: the statement is its own transaction).
+INSERT INTO stream (n) VALUES (%(n)s);
+
+-- name: stream_kept
+-- The commits the promoted standby has.
+SELECT n FROM stream ORDER BY n;
+
+-- name: run_recorded
+-- Whether the worker's run of a job is on record.
+SELECT count(*) FROM job_run WHERE job_id = %(id)s AND worker = %(worker)s;
+
+-- name: done_jobs
+-- The jobs the server holds as done.
+SELECT id FROM job WHERE status = 'DONE' ORDER BY id;

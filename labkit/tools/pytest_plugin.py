@@ -7,7 +7,9 @@ the top of the repository would do the same, but the tests import their helpers 
 
 The cross-engine appendix -- notebook 21 and the tests marked ``needs_mysql`` -- runs on a
 MySQL-compatible server (labkit.core.mysql.find).  Without one, they are reported as ONE
-skip line that says why and how to run them, and nothing else in the workbook changes.
+skip line that says why and how to run them, and nothing else in the workbook changes.  The
+same holds for notebook 19's half-open cells and the tests marked ``needs_netns``, on a machine
+where no network namespace can be made.
 
 A run that executes notebooks ends with one line counting the timed shapes that were not
 checked because the machine was loaded (labkit.core.load.shape), and names each.
@@ -31,6 +33,8 @@ APPENDIX = "21_other_engines.ipynb"
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "needs_mysql: runs on the cross-engine appendix's MySQL-compatible "
                                        "server; skipped, in one line, without one")
+    config.addinivalue_line("markers", "needs_netns: makes a network namespace of its own (Linux); "
+                                       "skipped, in one line, where none can be made")
     _server_per_worker(config)
     _shape_log_setup(config)
 
@@ -64,6 +68,37 @@ def _stop_worker_server(config) -> None:
 
 def _wants_mysql(item) -> bool:
     return item.get_closest_marker("needs_mysql") is not None or item.path.name == APPENDIX
+
+
+# Notebook 19's half-open section makes a network namespace of its own (Linux): on a machine
+# that cannot (macOS, a kernel that forbids unprivileged user namespaces) its cells and the
+# tests marked needs_netns are left out with one line that says why and counts them.
+SERVER_GOES_AWAY = "19_when_the_server_goes_away.ipynb"
+
+
+def _wants_netns(item) -> bool:
+    if item.get_closest_marker("needs_netns") is not None:
+        return True
+    if item.path.name != SERVER_GOES_AWAY:
+        return False
+    cell = getattr(item, "cell", None)
+    source = cell.get("source", "") if isinstance(cell, dict) else ""
+    source = "".join(source) if isinstance(source, list) else source
+    return "halfopen." in source or "half." in source
+
+
+def _leave_out(config, items, wanting: list, reason: str, notebook: str, number: str) -> None:
+    """Skip the first of ``wanting`` with one line (``reason`` and what is not run), and
+    deselect the rest."""
+    cells = sum(1 for item in wanting if item.path.name == notebook)
+    tests = len(wanting) - cells
+    what = " and ".join(part for part in (f"{tests} test(s)" if tests else "",
+                                          f"notebook {number}'s {cells} cell(s)" if cells else "") if part)
+    wanting[0].add_marker(pytest.mark.skip(reason=f"{reason} (not run: {what})"))
+    rest = set(wanting[1:])
+    if rest:
+        config.hook.pytest_deselected(items=list(rest))
+        items[:] = [item for item in items if item not in rest]
 
 
 # The files that take longest (measured with --junitxml in a fresh clone's make test on two
@@ -108,22 +143,20 @@ def _long_files_first(config, items) -> None:
 def pytest_collection_modifyitems(config, items) -> None:
     _long_files_first(config, items)
     wanting = [item for item in items if _wants_mysql(item)]
-    if not wanting:
-        return
-    from ..core.mysql import skip_reason
+    if wanting:
+        from ..core.mysql import skip_reason
 
-    reason = skip_reason()
-    if reason is None:
-        return
-    cells = sum(1 for item in wanting if item.path.name == APPENDIX)
-    tests = len(wanting) - cells
-    what = " and ".join(part for part in (f"{tests} test(s)" if tests else "",
-                                          f"notebook 21's {cells} cell(s)" if cells else "") if part)
-    wanting[0].add_marker(pytest.mark.skip(reason=f"{reason} (not run: {what})"))
-    rest = set(wanting[1:])
-    if rest:
-        config.hook.pytest_deselected(items=list(rest))
-        items[:] = [item for item in items if item not in rest]
+        reason = skip_reason()
+        if reason is not None:
+            _leave_out(config, items, wanting, reason, APPENDIX, "21")
+    wanting = [item for item in items if _wants_netns(item)]
+    if wanting:
+        from ..labs.halfopen import available
+
+        ok, why = available()
+        if not ok:
+            _leave_out(config, items, wanting, f"no network namespace on this machine: {why}",
+                       SERVER_GOES_AWAY, "19")
 
 
 # ---------------------------------------------------------------------------------------------

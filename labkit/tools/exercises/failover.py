@@ -5,7 +5,8 @@
   w1 claims with the learner's statement; the server restarts (an immediate shutdown); w2
   claims with it on a new session.  It passes when w1 got a job, w2 did not get w1's job, and
   once w1's lease has run out (scripted: the checker sets ``lease_until`` in the past, it does
-  not wait) w3 gets it.  The advisory claim fails: its lock went with w1's session.
+  not wait) w3 gets it, while w2 is still connected (so whatever w2 holds, it still holds).
+  The advisory claim fails: its lock went with w1's session.
 * :func:`check_fenced_write` -- a fenced completion that survives a failover.  An asynchronous
   failover (the standby cut off, arranged) hands job 1's version 2 to B on the old primary and
   again to C on the new one; then zombie A (version 1, epoch 1), zombie B (version 2, epoch 1)
@@ -64,6 +65,16 @@ def _run(node: Node, text: str, params: dict, who: str) -> tuple[list[tuple], in
             return [], 0, f"{exc.sqlstate} {str(exc).splitlines()[0]}"
 
 
+def _claim_in(conn: psycopg.Connection, text: str, worker: str) -> tuple[list[tuple], str | None]:
+    """The learner's claim as ``worker`` on an open session: (rows it returned, error)."""
+    bound = _statement(conn, text, {"worker": worker})
+    try:
+        cur = conn.execute(bound)
+        return (cur.fetchall() if cur.description else []), None
+    except psycopg.Error as exc:
+        return [], f"{exc.sqlstate} {str(exc).splitlines()[0]}"
+
+
 def _claimed(rows: list[tuple]) -> int | None:
     return rows[0][0] if rows and rows[0] else None
 
@@ -78,13 +89,8 @@ def check_restart_claim(sql_text: str) -> Check:
         failover.make_scene(node, 3)
         w1_conn = node.connect(name="labkit:pair:w1")
         try:
-            bound = _statement(w1_conn, sql_text, {"worker": "w1"})
-            try:
-                cur = w1_conn.execute(bound)
-                got = _claimed(cur.fetchall() if cur.description else [])
-                error = None
-            except psycopg.Error as exc:
-                got, error = None, f"{exc.sqlstate} {str(exc).splitlines()[0]}"
+            rows, error = _claim_in(w1_conn, sql_text, "w1")
+            got = _claimed(rows)
             node.restart()
         finally:
             w1_conn.close()
@@ -93,17 +99,20 @@ def check_restart_claim(sql_text: str) -> Check:
             check.hint = ("The statement must return the claimed job's id as its first column: "
                           f"{TRY}")
             return check
-        rows, _, error = _run(node, sql_text, {"worker": "w2"}, "w2")
-        second = _claimed(rows)
-        check.add(error is None and second != got,
-                  f"after the restart w2 claimed {'job ' + str(second) if second else 'nothing'}"
-                  + (f" ({error})" if error else "")
-                  + (": w1's job again, while w1 still runs it" if second == got else ""))
-        with node.connect(name="labkit:pair:script") as conn:
-            conn.execute(failover.q("lease_runs_out"), {"id": got})
-        rows, _, error = _run(node, sql_text, {"worker": "w3"}, "w3")
+        # w2 keeps its session while w3 claims: whatever w2 holds, it still holds then.
+        with node.connect(name="labkit:pair:w2") as w2:
+            rows, error = _claim_in(w2, sql_text, "w2")
+            second = _claimed(rows)
+            check.add(error is None and second != got,
+                      f"after the restart w2 claimed {'job ' + str(second) if second else 'nothing'}"
+                      + (f" ({error})" if error else "")
+                      + (": w1's job again, while w1 still runs it" if second == got else ""))
+            with node.connect(name="labkit:pair:script") as conn:
+                conn.execute(failover.q("lease_runs_out"), {"id": got})
+            rows, _, error = _run(node, sql_text, {"worker": "w3"}, "w3")
         third = _claimed(rows)
-        check.add(third == got, f"once w1's lease ran out, w3 claimed {'job ' + str(third) if third else 'nothing'}"
+        check.add(third == got, f"once w1's lease ran out (w2 still connected), w3 claimed "
+                  f"{'job ' + str(third) if third else 'nothing'}"
                   + ("" if third == got else f", not job {got}") + (f" ({error})" if error else ""))
     if check.passed:
         return check
