@@ -7,6 +7,10 @@ What is measured, side by side on the same server:
   running the very same statement (``labkit/sql/claim_skip_locked.sql``) with the same number
   of clients; the table is refilled and vacuumed before every run, and the claimed rows are
   counted in the table afterwards;
+* the **physics** of the claim (:mod:`labkit.tools.physics`): for one durable run per batch
+  size, the WAL bytes, commits, WAL syncs, buffers, wait events and client and server CPU per
+  job, the time of one WAL flush on this disk, and what bounded each point (the flush, the
+  CPUs, a lock, or the round trips);
 * a **peer library** (PgQueuer, the ``bench`` extra) draining the same backlog of no-op jobs
   with the same number of workers and the same batch size as labkit's claim + finish loop;
 * a **broker**: RabbitMQ at ``LABKIT_AMQP_URL`` (the ``rabbitmq`` extra), when one answers: a
@@ -55,6 +59,7 @@ from ..core.procs import Worker
 from ..core.queries import strip_comments
 from ..core.server import EmbeddedServer, bin_dir
 from ..labs import claims, convoy
+from . import physics
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -296,6 +301,14 @@ def _claim_loop(claimer: Claimer | CursorClaimer, order: dict, out: dict) -> Non
         out["error"] = f"{type(exc).__name__}: {exc}"
 
 
+def _report_stats(conns: list) -> None:
+    """Ask each session to report its statistics to the server now (PostgreSQL 15 and later;
+    otherwise a session reports them within a second or so of going idle)."""
+    for conn in conns:
+        if conn.info.server_version >= 150000:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+
+
 def claimer_main(ctx: Context, dsn: str, schema: str, clients: int) -> dict:
     """The labkit client: one process with ``clients`` threads, each with its own connection
     (the shape of ``pgbench -c N -j N``).  psycopg releases the GIL while a thread waits for
@@ -332,6 +345,8 @@ def claimer_main(ctx: Context, dsn: str, schema: str, clients: int) -> dict:
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
             for c in claimers:
                 c.close()
+            if order.get("report_stats"):
+                _report_stats(conns)
             errors = [o["error"] for o in outs if "error" in o]
             if errors:
                 raise RuntimeError(errors[0])
@@ -455,10 +470,12 @@ class CeilingRun:
 
 
 def run_labkit_ceiling(lab: Lab, pool: ClaimerPool, batch: int, seconds: float, style: str = "pq",
-                       synchronous_commit: str = "on") -> CeilingRun:
+                       synchronous_commit: str = "on", report_stats: bool = False) -> CeilingRun:
+    """One run of the claimers; with ``report_stats`` their sessions report their statistics
+    to the server at its end (the physics figure reads them)."""
     before = count_status(lab, "IN_PROGRESS")
     res = pool.order(mode="ceiling", batch=batch, seconds=seconds, style=style, timeout=seconds + 120,
-                     synchronous_commit=synchronous_commit)
+                     synchronous_commit=synchronous_commit, report_stats=report_stats)
     results = res["clients"]
     if set(res["synchronous_commit"]) != {synchronous_commit}:
         raise LabkitError(f"The claimers ran with synchronous_commit {res['synchronous_commit']}, "
@@ -634,6 +651,79 @@ def durability(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
                  "this server runs with fsync = off: no commit here is durable, so no durable "
                  "figure can be measured on it; every figure of this run is a non-durable one"),
     }}
+
+
+# -- the physics: what one job costs, and the ceiling the disk sets ---------------------------------
+
+
+def flush_folder(lab: Lab) -> tuple[Path, bool]:
+    """A folder of ours on the disk that holds the server's WAL, and whether it is that disk
+    for sure: the embedded server's own folder; for another server, the folder above its data
+    directory when this machine can see it; else this machine's temporary folder."""
+    if lab.db.backend == "embedded":
+        return EmbeddedServer().data_dir, True
+    try:
+        data = Path(lab.execute("SELECT current_setting('data_directory')")[0][0])
+    except Exception:                 # not allowed to read it: not a superuser, nor pg_read_all_settings
+        data = None
+    if data is not None and data.parent.is_dir() and os.access(data.parent, os.W_OK):
+        return data.parent, True
+    return Path(tempfile.gettempdir()), False
+
+
+def _physics_run(lab: Lab, pool: ClaimerPool, watch: psycopg.Connection, batch: int, s: Settings,
+                 like: str) -> tuple[CeilingRun, physics.Physics]:
+    """One durable run of the claimers at ``batch``, with the server's counters read around it
+    and the sessions' wait events sampled during it."""
+    size = int(CEILING_GUESS.get(batch, 150_000) * s.clients / 4 * s.seconds * 2) + s.clients * batch * 4
+    fill(lab, size, history=0)
+    lab.execute("SELECT pg_stat_force_next_flush()" if lab.db.version_num >= 150000 else "SELECT 1")
+    pids = [r[0] for r in watch.execute(physics.q("session_pids"), {"like": like}).fetchall()]
+    cpu0 = physics.backend_cpu_s(pids)
+    before = physics.settled_counters(watch)
+    sampler = physics.WaitSampler(lambda: lab.db.connect(role=f"{ROLE}-watch"), like)
+    sampler.start()
+    try:
+        r = run_labkit_ceiling(lab, pool, batch, s.seconds, report_stats=True)
+    finally:
+        sampler.stop()
+    after = physics.settled_counters(watch)
+    cpu1 = physics.backend_cpu_s(pids)
+    return r, physics.per_job(jobs=r.jobs, commits=r.calls, wal=physics.wal_bytes(watch, before, after),
+                              before=before, after=after, waits=sampler.top(),
+                              client_cpu_s=r.client_cpu_s,
+                              server_cpu_s=None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
+
+
+def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
+    """For every batch size, one durable run of the claimers and what each job cost it
+    (``physics``), and the ceiling this machine's disk sets on durable commits, with what
+    bounded each point (``ceiling``).  See :mod:`labkit.tools.physics`."""
+    progress = progress or (lambda msg: None)
+    ensure_job_table(lab, index=True)
+    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")   # no autovacuum's WAL in the readings
+    folder, same_disk = flush_folder(lab)
+    flush = physics.flush_time(folder)
+    progress(f"physics: one 8 kB write and its {flush.method} take {flush.flush_ms:.3f} ms here "
+             f"(at most {flush.durable_commits_per_s_one_session:,.0f} durable commits/s for one session)")
+    like = session_name(lab.schema, f"{ROLE}-c") + "%"
+    per_batch: dict[str, dict] = {}
+    bounds: dict[str, dict] = {}
+    rates: dict[str, float] = {}
+    with ClaimerPool(lab, s.clients) as pool, lab.db.connect(role=f"{ROLE}-physics") as watch:
+        for batch in s.batches:
+            r, ph = _physics_run(lab, pool, watch, batch, s, like)
+            per_batch[str(batch)] = ph.as_dict()
+            rates[str(batch)] = r.jobs_per_s
+            bounds[str(batch)] = physics.bound(jobs_per_s=r.jobs_per_s, physics=ph, flush_ms=flush.flush_ms,
+                                               cpus=os.cpu_count() or 1)
+            progress(f"physics, batch {batch:>3}: {r.jobs_per_s:>9,.0f} jobs/s, "
+                     f"{ph.wal_bytes_per_job:,.0f} WAL bytes and {ph.wal_syncs_per_job:.3f} syncs per job; "
+                     f"bound: {bounds[str(batch)]['bound']}")
+    sync_method = lab.execute("SELECT current_setting('wal_sync_method')")[0][0]
+    return {"physics": per_batch,
+            "ceiling": {**flush.as_dict(), "same_disk_as_server": same_disk, "wal_sync_method": sync_method,
+                        "clients": s.clients, "claim_jobs_per_s_durable": rates, "bound": bounds}}
 
 
 # -- figure 2: a peer library (PgQueuer) drains the same backlog ---------------------------------------
@@ -1201,7 +1291,10 @@ def _drop_schemas_of(user: str) -> None:
 # -- goals, the run, the table ---------------------------------------------------------------------------
 
 GOALS = (
+    ("ratio_vs_pgbench_1", "labkit's claimer ≥ 1.0 × pgbench at batch 1", 1.0, ">="),
     ("ratio_vs_pgbench_10", "labkit's claimer ≥ 1.0 × pgbench at batch 10", 1.0, ">="),
+    ("ratio_vs_pgbench_100", "labkit's claimer ≥ 1.0 × pgbench at batch 100", 1.0, ">="),
+    ("client_cpu_vs_pgbench_1", "labkit's client CPU per claim ≤ 1.3 × pgbench's at batch 1", 1.3, "<="),
     ("ratio_vs_peer", "labkit ≥ 1.0 × the peer library (PgQueuer)", 1.0, ">="),
     ("convoy_efficiency_16", "convoy efficiency ≥ 0.85 (SKIP LOCKED, N = 16, d = 20 ms)", 0.85, ">="),
     ("notebook_max_seconds", "every notebook headless ≤ 60 s", 60.0, "<="),
@@ -1213,8 +1306,12 @@ GOALS = (
 def goals(result: dict) -> list[dict]:
     """Each speed goal with the measured value and met / missed / not measured."""
     nb = result.get("notebook_seconds") or {}
+    cpu_l, cpu_p = (result.get("claim_client_cpu_us_per_call") or {}), (result.get("pgbench_client_cpu_us_per_call") or {})
     values = {
+        "ratio_vs_pgbench_1": (result.get("ratio_vs_pgbench") or {}).get("1"),
         "ratio_vs_pgbench_10": (result.get("ratio_vs_pgbench") or {}).get("10"),
+        "ratio_vs_pgbench_100": (result.get("ratio_vs_pgbench") or {}).get("100"),
+        "client_cpu_vs_pgbench_1": cpu_l["1"] / cpu_p["1"] if cpu_l.get("1") and cpu_p.get("1") else None,
         "ratio_vs_peer": result.get("ratio_vs_peer"),
         "convoy_efficiency_16": result.get("convoy_efficiency_16"),
         "notebook_max_seconds": max(nb.values()) if nb else None,
@@ -1236,6 +1333,11 @@ LIMITS = [
     "The claim ceiling is set by the server's work per transaction (index search, row lock, "
     "UPDATE, WAL, commit); a lean client adds little, and bigger batches spread the commit over "
     "more jobs.",
+    "The physics figure reads the server's own counters around one durable run per batch size: "
+    "WAL bytes from its insert position, syncs from pg_stat_io (pg_stat_wal before PostgreSQL 18), "
+    "server CPU from the claimers' backends only (not the WAL writer's). Its flush time is one "
+    "8 kB write and its sync on the WAL's disk, as pg_test_fsync's first test times it; several "
+    "sessions can share one flush, so the one-session bound is not the ceiling of four.",
     "The cursor-API figure is the same claim through psycopg's ordinary cursor API, measured "
     "once at batch 10 beside the lean claimer: what that layer costs on the client is the gap, "
     "when it is larger than one measurement's noise; on a machine with few cores that CPU is "
@@ -1293,7 +1395,7 @@ def run(lab: Lab | None = None, settings: Settings | None = None, *, quick: bool
     return result
 
 
-FIGURES = ("ceiling", "durability", "peer", "amqp", "convoy", "history", "server", "notebooks")
+FIGURES = ("ceiling", "durability", "physics", "peer", "amqp", "convoy", "history", "server", "notebooks")
 
 
 def _chosen_figures(figures: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -1312,6 +1414,8 @@ def _measure_figures(lab: Lab, s: Settings, figures: tuple[str, ...], progress: 
         result |= claim_ceiling(lab, s, progress)
     if "durability" in figures:
         result |= durability(lab, s, progress)
+    if "physics" in figures:
+        result |= physics_figure(lab, s, progress)
     if "peer" in figures:
         result |= peer(lab, s, progress)
     if "amqp" in figures:
@@ -1376,6 +1480,21 @@ def _durability_rows(result: dict) -> list[tuple]:
         rows.append((f"  claim, batch {b}: durable commits vs synchronous_commit=off (jobs/s)",
                      _fmt(durable) if durable else "—", f"async {_fmt(v)}",
                      _fmt(durable / v) if durable and v else "—"))
+    return rows
+
+
+def _physics_rows(result: dict) -> list[tuple]:
+    """What one job cost by batch (WAL, syncs, CPU), the disk's flush, and what bounded each point."""
+    ph, c = result.get("physics"), result.get("ceiling")
+    if not ph or not c:
+        return []
+    rows: list[tuple] = [(f"one 8 kB write + {c['method']} on the WAL's disk (ms)", _fmt(c["flush_ms"]),
+                          f"≤ {_fmt(c['durable_commits_per_s_one_session'])} durable commits/s, one session",
+                          "—")]
+    for b, p in ph.items():
+        cpu = "—" if p["server_cpu_us_per_job"] is None else _fmt(p["server_cpu_us_per_job"])
+        rows.append((f"  physics, batch {b}: WAL bytes, syncs, server µs per job", _fmt(p["wal_bytes_per_job"]),
+                     f"{p['wal_syncs_per_job']:.3f} syncs, {cpu} µs", c["bound"][b]["bound"]))
     return rows
 
 
@@ -1456,7 +1575,7 @@ def _timing_rows(result: dict) -> list[tuple]:
 
 
 # the table's rows, in the order it prints them
-_TABLE_ROWS = (_ceiling_rows, _durability_rows, _cursor_api_rows, _peer_rows, _amqp_rows, _convoy_history_rows,
+_TABLE_ROWS = (_ceiling_rows, _durability_rows, _physics_rows, _cursor_api_rows, _peer_rows, _amqp_rows, _convoy_history_rows,
                _timing_rows)
 
 

@@ -1,0 +1,256 @@
+"""The physics of a queue run: what one claimed job cost the server and the machine, and the
+ceiling this machine's disk sets on durable commits (``labkit bench``'s ``physics`` figure).
+
+Read around one run of the claimers, per job:
+
+* **WAL** -- bytes, from the server's WAL position before and after (exact: the difference of
+  two LSNs), and records;
+* **commits** -- the claimers' transactions, counted by the claimers themselves (one per call);
+* **WAL writes and syncs** -- from the server's statistics: ``pg_stat_io`` (object ``wal``) on
+  PostgreSQL 18 and later, ``pg_stat_wal`` before.  Sessions report their counts to the shared
+  statistics in batches; the claimers ask for theirs to be reported at the end of the run
+  (``pg_stat_force_next_flush()``), and the reading waits until the counters stand still;
+* **buffers** hit and read (``pg_stat_database``);
+* **wait events** -- what the claimers' sessions were doing, sampled from ``pg_stat_activity``
+  while they ran: a wait event, running on a CPU, or idle waiting for the client;
+* **CPU** -- the client's (the claimer process's own usage) and the server's (the claimers'
+  backends, read from ``/proc``: only where the server runs on this machine and its processes
+  can be read).
+
+The ceiling: :func:`flush_time` times what a durable commit waits for, one 8 kB write and its
+``fdatasync`` (``fsync`` where there is none) on the disk that holds the server's WAL, as
+PostgreSQL's ``pg_test_fsync`` does in its first test.  One session committing durably can do
+at most one commit per flush; several sessions can share a flush (group commit).
+:func:`bound` says, for each measured point, what bounded it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from ..core.checked import one_row
+from ..core.queries import query
+from ..core.results import Result
+
+SQL = "physics.sql"
+SAMPLE_S = 0.02            # one look at the sessions' wait events every 20 ms
+SETTLE_S = 2.0             # the most the reading waits for the statistics to stand still
+FLUSH_BYTES = 8192         # what one WAL flush writes at the least: one WAL page
+
+
+def q(name: str) -> str:
+    return query(SQL, name).sql
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One reading of the server's counters (:func:`read_counters`)."""
+
+    wal_lsn: str
+    wal_records: int
+    wal_writes: int
+    wal_syncs: int
+    blks_hit: int
+    blks_read: int
+
+
+def read_counters(conn: psycopg.Connection) -> Counters:
+    """The server's counters now (an autocommit connection: each statement sees the latest)."""
+    lsn = one_row(conn.execute(q("wal_position")), "wal_position")[0]
+    io = "wal_counters_18" if conn.info.server_version >= 180000 else "wal_counters"
+    records, writes, syncs = one_row(conn.execute(q(io)), io)
+    hit, read = one_row(conn.execute(q("buffer_counters")), "buffer_counters")
+    return Counters(lsn, int(records), int(writes), int(syncs), int(hit), int(read))
+
+
+def settled_counters(conn: psycopg.Connection, timeout: float = SETTLE_S) -> Counters:
+    """The counters once two readings 50 ms apart agree (the last sessions' reports are in),
+    or after ``timeout``."""
+    last = read_counters(conn)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = read_counters(conn)
+        if (now.wal_records, now.wal_writes, now.wal_syncs) == (last.wal_records, last.wal_writes, last.wal_syncs):
+            return now
+        last = now
+    return last
+
+
+def wal_bytes(conn: psycopg.Connection, before: Counters, after: Counters) -> int:
+    return int(one_row(conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)",
+                                    (after.wal_lsn, before.wal_lsn)), "pg_wal_lsn_diff")[0])
+
+
+class WaitSampler(threading.Thread):
+    """Samples what the sessions whose application_name matches ``like`` are doing, every
+    ``SAMPLE_S``, on a connection of its own, until stopped."""
+
+    def __init__(self, dsn_connect, like: str):
+        super().__init__(name="labkit-wait-sampler", daemon=True)
+        self.conn = dsn_connect()
+        self.like = like
+        self.seen: Counter[str] = Counter()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        statement = q("wait_sample")
+        try:
+            while not self.stopping.is_set():
+                for (what,) in self.conn.execute(statement, {"like": self.like}).fetchall():
+                    self.seen[what] += 1
+                self.stopping.wait(SAMPLE_S)
+        finally:
+            self.conn.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+    def top(self, n: int = 3) -> list[dict]:
+        """The ``n`` most seen, each with its share of all the looks."""
+        total = sum(self.seen.values())
+        return [{"what": what, "share": round(count / total, 3)}
+                for what, count in self.seen.most_common(n)] if total else []
+
+
+def backend_cpu_s(pids: list[int]) -> float | None:
+    """The CPU time the server processes ``pids`` have used, from ``/proc``; None where it
+    cannot be read (a server on another machine, or no ``/proc``)."""
+    if not pids:
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        total += int(fields[11]) + int(fields[12])        # utime, stime (fields 14 and 15)
+    return total / tick
+
+
+@dataclass(frozen=True)
+class Physics(Result):
+    """What one job cost, over one run of the claimers (see the module's text).
+
+    jobs, commits: claimed in the run, and transactions the claimers committed
+    wal_bytes_per_job, wal_records_per_job: the WAL written, per claimed job
+    commits_per_job, wal_writes_per_job, wal_syncs_per_job: per claimed job
+    buffers_hit_per_job, buffers_read_per_job: shared buffers found, and read from outside them
+    top_wait_events: what the claimers' sessions were seen doing, most seen first, with shares
+    client_cpu_us_per_job: the claimer process's CPU, in microseconds
+    server_cpu_us_per_job: the claimers' backends' CPU, in microseconds (None where unreadable)
+    """
+
+    jobs: int
+    commits: int
+    wal_bytes_per_job: float
+    wal_records_per_job: float
+    commits_per_job: float
+    wal_writes_per_job: float
+    wal_syncs_per_job: float
+    buffers_hit_per_job: float
+    buffers_read_per_job: float
+    top_wait_events: list[dict]
+    client_cpu_us_per_job: float | None
+    server_cpu_us_per_job: float | None
+
+
+def per_job(*, jobs: int, commits: int, wal: int, before: Counters, after: Counters, waits: list[dict],
+            client_cpu_s: float | None, server_cpu_s: float | None) -> Physics:
+    """The readings of one run, divided by the jobs it claimed."""
+    n = max(jobs, 1)
+
+    def each(value: float) -> float:
+        return round(value / n, 3)
+
+    return Physics(
+        jobs=jobs, commits=commits, wal_bytes_per_job=each(wal),
+        wal_records_per_job=each(after.wal_records - before.wal_records),
+        commits_per_job=each(commits), wal_writes_per_job=each(after.wal_writes - before.wal_writes),
+        wal_syncs_per_job=each(after.wal_syncs - before.wal_syncs),
+        buffers_hit_per_job=each(after.blks_hit - before.blks_hit),
+        buffers_read_per_job=each(after.blks_read - before.blks_read), top_wait_events=waits,
+        client_cpu_us_per_job=None if client_cpu_s is None else round(client_cpu_s / n * 1e6, 1),
+        server_cpu_us_per_job=None if server_cpu_s is None else round(server_cpu_s / n * 1e6, 1))
+
+
+# -- the ceiling ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlushTime(Result):
+    """What one durable commit waits for on this disk (:func:`flush_time`).
+
+    flush_ms: the median time of one 8 kB write and its sync, in ms
+    flushes: how many were timed
+    method: the sync call ("fdatasync", or "fsync" where there is none)
+    folder: the folder whose disk was measured
+    durable_commits_per_s_one_session: 1000 / flush_ms, the most one session committing durably
+        can do (several sessions can share a flush)
+    """
+
+    flush_ms: float
+    flushes: int
+    method: str
+    folder: str
+    durable_commits_per_s_one_session: float
+
+
+def flush_time(folder: Path, seconds: float = 0.5) -> FlushTime:
+    """Time 8 kB writes, each followed by its sync, for ``seconds``, in a file of its own in
+    ``folder`` (removed after)."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    page = os.urandom(FLUSH_BYTES)
+    times: list[float] = []
+    fd, path = tempfile.mkstemp(prefix="labkit-flush-", dir=folder)
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end or len(times) < 5:
+            os.lseek(fd, 0, os.SEEK_SET)
+            t = time.perf_counter()
+            os.write(fd, page)
+            sync(fd)
+            times.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    ms = statistics.median(times) * 1000
+    return FlushTime(flush_ms=round(ms, 4), flushes=len(times), method=sync.__name__, folder=str(folder),
+                     durable_commits_per_s_one_session=round(1000 / ms, 1) if ms > 0 else 0.0)
+
+
+BUSY = 0.6                 # a resource busy this share of the run's time is what bounds it
+
+
+def bound(*, jobs_per_s: float, physics: Physics, flush_ms: float | None, cpus: int,
+          durable: bool = True) -> dict:
+    """What bounded one measured point: the disk's flushes, the CPUs, a lock, or the round
+    trips between client and server; with the shares it is judged by."""
+    disk = (physics.wal_syncs_per_job * jobs_per_s * flush_ms / 1000
+            if durable and flush_ms is not None else None)
+    cpu_us = (physics.client_cpu_us_per_job or 0) + (physics.server_cpu_us_per_job or 0)
+    cpu = cpu_us * jobs_per_s / 1e6 / max(cpus, 1) if physics.server_cpu_us_per_job is not None else None
+    top = physics.top_wait_events[0] if physics.top_wait_events else None
+    locked = sum(w["share"] for w in physics.top_wait_events if w["what"].startswith(("Lock:", "LWLock:")))
+    if disk is not None and disk >= BUSY:
+        what = "flush"
+    elif cpu is not None and cpu >= BUSY:
+        what = "cpu"
+    elif locked >= 0.3:
+        what = "lock"
+    else:
+        what = "round trips"
+    return {"bound": what, "disk_busy": None if disk is None else round(disk, 3),
+            "cpu_busy": None if cpu is None else round(cpu, 3),
+            "top_wait_event": top["what"] if top else None}
