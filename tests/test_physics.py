@@ -85,3 +85,20 @@ def test_the_benchmark_reports_the_physics_of_each_batch_and_the_ceiling(lab):
     assert out["physics"]["10"]["wal_syncs_per_job"] < out["physics"]["1"]["wal_syncs_per_job"]
     table = bench.table(out)
     assert "physics, batch 1" in table and "durable commits/s, one session" in table
+
+
+def test_the_published_figures_each_name_their_source_and_are_divided_by_their_own_cores():
+    entries = bench.published()
+    assert len(entries) >= 5 and len({e["id"] for e in entries}) == len(entries)
+    for e in entries:
+        assert e["source"] and e["system"] and e["figure"] > 0, e["id"]
+        if e["cores"]:
+            assert e["per_core"] == pytest.approx(e["figure"] / e["cores"], rel=0.01), e["id"]
+        else:
+            assert e["per_core"] is None, e["id"]          # no core count guessed
+    mine = {"machine": {"cpus": 2}, "ceiling": {"claim_jobs_per_s_durable": {"1": 6000.0, "10": 40000.0}}}
+    table = bench.per_core_table(mine)
+    ours = table[table["source"] == "this run"]
+    assert list(ours["per core"].sort_values()) == [3000, 20000] and len(table) == len(entries) + 2
+    ranked = table["per core"].dropna().tolist()
+    assert ranked == sorted(ranked, reverse=True)

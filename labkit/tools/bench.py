@@ -726,6 +726,40 @@ def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> d
                         "clients": s.clients, "claim_jobs_per_s_durable": rates, "bound": bounds}}
 
 
+PUBLISHED = data_file("published_throughput.yaml")
+
+
+def published(path: Path = PUBLISHED) -> list[dict]:
+    """The published throughputs of PostgreSQL job queues, with their sources: reference data
+    set beside this machine's figure, never asserted."""
+    import yaml
+
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8"))["entries"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise LabkitError(f"The published figures in {path} cannot be read ({exc}).",
+                          "restore data/published_throughput.yaml from the repository.") from None
+    return list(entries)
+
+
+def per_core_table(mine: dict, entries: list[dict] | None = None):
+    """The published figures per core beside this run's durable claim per core (batch by
+    batch), one row each, highest per core first: a DataFrame."""
+    import pandas as pd
+
+    cpus = (mine.get("machine") or {}).get("cpus") or os.cpu_count() or 1
+    rows = [{"system": e["system"], "jobs/s": e["figure"], "cores": e["cores"], "per core": e["per_core"],
+             "batch": e["batch"], "durable": "not stated" if e["durable"] is None else e["durable"],
+             "source": e["source"]}
+            for e in (published() if entries is None else entries)]
+    for b, rate in ((mine.get("ceiling") or {}).get("claim_jobs_per_s_durable") or {}).items():
+        rows.append({"system": "this machine: labkit's claim + mark, no job work", "jobs/s": round(rate),
+                     "cores": cpus, "per core": round(rate / cpus), "batch": int(b), "durable": True,
+                     "source": "this run"})
+    table = pd.DataFrame(rows)
+    return table.sort_values("per core", ascending=False, na_position="last").reset_index(drop=True)
+
+
 # -- figure 2: a peer library (PgQueuer) drains the same backlog ---------------------------------------
 
 def peer_available() -> tuple[str | None, str]:

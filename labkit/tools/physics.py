@@ -254,3 +254,60 @@ def bound(*, jobs_per_s: float, physics: Physics, flush_ms: float | None, cpus: 
     return {"bound": what, "disk_busy": None if disk is None else round(disk, 3),
             "cpu_busy": None if cpu is None else round(cpu, 3),
             "top_wait_event": top["what"] if top else None}
+
+
+# -- the roofline ---------------------------------------------------------------------------------
+
+
+def roofline(ceiling: dict, per_batch: dict, *, cpus: int) -> list[dict]:
+    """For each batch size of a run (``ceiling`` and ``physics`` of ``labkit bench --json``):
+    the measured jobs/s and the two roofs over it.
+
+    * the **flush roof**: every durable commit waits for a WAL flush, and ``clients`` sessions
+      can at best share each one (group commit), so jobs/s <= batch x clients / flush time;
+    * the **CPU roof**: this machine's CPUs divided by the CPU one job took, client and server
+      (None where the server's CPU could not be read)."""
+    points = []
+    flush_s = ceiling["flush_ms"] / 1000
+    for batch, p in per_batch.items():
+        b = int(batch)
+        cpu_us = (p["client_cpu_us_per_job"] or 0) + (p["server_cpu_us_per_job"] or 0)
+        points.append({
+            "batch": b,
+            "jobs_per_s": ceiling["claim_jobs_per_s_durable"][batch],
+            "flush_roof": b * ceiling["clients"] / flush_s if flush_s > 0 else None,
+            "cpu_roof": cpus * 1e6 / cpu_us if p["server_cpu_us_per_job"] is not None and cpu_us else None,
+            "bound": ceiling["bound"][batch]["bound"],
+        })
+    return points
+
+
+def plot_roofline(points: list[dict], *, title: str = "What bounds the durable claim"):
+    """The roofline of :func:`roofline`'s points: batch size across, jobs/s up, both on log
+    scales; the measured points and the two roofs.  Returns the axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    from ..core.plots import PALETTE, legend_below, plain_log_ticks
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    xs = [p["batch"] for p in points]
+    flush = [p["flush_roof"] for p in points]
+    cpu = [p["cpu_roof"] for p in points]
+    if all(v is not None for v in flush):
+        ax.plot(xs, flush, "--", color=PALETTE[1], label="flush roof: batch x clients / one WAL flush")
+    if all(v is not None for v in cpu):
+        ax.plot(xs, cpu, ":", color=PALETTE[2], linewidth=2, label="CPU roof: CPUs / CPU per job")
+    ax.plot(xs, [p["jobs_per_s"] for p in points], "o-", color=PALETTE[0], markersize=9,
+            label="measured: durable claim + mark")
+    for p in points:
+        ax.annotate(p["bound"], (p["batch"], p["jobs_per_s"]), textcoords="offset points", xytext=(8, -16))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [f"batch {x}" for x in xs])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("jobs claimed per second")
+    plain_log_ticks(ax.yaxis)
+    ax.set_title(title)
+    legend_below(fig, ax, ncol=1)
+    return ax
