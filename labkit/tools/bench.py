@@ -236,6 +236,15 @@ class Claimer:
         self.claimed += len(ids)
         return ids
 
+    def claim_count(self) -> int:
+        """Claim and mark up to ``batch`` pending jobs; how many.  The ids arrive as with
+        :meth:`claim` (libpq reads the whole result) but are not turned into Python objects:
+        what pgbench does with them, and all the ceiling needs."""
+        n = self._run(b"labkit_claim", self._claim_params).ntuples
+        self.calls += 1
+        self.claimed += n
+        return n
+
     def finish(self, ids: list[int]) -> int:
         """Mark claimed jobs DONE (the second short transaction); how many were still ours."""
         res = self._run(b"labkit_finish", [("{" + ",".join(map(str, ids)) + "}").encode(), self._wid])
@@ -282,8 +291,11 @@ def _claim_loop(claimer: Claimer | CursorClaimer, order: dict, out: dict) -> Non
         if order["mode"] == "ceiling":
             end = order["start_at"] + order["seconds"]
             t = t0
+            # the lean claimer counts the rows it got, as pgbench does; the cursor API's claim
+            # fetches them as Python objects: that is the layer it measures
+            claim = claimer.claim_count if isinstance(claimer, Claimer) else claimer.claim
             while t < end:
-                if not claimer.claim():     # the queue is empty: nothing left to measure
+                if not claim():             # the queue is empty: nothing left to measure
                     break
                 t = time.monotonic()
         else:
