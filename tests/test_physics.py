@@ -102,3 +102,13 @@ def test_the_published_figures_each_name_their_source_and_are_divided_by_their_o
     assert list(ours["per core"].sort_values()) == [3000, 20000] and len(table) == len(entries) + 2
     ranked = table["per core"].dropna().tolist()
     assert ranked == sorted(ranked, reverse=True)
+
+
+def test_sessions_committing_at_once_share_the_flush(lab):
+    with lab.db.connect() as watch:
+        got = physics.group_commit(lambda: lab.connect(), watch, sessions=(1, 4), seconds=0.3)
+    one, four = got.points[0], got.points[1]
+    assert (one["sessions"], four["sessions"]) == (1, 4)
+    assert one["syncs_per_commit"] >= 0.9           # alone, every durable commit flushes for itself
+    assert four["syncs_per_commit"] < one["syncs_per_commit"]
+    assert got.commit_delay_measured == (len(got.points) == 3)   # the embedded server's role may set it

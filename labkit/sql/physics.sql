@@ -34,3 +34,11 @@ SELECT CASE WHEN state = 'active' AND wait_event IS NULL THEN 'CPU'
             ELSE coalesce(wait_event_type || ':' || wait_event, state) END AS what
   FROM pg_stat_activity
  WHERE application_name LIKE %(like)s AND pid <> pg_backend_pid();
+
+-- name: group_commit_scene
+-- The group-commit probe's table: one row per commit.
+CREATE TABLE IF NOT EXISTS commit_probe (n bigint);
+
+-- name: group_commit_insert
+-- One durable commit (autocommit: the statement is its own transaction).
+INSERT INTO commit_probe VALUES (1);

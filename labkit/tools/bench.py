@@ -732,10 +732,17 @@ def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> d
             progress(f"physics, batch {batch:>3}: {r.jobs_per_s:>9,.0f} jobs/s, "
                      f"{ph.wal_bytes_per_job:,.0f} WAL bytes and {ph.wal_syncs_per_job:.3f} syncs per job; "
                      f"bound: {bounds[str(batch)]['bound']}")
+        gc = physics.group_commit(lambda: lab.connect(role=f"{ROLE}-commit"), watch,
+                                  seconds=0.5 if s.quick else 1.0)
+    for point in gc.points:
+        progress(f"physics, group commit: {point['sessions']} session(s), commit_delay "
+                 f"{point['commit_delay_us']} µs: {point['commits_per_s']:>9,.0f} durable commits/s, "
+                 f"{point['syncs_per_commit']:.3f} syncs per commit")
     sync_method = lab.execute("SELECT current_setting('wal_sync_method')")[0][0]
     return {"physics": per_batch,
             "ceiling": {**flush.as_dict(), "same_disk_as_server": same_disk, "wal_sync_method": sync_method,
-                        "clients": s.clients, "claim_jobs_per_s_durable": rates, "bound": bounds}}
+                        "clients": s.clients, "claim_jobs_per_s_durable": rates, "bound": bounds,
+                        "group_commit": gc.as_dict()}}
 
 
 PUBLISHED = data_file("published_throughput.yaml")
@@ -1537,6 +1544,9 @@ def _physics_rows(result: dict) -> list[tuple]:
     rows: list[tuple] = [(f"one 8 kB write + {c['method']} on the WAL's disk (ms)", _fmt(c["flush_ms"]),
                           f"≤ {_fmt(c['durable_commits_per_s_one_session'])} durable commits/s, one session",
                           "—")]
+    for g in (c.get("group_commit") or {}).get("points", []):
+        rows.append((f"  durable one-row commits, {g['sessions']} session(s), commit_delay {g['commit_delay_us']} µs",
+                     _fmt(g["commits_per_s"]), f"{g['syncs_per_commit']:.3f} syncs per commit", "—"))
     for b, p in ph.items():
         cpu = "—" if p["server_cpu_us_per_job"] is None else _fmt(p["server_cpu_us_per_job"])
         rows.append((f"  physics, batch {b}: WAL bytes, syncs, server µs per job", _fmt(p["wal_bytes_per_job"]),

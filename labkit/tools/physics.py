@@ -311,3 +311,74 @@ def plot_roofline(points: list[dict], *, title: str = "What bounds the durable c
     ax.set_title(title)
     legend_below(fig, ax, ncol=1)
     return ax
+
+
+# -- group commit ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupCommit(Result):
+    """Durable one-row commits from several sessions at once (:func:`group_commit`).
+
+    points: one per (sessions, commit_delay_us): commits_per_s, syncs_per_commit (the WAL syncs
+        the server did per commit: below 1 when sessions shared a flush)
+    commit_delay_measured: whether commit_delay could be set (it needs a superuser)
+    """
+
+    points: list[dict]
+    commit_delay_measured: bool
+
+
+def _commit_loop(conn: psycopg.Connection, until: float, counts: list[int], i: int) -> None:
+    statement = q("group_commit_insert")
+    n = 0
+    while time.monotonic() < until:
+        conn.execute(statement)
+        n += 1
+    counts[i] = n
+
+
+def _group_point(connect, watch: psycopg.Connection, sessions: int, seconds: float,
+                 delay_us: int) -> dict:
+    conns = [connect() for _ in range(sessions)]
+    try:
+        for conn in conns:
+            conn.execute("SET synchronous_commit = on")
+            if delay_us:
+                conn.execute(f"SET commit_delay = {int(delay_us)}")
+                conn.execute("SET commit_siblings = 1")
+        before = settled_counters(watch)
+        counts = [0] * sessions
+        until = time.monotonic() + seconds
+        threads = [threading.Thread(target=_commit_loop, args=(c, until, counts, i)) for i, c in enumerate(conns)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - started
+        for conn in conns:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        after = settled_counters(watch)
+    finally:
+        for conn in conns:
+            conn.close()
+    commits = sum(counts)
+    return {"sessions": sessions, "commit_delay_us": delay_us, "commits_per_s": round(commits / took, 1),
+            "syncs_per_commit": round((after.wal_syncs - before.wal_syncs) / max(commits, 1), 3)}
+
+
+def group_commit(connect, watch: psycopg.Connection, *, sessions: tuple[int, ...] = (1, 2, 4, 8),
+                 seconds: float = 0.5, commit_delay_us: int = 100) -> GroupCommit:
+    """Durable one-row commits for ``seconds`` with each number of ``sessions`` (each from
+    ``connect()``, an autocommit connection to a lab schema), and once more with the most
+    sessions and ``commit_delay`` (where this role may set it: it needs a superuser).  The
+    table is created in the lab schema if it is not there."""
+    with connect() as conn:
+        conn.execute(q("group_commit_scene"))
+        superuser = one_row(conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"),
+                            "rolsuper")[0]
+    points = [_group_point(connect, watch, n, seconds, 0) for n in sessions]
+    if superuser and commit_delay_us:
+        points.append(_group_point(connect, watch, max(sessions), seconds, commit_delay_us))
+    return GroupCommit(points=points, commit_delay_measured=bool(superuser and commit_delay_us))
