@@ -112,3 +112,12 @@ def test_sessions_committing_at_once_share_the_flush(lab):
     assert one["syncs_per_commit"] >= 0.9           # alone, every durable commit flushes for itself
     assert four["syncs_per_commit"] < one["syncs_per_commit"]
     assert got.commit_delay_measured == (len(got.points) == 3)   # the embedded server's role may set it
+
+
+def test_pg_test_fsync_times_the_same_flush_as_the_benchmark(tmp_path):
+    from labkit.core.server import bin_dir
+
+    methods = physics.pg_test_fsync(bin_dir() / "pg_test_fsync", tmp_path, seconds=1)
+    assert "fdatasync" in methods and "fsync" in methods
+    assert all(ms > 0 for ms in methods.values())
+    assert list(tmp_path.iterdir()) == []               # its file is removed

@@ -716,6 +716,9 @@ def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> d
     lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")   # no autovacuum's WAL in the readings
     folder, same_disk = flush_folder(lab)
     flush = physics.flush_time(folder)
+    # PostgreSQL's own tool times the same thing, every sync method, one second each: the full
+    # run only (it takes about twenty seconds)
+    pgtf = None if s.quick else physics.pg_test_fsync(bin_dir() / "pg_test_fsync", folder)
     progress(f"physics: one 8 kB write and its {flush.method} take {flush.flush_ms:.3f} ms here "
              f"(at most {flush.durable_commits_per_s_one_session:,.0f} durable commits/s for one session)")
     like = session_name(lab.schema, f"{ROLE}-c") + "%"
@@ -741,6 +744,7 @@ def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> d
     sync_method = lab.execute("SELECT current_setting('wal_sync_method')")[0][0]
     return {"physics": per_batch,
             "ceiling": {**flush.as_dict(), "same_disk_as_server": same_disk, "wal_sync_method": sync_method,
+                        "pg_test_fsync_ms": pgtf,
                         "clients": s.clients, "claim_jobs_per_s_durable": rates, "bound": bounds,
                         "group_commit": gc.as_dict()}}
 

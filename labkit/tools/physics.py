@@ -27,7 +27,10 @@ at most one commit per flush; several sessions can share a flush (group commit).
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -38,6 +41,7 @@ from pathlib import Path
 import psycopg
 
 from ..core.checked import one_row
+from ..core.errors import LabkitError
 from ..core.queries import query
 from ..core.results import Result
 
@@ -382,3 +386,30 @@ def group_commit(connect, watch: psycopg.Connection, *, sessions: tuple[int, ...
     if superuser and commit_delay_us:
         points.append(_group_point(connect, watch, max(sessions), seconds, commit_delay_us))
     return GroupCommit(points=points, commit_delay_measured=bool(superuser and commit_delay_us))
+
+
+# -- PostgreSQL's own measurement of the same thing -------------------------------------------------
+
+FSYNC_LINE = re.compile(r"^\s+(\w+)\s+([\d.]+) ops/sec\s+(\d+) usecs/op", re.M)
+
+
+def pg_test_fsync(binary: Path, folder: Path, seconds: int = 1, timeout: float = 120) -> dict[str, float]:
+    """PostgreSQL's ``pg_test_fsync`` on ``folder``'s disk (``seconds`` per test): for each
+    ``wal_sync_method`` it could run, the time of one 8 kB write and its sync, in ms (its first
+    test).  Its file is removed after."""
+    path = Path(tempfile.mkdtemp(prefix="labkit-pgtf-", dir=folder))
+    try:
+        done = subprocess.run([str(binary), "-s", str(seconds), "-f", str(path / "pg_test_fsync.out")],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LabkitError(f"pg_test_fsync did not finish within {timeout:.0f} s.",
+                          "the disk may be very slow or busy: run the benchmark again later.") from None
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    first = done.stdout.split("Compare file sync methods using two", 1)[0]
+    found = {m.group(1): int(m.group(3)) / 1000 for m in FSYNC_LINE.finditer(first)}
+    if done.returncode != 0 or not found:
+        raise LabkitError(f"pg_test_fsync failed (exit {done.returncode}): "
+                          f"{(done.stderr or done.stdout).strip()[-300:]}",
+                          "run it by hand to see why; the benchmark's own flush time stands without it.")
+    return found

@@ -112,7 +112,7 @@ LONG_FIRST = (
     "tests/test_live_widgets.py", "tests/test_training.py", "notebooks/17_prove_it.ipynb",
     "tests/test_relay.py", "tests/test_torture.py", "tests/test_horizon.py", "tests/test_grade.py",
     "tests/test_lifecycle.py", "tests/test_failover.py", "notebooks/19_when_the_server_goes_away.ipynb",
-    "notebooks/21_other_engines.ipynb", "tests/test_mysql.py",
+    "notebooks/21_other_engines.ipynb", "tests/test_mysql.py", "tests/test_physics.py",
     "tests/test_security.py", "tests/test_install.py", "tests/test_drill.py",
     "notebooks/06_outbox_relay.ipynb", "tests/test_bench.py", "tests/test_load.py",
     "tests/test_layers.py", "tests/test_lint.py", "notebooks/02_the_convoy.ipynb",
