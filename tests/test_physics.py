@@ -46,24 +46,26 @@ def _physics(**kw) -> physics.Physics:
                 commits_per_job=1.0, wal_writes_per_job=1.0, wal_syncs_per_job=1.0,
                 buffers_hit_per_job=20.0, buffers_read_per_job=0.0,
                 top_wait_events=[{"what": "IO:WalSync", "share": 0.8}],
+                wait_shares={"flush": 0.8, "cpu": 0.1, "client": 0.1, "lock": 0.0, "other": 0.0}, looks=100,
                 client_cpu_us_per_job=20.0, server_cpu_us_per_job=100.0)
     return physics.Physics(**(base | kw))
 
 
-def test_a_point_is_bound_by_what_is_busy():
-    # 1,000 syncs/s of 1 ms: the disk syncs the whole time
-    assert physics.bound(jobs_per_s=1000, physics=_physics(), flush_ms=1.0, cpus=2)["bound"] == "flush"
-    # group commit: a tenth of a sync per job, and 120 µs of CPU per job at 15,000 jobs/s on 2 CPUs
-    shared = _physics(wal_syncs_per_job=0.1, top_wait_events=[{"what": "CPU", "share": 0.7}])
-    got = physics.bound(jobs_per_s=15_000, physics=shared, flush_ms=0.1, cpus=2)
-    assert got == {"bound": "cpu", "disk_busy": 0.15, "cpu_busy": 0.9, "top_wait_event": "CPU"}
-    locked = _physics(wal_syncs_per_job=0.01, top_wait_events=[{"what": "Lock:transactionid", "share": 0.5}])
-    assert physics.bound(jobs_per_s=500, physics=locked, flush_ms=0.1, cpus=2)["bound"] == "lock"
-    idle = _physics(wal_syncs_per_job=0.01, top_wait_events=[{"what": "idle: waiting for the client", "share": 0.9}])
-    assert physics.bound(jobs_per_s=500, physics=idle, flush_ms=0.1, cpus=2)["bound"] == "round trips"
-    # where the server's CPU cannot be read, CPU is not judged
-    assert physics.bound(jobs_per_s=15_000, physics=_physics(server_cpu_us_per_job=None, wal_syncs_per_job=0.0),
-                         flush_ms=0.1, cpus=2)["cpu_busy"] is None
+def test_the_looks_are_sorted_by_kind_and_a_point_is_named_by_the_kind_seen_most():
+    from collections import Counter
+
+    seen = Counter({"LWLock:WALWrite": 30, "IO:WalSync": 20, "CPU": 25, "idle: waiting for the client": 15,
+                    "Lock:transactionid": 5, "LWLock:BufferContent": 5})
+    assert physics.shares(seen) == {"flush": 0.5, "cpu": 0.25, "client": 0.15, "lock": 0.1, "other": 0.0}
+    assert physics.top(seen, 2) == [{"what": "LWLock:WALWrite", "share": 0.3}, {"what": "CPU", "share": 0.25}]
+    got = physics.bound(jobs_per_s=1000, physics=_physics(), cpus=2)
+    # 120 µs of CPU per job at 1,000 jobs/s on 2 CPUs: 6 % of the machine
+    assert got == {"bound": "flush", "shares": _physics().wait_shares, "cpu_busy": 0.06,
+                   "top_wait_event": "IO:WalSync"}
+    idle = _physics(wait_shares={"flush": 0.1, "cpu": 0.2, "client": 0.6, "lock": 0.1, "other": 0.0})
+    assert physics.bound(jobs_per_s=500, physics=idle, cpus=2)["bound"] == "round trips"
+    # where the server's CPU cannot be read, the machine's share is not given
+    assert physics.bound(jobs_per_s=500, physics=_physics(server_cpu_us_per_job=None), cpus=2)["cpu_busy"] is None
 
 
 def test_the_benchmark_reports_the_physics_of_each_batch_and_the_ceiling(lab):
@@ -76,11 +78,14 @@ def test_the_benchmark_reports_the_physics_of_each_batch_and_the_ceiling(lab):
         # the queue never ran dry: every call claimed a whole batch, one commit each
         assert p["commits_per_job"] == pytest.approx(1 / int(batch), rel=0.02)
         assert p["wal_bytes_per_job"] > 0 and p["wal_syncs_per_job"] > 0
-        assert 0 < sum(w["share"] for w in p["top_wait_events"]) <= 1
+        assert 0 < sum(w["share"] for w in p["top_wait_events"]) <= 1 and p["looks"] > 0
+        assert sum(p["wait_shares"].values()) == pytest.approx(1, abs=0.01)
     c = out["ceiling"]
     assert c["flush_ms"] > 0 and c["durable_commits_per_s_one_session"] > 0
     assert set(c["bound"]) == {"1", "10"}
-    assert all(b["bound"] in ("flush", "cpu", "lock", "round trips") for b in c["bound"].values())
+    assert all(b["bound"] in ("flush", "cpu", "lock", "round trips", "other") for b in c["bound"].values())
+    # the job table's autovacuum is as it was before the figure
+    assert lab.execute("SELECT reloptions FROM pg_class WHERE oid = 'job'::regclass")[0][0] is None
     # a bigger batch spreads the commit, and so the sync, over more jobs
     assert out["physics"]["10"]["wal_syncs_per_job"] < out["physics"]["1"]["wal_syncs_per_job"]
     table = bench.table(out)
@@ -96,12 +101,23 @@ def test_the_published_figures_each_name_their_source_and_are_divided_by_their_o
             assert e["per_core"] == pytest.approx(e["figure"] / e["cores"], rel=0.01), e["id"]
         else:
             assert e["per_core"] is None, e["id"]          # no core count guessed
-    mine = {"machine": {"cpus": 2}, "ceiling": {"claim_jobs_per_s_durable": {"1": 6000.0, "10": 40000.0}}}
-    table = bench.per_core_table(mine)
-    ours = table[table["source"] == "this run"]
-    assert list(ours["per core"].sort_values()) == [3000, 20000] and len(table) == len(entries) + 2
-    ranked = table["per core"].dropna().tolist()
+    mine = {"machine": {"cpus": 2}, "settings": {"peer_batch": 10},
+            "ceiling": {"claim_jobs_per_s_durable": {"1": 6000.0, "10": 40000.0}},
+            "durability": {"commits_durable": True}, "peer": {"labkit": {"jobs_per_s": 3000.0}}}
+    theirs, ours = bench.per_core_table(mine)
+    assert len(theirs) == len(entries) and list(ours["per core"]) == [3000, 20000, 1500]
+    assert ours["what"].iloc[-1] == "labkit's drain, claim + finish, batch 10"
+    ranked = theirs["per core"].dropna().tolist()
     assert ranked == sorted(ranked, reverse=True)
+
+
+def test_pg_test_fsync_times_the_same_flush_as_the_benchmark(tmp_path):
+    from labkit.core.server import bin_dir
+
+    methods = physics.pg_test_fsync(bin_dir() / "pg_test_fsync", tmp_path, seconds=1)
+    assert "fdatasync" in methods and "fsync" in methods
+    assert all(ms > 0 for ms in methods.values())
+    assert list(tmp_path.iterdir()) == []               # its file is removed
 
 
 def test_sessions_committing_at_once_share_the_flush(lab):
@@ -112,12 +128,3 @@ def test_sessions_committing_at_once_share_the_flush(lab):
     assert one["syncs_per_commit"] >= 0.9           # alone, every durable commit flushes for itself
     assert four["syncs_per_commit"] < one["syncs_per_commit"]
     assert got.commit_delay_measured == (len(got.points) == 3)   # the embedded server's role may set it
-
-
-def test_pg_test_fsync_times_the_same_flush_as_the_benchmark(tmp_path):
-    from labkit.core.server import bin_dir
-
-    methods = physics.pg_test_fsync(bin_dir() / "pg_test_fsync", tmp_path, seconds=1)
-    assert "fdatasync" in methods and "fsync" in methods
-    assert all(ms > 0 for ms in methods.values())
-    assert list(tmp_path.iterdir()) == []               # its file is removed

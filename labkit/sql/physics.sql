@@ -23,8 +23,8 @@ SELECT wal_records, wal_write, wal_sync FROM pg_stat_wal;
 SELECT blks_hit, blks_read FROM pg_stat_database WHERE datname = current_database();
 
 -- name: session_pids
--- The backends serving the sessions whose application_name matches.
-SELECT pid FROM pg_stat_activity WHERE application_name LIKE %(like)s ORDER BY pid;
+-- The backends serving the sessions of these application_names.
+SELECT pid FROM pg_stat_activity WHERE application_name = ANY(%(names)s) ORDER BY pid;
 
 -- name: wait_sample
 -- One look at what those sessions are doing: a wait event, running (on a CPU), or idle, waiting
@@ -33,7 +33,7 @@ SELECT CASE WHEN state = 'active' AND wait_event IS NULL THEN 'CPU'
             WHEN state LIKE 'idle%%' THEN 'idle: waiting for the client'
             ELSE coalesce(wait_event_type || ':' || wait_event, state) END AS what
   FROM pg_stat_activity
- WHERE application_name LIKE %(like)s AND pid <> pg_backend_pid();
+ WHERE application_name = ANY(%(names)s) AND pid <> pg_backend_pid();
 
 -- name: group_commit_scene
 -- The group-commit probe's table: one row per commit.
@@ -42,3 +42,10 @@ CREATE TABLE IF NOT EXISTS commit_probe (n bigint);
 -- name: group_commit_insert
 -- One durable commit (autocommit: the statement is its own transaction).
 INSERT INTO commit_probe VALUES (1);
+
+-- name: may_set_commit_delay
+-- Whether this role may set commit_delay: a superuser, or (PostgreSQL 15 and later) a role
+-- granted SET on it.
+SELECT rolsuper OR (current_setting('server_version_num')::int >= 150000
+                    AND has_parameter_privilege('commit_delay', 'SET'))
+  FROM pg_roles WHERE rolname = current_user;

@@ -684,36 +684,45 @@ def flush_folder(lab: Lab) -> tuple[Path, bool]:
 
 
 def _physics_run(lab: Lab, pool: ClaimerPool, watch: psycopg.Connection, batch: int, s: Settings,
-                 like: str) -> tuple[CeilingRun, physics.Physics]:
+                 names: list[str], syncs_counted: bool) -> tuple[float, physics.Physics]:
     """One durable run of the claimers at ``batch``, with the server's counters read around it
-    and the sessions' wait events sampled during it."""
+    (nothing else of labkit's runs between the two readings) and the sessions' wait events
+    sampled during it; the run's jobs/s, and what one job cost."""
     size = int(CEILING_GUESS.get(batch, 150_000) * s.clients / 4 * s.seconds * 2) + s.clients * batch * 4
     fill(lab, size, history=0)
-    lab.execute("SELECT pg_stat_force_next_flush()" if lab.db.version_num >= 150000 else "SELECT 1")
-    pids = [r[0] for r in watch.execute(physics.q("session_pids"), {"like": like}).fetchall()]
+    lab.execute("SELECT pg_stat_force_next_flush()")      # the fill's own counts, reported now
+    pids = [r[0] for r in watch.execute(physics.q("session_pids"), {"names": names}).fetchall()]
     cpu0 = physics.backend_cpu_s(pids)
     before = physics.settled_counters(watch)
-    sampler = physics.WaitSampler(lambda: lab.db.connect(role=f"{ROLE}-watch"), like)
+    sampler = physics.WaitSampler(lambda: lab.db.connect(role=f"{ROLE}-watch"), names)
     sampler.start()
     try:
-        r = run_labkit_ceiling(lab, pool, batch, s.seconds, report_stats=True)
+        res = pool.order(mode="ceiling", batch=batch, seconds=s.seconds, style="pq", timeout=s.seconds + 120,
+                         synchronous_commit="on", report_stats=True)
     finally:
         sampler.stop()
     after = physics.settled_counters(watch)
     cpu1 = physics.backend_cpu_s(pids)
-    return r, physics.per_job(jobs=r.jobs, commits=r.calls, wal=physics.wal_bytes(watch, before, after),
-                              before=before, after=after, waits=sampler.top(),
-                              client_cpu_s=r.client_cpu_s,
-                              server_cpu_s=None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
+    clients = res["clients"]
+    start, end = min(c["started"] for c in clients), max(c["ended"] for c in clients)
+    jobs, calls = sum(c["claimed"] for c in clients), sum(c["calls"] for c in clients)
+    return jobs / (end - start) if end > start else 0.0, physics.per_job(
+        jobs=jobs, commits=calls, wal=physics.wal_bytes(watch, before, after), before=before, after=after,
+        seen=sampler.seen(start, end), client_cpu_s=res["cpu_s"], syncs_counted=syncs_counted,
+        server_cpu_s=None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
 
 
 def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> dict:
     """For every batch size, one durable run of the claimers and what each job cost it
     (``physics``), and the ceiling this machine's disk sets on durable commits, with what
-    bounded each point (``ceiling``).  See :mod:`labkit.tools.physics`."""
+    each point spent its time on (``ceiling``).  See :mod:`labkit.tools.physics`.  It reads
+    statistics PostgreSQL 15 added; on an older server it says it was not measured."""
     progress = progress or (lambda msg: None)
+    if lab.db.version_num < 150000:
+        why = f"PostgreSQL {lab.db.version} has no pg_stat_force_next_flush(): the physics needs 15 or later"
+        progress(f"physics: not measured ({why})")
+        return {"physics": None, "ceiling": {"not_measured": why}}
     ensure_job_table(lab, index=True)
-    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")   # no autovacuum's WAL in the readings
     folder, same_disk = flush_folder(lab)
     flush = physics.flush_time(folder)
     # PostgreSQL's own tool times the same thing, every sync method, one second each: the full
@@ -721,27 +730,30 @@ def physics_figure(lab: Lab, s: Settings, progress: Progress | None = None) -> d
     pgtf = None if s.quick else physics.pg_test_fsync(bin_dir() / "pg_test_fsync", folder)
     progress(f"physics: one 8 kB write and its {flush.method} take {flush.flush_ms:.3f} ms here "
              f"(at most {flush.durable_commits_per_s_one_session:,.0f} durable commits/s for one session)")
-    like = session_name(lab.schema, f"{ROLE}-c") + "%"
+    sync_method = lab.execute("SELECT current_setting('wal_sync_method')")[0][0]
+    names = [session_name(lab.schema, f"{ROLE}-c{i}") for i in range(s.clients)]
     per_batch: dict[str, dict] = {}
     bounds: dict[str, dict] = {}
     rates: dict[str, float] = {}
-    with ClaimerPool(lab, s.clients) as pool, lab.db.connect(role=f"{ROLE}-physics") as watch:
-        for batch in s.batches:
-            r, ph = _physics_run(lab, pool, watch, batch, s, like)
-            per_batch[str(batch)] = ph.as_dict()
-            rates[str(batch)] = r.jobs_per_s
-            bounds[str(batch)] = physics.bound(jobs_per_s=r.jobs_per_s, physics=ph, flush_ms=flush.flush_ms,
-                                               cpus=os.cpu_count() or 1)
-            progress(f"physics, batch {batch:>3}: {r.jobs_per_s:>9,.0f} jobs/s, "
-                     f"{ph.wal_bytes_per_job:,.0f} WAL bytes and {ph.wal_syncs_per_job:.3f} syncs per job; "
-                     f"bound: {bounds[str(batch)]['bound']}")
-        gc = physics.group_commit(lambda: lab.connect(role=f"{ROLE}-commit"), watch,
-                                  seconds=0.5 if s.quick else 1.0)
+    lab.execute("ALTER TABLE job SET (autovacuum_enabled = off)")   # no autovacuum's WAL in the readings
+    try:
+        with ClaimerPool(lab, s.clients) as pool, lab.db.connect(role=f"{ROLE}-physics") as watch:
+            for batch in s.batches:
+                rate, ph = _physics_run(lab, pool, watch, batch, s, names,
+                                        syncs_counted=not sync_method.startswith("open_"))
+                per_batch[str(batch)] = ph.as_dict()
+                rates[str(batch)] = rate
+                bounds[str(batch)] = physics.bound(jobs_per_s=rate, physics=ph, cpus=os.cpu_count() or 1)
+                progress(f"physics, batch {batch:>3}: {rate:>9,.0f} jobs/s, {ph.wal_bytes_per_job:,.0f} WAL "
+                         f"bytes per job; most seen: {bounds[str(batch)]['bound']}")
+            gc = physics.group_commit(lambda: lab.connect(role=f"{ROLE}-commit"), watch,
+                                      seconds=0.5 if s.quick else 1.0)
+    finally:
+        lab.execute("ALTER TABLE job RESET (autovacuum_enabled)")
     for point in gc.points:
         progress(f"physics, group commit: {point['sessions']} session(s), commit_delay "
                  f"{point['commit_delay_us']} µs: {point['commits_per_s']:>9,.0f} durable commits/s, "
                  f"{point['syncs_per_commit']:.3f} syncs per commit")
-    sync_method = lab.execute("SELECT current_setting('wal_sync_method')")[0][0]
     return {"physics": per_batch,
             "ceiling": {**flush.as_dict(), "same_disk_as_server": same_disk, "wal_sync_method": sync_method,
                         "pg_test_fsync_ms": pgtf,
@@ -766,21 +778,31 @@ def published(path: Path = PUBLISHED) -> list[dict]:
 
 
 def per_core_table(mine: dict, entries: list[dict] | None = None):
-    """The published figures per core beside this run's durable claim per core (batch by
-    batch), one row each, highest per core first: a DataFrame."""
+    """Two DataFrames: the published figures, highest per core first; and this run's own rows
+    per core (the durable claim alone, batch by batch, and the drain, claim + finish, where the
+    run measured it): set beside each other, never sorted into one list, since a published
+    figure counts whole jobs and the claim rows only the first write of one."""
     import pandas as pd
 
     cpus = (mine.get("machine") or {}).get("cpus") or os.cpu_count() or 1
-    rows = [{"system": e["system"], "jobs/s": e["figure"], "cores": e["cores"], "per core": e["per_core"],
-             "batch": e["batch"], "durable": "not stated" if e["durable"] is None else e["durable"],
-             "source": e["source"]}
-            for e in (published() if entries is None else entries)]
-    for b, rate in ((mine.get("ceiling") or {}).get("claim_jobs_per_s_durable") or {}).items():
-        rows.append({"system": "this machine: labkit's claim + mark, no job work", "jobs/s": round(rate),
-                     "cores": cpus, "per core": round(rate / cpus), "batch": int(b), "durable": True,
-                     "source": "this run"})
-    table = pd.DataFrame(rows)
-    return table.sort_values("per core", ascending=False, na_position="last").reset_index(drop=True)
+    theirs = pd.DataFrame([{"system": e["system"], "figure": e["figure"], "unit": e["unit"].split(",")[0],
+                            "cores": e["cores"],
+                            "per core": None if e["per_core"] is None else round(e["per_core"]),
+                            "batch": e["batch"],
+                            "durable": "not stated" if e["durable"] is None else e["durable"]}
+                           for e in (published() if entries is None else entries)])
+    theirs = theirs.sort_values("per core", ascending=False, na_position="last").reset_index(drop=True)
+    durable = (mine.get("durability") or {}).get("commits_durable", True)
+    ours = [{"what": f"labkit's claim + mark, no completion, batch {b}", "jobs/s": round(rate),
+             "per core": round(rate / cpus), "durable": durable}
+            for b, rate in ((mine.get("ceiling") or {}).get("claim_jobs_per_s_durable") or {}).items()]
+    drain = ((mine.get("peer") or {}).get("labkit") or {}).get("jobs_per_s")
+    if drain:
+        ours.append({"what": f"labkit's drain, claim + finish, batch {mine['settings']['peer_batch']}",
+                     "jobs/s": round(drain), "per core": round(drain / cpus), "durable": durable})
+    for column in ("cores", "per core", "batch"):
+        theirs[column] = theirs[column].astype("Int64")
+    return theirs, pd.DataFrame(ours)
 
 
 # -- figure 2: a peer library (PgQueuer) drains the same backlog ---------------------------------------

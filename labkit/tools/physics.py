@@ -7,12 +7,16 @@ Read around one run of the claimers, per job:
   two LSNs), and records;
 * **commits** -- the claimers' transactions, counted by the claimers themselves (one per call);
 * **WAL writes and syncs** -- from the server's statistics: ``pg_stat_io`` (object ``wal``) on
-  PostgreSQL 18 and later, ``pg_stat_wal`` before.  Sessions report their counts to the shared
-  statistics in batches; the claimers ask for theirs to be reported at the end of the run
-  (``pg_stat_force_next_flush()``), and the reading waits until the counters stand still;
+  PostgreSQL 18 and later, ``pg_stat_wal`` before; both count syncs only for the sync methods
+  that call fsync or fdatasync, so under an ``open_*`` method the syncs are not known.
+  Sessions report their counts to the shared statistics in batches; the claimers ask for
+  theirs to be reported at the end of the run (``pg_stat_force_next_flush()``, an undocumented
+  function of PostgreSQL 15 and later that its own tests use), and the reading waits until the
+  counters stand still;
 * **buffers** hit and read (``pg_stat_database``);
 * **wait events** -- what the claimers' sessions were doing, sampled from ``pg_stat_activity``
-  while they ran: a wait event, running on a CPU, or idle waiting for the client;
+  while they ran (only the looks inside the run count): a wait event, running on a CPU or
+  waiting for one ("CPU"), or idle, waiting for the client's next statement;
 * **CPU** -- the client's (the claimer process's own usage) and the server's (the claimers'
   backends, read from ``/proc``: only where the server runs on this machine and its processes
   can be read).
@@ -96,22 +100,23 @@ def wal_bytes(conn: psycopg.Connection, before: Counters, after: Counters) -> in
 
 
 class WaitSampler(threading.Thread):
-    """Samples what the sessions whose application_name matches ``like`` are doing, every
-    ``SAMPLE_S``, on a connection of its own, until stopped."""
+    """Samples what the sessions of the application_names ``names`` are doing, every
+    ``SAMPLE_S``, on a connection of its own, until stopped; each look is kept with its time."""
 
-    def __init__(self, dsn_connect, like: str):
+    def __init__(self, dsn_connect, names: list[str]):
         super().__init__(name="labkit-wait-sampler", daemon=True)
         self.conn = dsn_connect()
-        self.like = like
-        self.seen: Counter[str] = Counter()
+        self.names = names
+        self.looks: list[tuple[float, str]] = []
         self.stopping = threading.Event()
 
     def run(self) -> None:
         statement = q("wait_sample")
         try:
             while not self.stopping.is_set():
-                for (what,) in self.conn.execute(statement, {"like": self.like}).fetchall():
-                    self.seen[what] += 1
+                t = time.monotonic()
+                for (what,) in self.conn.execute(statement, {"names": self.names}).fetchall():
+                    self.looks.append((t, what))
                 self.stopping.wait(SAMPLE_S)
         finally:
             self.conn.close()
@@ -120,22 +125,53 @@ class WaitSampler(threading.Thread):
         self.stopping.set()
         self.join(10)
 
-    def top(self, n: int = 3) -> list[dict]:
-        """The ``n`` most seen, each with its share of all the looks."""
-        total = sum(self.seen.values())
-        return [{"what": what, "share": round(count / total, 3)}
-                for what, count in self.seen.most_common(n)] if total else []
+    def seen(self, start: float = float("-inf"), end: float = float("inf")) -> Counter[str]:
+        """What was seen between ``start`` and ``end`` (monotonic times: one clock for every
+        process of this machine)."""
+        return Counter(what for t, what in self.looks if start <= t <= end)
+
+
+def top(seen: Counter[str], n: int = 3) -> list[dict]:
+    """The ``n`` most seen, each with its share of all the looks."""
+    total = sum(seen.values())
+    return [{"what": what, "share": round(count / total, 3)} for what, count in seen.most_common(n)] if total else []
+
+
+FLUSH_WAITS = ("LWLock:WALWrite", "IO:WalSync", "IO:WalWrite")
+
+
+def shares(seen: Counter[str]) -> dict[str, float]:
+    """The looks by what they show: waiting for a WAL flush (``LWLock:WALWrite`` is queueing
+    behind another session's flush: group commit at work), on a CPU or waiting for one, idle
+    waiting for the client, waiting for a lock, or anything else."""
+    total = sum(seen.values()) or 1
+    kinds: Counter[str] = Counter()
+    for what, count in seen.items():
+        if what in FLUSH_WAITS:
+            kinds["flush"] += count
+        elif what == "CPU":
+            kinds["cpu"] += count
+        elif what.startswith("idle"):
+            kinds["client"] += count
+        elif what.startswith(("Lock:", "LWLock:")):
+            kinds["lock"] += count
+        else:
+            kinds["other"] += count
+    return {kind: round(kinds[kind] / total, 3) for kind in ("flush", "cpu", "client", "lock", "other")}
 
 
 def backend_cpu_s(pids: list[int]) -> float | None:
     """The CPU time the server processes ``pids`` have used, from ``/proc``; None where it
-    cannot be read (a server on another machine, or no ``/proc``)."""
+    cannot be read, or where a pid is not a PostgreSQL process of this machine (a server on
+    another machine or in a container, whose pids mean nothing here; or no ``/proc``)."""
     if not pids:
         return None
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = 0
     for pid in pids:
         try:
+            if b"postgres" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return None               # a pid of another machine's or a container's server
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return None
@@ -149,9 +185,12 @@ class Physics(Result):
 
     jobs, commits: claimed in the run, and transactions the claimers committed
     wal_bytes_per_job, wal_records_per_job: the WAL written, per claimed job
-    commits_per_job, wal_writes_per_job, wal_syncs_per_job: per claimed job
+    commits_per_job, wal_writes_per_job, wal_syncs_per_job: per claimed job (the writes and
+        syncs None where the server's sync method is not counted: an ``open_*`` one)
     buffers_hit_per_job, buffers_read_per_job: shared buffers found, and read from outside them
     top_wait_events: what the claimers' sessions were seen doing, most seen first, with shares
+    wait_shares: the looks by kind (:func:`shares`): flush, cpu, client, lock, other
+    looks: how many looks the shares come from
     client_cpu_us_per_job: the claimer process's CPU, in microseconds
     server_cpu_us_per_job: the claimers' backends' CPU, in microseconds (None where unreadable)
     """
@@ -161,17 +200,19 @@ class Physics(Result):
     wal_bytes_per_job: float
     wal_records_per_job: float
     commits_per_job: float
-    wal_writes_per_job: float
-    wal_syncs_per_job: float
+    wal_writes_per_job: float | None
+    wal_syncs_per_job: float | None
     buffers_hit_per_job: float
     buffers_read_per_job: float
     top_wait_events: list[dict]
+    wait_shares: dict[str, float]
+    looks: int
     client_cpu_us_per_job: float | None
     server_cpu_us_per_job: float | None
 
 
-def per_job(*, jobs: int, commits: int, wal: int, before: Counters, after: Counters, waits: list[dict],
-            client_cpu_s: float | None, server_cpu_s: float | None) -> Physics:
+def per_job(*, jobs: int, commits: int, wal: int, before: Counters, after: Counters, seen: Counter[str],
+            client_cpu_s: float | None, server_cpu_s: float | None, syncs_counted: bool = True) -> Physics:
     """The readings of one run, divided by the jobs it claimed."""
     n = max(jobs, 1)
 
@@ -181,10 +222,12 @@ def per_job(*, jobs: int, commits: int, wal: int, before: Counters, after: Count
     return Physics(
         jobs=jobs, commits=commits, wal_bytes_per_job=each(wal),
         wal_records_per_job=each(after.wal_records - before.wal_records),
-        commits_per_job=each(commits), wal_writes_per_job=each(after.wal_writes - before.wal_writes),
-        wal_syncs_per_job=each(after.wal_syncs - before.wal_syncs),
+        commits_per_job=each(commits),
+        wal_writes_per_job=each(after.wal_writes - before.wal_writes) if syncs_counted else None,
+        wal_syncs_per_job=each(after.wal_syncs - before.wal_syncs) if syncs_counted else None,
         buffers_hit_per_job=each(after.blks_hit - before.blks_hit),
-        buffers_read_per_job=each(after.blks_read - before.blks_read), top_wait_events=waits,
+        buffers_read_per_job=each(after.blks_read - before.blks_read), top_wait_events=top(seen),
+        wait_shares=shares(seen), looks=sum(seen.values()),
         client_cpu_us_per_job=None if client_cpu_s is None else round(client_cpu_s / n * 1e6, 1),
         server_cpu_us_per_job=None if server_cpu_s is None else round(server_cpu_s / n * 1e6, 1))
 
@@ -234,30 +277,21 @@ def flush_time(folder: Path, seconds: float = 0.5) -> FlushTime:
                      durable_commits_per_s_one_session=round(1000 / ms, 1) if ms > 0 else 0.0)
 
 
-BUSY = 0.6                 # a resource busy this share of the run's time is what bounds it
+VERDICTS = {"flush": "flush", "cpu": "cpu", "lock": "lock", "client": "round trips", "other": "other"}
 
 
-def bound(*, jobs_per_s: float, physics: Physics, flush_ms: float | None, cpus: int,
-          durable: bool = True) -> dict:
-    """What bounded one measured point: the disk's flushes, the CPUs, a lock, or the round
-    trips between client and server; with the shares it is judged by."""
-    disk = (physics.wal_syncs_per_job * jobs_per_s * flush_ms / 1000
-            if durable and flush_ms is not None else None)
+def bound(*, jobs_per_s: float, physics: Physics, cpus: int) -> dict:
+    """What one measured point spent its sessions' time on, from the looks inside the run: the
+    kind seen most (waiting for a WAL flush, on a CPU or waiting for one, a lock, or idle while
+    the client and the round trip had their turn: ``round trips``); with every kind's share,
+    and the share of the machine's CPUs the client and the claimers' backends used (None where
+    the server's CPU cannot be read)."""
     cpu_us = (physics.client_cpu_us_per_job or 0) + (physics.server_cpu_us_per_job or 0)
     cpu = cpu_us * jobs_per_s / 1e6 / max(cpus, 1) if physics.server_cpu_us_per_job is not None else None
-    top = physics.top_wait_events[0] if physics.top_wait_events else None
-    locked = sum(w["share"] for w in physics.top_wait_events if w["what"].startswith(("Lock:", "LWLock:")))
-    if disk is not None and disk >= BUSY:
-        what = "flush"
-    elif cpu is not None and cpu >= BUSY:
-        what = "cpu"
-    elif locked >= 0.3:
-        what = "lock"
-    else:
-        what = "round trips"
-    return {"bound": what, "disk_busy": None if disk is None else round(disk, 3),
-            "cpu_busy": None if cpu is None else round(cpu, 3),
-            "top_wait_event": top["what"] if top else None}
+    kinds = physics.wait_shares
+    most = max(kinds, key=lambda k: kinds[k]) if any(kinds.values()) else "other"
+    return {"bound": VERDICTS[most], "shares": kinds, "cpu_busy": None if cpu is None else round(cpu, 3),
+            "top_wait_event": physics.top_wait_events[0]["what"] if physics.top_wait_events else None}
 
 
 # -- the roofline ---------------------------------------------------------------------------------
@@ -268,7 +302,8 @@ def roofline(ceiling: dict, per_batch: dict, *, cpus: int) -> list[dict]:
     the measured jobs/s and the two roofs over it.
 
     * the **flush roof**: every durable commit waits for a WAL flush, and ``clients`` sessions
-      can at best share each one (group commit), so jobs/s <= batch x clients / flush time;
+      can at best share each one (group commit), so jobs/s <= batch x clients / flush time
+      (optimistic: a flush that carries many commits writes more than the 8 kB timed);
     * the **CPU roof**: this machine's CPUs divided by the CPU one job took, client and server
       (None where the server's CPU could not be read)."""
     points = []
@@ -326,7 +361,8 @@ class GroupCommit(Result):
 
     points: one per (sessions, commit_delay_us): commits_per_s, syncs_per_commit (the WAL syncs
         the server did per commit: below 1 when sessions shared a flush)
-    commit_delay_measured: whether commit_delay could be set (it needs a superuser)
+    commit_delay_measured: whether commit_delay could be set (a superuser, or a role granted SET
+        on it)
     """
 
     points: list[dict]
@@ -376,16 +412,16 @@ def group_commit(connect, watch: psycopg.Connection, *, sessions: tuple[int, ...
                  seconds: float = 0.5, commit_delay_us: int = 100) -> GroupCommit:
     """Durable one-row commits for ``seconds`` with each number of ``sessions`` (each from
     ``connect()``, an autocommit connection to a lab schema), and once more with the most
-    sessions and ``commit_delay`` (where this role may set it: it needs a superuser).  The
-    table is created in the lab schema if it is not there."""
+    sessions and ``commit_delay`` (where this role may set it: a superuser, or a role granted SET
+    on it), with ``commit_siblings = 1`` (the default, 5, would leave fewer than eight sessions'
+    flushes undelayed).  The table is created in the lab schema if it is not there."""
     with connect() as conn:
         conn.execute(q("group_commit_scene"))
-        superuser = one_row(conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"),
-                            "rolsuper")[0]
+        allowed = bool(one_row(conn.execute(q("may_set_commit_delay")), "may_set_commit_delay")[0])
     points = [_group_point(connect, watch, n, seconds, 0) for n in sessions]
-    if superuser and commit_delay_us:
+    if allowed and commit_delay_us:
         points.append(_group_point(connect, watch, max(sessions), seconds, commit_delay_us))
-    return GroupCommit(points=points, commit_delay_measured=bool(superuser and commit_delay_us))
+    return GroupCommit(points=points, commit_delay_measured=bool(allowed and commit_delay_us))
 
 
 # -- PostgreSQL's own measurement of the same thing -------------------------------------------------
