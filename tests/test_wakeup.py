@@ -319,10 +319,20 @@ def test_a_notify_wakes_the_listen_worker_long_before_its_safety_poll(lab, db):
 def test_a_job_no_notify_announced_is_claimed_by_the_safety_poll(lab):
     wk.create_table(lab)
     lab.execute(query("wakeup.sql", "enqueue").sql)             # before it starts: the sweep
-    worker = _worker(lab, safety_poll_s=0.5)
+    claims: list = []
+
+    def claim(conn):
+        got = wk.claim_one(conn)
+        claims.append(got)
+        return got
+
+    worker = wk.ListenWorker(lambda: lab.connect(role="listen-worker"), wk.channel(lab), claim,
+                             safety_poll_s=0.5)
     thread = _started(worker)
     try:
-        _until(lambda: 1 in _claimed(worker))
+        # the sweep has claimed job 1 and found nothing more due: the worker now waits (a job
+        # inserted before that, on a loaded machine, would be the sweep's too)
+        _until(lambda: 1 in _claimed(worker) and None in claims)
         job = lab.execute(query("wakeup.sql", "enqueue").sql)[0][0]   # no NOTIFY at all
         t = time.monotonic()
         _until(lambda: job in _claimed(worker), timeout=5)
