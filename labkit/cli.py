@@ -44,6 +44,7 @@ from .labs import (
     ordering,
     outbox_size,
     pooler,
+    puzzles,
     relay,
     retries,
     schedule,
@@ -420,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     configure_drill_parser(commands)
     configure_trace_parser(commands)
     configure_incident_parser(commands)
+    configure_play_parser(commands)
     return parser
 
 
@@ -824,6 +826,37 @@ def configure_incident_parser(commands: Subcommands) -> None:
                  _run_incident, prefix="labkit incident run")
     p.add_argument("name", metavar="NAME", help="the incident (`labkit incident list` names them)")
     p.add_argument("--fixed", action="store_true", help="replay it with the fix")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+
+# -- the scheduler's seat
+
+def _run_play(a: argparse.Namespace) -> int:
+    if a.list:
+        if a.name or a.steps is not None or a.search:
+            raise LabkitError("--list lists the puzzles; it takes no puzzle, --steps or --search.",
+                              "run `labkit play --list`, then `labkit play NAME --steps ...`.")
+        return puzzles.list_command(json=a.json)
+    if not a.name:
+        raise LabkitError("Name a puzzle to play.",
+                          "run `labkit play --list` to see them, then `labkit play NAME --steps A,B,...`.")
+    return puzzles.play_command(open_lab=_run_lab("play"), name=a.name, steps=a.steps,
+                                search_all=a.search, json=a.json)
+
+
+def configure_play_parser(commands: Subcommands) -> None:
+    """``labkit play [PUZZLE] [--steps ...] [--search] [--list] [--json]`` (notebook 20)."""
+    p = _command(commands, "play", "take the scheduler's seat: choose the order of the sessions' "
+                                   "steps on a real server to break a queue's promise",
+                 _run_play, prefix="labkit play")
+    p.add_argument("name", metavar="PUZZLE", nargs="?", help="the puzzle (`labkit play --list` names them)")
+    p.add_argument("--steps", metavar="A,B,...",
+                   help="the moves, in order: a session's name runs its next step; the name with "
+                        "! after it kills that session's process (where the puzzle allows)")
+    p.add_argument("--search", action="store_true",
+                   help="play every ordering the server allows and report the shortest that breaks "
+                        "the promise, if any")
+    p.add_argument("--list", action="store_true", help="list the puzzles")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 

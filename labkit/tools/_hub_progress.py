@@ -11,11 +11,13 @@ import psycopg
 from labkit.core.checked import one_row
 from labkit.core.queries import query
 from labkit.core.server import EmbeddedServer
+from labkit.labs import puzzles
 
 
 def progress() -> dict:
     """``postgres`` running or stopped, and while it runs: the trainee's lab schemas, the one
-    used last and its mark, their other sessions, and those idle in a transaction."""
+    used last and its mark, their other sessions, those idle in a transaction, and the
+    puzzles of the scheduler's seat they played."""
     server = EmbeddedServer()
     out: dict = {"postgres": "running" if server.status().running else "stopped"}
     if out["postgres"] == "running":
@@ -23,7 +25,8 @@ def progress() -> dict:
             me = one_row(conn.execute("SELECT current_user"), "SELECT current_user")[0]
             r = one_row(conn.execute(query("classroom.sql", "progress").sql, {"roles": [me]}),
                         "classroom.sql's progress")
-            out.update(schemas=r[1], last_schema=r[2], mark=r[3], sessions=r[4] - 1, idle_in_transaction=r[5])
+            out.update(schemas=r[1], last_schema=r[2], mark=r[3], sessions=r[4] - 1, idle_in_transaction=r[5],
+                       puzzles=puzzles.progress(conn, me))
     return out
 
 

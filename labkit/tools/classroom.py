@@ -45,6 +45,7 @@ from ..core.errors import LabkitError
 from ..core.lab import schema_name
 from ..core.limits import number
 from ..core.queries import query
+from ..labs import puzzles
 
 PREFIX = "claimlab_"
 MARK = "labkit classroom"
@@ -320,12 +321,16 @@ def as_json(trainees: list[Trainee]) -> dict:
 
 
 def status(admin_dsn: str) -> list[dict]:
-    """One row per trainee: lab schemas, the one rebuilt last, sessions, idle in transaction."""
+    """One row per trainee: lab schemas, the one rebuilt last, sessions, idle in transaction,
+    and the puzzles of the scheduler's seat they played (per puzzle: plays, fewest moves that
+    broke it)."""
     with _admin(admin_dsn) as conn:
         names = roles(conn)
         rows = conn.execute(query(SQL, "progress").sql, {"roles": names}).fetchall()
+        played = {r[0]: puzzles.progress(conn, r[0]) for r in rows}
     return [{"trainee": r[0].removeprefix(PREFIX), "role": r[0], "schemas": r[1],
-             "last_notebook": notebook_of(r[2], r[3]), "sessions": r[4], "idle_in_transaction": r[5]}
+             "last_notebook": notebook_of(r[2], r[3]), "sessions": r[4], "idle_in_transaction": r[5],
+             "puzzles": played[r[0]]}
             for r in rows]
 
 
@@ -536,10 +541,10 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
         if not rows:
             print("no classroom on this server (`labkit classroom create` makes one)")
             return 0
-        print(f"{'trainee':<10} {'schemas':>7}  {'last notebook':<30} {'sessions':>8} {'idle in tx':>10}")
+        print(f"{'trainee':<10} {'schemas':>7}  {'last notebook':<30} {'sessions':>8} {'idle in tx':>10}  puzzles")
         for r in rows:
             print(f"{r['trainee']:<10} {r['schemas']:>7}  {r['last_notebook'] or '-':<30} "
-                  f"{r['sessions']:>8} {r['idle_in_transaction']:>10}")
+                  f"{r['sessions']:>8} {r['idle_in_transaction']:>10}  {puzzles.progress_line(r['puzzles'])}")
         return 0
     if what == "clean":
         ended = clean(dsn, every_one=every_one, idle_s=idle_s)

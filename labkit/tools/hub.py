@@ -40,6 +40,7 @@ from typing import ClassVar
 
 from ..core.errors import LabkitError
 from ..core.limits import number
+from ..labs import puzzles
 from . import classroom, oslimits
 
 if sys.platform != "win32":  # Windows: no system users, no hub
@@ -592,7 +593,7 @@ def status(folder: Path | None = None) -> list[dict]:
     rows = []
     for name in room.names:
         row = {"trainee": name, "server": "no user", "postgres": "-", "schemas": 0,
-               "last_notebook": None, "sessions": 0, "idle_in_transaction": 0}
+               "last_notebook": None, "sessions": 0, "idle_in_transaction": 0, "puzzles": {}}
         try:
             entry = pwd.getpwnam(system_user(name))
         except KeyError:
@@ -603,7 +604,8 @@ def status(folder: Path | None = None) -> list[dict]:
         if room.mode == "shared":
             got = shared.get(name, {})
             row.update(postgres="shared", **{k: got.get(k, row[k]) for k in
-                                             ("schemas", "last_notebook", "sessions", "idle_in_transaction")})
+                                             ("schemas", "last_notebook", "sessions", "idle_in_transaction",
+                                              "puzzles")})
         else:
             done = subprocess.run([str(Path(room.bin) / "python"), "-m", PROGRESS],
                                   env=user_env(entry, room.bin), preexec_fn=as_user(entry),
@@ -615,7 +617,7 @@ def status(folder: Path | None = None) -> list[dict]:
             row["postgres"] = got.pop("postgres")
             if "schemas" in got:
                 row.update(schemas=got["schemas"], sessions=got["sessions"],
-                           idle_in_transaction=got["idle_in_transaction"],
+                           idle_in_transaction=got["idle_in_transaction"], puzzles=got.get("puzzles", {}),
                            last_notebook=classroom.notebook_of(got["last_schema"], got["mark"]))
         rows.append(row)
     return rows
@@ -634,10 +636,11 @@ def status_command(*, as_json: bool) -> int:
         print(json.dumps({"trainees": rows}, indent=1))
         return 0
     print(f"{'trainee':<10} {'server':<8} {'postgres':<9} {'schemas':>7}  {'last notebook':<30} "
-          f"{'sessions':>8} {'idle in tx':>10}")
+          f"{'sessions':>8} {'idle in tx':>10}  puzzles")
     for r in rows:
         print(f"{r['trainee']:<10} {r['server']:<8} {r['postgres']:<9} {r['schemas']:>7}  "
-              f"{r['last_notebook'] or '-':<30} {r['sessions']:>8} {r['idle_in_transaction']:>10}")
+              f"{r['last_notebook'] or '-':<30} {r['sessions']:>8} {r['idle_in_transaction']:>10}  "
+              f"{puzzles.progress_line(r['puzzles'])}")
     return 0
 
 

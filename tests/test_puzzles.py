@@ -1,0 +1,235 @@
+"""The scheduler's seat: each puzzle's known solution breaks its promise on a real server and
+an ordering that keeps it does not; every ordering the server allows is played to show that no
+shorter solution exists and that the unbreakable puzzles cannot be broken; a move the server
+would not let happen is refused with the moves that are legal; a crash is a real one; the
+learner's record reaches the presenter's status without running anything a trainee wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import backends_gone, login_role
+
+from labkit.core.errors import LabkitError
+from labkit.core.lab import Lab
+from labkit.core.queries import queries
+from labkit.labs import puzzles as pz
+
+BREAKABLE = [p.name for p in pz.puzzles() if p.breakable]
+UNBREAKABLE = [p.name for p in pz.puzzles() if not p.breakable]
+
+# For each breakable puzzle, an ordering that runs every program and keeps the promise.
+KEEPS = {
+    "read_then_mark": ["A", "A", "A", "B", "B", "B"],
+    "wait_convoy": ["A", "A", "A", "B", "B", "B"],
+    "empty_handed": ["A", "A", "B", "B"],
+    "unfenced_zombie": ["A", "A", "T", "B"],
+    "high_water_relay": ["W1", "W1", "W2", "W2", "R", "R"],
+    "held_lock_drain": ["D1", "D1", "D1", "D1", "D2"],
+}
+
+
+def labkit_cli(*args: str, user: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LABKIT_USER": user}
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+@pytest.fixture
+def record_user(db):
+    """A learner's name of this test's own, and its record schema dropped afterwards."""
+    user = f"puzzler{os.getpid()}"
+    yield user
+    with db.connect() as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{pz.RECORD_PREFIX}{user}" CASCADE')
+
+
+def test_there_are_puzzles_at_every_level_some_of_which_cannot_be_broken():
+    assert len(pz.puzzles()) >= 8
+    assert {p.level for p in pz.puzzles()} == set(pz.LEVELS)
+    assert len(UNBREAKABLE) >= 3 and len(BREAKABLE) >= 5
+    assert set(KEEPS) == set(BREAKABLE)
+    names = set(queries(pz.SQL_FILE))
+    for p in pz.puzzles():
+        assert p.scene in names and p.check in names, p.name
+        assert all(m.query in names for program in p.programs.values() for m in program), p.name
+        assert p.why and p.notebook, p.name
+        if p.shortest:
+            assert set(t.rstrip(pz.CRASH) for t in p.shortest) <= set(p.sessions), p.name
+
+
+@pytest.mark.parametrize("name", BREAKABLE)
+def test_the_known_solution_breaks_the_promise_from_the_command_line(db, name, record_user):
+    p = pz.puzzle(name)
+    done = labkit_cli("play", name, "--steps", ",".join(p.shortest), "--json", user=record_user)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["invariant_broken"] is True
+    assert got["broken_after"] == got["moves"] == len(p.shortest) == got["shortest"]
+    assert got["steps"] == list(p.shortest)
+    assert got["invariant"] == p.invariant
+    # The command wrote the play into the learner's record.
+    with db.connect() as c:
+        assert pz.progress(c, c.info.user)[name]["fewest_moves"] == len(p.shortest)
+
+
+@pytest.mark.parametrize("name", BREAKABLE)
+def test_an_ordering_that_runs_every_program_can_keep_the_promise(lab, name):
+    r = pz.play(lab, name, KEEPS[name])
+    assert r.invariant_broken is False and r.broken_after is None
+    assert r.moves == len(KEEPS[name])
+
+
+def test_the_command_says_false_for_an_ordering_that_keeps_the_promise(record_user):
+    done = labkit_cli("play", "read_then_mark", "--steps", "A,A,A,B,B,B", "--json", user=record_user)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["invariant_broken"] is False
+
+
+@pytest.mark.parametrize("name", BREAKABLE)
+def test_every_ordering_played_finds_none_shorter_than_the_known_solution(lab, name):
+    found = pz.search(lab, name)
+    p = pz.puzzle(name)
+    assert found.shortest is not None and len(found.shortest) == len(p.shortest)
+    assert found.broken_by >= 1 and found.orderings_played > found.broken_by
+    # What the search found breaks it when played again.
+    assert pz.play(lab, name, found.shortest).invariant_broken
+
+
+@pytest.mark.parametrize("name", UNBREAKABLE)
+def test_no_ordering_the_server_allows_breaks_an_unbreakable_puzzle(lab, name):
+    found = pz.search(lab, name)
+    assert found.shortest is None and found.broken_by == 0
+    # Every program's steps in every interleaving: at least the orderings of two workers'
+    # three steps each that never wait (two of the puzzles wait, and lose some).
+    assert found.orderings_played >= 14
+    assert found.moves_played >= 4 * found.orderings_played
+
+
+def test_a_waiting_session_cannot_move_and_the_refusal_names_the_legal_moves(lab):
+    with pz.Board(lab, "wait_convoy") as board:
+        board.move("A")
+        board.move("B")
+        assert board.waiting("B") and board.legal() == ["A"]
+        assert board.observed["sessions_waiting"] == 1
+        with pytest.raises(LabkitError) as e:
+            board.move("B")
+        assert "B is waiting for a lock A holds" in str(e.value) and "legal now: A" in str(e.value)
+        for bad, said in (("C", "has no session 'C'"), ("A!", "cannot be killed in this puzzle")):
+            with pytest.raises(LabkitError, match=said):
+                board.move(bad)
+        board.move("A")
+        board.move("A")          # A commits; B's claim, which waited, completes
+        assert not board.waiting("B") and board.observed["sessions_waiting"] == 0
+        # A locking claim that waited went on to the next row: FOR UPDATE locks before LIMIT.
+        claim_b = next(s for s in board.run.steps if s.session == "B")
+        assert claim_b.waited and claim_b.rows == [(2,)]
+
+
+def test_a_crash_ends_the_backend_and_rolls_its_transaction_back(lab, db):
+    with pz.Board(lab, "held_lock_drain") as board:
+        with pytest.raises(LabkitError, match="has not started"):
+            board.move("D1!")
+        board.move("D1")
+        pid = board.run.sessions["D1"].pid
+        assert lab.execute("SELECT attempts FROM delivery")[0][0] == 0      # not committed yet
+        board.move("D1")
+        board.move("D1!")
+        assert lab.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0][0] == 0
+        assert lab.execute("SELECT attempts FROM delivery")[0][0] == 0
+        assert board.observed == {"broken": True, "pushes_not_counted": 1}
+        assert "D1" not in board.legal() and "D1!" not in board.legal()
+        # The other drain finds the delivery free again: the crash released the row lock.
+        board.move("D2")
+        assert board.run.steps[-1].rows == [(1,)]
+    # Its sessions, their aside connections and the monitor are gone (the lab's own admin
+    # connection stays, as in every lab).
+    left = [b for b in backends_gone(db, f"labkit:{lab.schema}:%") if not b[1].endswith(":admin")]
+    assert left == []
+
+
+def test_a_claim_that_found_nothing_stops_its_worker(lab):
+    with pz.Board(lab, "held_lock_drain") as board:
+        board.move("D1")
+        board.move("D2")                # D1 holds the delivery: D2's claim skips it
+        assert board.ended["D2"] == "found no work" and "D2" not in board.legal()
+        assert [s.label for s in board.run.steps if s.session == "D2"] == ["claim", "stops"]
+        with pytest.raises(LabkitError, match="D2 has no step left"):
+            board.move("D2")
+
+
+def test_the_seat_widget_plays_by_clicks_and_reads_as_text(lab, db, record_user, monkeypatch):
+    monkeypatch.setenv("LABKIT_USER", record_user)
+    seat = pz.Seat(lab, "unfenced_zombie")
+    try:
+        assert "VBox(" not in repr(seat.box) and "Goal: Make a worker write" in repr(seat.box)
+        assert seat.buttons["A"].description == "A: claim" and not seat.buttons["A"].disabled
+        for token in ("A", "T", "B", "A"):
+            seat.buttons[token].click()
+        text = repr(seat.box)
+        assert "BROKEN after move 4: A,T,B,A" in text and "by_a_worker_not_owning_it: 1" in text
+        assert seat.buttons["A"].disabled and seat.buttons["A"].description == "A: done"
+        assert "BROKEN after move 4" in seat.out.outputs[0]["text"]
+        with db.connect() as c:     # the play went into the record once it broke
+            assert pz.progress(c, c.info.user)["unfenced_zombie"] == {"plays": 1, "fewest_moves": 4}
+        seat.again.click()
+        assert "holds after 0 moves" in repr(seat.box) and not seat.buttons["A"].disabled
+    finally:
+        seat.close()
+
+
+@pytest.fixture
+def trainee(db):
+    yield from login_role(db, f"puzzle_trainee_{os.getpid()}")
+
+
+def test_the_presenter_reads_a_trainees_record_from_the_catalogue_only(db, trainee, monkeypatch):
+    role = f"puzzle_trainee_{os.getpid()}"
+    monkeypatch.setenv("LABKIT_USER", role)
+    lab = Lab.open(trainee, "puzzle_record")
+    try:
+        for steps in (["A", "A", "A", "B", "B", "B"], ["A", "B", "A", "A", "B", "B"]):
+            pz.record(lab.admin, pz.play(lab, "read_then_mark", steps))
+        pz.record(lab.admin, pz.play(lab, "skip_locked", ["A", "B"]))
+        schema = pz.RECORD_PREFIX + role
+        # The trainee's table is closed to others; what the presenter reads is the summary.
+        with db.connect() as c:
+            got = pz.progress(c, role)
+            assert got == {"read_then_mark": {"plays": 2, "fewest_moves": 6},
+                           "skip_locked": {"plays": 1, "fewest_moves": None}}
+            assert pz.progress_line(got) == f"1/{len(BREAKABLE)} broken (1 at shortest), 3 plays"
+            assert pz.progress(c, "nobody_at_all") == {} and pz.progress_line({}) == "-"
+        # A trainee who writes their own summary can claim a solve (it is a progress board,
+        # not an exam), but nothing that is not a summary of known puzzles is read.
+        forged = {"read_then_mark": [1, 2], "no_such_puzzle": [1, 1], "wait_convoy": ["x", 1],
+                  "skip_locked": [1, 2, 3]}
+        lab.admin.execute(f'COMMENT ON SCHEMA "{schema}" IS %s'.replace("%s", "'" + json.dumps(forged) + "'"))
+        with db.connect() as c:
+            assert pz.progress(c, role) == {"read_then_mark": {"plays": 1, "fewest_moves": 2}}
+        lab.admin.execute(f"COMMENT ON SCHEMA \"{schema}\" IS 'not json'")
+        with db.connect() as c:
+            assert pz.progress(c, role) == {}
+    finally:
+        lab.drop()
+
+
+def test_the_command_lists_and_refuses_as_a_reader_types_it(record_user):
+    listed = labkit_cli("play", "--list", "--json", user=record_user)
+    assert listed.returncode == 0, listed.stderr
+    got = json.loads(listed.stdout)
+    assert [d["name"] for d in got] == list(pz.NAMES)
+    assert {d["name"] for d in got if not d["breakable"]} == set(UNBREAKABLE)
+    for args, said in ((["play"], "Name a puzzle"), (["play", "nope"], "No puzzle is called 'nope'"),
+                       (["play", "wait_convoy", "--steps", "A,B,B"], "B is waiting for a lock A holds"),
+                       (["play", "wait_convoy", "--steps", "A", "--search"], "two different things"),
+                       (["play", "wait_convoy", "--steps", ","], "names no move"),
+                       (["play", "--list", "wait_convoy"], "takes no puzzle")):
+        done = labkit_cli(*args, user=record_user)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    shown = labkit_cli("play", "held_lock_drain", user=record_user)
+    assert shown.returncode == 0 and "D1: claim, push, done, commit (may be killed: D1!)" in shown.stdout
