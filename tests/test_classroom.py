@@ -15,6 +15,7 @@ import pytest
 from labkit.core.db import Database
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab
+from labkit.labs import puzzles
 from labkit.tools import classroom
 
 
@@ -103,7 +104,17 @@ def test_status_shows_progress_and_clean_ends_only_trainee_sessions_idle_in_a_tr
         assert rows["trainee01"]["schemas"] == 1 and rows["trainee01"]["last_notebook"] == "02_the_convoy"
         assert rows["trainee01"]["idle_in_transaction"] == 1 and rows["trainee01"]["sessions"] >= 2
         assert rows["trainee02"] == {"trainee": "trainee02", "role": b.role, "schemas": 0,
-                                     "last_notebook": None, "sessions": 0, "idle_in_transaction": 0}
+                                     "last_notebook": None, "sessions": 0, "idle_in_transaction": 0,
+                                     "puzzles": {}}
+        # A puzzle trainee02 played shows on the presenter's status, from the catalogue.
+        lab_b = as_trainee(b, db, "play")
+        try:
+            puzzles.record(lab_b.admin, puzzles.play(lab_b, "wait_convoy", ["A", "B"]))
+        finally:
+            lab_b.drop()
+        rows = {r["trainee"]: r for r in classroom.status(db.dsn)}
+        assert rows["trainee02"]["puzzles"] == {"wait_convoy": {"plays": 1, "fewest_moves": 2}}
+        assert rows["trainee01"]["puzzles"] == {}
         assert classroom.clean(db.dsn) == []        # a demo's transaction, seconds old: left alone
         ended = classroom.clean(db.dsn, idle_s=0)
         assert [(pid, user) for pid, user, _ in ended] == [(stuck.info.backend_pid, a.role)]
