@@ -20,6 +20,8 @@ import pytest
 from traitlets.config import Config
 
 from labkit.core.errors import LabkitError
+from labkit.core.lab import Lab
+from labkit.labs import puzzles
 from labkit.tools import hub, roomload
 
 ROOT_USER = os.geteuid() == 0
@@ -295,6 +297,9 @@ def test_the_progress_module_prints_one_line_of_json_from_the_users_own_embedded
     """What `labkit hub status` runs as each trainee (`python -m labkit.tools._hub_progress`):
     one JSON line, from the embedded server of whoever runs it, which it never starts."""
     env = {k: v for k, v in os.environ.items() if k != "LABKIT_DSN"}
+    if db.backend == "embedded":            # a puzzle played, for the presenter's screen
+        with Lab.open(db, f"progress_play_{os.getpid()}") as lab:
+            puzzles.record(lab.admin, puzzles.play(lab, "wait_convoy", ["A", "B"]))
     done = subprocess.run([sys.executable, "-m", hub.PROGRESS], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
@@ -303,8 +308,12 @@ def test_the_progress_module_prints_one_line_of_json_from_the_users_own_embedded
         assert got["postgres"] in ("running", "stopped")
         return
     assert got["postgres"] == "running"
-    assert set(got) == {"postgres", "schemas", "last_schema", "mark", "sessions", "idle_in_transaction"}
+    assert set(got) == {"postgres", "schemas", "last_schema", "mark", "sessions", "idle_in_transaction",
+                        "puzzles"}
     assert got["schemas"] >= 0 and got["sessions"] >= 0 and got["idle_in_transaction"] >= 0
+    assert got["puzzles"]["wait_convoy"]["fewest_moves"] == 2
+    with db.connect() as conn:
+        conn.execute(f'DROP SCHEMA "{puzzles.record_schema()}" CASCADE')
 
 
 def test_a_shared_room_on_a_server_that_trusts_this_host_is_refused(db, tmp_path, monkeypatch):
