@@ -166,18 +166,20 @@ def test_the_seat_widget_plays_by_clicks_and_reads_as_text(lab, db, record_user,
     monkeypatch.setenv("LABKIT_USER", record_user)
     seat = pz.Seat(lab, "unfenced_zombie")
     try:
-        assert "VBox(" not in repr(seat.box) and "Goal: Make a worker write" in repr(seat.box)
+        assert repr(seat.box) == "The scheduler's seat: unfenced_zombie, 0 moves played, the promise holds"
+        assert len(repr(seat.box)) <= 110 and "Goal: Make a worker write" in seat.text()
         assert seat.buttons["A"].description == "A: claim" and not seat.buttons["A"].disabled
         for token in ("A", "T", "B", "A"):
             seat.buttons[token].click()
-        text = repr(seat.box)
+        text = seat.text()
         assert "BROKEN after move 4: A,T,B,A" in text and "by_a_worker_not_owning_it: 1" in text
+        assert repr(seat.box).endswith("4 moves played, the promise broken")
         assert seat.buttons["A"].disabled and seat.buttons["A"].description == "A: done"
         assert "BROKEN after move 4" in seat.out.outputs[0]["text"]
         with db.connect() as c:     # the play went into the record once it broke
             assert pz.progress(c, c.info.user)["unfenced_zombie"] == {"plays": 1, "fewest_moves": 4}
         seat.again.click()
-        assert "holds after 0 moves" in repr(seat.box) and not seat.buttons["A"].disabled
+        assert "holds after 0 moves" in seat.text() and not seat.buttons["A"].disabled
     finally:
         seat.close()
 

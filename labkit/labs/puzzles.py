@@ -647,6 +647,15 @@ def format_play(r: Play) -> str:
     return "\n".join(lines)
 
 
+def overview() -> str:
+    """One line per puzzle: its level, name, title and sessions (not whether it can be broken:
+    that is for the learner to find)."""
+    rows = [(p.level, p.name, p.title, " ".join(p.sessions))
+            for p in sorted(puzzles(), key=lambda p: LEVELS.index(p.level))]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"{lv:<{widths[0]}}  {n:<{widths[1]}}  {t}  [{ss}]" for lv, n, t, ss in rows)
+
+
 def listing() -> str:
     return "\n\n".join(describe(p) for p in puzzles())
 
@@ -667,7 +676,8 @@ class Seat:
     After every click the transcript so far and what the check read are shown, and the
     verdict.  ``start again`` sets the scene up anew.  A play is written into the learner's
     record when its promise breaks or when no move is left.  ``.box`` is the widget; its text
-    form (GitHub, nbval, a handout) is the puzzle and the play so far."""
+    form (GitHub, nbval, a handout) is one line, and :meth:`text` the puzzle and the play so
+    far (:func:`seat` prints it above the buttons)."""
 
     def __init__(self, lab: Lab, name: str, *, record_plays: bool = True) -> None:
         import ipywidgets as w
@@ -735,7 +745,12 @@ class Seat:
         return "\n".join(lines)
 
     def describe(self) -> str:
-        return self.text()
+        """The widget's text form, one short line (a front end cuts a widget's text at 110
+        characters): :meth:`text` has the play so far."""
+        board = self.board
+        done = len(board.moves) if board is not None else 0
+        state = "broken" if board is not None and board.broken_after is not None else "holds"
+        return f"The scheduler's seat: {self.puzzle.name}, {done} moves played, the promise {state}"
 
     def _render(self, note: str = "") -> None:
         board = self.board
@@ -762,6 +777,8 @@ def seat(lab: Lab, name: str) -> Seat:
     from IPython.display import display
 
     s = Seat(lab, name)
+    print(s.text())
+    print("No buttons below? puzzles.play(lab, name, moves) plays the moves; seat.text() shows them.")
     display(s.box)
     return s
 
@@ -812,7 +829,8 @@ def play_command(*, open_lab: Callable[[], Lab], name: str, steps: str | None, s
 
 def format_search(s: Search) -> str:
     p = puzzle(s.puzzle)
-    lines = [f"{s.orderings_played} orderings played ({s.moves_played} moves) in {s.took_s} s"]
+    lines = [f"{p.name}: {s.orderings_played} orderings played to their end or to the break "
+             f"({s.moves_played} moves)"]
     if s.shortest is None:
         lines.append(fill(f"none broke \"{p.invariant}\"", indent="  ", first=""))
     else:
