@@ -14,6 +14,7 @@
 #                   a server that trusts this host is refused: UNSAFE_TRUSTING_SERVER=1 only for
 #                   one no trainee can reach)
 #   make test-hub   the room under load: every trainee runs notebooks 00, 01 and 03 at once
+#                   (FOOTPRINT=FILE also writes what each trainee took, for `labkit hub plan`)
 #   make hub-status who is where; make hub-clean removes the room's users, passwords, roles
 PYTHON ?= python3
 VENV   := .venv
@@ -56,7 +57,7 @@ hub: $(HUB_STAMP)
 	$(HUB_VENV)/bin/labkit hub start --trainees $(TRAINEES) --mode $(MODE) --port $(HUB_PORT) $(if $(UNSAFE_TRUSTING_SERVER),--unsafe-trusting-server)
 
 test-hub: $(HUB_STAMP)
-	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE)
+	$(HUB_VENV)/bin/labkit hub loadtest --trainees $(TRAINEES) --mode $(MODE) $(if $(FOOTPRINT),--footprint-out $(FOOTPRINT))
 
 hub-status: $(HUB_STAMP)
 	$(HUB_VENV)/bin/labkit hub status

@@ -53,6 +53,7 @@ from .labs import (
 from .labs.convoy import POLICIES
 from .tools import (
     bench,
+    capacity,
     classroom,
     drill,
     grade,
@@ -546,11 +547,16 @@ def _run_hub_start(a: argparse.Namespace) -> int:
 
 def _run_hub_loadtest(a: argparse.Namespace) -> int:
     return roomload.loadtest_command(trainees=a.trainees, mode=a.mode, dsn=a.dsn, notebooks=a.notebooks,
-                                     as_json=a.json)
+                                     as_json=a.json, footprint_out=a.footprint_out)
+
+
+def _run_hub_plan(a: argparse.Namespace) -> int:
+    return capacity.plan_command(trainees=a.trainees, node_cpus=a.node_cpus, node_memory=a.node_memory,
+                                 mode=a.mode, footprint=a.footprint, allocatable=a.allocatable, as_json=a.json)
 
 
 def configure_hub_parser(commands: Subcommands) -> None:
-    """``labkit hub start|loadtest|status|clean``."""
+    """``labkit hub start|loadtest|plan|status|clean``."""
     room = _group(commands, "hub", "a JupyterHub for a training room (run as root)",
                   description="One JupyterHub on this machine for a training room: a system user per "
                               "trainee, each with the workbook and their own PostgreSQL (embedded) or "
@@ -573,6 +579,26 @@ def configure_hub_parser(commands: Subcommands) -> None:
     p.add_argument("--dsn", help="shared mode: the server's administrator DSN (default: LABKIT_DSN)")
     p.add_argument("--notebooks", nargs="+", metavar="NAME",
                    help="notebooks to run, without .ipynb (default: 00, 01 and 03)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--footprint-out", type=Path, metavar="FILE",
+                   help="also write the room's footprint per trainee (CPU seconds, peak memory) to FILE, "
+                        "for `labkit hub plan --footprint FILE`; a file that has the other mode keeps it")
+    p = _command(room, "plan", "how many Kubernetes nodes a room of N trainees needs, from a measured footprint",
+                 _run_hub_plan, prefix="labkit hub plan",
+                 description="A room of N trainees on Kubernetes (one pod each): each pod's CPU and memory "
+                             "guarantee from what `labkit hub loadtest` measured per trainee, and how many "
+                             "nodes of the size given hold them. Says what was measured and what is assumed.")
+    p.add_argument("--trainees", required=True, metavar="N", help="how many trainees, 1 or more")
+    p.add_argument("--node-cpus", required=True, metavar="C", help="CPUs per node: 4, 3.5 or 3500m")
+    p.add_argument("--node-memory", required=True, metavar="M", help="memory per node: 16Gi, 16G or 16384Mi")
+    p.add_argument("--mode", choices=hub.MODES, default="embedded",
+                   help="each pod with its own PostgreSQL (default), or one shared server")
+    p.add_argument("--footprint", type=Path, metavar="FILE",
+                   help="a footprint measured with `labkit hub loadtest --footprint-out FILE` "
+                        "(default: the shipped data/room_footprint.yaml)")
+    p.add_argument("--allocatable", action="store_true",
+                   help="the sizes given are the node's Allocatable (kubectl describe node): no "
+                        "kubelet or system reservation is taken off")
     p.add_argument("--json", action="store_true")
     p = _command(room, "status", "each trainee: their server, PostgreSQL, last notebook, open sessions",
                  lambda a: hub.status_command(as_json=a.json), prefix="labkit hub")

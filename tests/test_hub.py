@@ -163,13 +163,20 @@ def test_not_root_is_one_paragraph_naming_sudo(monkeypatch):
 def test_the_report_counts_failures_and_names_them():
     runs = [roomload.TraineeRun("trainee01", login_s=0.1, spawn_s=3, notebooks_s={"00": 2.0}, cells=5),
             roomload.TraineeRun("trainee02", login_s=0.2, spawn_s=5, error="RuntimeError: log-in refused")]
+    runs[0].cpu_s = {"spawn": 1.5, "00": 2.5}
     sampler = SimpleNamespace(peak={"trainee01": 300.0, "trainee02": 120.0},
                               peak_backends={"trainee01": 0.0, "trainee02": 0.0}, peak_hub=170.0,
-                              backends_local=False)
+                              backends_local=False, peak_working_set={"trainee01": 310.0, "trainee02": 100.0},
+                              cpu_seconds=lambda: {"trainee01": 4.25, "trainee02": 0.5},
+                              cpu_counted_by=lambda: "cgroup v1 (cpuacct.usage)")
     report = roomload._report("embedded", runs, 12.3, 0.5, sampler, 3.2, ["00"])
     assert report["failures"] == 1 and report["errors"] == {"trainee02": "RuntimeError: log-in refused"}
     assert report["memory_mb_per_trainee_max"] == 300
-    assert "FAILED trainee02: RuntimeError: log-in refused" in roomload.text(report)
+    assert (report["cpu_s_per_trainee_max"], report["working_set_mb_per_trainee_max"]) == (4.2, 310)
+    assert report["cpu_s_median_by_step"] == {"spawn": 1.5, "00": 2.5}
+    text = roomload.text(report)
+    assert "FAILED trainee02: RuntimeError: log-in refused" in text
+    assert "CPU time per trainee" in text and "at most 4.2 s over 12.3 s" in text
 
 
 # -- as root: the room's system users -----------------------------------------------------

