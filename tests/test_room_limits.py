@@ -441,13 +441,13 @@ def _cpu_of(pids) -> float:
 def test_cpu_hogs_in_one_group_leave_the_neighbour_its_share(room):
     python, a, b, bystander = room
     for _attempt in range(3):             # a shape: measured again before it is called broken
-        before, _, _ = bystander.measure(1.5)
+        before, _, _ = bystander.measure(1.0)
         hogs = [_start(python, a, CPU_HOG) for _ in range(8)]
         try:
-            time.sleep(0.5)
+            time.sleep(0.3)
             mine = [bystander.proc.pid]
             a0, b0, t0 = _cpu_of(h.pid for h in hogs), _cpu_of(mine), time.monotonic()
-            time.sleep(3.0)
+            time.sleep(1.5)
             a1, b1, t1 = _cpu_of(h.pid for h in hogs), _cpu_of(mine), time.monotonic()
             bystander.wait_for(t1)
             during, gap = bystander.rate(t0, t1), bystander.longest_gap(t0, t1)
