@@ -481,6 +481,62 @@ def test_every_quiz_choice_clicked_on_a_1280x720_screen_is_the_one_recorded(jupy
             browser.close_notebook()
 
 
+# -- the scheduler's seat on a projector ---------------------------------------------------------------
+SEAT = "seat_clicks.ipynb"     # one cell, written into the server's copy: notebook 20's seat
+SEAT_ROOT = "document.querySelector('.labkit-seat')"
+SEAT_BUTTONS = f"[...{SEAT_ROOT}.querySelectorAll('button')]"
+
+
+def seat_button(label: str) -> str:
+    return f"{SEAT_BUTTONS}.find(b => b.innerText.trim() === {json.dumps(label)})"
+
+
+def test_the_seats_moves_clicked_on_a_1280x720_screen_are_the_moves_played(jupyterlab, lab_page):
+    # The buttons a room calls out, clicked with the mouse on a projector's screen: each click
+    # is the move the kernel plays, the labels follow the programs, and the verdict the
+    # server gave shows under them.  No two buttons overlap and none leaves the output area.
+    browser, _ = lab_page
+    browser.take_errors()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import os\nos.environ['LABKIT_USER'] = 'seatclicks'\n"
+        "import labkit as lk\nfrom labkit.labs import puzzles\n"
+        "seat_lab = lk.lab('seat_clicks', quiet=True)\nseat = puzzles.seat(seat_lab, 'held_lock_drain')")]
+    nbformat.write(nb, jupyterlab.work / SEAT)
+    browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=720, deviceScaleFactor=1, mobile=False)
+    try:
+        browser.open_notebook(SEAT)
+        browser.evaluate("jupyterapp.commands.execute('notebook:run-all-cells')")
+        browser.wait_for(f"{SEAT_ROOT} && {SEAT_BUTTONS}.length === 5", OPEN_TIMEOUT_S, "the seat to render")
+        boxes = browser.evaluate(f"""{SEAT_BUTTONS}.map(b => {{ const r = b.getBoundingClientRect();
+            return [r.left, r.top, r.right, r.bottom]; }})""")
+        area = browser.evaluate(f"(o => {{ const r = o.getBoundingClientRect(); return [r.left, r.top, r.right, "
+                                f"r.bottom + 10000]; }})({SEAT_ROOT}.closest('.jp-OutputArea-output'))")
+        for i, b in enumerate(boxes):
+            assert inside(b, area), f"button {i} leaves the output area: {b} {area}"
+            assert all(not overlaps(b, other) for other in boxes[i + 1:]), f"buttons overlap: {boxes}"
+        for label, played in (("D1: claim", ["D1"]), ("D1: push", ["D1", "D1"]), ("kill D1", ["D1", "D1", "D1!"])):
+            browser.wait_for(f"{seat_button(label)} && !{seat_button(label)}.disabled", STEP_TIMEOUT_S,
+                             f"the button {label!r}")
+            browser.click(seat_button(label))
+            browser.wait_for(f"{SEAT_ROOT}.innerText.includes('holds after {len(played)} moves') || "
+                             f"{SEAT_ROOT}.innerText.includes('BROKEN after move')", STEP_TIMEOUT_S,
+                             f"the move {label!r} to be played")
+            assert kernel_json(browser, "import json; print(json.dumps(seat.board.moves))") == played
+        assert "BROKEN after move 3: D1,D1,D1!" in browser.evaluate(f"{SEAT_ROOT}.innerText")
+        assert browser.evaluate(f"{seat_button('kill D1')}.disabled")
+        errors = browser.take_errors()
+        assert errors == [], f"JavaScript console errors while the seat was clicked: {errors}"
+    finally:
+        if browser.evaluate("!!(window.__panel && !window.__panel.isDisposed)"):
+            kernel_json(browser, "import json\nseat.close()\nseat_lab.admin.execute("
+                                 "'DROP SCHEMA IF EXISTS ' + puzzles.record_schema() + ' CASCADE')\n"
+                                 "seat_lab.drop()\nprint(json.dumps(True))")
+            browser.close_notebook()
+        browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+
+
 # -- decks and handouts: static views, never a widget's repr ----------------------------------------
 # Every deck and handout page of the workbook is searched for a repr in test_training.py, where
 # they are built once; here, that search is shown to find one.

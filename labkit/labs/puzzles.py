@@ -704,6 +704,7 @@ class Seat:
         self.box = static_box([w.HTML(f"<b>{self.puzzle.title}</b> &mdash; {self.puzzle.goal}"),
                                w.HBox([*self.buttons.values(), self.again], layout={"flex_flow": "row wrap"}),
                                self.out], self.describe)
+        self.box.add_class("labkit-seat")
         self.start()
 
     def start(self) -> None:
