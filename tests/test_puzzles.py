@@ -247,3 +247,16 @@ def test_the_command_lists_and_refuses_as_a_reader_types_it(record_user, capsys,
         assert err.startswith("labkit play: ") and "Fix:" in err
     code, out, _ = labkit_here(capsys, "play", "held_lock_drain")
     assert code == 0 and "D1: claim, push, done, commit (may be killed: D1!)" in out
+
+
+def test_a_progress_reported_from_a_trainees_side_is_taken_only_in_its_shape():
+    # `labkit hub status` reads each trainee's progress from a process of the trainee's: an
+    # odd value neither breaks the presenter's table nor names a puzzle that is not there.
+    good = {"plays": 2, "fewest_moves": 3}
+    for odd in (None, [], "3/6", {"read_then_mark": "all"}, {"read_then_mark": {"plays": True}},
+                {"read_then_mark": {"plays": 1, "fewest_moves": -1}}, {"no_such": good},
+                {"read_then_mark": {"plays": 1.5, "fewest_moves": None}}):
+        assert pz.checked_progress(odd) == {}
+        assert pz.progress_line(odd) == "-"
+    assert pz.checked_progress({"read_then_mark": {**good, "extra": "x"}, "x": 1}) == {"read_then_mark": good}
+    assert pz.progress_line({"read_then_mark": good}).startswith("1/")

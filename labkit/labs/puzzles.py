@@ -608,8 +608,25 @@ def _summary(comment: str | None) -> dict[str, tuple[int, int | None]]:
     return out
 
 
+def checked_progress(value: Any) -> dict[str, dict[str, Any]]:
+    """``value`` as :func:`progress` gives it, keeping only what has that shape: known puzzles,
+    a whole number of plays and of fewest moves (or None).  What a trainee's own process
+    reported (``labkit hub status`` reads it from the trainee's side) is taken through this,
+    so an odd value cannot break the presenter's table or name a puzzle that is not there."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for name, got in value.items():
+        if name in PUZZLES and isinstance(got, dict):
+            plays, fewest = got.get("plays"), got.get("fewest_moves")
+            if type(plays) is int and plays >= 0 and (fewest is None or (type(fewest) is int and fewest >= 0)):
+                out[name] = {"plays": plays, "fewest_moves": fewest}
+    return out
+
+
 def progress_line(plays: dict[str, Any]) -> str:
     """One cell of the presenter's table: ``3/6 broken (2 at shortest), 4 plays``."""
+    plays = checked_progress(plays)
     if not plays:
         return "-"
     breakable = [p for p in puzzles() if p.breakable]

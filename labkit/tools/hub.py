@@ -617,7 +617,8 @@ def status(folder: Path | None = None) -> list[dict]:
             row["postgres"] = got.pop("postgres")
             if "schemas" in got:
                 row.update(schemas=got["schemas"], sessions=got["sessions"],
-                           idle_in_transaction=got["idle_in_transaction"], puzzles=got.get("puzzles", {}),
+                           idle_in_transaction=got["idle_in_transaction"],
+                           puzzles=puzzles.checked_progress(got.get("puzzles")),
                            last_notebook=classroom.notebook_of(got["last_schema"], got["mark"]))
         rows.append(row)
     return rows
