@@ -94,6 +94,22 @@ def test_an_ordering_that_runs_every_program_can_keep_the_promise(lab, name):
     assert r.moves == len(KEEPS[name])
 
 
+def test_a_promise_broken_once_stays_broken_and_the_record_keeps_the_move_that_broke_it(lab, db, record_user,
+                                                                                       monkeypatch):
+    # B's wait ends when A commits, and a second drain then locks the row the check reads: the
+    # state after the last move no longer shows the break, and the verdict is still the break.
+    monkeypatch.setenv("LABKIT_USER", record_user)
+    waited = pz.play(lab, "wait_convoy", ["A", "B", "A", "A", "B", "B"])
+    assert waited.invariant_broken and waited.broken_after == 2 and not waited.broken_now
+    assert waited.observed == {"sessions_waiting": 1, "jobs_claimed_twice": 0}      # at the break
+    assert "BROKEN after move 2 of 6 (the check no longer sees it" in pz.format_play(waited)
+    pushed = pz.play(lab, "held_lock_drain", ["D1", "D1", "D1!", "D2"])
+    assert pushed.invariant_broken and pushed.broken_after == 3 and not pushed.broken_now
+    pz.record(lab.admin, pushed)
+    with db.connect() as c:
+        assert pz.progress(c, c.info.user)["held_lock_drain"] == {"plays": 1, "fewest_moves": 3}
+
+
 def test_the_command_says_false_for_an_ordering_that_keeps_the_promise(record_user):
     # As a reader types it: a process of its own, its JSON on stdout.
     done = labkit_cli("play", "read_then_mark", "--steps", "A,A,A,B,B,B", "--json", user=record_user)
@@ -130,7 +146,8 @@ def test_a_waiting_session_cannot_move_and_the_refusal_names_the_legal_moves(lab
         with pytest.raises(LabkitError) as e:
             board.move("B")
         assert "B is waiting for a lock A holds" in str(e.value) and "legal now: A" in str(e.value)
-        for bad, said in (("C", "has no session 'C'"), ("A!", "cannot be killed in this puzzle")):
+        for bad, said in (("C", "has no session 'C'"), ("A!", "cannot be killed in this puzzle"),
+                          ("!", "names no session"), ("A!!", "is not a move")):
             with pytest.raises(LabkitError, match=said):
                 board.move(bad)
         board.move("A")
@@ -179,7 +196,7 @@ def test_the_seat_widget_plays_by_clicks_and_reads_as_text(lab, db, record_user,
     try:
         assert repr(seat.box) == "The scheduler's seat: unfenced_zombie, 0 moves played, the promise holds"
         assert len(repr(seat.box)) <= 110 and "Goal: Make a worker write" in seat.text()
-        assert seat.buttons["A"].description == "A: claim" and not seat.buttons["A"].disabled
+        assert seat.buttons["A"].description == "A: claim (id, token)" and not seat.buttons["A"].disabled
         for token in ("A", "T", "B", "A"):
             seat.buttons[token].click()
         text = seat.text()
@@ -245,6 +262,9 @@ def test_the_command_lists_and_refuses_as_a_reader_types_it(record_user, capsys,
         code, _, err = labkit_here(capsys, *args)
         assert code == 2 and said in err, (args, err)
         assert err.startswith("labkit play: ") and "Fix:" in err
+    # A refused move shows what was played before it.
+    code, out, err = labkit_here(capsys, "play", "wait_convoy", "--steps", "A,B,B")
+    assert code == 2 and "B is waiting" in err and "BLOCKS (waits for A)" in out
     code, out, _ = labkit_here(capsys, "play", "held_lock_drain")
     assert code == 0 and "D1: claim, push, done, commit (may be killed: D1!)" in out
 
@@ -260,3 +280,55 @@ def test_a_progress_reported_from_a_trainees_side_is_taken_only_in_its_shape():
         assert pz.progress_line(odd) == "-"
     assert pz.checked_progress({"read_then_mark": {**good, "extra": "x"}, "x": 1}) == {"read_then_mark": good}
     assert pz.progress_line({"read_then_mark": good}).startswith("1/")
+
+
+@pytest.fixture
+def squatter(db):
+    yield from login_role(db, f"puzzle_squatter_{os.getpid()}")
+
+
+def test_a_record_schema_another_role_made_first_is_refused_and_nothing_of_its_runs(db, squatter, lab,
+                                                                                   monkeypatch):
+    # The record's name is predictable: a trainee makes the victim's record schema first, with
+    # a table whose trigger would run as the victim (here: it would make the squatter a
+    # superuser's equal by changing the victim's password).  The victim's play is refused
+    # before anything is written, and the trigger never runs.
+    victim = f"victim{os.getpid()}"
+    monkeypatch.setenv("LABKIT_USER", victim)
+    schema = pz.record_schema()
+    with squatter.connect() as c:
+        c.execute(f'CREATE SCHEMA "{schema}"')
+        c.execute(f'CREATE TABLE "{schema}".puzzle_play (puzzle text, steps text[], moves int, '
+                  'broken boolean, at timestamptz DEFAULT now())')
+        c.execute(f'CREATE TABLE "{schema}".fired (by_whom text)')
+        c.execute(f'CREATE FUNCTION "{schema}".trap() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN '
+                  f'INSERT INTO "{schema}".fired VALUES (current_user); RETURN NEW; END $$')
+        c.execute(f'CREATE TRIGGER trap BEFORE INSERT ON "{schema}".puzzle_play '
+                  f'FOR EACH ROW EXECUTE FUNCTION "{schema}".trap()')
+        c.execute(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO PUBLIC')
+        c.execute(f'GRANT INSERT, SELECT ON ALL TABLES IN SCHEMA "{schema}" TO PUBLIC')
+    played = pz.play(lab, "wait_convoy", ["A", "B"])
+    with pytest.raises(pz.RecordTaken, match=f"belongs to puzzle_squatter_{os.getpid()}"):
+        pz.record(lab.admin, played)
+    with squatter.connect() as c:
+        assert c.execute(f'SELECT count(*) FROM "{schema}".fired').fetchone() == (0,)
+        assert c.execute(f'SELECT count(*) FROM "{schema}".puzzle_play').fetchone() == (0,)
+
+
+def test_a_long_learners_name_keeps_its_record_apart_from_another(monkeypatch):
+    names = set()
+    for user in ("x" * 200, "x" * 201):
+        monkeypatch.setenv("LABKIT_USER", user)
+        names.add(pz.record_schema())
+    assert len(names) == 2 and all(len(n) <= 63 and n.startswith(pz.RECORD_PREFIX) for n in names)
+
+
+def test_a_summary_too_long_or_too_deep_is_passed_over(db, trainee, monkeypatch):
+    role = f"puzzle_trainee_{os.getpid()}"
+    with trainee.connect() as c:
+        for i, comment in enumerate(("[" * 100000, '{"read_then_mark": [' + "9" * 5000 + ", null]}",
+                                     '{"read_then_mark": [' + str(10**7) + ", 3]}")):
+            c.execute(f'CREATE SCHEMA "{pz.RECORD_PREFIX}odd{i}"')
+            c.execute(f'COMMENT ON SCHEMA "{pz.RECORD_PREFIX}odd{i}" IS ' + "'" + comment + "'")
+    with db.connect() as c:
+        assert pz.progress(c, role) == {}

@@ -23,6 +23,7 @@ connection of the session's own beside its transaction (the push service's recor
 
 from __future__ import annotations
 
+import hashlib
 import json as _json
 import os
 import socket
@@ -115,9 +116,12 @@ class Play(Result):
     steps: the moves, as given (``A`` runs A's next step, ``A!`` kills A's process)
     moves: how many were played
     invariant: the promise
-    invariant_broken: whether the server's state after the last move breaks it
+    invariant_broken: whether the check found it broken after one of the moves (a promise
+        broken once stays broken: a job claimed twice was claimed twice, whatever follows)
     broken_after: the first move after which the check found it broken (1-based), or None
-    observed: what the check read after the last move, by column
+    observed: what the check read after that move (or after the last move, when it held)
+    broken_now: whether the check finds it broken after the last move too (a wait ends, a
+        second drain locks the row the check would read)
     shortest: the length of the shortest known solution (None: the puzzle cannot be broken)
     transcript: the sessions' steps, in order
     """
@@ -129,6 +133,7 @@ class Play(Result):
     invariant_broken: bool
     broken_after: int | None
     observed: dict[str, Any]
+    broken_now: bool
     shortest: int | None
     transcript: Transcript | None = not_json()
 
@@ -165,14 +170,15 @@ def _puzzles() -> list[Puzzle]:
     cas = (Move("read", "read"), Move("mark if pending", "mark_if_still_pending_mark"),
            Move("commit", "commit"))
     empty = (Move("claim + mark", "empty_handed_claim"), Move("commit", "commit"))
-    lease_w = (Move("claim", "lease_claim"), Move("finish", "unfenced_zombie_finish"))
-    fenced_w = (Move("claim", "lease_claim"), Move("finish", "fenced_completion_finish"))
+    lease_w = (Move("claim (id, token)", "lease_claim"), Move("finish", "unfenced_zombie_finish"))
+    fenced_w = (Move("claim (id, token)", "lease_claim"), Move("finish", "fenced_completion_finish"))
     clock = (Move("+60 s", "clock_advance"),)
     writer = (Move("write", "relay_write"), Move("commit", "commit"))
     held = (Move("claim", "held_lock_drain_claim"), Move("push", "push", aside=True),
             Move("done", "drain_done"), Move("commit", "commit"))
     leased = (Move("claim", "committed_lease_drain_claim"), Move("push", "push", aside=True),
               Move("done", "drain_done"))
+    drain_clock = (Move("+150 s", "drain_clock_advance"),)
     return [
         Puzzle("read_then_mark", "junior", "A claim that reads, then marks",
                "Make two workers both claim the same job.",
@@ -180,8 +186,9 @@ def _puzzles() -> list[Puzzle]:
                {"A": read_mark, "B": read_mark}, "claimed_twice_check",
                shortest=("A", "B", "A", "A", "B", "B"),
                why="A claim is on record once its worker commits, and each worker's program is "
-                   "three steps: two claims take all six. Both must read before either marks "
-                   "and commits; the mark checks only the id, so the second one goes through.",
+                   "three steps: two claims take all six. B must read before A commits (A's mark, "
+                   "not yet committed, is invisible to B's read), and the mark checks only the "
+                   "id, so B's goes through.",
                notebook="03_claim_mark_commit"),
         Puzzle("mark_if_still_pending", "junior", "Read, then mark only if still pending",
                "Make two workers both claim the same job.",
@@ -212,7 +219,7 @@ def _puzzles() -> list[Puzzle]:
                    "own transaction holds; once that commits, the row is no longer pending.",
                notebook="01_one_lock_three_policies"),
         Puzzle("empty_handed", "middle", "A claim that picks without a lock, then waits",
-               "Make a worker's claim come back with no job while a job is pending.",
+               "Make a worker commit a claim that came back with no job while a job is pending.",
                "a claim made while a job is pending gets a job", "jobs_scene",
                {"A": empty, "B": empty}, "empty_handed_check",
                shortest=("A", "B", "A", "B"),
@@ -261,7 +268,9 @@ def _puzzles() -> list[Puzzle]:
                "snapshot_relay_check",
                why="A pass only sends events whose transaction is older than every transaction "
                    "still running, so no event can commit below the mark afterwards. The price: "
-                   "W2's event waits while W1's transaction is open.",
+                   "W2's event waits while W1's transaction is open -- and while any transaction on "
+                   "the server, in any database, that took its transaction id (at its first "
+                   "write) before W2's is still open.",
                notebook="13_outbox_cursors_and_order"),
         Puzzle("held_lock_drain", "principal", "A drain that holds its claim across the push",
                "Make a push go out that no attempt counts.",
@@ -277,7 +286,7 @@ def _puzzles() -> list[Puzzle]:
                "Make a push go out that no attempt counts.",
                "every push received is counted in its delivery's attempts, once no drain holds "
                "the delivery", "drain_scene", {"D1": leased, "D2": leased,
-                                               "T": (Move("+120 s", "drain_clock_advance"),)},
+                                               "T": drain_clock},
                "drain_check", crashable=("D1",), clock=True,
                why="The attempt is counted and committed before the push goes out, so no crash "
                    "can take it back; another drain can push again only after the lease ran out "
@@ -322,6 +331,7 @@ class Board:
         self.ended: dict[str, str] = {}              # session -> "finished", "crashed", "found no work"
         self.moves: list[str] = []
         self.broken_after: int | None = None
+        self.at_break: dict[str, Any] | None = None          # what the check read then
         self._aside: dict[str, psycopg.Connection] = {}
         self.observed: dict[str, Any] = self._check()
 
@@ -346,13 +356,22 @@ class Board:
 
     def _refuse(self, token: str) -> None:
         session = token.rstrip(CRASH)
+        if token.count(CRASH) > 1 or (CRASH in token and not token.endswith(CRASH)):
+            raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} is not a move.",
+                              f"a move is a session's name ({', '.join(self.puzzle.sessions)}), with one "
+                              f"{CRASH} after it to kill its process where the puzzle allows.")
+        if not session:
+            raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} names no session.",
+                              f"write {CRASH} right after the session's name, with no space: "
+                              f"{self.puzzle.sessions[0]}{CRASH}.")
         if session not in self.puzzle.programs:
             raise LabkitError(f"{self.puzzle.name} has no session {session!r} (move {len(self.moves) + 1}).",
                               f"name one of {', '.join(self.puzzle.sessions)}; add {CRASH} to kill its "
                               f"process where that is allowed ({', '.join(self.puzzle.crashable) or 'nowhere here'}).")
         if session in self.ended:
             raise LabkitError(f"Move {len(self.moves) + 1}: {session} has no step left ({self.ended[session]}).",
-                              f"move one of {', '.join(self.legal()) or 'no session: the game is over'}.")
+                              f"move one of {', '.join(self.legal())}." if self.legal() else
+                              "none has: every session has finished, and the play is over.")
         if self.waiting(session):
             blocked = self.run.sessions[session].pending
             by = ", ".join(blocked.blocked_by) if blocked else "another session"
@@ -361,10 +380,15 @@ class Board:
                               f"move {by} on until it commits; legal now: {', '.join(self.legal())}.")
         if token.endswith(CRASH) and session not in self.puzzle.crashable:
             raise LabkitError(f"Move {len(self.moves) + 1}: {session}'s process cannot be killed in this puzzle.",
-                              f"kill one of {', '.join(self.puzzle.crashable) or 'none'}, or move {session} on.")
+                              f"kill one of {', '.join(self.puzzle.crashable)}, or move {session} on."
+                              if self.puzzle.crashable else
+                              f"no process can be killed here: move {session} on.")
         if token.endswith(CRASH) and self.position[session] == 0:
             raise LabkitError(f"Move {len(self.moves) + 1}: {session} has not started; killing it changes nothing.",
                               f"move {session} first.")
+        raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} is not a move.",
+                          f"a move is a session's name ({', '.join(self.puzzle.sessions)}), with one "
+                          f"{CRASH} after it to kill its process where the puzzle allows.")
 
     # -- a move ---------------------------------------------------------------------------------
     def move(self, token: str) -> dict[str, Any]:
@@ -382,6 +406,7 @@ class Board:
         self.observed = self._check()
         if self.observed["broken"] and self.broken_after is None:
             self.broken_after = len(self.moves)
+            self.at_break = self.observed
         return self.observed
 
     def _values(self, session: str) -> dict[str, Any]:
@@ -476,9 +501,11 @@ class Board:
 
     def result(self) -> Play:
         p = self.puzzle
+        seen = self.at_break if self.at_break is not None else self.observed
         return Play(puzzle=p.name, steps=list(self.moves), moves=len(self.moves), invariant=p.invariant,
-                    invariant_broken=bool(self.observed["broken"]), broken_after=self.broken_after,
-                    observed={k: v for k, v in self.observed.items() if k != "broken"},
+                    invariant_broken=self.broken_after is not None, broken_after=self.broken_after,
+                    observed={k: v for k, v in seen.items() if k != "broken"},
+                    broken_now=bool(self.observed["broken"]),
                     shortest=len(p.shortest) if p.shortest else None, transcript=self.transcript())
 
     def close(self) -> None:
@@ -559,19 +586,41 @@ RECORD_PREFIX = "claimlab_record_"
 
 
 def record_schema() -> str:
-    """The learner's record schema: ``claimlab_record_<user>`` (the user as in lab schemas)."""
-    return (RECORD_PREFIX + current_user_tag())[:63]
+    """The learner's record schema: ``claimlab_record_<user>`` (the user as in lab schemas); a
+    name past PostgreSQL's 63 characters keeps its start and ends in a short hash of the whole,
+    so two long names stay apart."""
+    full = RECORD_PREFIX + current_user_tag()
+    if len(full) <= 63:
+        return full
+    return f"{full[:54].rstrip('_')}_{hashlib.sha1(full.encode()).hexdigest()[:8]}"
+
+
+class RecordTaken(LabkitError):
+    """The learner's record schema exists and belongs to another role."""
 
 
 def record(conn: psycopg.Connection, r: Play) -> None:
     """Write one play into the learner's record (made on first use), and its summary -- per
     puzzle, the plays and the fewest moves that broke it -- as the record schema's comment,
     which is what a presenter reads (:func:`progress`)."""
-    schema = sql.Identifier(record_schema())
-    for statement in query(SQL_FILE, "record_install").statements:
+    name = record_schema()
+    schema = sql.Identifier(name)
+    install = query(SQL_FILE, "record_install").statements
+    conn.execute(sql.SQL(install[0]).format(schema=schema))
+    # The name is predictable: another role could have made the schema first, with a table
+    # whose trigger would run as this role on the insert below.  Only a schema of this role's
+    # own is written into (ownership itself: a superuser "has" every role).
+    owner = conn.execute(query(SQL_FILE, "record_owner").sql, {"schema": name}).fetchone()
+    if owner is None or not owner[0]:
+        raise RecordTaken(f"The schema {name}, where your puzzle plays are recorded, belongs to "
+                          f"{owner[1] if owner else 'nobody'}, not to you: nothing was written into it.",
+                          "ask the presenter to drop it (DROP SCHEMA ... CASCADE as its owner), or "
+                          "set LABKIT_USER to another name for your record.")
+    for statement in install[1:]:
         conn.execute(sql.SQL(statement).format(schema=schema))
     conn.execute(sql.SQL(query(SQL_FILE, "record_insert").sql).format(schema=schema),
-                 {"puzzle": r.puzzle, "steps": r.steps, "moves": r.moves, "broken": r.invariant_broken})
+                 {"puzzle": r.puzzle, "steps": r.steps, "broken": r.invariant_broken,
+                  "moves": r.broken_after if r.broken_after is not None else r.moves})
     rows = conn.execute(sql.SQL(query(SQL_FILE, "record_summary").sql).format(schema=schema)).fetchall()
     summary = _json.dumps({name: [n, fewest] for name, n, fewest in rows}, separators=(",", ":"))
     conn.execute(sql.SQL(query(SQL_FILE, "record_comment").sql).format(
@@ -584,7 +633,8 @@ def progress(conn: psycopg.Connection, role: str) -> dict[str, dict[str, Any]]:
     only (no table of the trainee's is opened, so nothing a trainee wrote runs as the
     presenter); a comment that is not a summary, or names no puzzle, is passed over."""
     plays: dict[str, dict[str, Any]] = {}
-    for (comment,) in conn.execute(query(SQL_FILE, "record_read").sql, {"role": role}).fetchall():
+    for (comment,) in conn.execute(query(SQL_FILE, "record_read").sql,
+                                   {"role": role, "longest": MAX_SUMMARY_CHARS}).fetchall():
         for name, (n, fewest) in _summary(comment).items():
             got = plays.setdefault(name, {"plays": 0, "fewest_moves": None})
             got["plays"] += n
@@ -593,17 +643,25 @@ def progress(conn: psycopg.Connection, role: str) -> dict[str, dict[str, Any]]:
     return plays
 
 
+MAX_SUMMARY_CHARS = 4096        # a summary of every puzzle is a few hundred characters
+MAX_PLAYS = 10**6
+MAX_MOVES = 10**3
+
+
 def _summary(comment: str | None) -> dict[str, tuple[int, int | None]]:
+    if not comment or len(comment) > MAX_SUMMARY_CHARS:
+        return {}
     try:
-        data = _json.loads(comment or "")
-    except ValueError:
+        data = _json.loads(comment)
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(data, dict):
         return {}
     out = {}
     for name, value in data.items():
         if name in PUZZLES and isinstance(value, list) and len(value) == 2 \
-                and type(value[0]) is int and (value[1] is None or type(value[1]) is int):
+                and type(value[0]) is int and 0 <= value[0] <= MAX_PLAYS \
+                and (value[1] is None or (type(value[1]) is int and 0 <= value[1] <= MAX_MOVES)):
             out[name] = (value[0], value[1])
     return out
 
@@ -619,7 +677,8 @@ def checked_progress(value: Any) -> dict[str, dict[str, Any]]:
     for name, got in value.items():
         if name in PUZZLES and isinstance(got, dict):
             plays, fewest = got.get("plays"), got.get("fewest_moves")
-            if type(plays) is int and plays >= 0 and (fewest is None or (type(fewest) is int and fewest >= 0)):
+            if type(plays) is int and 0 <= plays <= MAX_PLAYS and \
+                    (fewest is None or (type(fewest) is int and 0 <= fewest <= MAX_MOVES)):
                 out[name] = {"plays": plays, "fewest_moves": fewest}
     return out
 
@@ -652,23 +711,27 @@ def format_play(r: Play) -> str:
     lines = []
     if r.transcript is not None:
         lines += [r.transcript.to_lines(), ""]
+    if r.invariant_broken:
+        lines.append(f"after move {r.broken_after}, the check read:")
     lines += [f"    {k}: {v}" for k, v in r.observed.items()]
-    verdict = (f"BROKEN after move {r.broken_after} of {r.moves}" if r.invariant_broken
-               else "holds")
-    lines.append(fill(f"\"{r.invariant}\" -- {verdict}", indent="    "))
-    if r.invariant_broken and r.shortest is not None:
-        if r.moves <= r.shortest:
-            lines.append(f"    in {r.moves} moves: the shortest known solution takes {r.shortest}")
-        else:
-            lines.append(f"    in {r.moves} moves; it can be done in {r.shortest}")
+    lines.append(fill(f"The promise: \"{r.invariant}\"", indent="    "))
+    if r.broken_after is None:
+        lines.append(f"    holds after {r.moves} moves")
+        return "\n".join(lines)
+    lines.append(f"    BROKEN after move {r.broken_after} of {r.moves}"
+                 + ("" if r.broken_now else " (the check no longer sees it after the last move)"))
+    if r.shortest is not None:
+        lines.append(f"    in {r.broken_after} moves: the shortest known solution takes {r.shortest}"
+                     if r.broken_after <= r.shortest else
+                     f"    in {r.broken_after} moves; it can be done in {r.shortest}")
     return "\n".join(lines)
 
 
 def overview() -> str:
-    """One line per puzzle: its level, name, title and sessions (not whether it can be broken:
-    that is for the learner to find)."""
-    rows = [(p.level, p.name, p.title, " ".join(p.sessions))
-            for p in sorted(puzzles(), key=lambda p: LEVELS.index(p.level))]
+    """One line per puzzle, in the order `labkit play --list` gives: its level, name, title
+    and sessions (not whether it can be broken: that is for the learner to find).  A design
+    and its fix stand together."""
+    rows = [(p.level, p.name, p.title, " ".join(p.sessions)) for p in puzzles()]
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(f"{lv:<{widths[0]}}  {n:<{widths[1]}}  {t}  [{ss}]" for lv, n, t, ss in rows)
 
@@ -740,10 +803,14 @@ class Seat:
         except LabkitError as exc:
             self._render(str(exc))
             return
+        note = ""
         if self.record_plays and not self.recorded and (board.broken_after is not None or not board.legal()):
-            record(self.lab.admin, board.result())
             self.recorded = True
-        self._render()
+            try:
+                record(self.lab.admin, board.result())
+            except LabkitError as exc:
+                note = f"Not recorded: {exc}"
+        self._render(note)
 
     def text(self, note: str = "") -> str:
         board = self.board
@@ -751,7 +818,10 @@ class Seat:
         lines = [describe(self.puzzle), ""]
         if board.moves:
             lines += [board.transcript().to_lines(), ""]
-        lines += [f"    {k}: {v}" for k, v in board.observed.items() if k != "broken"]
+        seen = board.at_break if board.at_break is not None else board.observed
+        if board.broken_after is not None:
+            lines.append(f"after move {board.broken_after}, the check read:")
+        lines += [f"    {k}: {v}" for k, v in seen.items() if k != "broken"]
         if board.broken_after is not None:
             lines.append(f"BROKEN after move {board.broken_after}: {','.join(board.moves[:board.broken_after])}"
                          + (f" (the shortest known takes {len(self.puzzle.shortest)})"
@@ -779,7 +849,9 @@ class Seat:
             session = token.rstrip(CRASH)
             nxt = board.next_step(session)
             if not token.endswith(CRASH):
-                button.description = f"{session}: {nxt.label}" if nxt and session not in board.ended else f"{session}: done"
+                ended = {"finished": "done", "crashed": "crashed", "found no work": "found no work"}
+                button.description = (f"{session}: {nxt.label}" if nxt and session not in board.ended
+                                      else f"{session}: {ended.get(board.ended.get(session, ''), 'done')}")
         # Written into the widget's own model, not printed (see Trace.replay).
         self.out.outputs = ()
         self.out.append_stdout(self.text(note) + "\n")
@@ -839,9 +911,17 @@ def play_command(*, open_lab: Callable[[], Lab], name: str, steps: str | None, s
             found = search(lab, name)
             print(found.to_json() if json else format_search(found))
             return 0
-        r = play(lab, name, moves)
-        record(lab.admin, r)
-    print(r.to_json() if json else format_play(r))
+        with Board(lab, name) as board:
+            try:
+                for token in moves:
+                    board.move(token)
+            except LabkitError:
+                if board.moves and not json:      # what was played before the refused move
+                    print(board.transcript().to_lines())
+                raise
+            r = board.result()
+        print(r.to_json() if json else format_play(r))
+        record(lab.admin, r)          # after the play is shown: a record refused says why
     return 0
 
 

@@ -44,7 +44,8 @@ SELECT r.rolname,
        (SELECT n.nspname FROM pg_catalog.pg_namespace n
          WHERE n.nspowner = r.oid AND n.nspname LIKE 'lab\_%%'
          ORDER BY pg_catalog.age(n.xmin) ASC LIMIT 1) AS last_schema,
-       (SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n
+       (SELECT pg_catalog.left(pg_catalog.obj_description(n.oid, 'pg_namespace'), 100)
+          FROM pg_catalog.pg_namespace n
          WHERE n.nspowner = r.oid AND n.nspname LIKE 'lab\_%%'
          ORDER BY pg_catalog.age(n.xmin) ASC LIMIT 1) AS last_schema_mark,
        (SELECT count(*) FROM pg_catalog.pg_stat_activity a

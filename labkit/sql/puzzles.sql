@@ -31,18 +31,22 @@ BEGIN;
 SELECT id FROM job WHERE status = 'pending' ORDER BY id LIMIT 1;
 
 -- name: read_then_mark_mark
--- Mark the job that was read, and log the claim.
-UPDATE job SET status = 'running', owner = %(me)s WHERE id = %(id)s;
-INSERT INTO claim_log VALUES (%(me)s, %(id)s);
+-- Mark the job that was read, and log the claim; return the job marked.
+WITH marked AS (
+    UPDATE job SET status = 'running', owner = %(me)s WHERE id = %(id)s
+ RETURNING id
+)
+INSERT INTO claim_log SELECT %(me)s, id FROM marked RETURNING job_id AS marked;
 
 -- name: mark_if_still_pending_mark
--- Mark the job that was read only if it is still pending; log the claim only if so.
+-- Mark the job that was read only if it is still pending; log the claim only if so; return
+-- the job marked (no row: none was).
 WITH marked AS (
     UPDATE job SET status = 'running', owner = %(me)s
      WHERE id = %(id)s AND status = 'pending'
  RETURNING id
 )
-INSERT INTO claim_log SELECT %(me)s, id FROM marked;
+INSERT INTO claim_log SELECT %(me)s, id FROM marked RETURNING job_id AS marked;
 
 -- name: commit
 COMMIT;
@@ -64,9 +68,12 @@ BEGIN;
 SELECT id FROM job WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED;
 
 -- name: mark_locked
--- Mark the job this transaction holds, and log the claim.
-UPDATE job SET status = 'running', owner = %(me)s WHERE id = %(id)s;
-INSERT INTO claim_log VALUES (%(me)s, %(id)s);
+-- Mark the job this transaction holds, and log the claim; return the job marked.
+WITH marked AS (
+    UPDATE job SET status = 'running', owner = %(me)s WHERE id = %(id)s
+ RETURNING id
+)
+INSERT INTO claim_log SELECT %(me)s, id FROM marked RETURNING job_id AS marked;
 
 -- name: wait_check
 -- Broken when a session of the puzzle waits for a lock, or one job has two committed claims.
@@ -258,8 +265,8 @@ INSERT INTO push_received VALUES (%(id)s, %(me)s);
 UPDATE delivery SET status = 'delivered' WHERE id = %(id)s;
 
 -- name: drain_clock_advance
--- The lab's clock moves on 120 s: a lease runs out.
-UPDATE lab_clock SET shift = shift + interval '120 s';
+-- The lab's clock moves on 150 s: a lease of 120 s taken before it has run out.
+UPDATE lab_clock SET shift = shift + interval '150 s';
 
 -- name: drain_check
 -- Broken when a delivery that no drain holds has had more pushes received than attempts
@@ -284,6 +291,13 @@ CREATE TABLE IF NOT EXISTS {schema}.puzzle_play (
     at      timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: record_owner
+-- Whether the record schema is the current role's own, and whose it is.
+SELECT n.nspowner = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user),
+       pg_catalog.pg_get_userbyid(n.nspowner)
+  FROM pg_catalog.pg_namespace n
+ WHERE n.nspname = %(schema)s;
+
 -- name: record_insert
 -- One play.
 INSERT INTO {schema}.puzzle_play (puzzle, steps, moves, broken)
@@ -302,10 +316,15 @@ SELECT puzzle, count(*) AS plays, min(moves) FILTER (WHERE broken) AS fewest_mov
 COMMENT ON SCHEMA {schema} IS {summary};
 
 -- name: record_read
--- The summaries of the record schemas a role owns (one per LABKIT_USER it played as).
-SELECT pg_catalog.obj_description(n.oid, 'pg_namespace')
+-- The summaries of the record schemas a role owns (one per LABKIT_USER it played as); a
+-- comment longer than a summary is is left on the server, not read.
+SELECT d.description
   FROM pg_catalog.pg_namespace n
   JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+  JOIN pg_catalog.pg_description d
+    ON d.objoid = n.oid AND d.classoid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
  WHERE r.rolname = %(role)s
    AND n.nspname LIKE 'claimlab\_record\_%%'
- ORDER BY n.nspname;
+   AND pg_catalog.length(d.description) <= %(longest)s
+ ORDER BY n.nspname
+ LIMIT 20;
