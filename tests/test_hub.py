@@ -22,7 +22,7 @@ from traitlets.config import Config
 from labkit.core.errors import LabkitError
 from labkit.core.lab import Lab
 from labkit.labs import puzzles
-from labkit.tools import hub, roomload
+from labkit.tools import classroom, hub, roomload
 
 ROOT_USER = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT_USER, reason="makes system users; the hub runs as root")
@@ -419,3 +419,37 @@ def test_a_trainees_server_starts_inside_its_limits(tmp_path):
         time.sleep(0.2)
         oslimits.remove(name)
     assert all(not folder.exists() for folder in where.folders.values())
+
+
+def test_a_trainees_progress_report_is_taken_only_in_its_shape():
+    # `hub status` runs the progress module as each trainee, who chooses what it prints (their
+    # own server, their own home): a report of another shape is "unreadable", never a crash of
+    # the whole table or a row that names something else.
+    good = {"postgres": "running", "schemas": 2, "last_schema": "lab_02_the_convoy_x", "mark": "labkit:x",
+            "sessions": 1, "idle_in_transaction": 0, "puzzles": {"wait_convoy": {"plays": 1, "fewest_moves": 2}}}
+    row = hub.checked_report(good)
+    assert row["schemas"] == 2 and row["puzzles"] == {"wait_convoy": {"plays": 1, "fewest_moves": 2}}
+    assert hub.checked_report({"postgres": "stopped"}) == {"postgres": "stopped"}
+    for odd in ([], "x", {}, {"postgres": "running\x1b[2J"}, {**good, "sessions": "1\ntrainee02"},
+                {**good, "schemas": [1]}, {**good, "schemas": 10**9}, {**good, "last_schema": 3},
+                {**good, "mark": "labkit:x\x1b]0;owned\x07"}, {**good, "last_schema": "l" * 5000}):
+        assert hub.checked_report(odd) == {"postgres": "unreadable"}, odd
+    assert hub.checked_report({**good, "puzzles": "6/6"})["puzzles"] == {}
+
+
+def test_a_progress_report_that_prints_without_end_or_never_ends_is_cut_off(monkeypatch):
+    env = dict(os.environ)
+    flood = [sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"]
+    assert hub._bounded_output(flood, env=env, preexec_fn=None) == ""
+    monkeypatch.setattr(hub, "PROGRESS_TIMEOUT_S", 1)
+    start = time.monotonic()
+    assert hub._bounded_output([sys.executable, "-c", "import time; time.sleep(30)"], env=env,
+                               preexec_fn=None) == ""
+    assert time.monotonic() - start < 10
+    said = hub._bounded_output([sys.executable, "-c", "print('a'); print('{}')"], env=env, preexec_fn=None)
+    assert said.splitlines() == ["a", "{}"]
+
+
+def test_the_presenters_tables_show_no_control_character_a_trainee_wrote():
+    assert classroom.printable("lab_\ntrainee02  6/6\x1b[2J") == "lab_?trainee02  6/6?[2J"
+    assert classroom.printable(3) == 3 and classroom.printable(None) is None

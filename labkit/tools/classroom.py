@@ -334,6 +334,16 @@ def status(admin_dsn: str) -> list[dict]:
             for r in rows]
 
 
+def printable(value):
+    """A table cell as the presenter's terminal may show it: text with every character that is
+    not printable (a newline that would start a forged row, an escape sequence that would clear
+    the screen or retitle the window) shown as ``?``; other values as they are.  A trainee names
+    their own schemas, so these cells are theirs to write."""
+    if isinstance(value, str):
+        return "".join(c if c.isprintable() else "?" for c in value)
+    return value
+
+
 def notebook_of(schema: str | None, mark: str | None) -> str | None:
     """``lab_02_the_convoy_<user>`` -> ``02_the_convoy``: the lab's name, without the user
     part that the schema's comment (``labkit:<user>``) names.  A long name was cut to fit and
@@ -543,6 +553,7 @@ def classroom_command(*, what: str, dsn: str | None, trainees: int | None = None
             return 0
         print(f"{'trainee':<10} {'schemas':>7}  {'last notebook':<30} {'sessions':>8} {'idle in tx':>10}  puzzles")
         for r in rows:
+            r = {k: printable(v) for k, v in r.items()}
             print(f"{r['trainee']:<10} {r['schemas']:>7}  {r['last_notebook'] or '-':<30} "
                   f"{r['sessions']:>8} {r['idle_in_transaction']:>10}  {puzzles.progress_line(r['puzzles'])}")
         return 0

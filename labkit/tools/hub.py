@@ -607,21 +607,88 @@ def status(folder: Path | None = None) -> list[dict]:
                                              ("schemas", "last_notebook", "sessions", "idle_in_transaction",
                                               "puzzles")})
         else:
-            done = subprocess.run([str(Path(room.bin) / "python"), "-m", PROGRESS],
-                                  env=user_env(entry, room.bin), preexec_fn=as_user(entry),
-                                  capture_output=True, text=True, timeout=60)
-            try:
-                got = json.loads(done.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                got = {"postgres": "unreadable"}
-            row["postgres"] = got.pop("postgres")
-            if "schemas" in got:
-                row.update(schemas=got["schemas"], sessions=got["sessions"],
-                           idle_in_transaction=got["idle_in_transaction"],
-                           puzzles=puzzles.checked_progress(got.get("puzzles")),
-                           last_notebook=classroom.notebook_of(got["last_schema"], got["mark"]))
+            row.update(_progress_of(entry, room.bin))
         rows.append(row)
     return rows
+
+
+PROGRESS_BYTES = 64 * 1024      # a report is a few hundred bytes
+PROGRESS_TIMEOUT_S = 60
+
+
+def _progress_of(entry: pwd.struct_passwd, bin_dir: str) -> dict:
+    """What a trainee's own embedded server says about their progress (the row's fields), read
+    by running :data:`PROGRESS` as the trainee.  Everything it prints is the trainee's to
+    choose (their server, their home), so it is taken as untrusted: Python in isolated mode
+    (``-I``: neither the home folder nor the user's site-packages on its path), at most
+    :data:`PROGRESS_BYTES` of output and :data:`PROGRESS_TIMEOUT_S` of time, and a report
+    of the wrong shape is "unreadable" instead of a row that could break or forge the
+    presenter's table."""
+    out = _bounded_output([str(Path(bin_dir) / "python"), "-I", "-m", PROGRESS],
+                          env=user_env(entry, bin_dir), preexec_fn=as_user(entry))
+    try:
+        got = json.loads(out.strip().splitlines()[-1]) if out else None
+    except (ValueError, IndexError, RecursionError):
+        got = None
+    return checked_report(got)
+
+
+def checked_report(got: object) -> dict:
+    """A trainee's progress report (:mod:`labkit.tools._hub_progress`) as row fields, or
+    ``{"postgres": "unreadable"}`` when it is not of that shape."""
+    unreadable = {"postgres": "unreadable"}
+    if not isinstance(got, dict) or got.get("postgres") not in ("running", "stopped"):
+        return unreadable
+    if got["postgres"] == "stopped" or "schemas" not in got:
+        return {"postgres": got["postgres"]}
+
+    def count(key: str) -> int | None:
+        value = got.get(key)
+        return value if type(value) is int and 0 <= value <= 10**6 else None
+
+    def name_ok(key: str) -> bool:
+        value = got.get(key)
+        return value is None or (isinstance(value, str) and len(value) <= 100 and value.isprintable())
+
+    counts = {k: count(k) for k in ("schemas", "sessions", "idle_in_transaction")}
+    if None in counts.values() or not (name_ok("last_schema") and name_ok("mark")):
+        return unreadable
+    return {"postgres": "running", **counts, "puzzles": puzzles.checked_progress(got.get("puzzles")),
+            "last_notebook": classroom.notebook_of(got.get("last_schema"), got.get("mark"))}
+
+
+def _bounded_output(argv: list[str], *, env: dict, preexec_fn) -> str:
+    """``argv``'s standard output, up to :data:`PROGRESS_BYTES`, within
+    :data:`PROGRESS_TIMEOUT_S` seconds; "" when it printed more or took longer (it is ended)."""
+    import selectors
+
+    with subprocess.Popen(argv, env=env, preexec_fn=preexec_fn, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        assert proc.stdout is not None
+        chunks: list[bytes] = []
+        size = 0
+        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    proc.kill()
+                    return ""
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > PROGRESS_BYTES:
+                    proc.kill()
+                    return ""
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return ""
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _cmdline(pid: int) -> str:
@@ -639,6 +706,7 @@ def status_command(*, as_json: bool) -> int:
     print(f"{'trainee':<10} {'server':<8} {'postgres':<9} {'schemas':>7}  {'last notebook':<30} "
           f"{'sessions':>8} {'idle in tx':>10}  puzzles")
     for r in rows:
+        r = {k: classroom.printable(v) for k, v in r.items()}
         print(f"{r['trainee']:<10} {r['server']:<8} {r['postgres']:<9} {r['schemas']:>7}  "
               f"{r['last_notebook'] or '-':<30} {r['sessions']:>8} {r['idle_in_transaction']:>10}  "
               f"{puzzles.progress_line(r['puzzles'])}")
