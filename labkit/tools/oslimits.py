@@ -7,8 +7,10 @@ inside a control group of its own, made by the hub as root before the server dro
 trainee's user, so that everything the trainee starts (kernels, worker processes, their
 embedded PostgreSQL) counts against it:
 
-- memory: ``MEMORY_BYTES`` (the room measured about 350 MB at the peak of notebooks 00, 01
-  and 03, and a kernel plus the convoy's workers reach about a gigabyte), swap included (on a
+- memory: ``MEMORY_BYTES``, about four times what a trainee was measured to take at the
+  peak (8 trainees at once on 2 CPUs, ``labkit hub loadtest``: at most 352 MiB of PSS over
+  notebooks 00, 01 and 03, and a working set of at most 337 MiB over notebook 02, the
+  convoy, with its worker processes), so that a trainee's own experiments fit, swap included (on a
   machine with swap, a group limited in RAM alone would page out without bound and slow the
   whole room); past it the kernel reclaims, then ends a process of that trainee's only;
 - processes: ``PIDS``;
