@@ -590,7 +590,8 @@ def configure_hub_parser(commands: Subcommands) -> None:
                              "nodes of the size given hold them. Says what was measured and what is assumed.")
     p.add_argument("--trainees", required=True, metavar="N", help="how many trainees, 1 or more")
     p.add_argument("--node-cpus", required=True, metavar="C", help="CPUs per node: 4, 3.5 or 3500m")
-    p.add_argument("--node-memory", required=True, metavar="M", help="memory per node: 16Gi, 16G or 16384Mi")
+    p.add_argument("--node-memory", required=True, metavar="M",
+                   help=f"memory per node: 16Gi, 16G or 16384Mi ({capacity.MEMORY_UNITS})")
     p.add_argument("--mode", choices=hub.MODES, default="embedded",
                    help="each pod with its own PostgreSQL (default), or one shared server")
     p.add_argument("--footprint", type=Path, metavar="FILE",

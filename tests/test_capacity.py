@@ -104,16 +104,19 @@ def test_reservations_follow_the_tiers():
 
 @pytest.mark.parametrize("text, want", [("16Gi", 16 * GIB), ("16G", 16 * 10 ** 9), ("16384M", 16384 * 10 ** 6),
                                         ("16384Mi", 16 * GIB), (" 1.5Gi ", int(1.5 * GIB)),
-                                        (str(8 * GIB), 8 * GIB)])
+                                        (str(8 * GIB), 8 * GIB),
+                                        # a unit as people write it: GB is G (10^9), GiB is Gi (2^30)
+                                        ("16GB", 16 * 10 ** 9), ("16 GB", 16 * 10 ** 9), ("16GiB", 16 * GIB)])
 def test_memory_is_read_as_kubernetes_writes_it(text, want):
     assert capacity.parse_memory(text) == want
 
 
-@pytest.mark.parametrize("text", ["lots", "16 GB", "16gb", "-16Gi", "16", "", "16Gi16"])
+@pytest.mark.parametrize("text", ["lots", "16gb", "-16Gi", "16", "", "16Gi16", "16B", "16GBB"])
 def test_memory_that_is_not_a_node_is_refused_naming_the_fix(text):
     with pytest.raises(LabkitError) as err:
         capacity.parse_memory(text)
     assert "16Gi" in str(err.value)
+    assert "1G = 10^9 bytes" in str(err.value) and "1Gi = 2^30 bytes" in str(err.value)
 
 
 def test_cpus_as_kubernetes_writes_them():
@@ -208,3 +211,62 @@ def test_a_trainees_group_counts_the_cpu_of_a_process_that_has_ended():
         assert oslimits.working_set_bytes(where) is not None
     finally:
         oslimits.remove(name)
+
+
+# -- what the plan says about a node, its packing and its limits ---------------------------
+
+def _text(trainees, cpus, memory, mode="embedded"):
+    fp = capacity.load_footprint(None, mode)
+    p = capacity.plan(trainees=trainees, node_cpus=cpus, node_memory=memory, fp=fp)
+    return p, capacity.text(p, fp, allocatable=False)
+
+
+def test_a_node_holds_as_many_as_fit_as_the_user_scheduler_packs_them():
+    """The chart's user-scheduler fills the busiest node first: every node but the last is full,
+    and what each trainee has when all run at once is computed for a full node."""
+    p, out = _text(40, 4, 16 * GIB)
+    fit = min(p.per_node_by_cpu, p.per_node_by_memory)
+    assert p.trainees_per_node == fit
+    assert p.trainees_on_each_node == [fit] * (p.nodes - 1) + [40 - fit * (p.nodes - 1)]
+    assert sum(p.trainees_on_each_node) == 40
+    assert p.cpu_each_when_all_run == pytest.approx(min(p.allocatable_cpus / fit, capacity.CPU_LIMIT), abs=1e-3)
+    assert f"when all {fit} on the fullest node run a cell" in out
+    assert "at most" not in out.split("computed:")[1]        # no "at most N on one", spread evenly
+
+
+def test_the_assumptions_say_what_is_not_counted_and_that_the_cpu_is_a_floor():
+    _, out = _text(40, 4, 16 * GIB)
+    assumed = out.split("assumed:")[1].split("computed:")[0]
+    assert "the hub, the proxy and the user-scheduler" in assumed and "database" not in assumed
+    assert "8 trainees on 2 CPUs: 0.25 each" in assumed and "floor" in assumed
+    assert "not notebook 02" in assumed
+    _, shared = _text(40, 4, 16 * GIB, "shared")
+    assert "the shared database server" in shared.split("assumed:")[1].split("computed:")[0]
+
+
+def test_memory_limits_past_the_node_are_warned_of_naming_the_eviction():
+    """values.yaml's pods ask for 480Mi and may take 1536Mi: 15 of them on a node of 4 CPUs and
+    16 GiB can take more memory than the node has."""
+    p, out = _text(40, 4, 16 * GIB)
+    full = p.trainees_on_each_node[0]
+    assert full * capacity.MEMORY_LIMIT_MIB > p.allocatable_mib
+    assert p.memory_limits_on_the_fullest_node_mib == full * capacity.MEMORY_LIMIT_MIB
+    assert len(p.warnings) == 1
+    head = out.splitlines()[1]
+    assert head.startswith("warning: memory is overcommitted") and "evicts" in head and "such as 02" in head
+    assert f"{full} x {capacity.MEMORY_LIMIT_MIB} MiB" in head
+    # a node with memory for every pod's limit: no warning
+    p, out = _text(4, 4, 16 * GIB)
+    assert 4 * capacity.MEMORY_LIMIT_MIB <= p.allocatable_mib and p.warnings == [] and "warning" not in out
+
+
+def test_the_text_counts_in_good_english_and_caps_a_trainees_cpu_at_the_limit():
+    p, out = _text(1, 1, 16 * 1024 * GIB)                    # one trainee, one CPU, 16Ti
+    head = out.splitlines()[0]
+    assert head.startswith("a room of 1 trainee (embedded mode) needs 1 node of 1 CPU and 16384 GiB")
+    assert "e+" not in out and "1 trainees" not in out and "1 CPUs" not in out and "1 nodes" not in out
+    p, out = _text(3, 16, 16 * GIB)                          # 15.79 CPU for 3 trainees
+    assert p.cpu_each_when_all_run == capacity.CPU_LIMIT
+    line = next(x for x in out.splitlines() if "on the fullest node run a cell" in x)
+    assert f"each has {capacity.CPU_LIMIT:g} CPU (its limit" in line
+    assert "each has 5" not in line

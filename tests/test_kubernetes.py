@@ -1,8 +1,8 @@
 """hub/kubernetes: the room's values for the Zero to JupyterHub chart, its image and start hook.
 
-The values are checked as Helm checks them: the chart's defaults deep-merged with the room's
-file (and the shared mode's overlay on top), then validated against the chart's schema
-(JSON schema draft 7).  The chart's files are reference data outside the project, in
+The values are checked as Helm checks them: the room's files merged (the shared mode's overlay
+on top of values.yaml), then coalesced with the chart's defaults, then validated against the
+chart's schema (JSON schema draft 7).  The chart's files are reference data outside the project, in
 ../shared/reference/z2jh/ beside the checkout; where they are absent those tests skip, saying
 so.  No cluster, no Docker and no database server is needed: these run under -m "not server".
 """
@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import re
+import stat
 import subprocess
 from pathlib import Path
 
@@ -33,13 +34,37 @@ Z2JH = Path(os.environ.get("LABKIT_Z2JH") or ROOT.parent / "shared" / "reference
 
 
 def deep_merge(base, over):
-    """Helm's merge of values: mappings key by key, anything else (lists too) replaced."""
+    """Helm's merge of the values files given with -f, in order: mappings key by key, anything
+    else (lists, and null too) replaced."""
     if isinstance(base, dict) and isinstance(over, dict):
         merged = dict(base)
         for key, value in over.items():
             merged[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
         return merged
     return copy.deepcopy(over)
+
+
+def coalesce(values, defaults):
+    """Helm's coalescing of the merged files with the chart's defaults (chartutil's
+    coalesceValues): a key the chart has and the files set to null is removed; a mapping of
+    the files is coalesced with the chart's key by key; a key the files lack is the chart's."""
+    out = copy.deepcopy(values)
+    for key, default in defaults.items():
+        if key not in out:
+            out[key] = copy.deepcopy(default)
+        elif out[key] is None:
+            del out[key]
+        elif isinstance(out[key], dict) and isinstance(default, dict):
+            out[key] = coalesce(out[key], default)
+    return out
+
+
+def helm_values(defaults, *layers):
+    """What Helm validates and renders: the files merged in order, coalesced with the chart's."""
+    merged = {}
+    for layer in layers:
+        merged = deep_merge(merged, layer)
+    return coalesce(merged, defaults)
 
 
 def load(path: Path):
@@ -60,9 +85,7 @@ def chart():
 def errors(chart, *layers) -> list[str]:
     import jsonschema
     schema, defaults = chart
-    merged = defaults
-    for layer in layers:
-        merged = deep_merge(merged, layer)
+    merged = helm_values(defaults, *layers)
     validator = jsonschema.Draft7Validator(schema)
     return sorted(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
                   for e in validator.iter_errors(merged))
@@ -73,6 +96,12 @@ def test_the_merge_is_helms():
     assert deep_merge(base, {"a": {"c": [3]}, "e": 2}) == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
     assert deep_merge(base, {"a": None}) == {"a": None, "d": 1}
     assert base == {"a": {"b": 1, "c": [1, 2]}, "d": 1}          # not changed in place
+    # null in a file removes the chart's key; a key the chart does not have stays null
+    chart_defaults = {"a": {"b": 1, "h": {}}, "d": 1}
+    assert helm_values(chart_defaults, {"a": {"h": {"x": 1}}}, {"a": {"h": None, "n": None}}) == \
+        {"a": {"b": 1, "n": None}, "d": 1}
+    assert helm_values(chart_defaults, {"a": {"h": {"x": 1}}}, {"a": {"h": {}}}) == \
+        {"a": {"b": 1, "h": {"x": 1}}, "d": 1}                # {} keeps what the first file set
 
 
 def test_the_embedded_values_pass_the_charts_schema(chart):
@@ -81,6 +110,28 @@ def test_the_embedded_values_pass_the_charts_schema(chart):
 
 def test_the_shared_overlay_on_top_passes_the_charts_schema(chart):
     assert errors(chart, load(VALUES), load(SHARED)) == []
+
+
+def test_the_shared_overlay_removes_the_embedded_servers_prestop_hook(chart):
+    """values.yaml's preStop runs `labkit server stop`; the shared mode has no embedded server:
+    the overlay's null removes the hook from what Helm renders, and the result is valid."""
+    _, defaults = chart
+    embedded = helm_values(defaults, load(VALUES))["singleuser"]
+    assert embedded["lifecycleHooks"]["preStop"]["exec"]["command"] == ["labkit", "server", "stop"]
+    shared = helm_values(defaults, load(VALUES), load(SHARED))["singleuser"]
+    assert "preStop" not in (shared.get("lifecycleHooks") or {})
+    assert load(SHARED)["singleuser"]["lifecycleHooks"] is None
+
+
+def test_the_readmes_https_example_passes_the_charts_schema(chart):
+    """The proxy's own HTTPS (Let's Encrypt, for a host name), as the README shows it."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "https:" in b]
+    assert len(blocks) == 1, "one example of proxy.https in the README"
+    https = blocks[0]["proxy"]["https"]
+    assert https["enabled"] is True and https["type"] == "letsencrypt"
+    assert https["hosts"] and https["letsencrypt"]["contactEmail"]
+    assert errors(chart, load(VALUES), blocks[0]) == []
 
 
 def test_a_misspelt_key_is_reported(chart):
@@ -109,9 +160,14 @@ def test_the_room_settings_are_there():
     assert su["extraEnv"]["LABKIT_CLASSROOM"] == "1"
     assert v["cull"]["enabled"] is True and v["cull"]["timeout"] > 0 and v["cull"]["every"] > 0
     assert su["storage"]["capacity"].endswith("Gi")
-    # Docker Stacks' start script runs the image's start hooks; jupyterhub-singleuser would not
+    # Docker Stacks' wrapper of jupyterhub-singleuser (the start hooks are run by the image's
+    # entrypoint, start.sh, whatever the command)
     assert su["cmd"] == "start-singleuser.py"
     assert su["lifecycleHooks"]["preStop"]["exec"]["command"] == ["labkit", "server", "stop"]
+    # the time the preStop hook needs (KubeSpawner's default is 1 s)
+    spawner = v["hub"]["config"]["KubeSpawner"]
+    assert spawner["delete_grace_period"] >= 30
+    assert spawner["pod_security_context"] == {"fsGroupChangePolicy": "OnRootMismatch"}
     assert "LABKIT_DSN" not in su["extraEnv"]             # embedded: each pod's own server
 
 
@@ -126,6 +182,7 @@ def test_the_guarantees_are_what_the_plan_computes_from_the_measured_footprint()
         assert su["memory"]["guarantee"] == f"{capacity.memory_mib_per_trainee(fp)}Mi", mode
         assert capacity.quantity_bytes(su["memory"]["limit"]) > capacity.quantity_bytes(su["memory"]["guarantee"])
         assert su["cpu"]["limit"] == capacity.CPU_LIMIT
+        assert capacity.quantity_bytes(su["memory"]["limit"]) == capacity.MEMORY_LIMIT_MIB * capacity.MIB
 
 
 def test_the_shared_hook_reads_the_json_labkit_classroom_writes(tmp_path):
@@ -205,7 +262,32 @@ def test_the_hook_copies_the_workbook_where_the_default_url_points_and_keeps_a_t
     first.write_text("the trainee's own work")
     subprocess.run(["sh", str(HOOK)], env=env, check=True, timeout=60)
     assert first.read_text() == "the trainee's own work"
+    # the kubelet's fsGroup widened the cluster folder's mode at the mount: set back to 0700
+    data = stale.parent
+    data.chmod(0o2770)
+    subprocess.run(["sh", str(HOOK)], env=env, check=True, timeout=60)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
     # shared mode: the embedded server's files are not touched
     stale.write_text("12345\n")
+    data.chmod(0o2770)
     subprocess.run(["sh", str(HOOK)], env={**env, "LABKIT_DSN": "postgresql://x@db/room"}, check=True, timeout=60)
-    assert stale.exists()
+    assert stale.exists() and stat.S_IMODE(data.stat().st_mode) == 0o2770
+    assert not list(home.glob(".claimlab-copy.*")), "no copy left beside the workbook"
+
+
+def test_a_copy_a_killed_pod_left_half_made_is_not_taken_for_the_workbook(tmp_path):
+    """The workbook is copied into a folder of its own and renamed into place when whole: a
+    pod killed mid-copy leaves that folder, not ~/claimlab, and the next start copies again."""
+    home = tmp_path / "jovyan"
+    half = home / ".claimlab-copy.Ab12Cd" / "notebooks"
+    half.mkdir(parents=True)
+    (half / "00_start_here.ipynb").write_text("{")              # cut short
+    env = {"PATH": os.defpath, "HOME": str(home), "CLAIMLAB_WORKBOOK": str(ROOT)}
+    subprocess.run(["sh", str(HOOK)], env=env, check=True, timeout=60)
+    copied = home / "claimlab" / "notebooks" / "00_start_here.ipynb"
+    assert copied.read_text() == (ROOT / "notebooks" / "00_start_here.ipynb").read_text()
+    assert {p.name for p in (home / "claimlab").iterdir()} == {"notebooks", "student"}
+    assert not list(home.glob(".claimlab-copy.*"))
+    text = HOOK.read_text()
+    assert re.search(r'^\s*mv "\$part_copy" claimlab$', text, re.M), "renamed into place when whole"
+    assert "cp -R \"$WORKBOOK/$part\" claimlab" not in text

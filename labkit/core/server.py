@@ -43,6 +43,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -531,8 +532,41 @@ class EmbeddedServer:
         if not self.pgdata.exists():
             self._private_dir(self.pgdata, created)
             self._write_state(cluster="data", created_by="labkit")
+        else:
+            self._mend_cluster_mode()
         self._private_dir(self.run_dir, created)
         _write_atomic(self.hba_file, self.hba_text, 0o644 if user is not None else 0o600)
+
+    # What PostgreSQL refuses on its data directory: write for the group, anything for others
+    # (it starts on 0700, or 0750 for a group that may read).
+    PG_REFUSED_MODE = stat.S_IWGRP | stat.S_IRWXO
+
+    def _mend_cluster_mode(self) -> None:
+        """Set an existing cluster folder back to 0700 when PostgreSQL would refuse its mode.
+
+        A volume mounted with a group of its own (Kubernetes' fsGroup, which KubeSpawner sets
+        to 100) has its modes widened by the kubelet at each mount: 0700 becomes 2770, and
+        PostgreSQL then refuses to start ("data directory ... has invalid permissions").  The
+        cluster itself is whole, so labkit sets the mode back, only on a real folder owned by
+        the server's user, and says so in one line on stderr.
+        """
+        user = self._server_user()
+        uid = user.pw_uid if user else os.geteuid()
+        try:
+            fd = os.open(self.pgdata, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return                      # a link or a file: _start_locked's checks say so
+        try:
+            st = os.fstat(fd)
+            mode = stat.S_IMODE(st.st_mode)
+            if st.st_uid != uid or not mode & self.PG_REFUSED_MODE:
+                return
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+        print(f"labkit: the data directory {self.pgdata} had mode {mode:04o}, which PostgreSQL "
+              "refuses (a volume mounted with a group widens it); set back to 0700.",
+              file=sys.stderr)
 
     def _ours(self) -> bool:
         """Did labkit create the cluster folder?  (An older labkit left a state file and a
@@ -689,6 +723,9 @@ class EmbeddedServer:
             if "lock file" in log_tail and "already exists" in log_tail:
                 hint = ("another server is using this data directory; stop it, or set "
                         "LABKIT_DATA_DIR to another folder.")
+            elif "invalid permissions" in log_tail:     # the cluster is whole: no reset for this
+                hint = (f"give the data directory the mode PostgreSQL asks for (`chmod 0700 {self.pgdata}`), "
+                        "then run `labkit server start`; the lab data is kept. Do not reset the server for this.")
             raise ServerError(
                 f"The embedded PostgreSQL server did not start (data directory {self.pgdata}).\n"
                 f"{proc.stderr.strip()}\n{log_tail}", hint)

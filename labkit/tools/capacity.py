@@ -2,7 +2,9 @@
 
 The footprint is what ``labkit hub loadtest`` measured per trainee while every trainee of a
 room ran notebooks 00, 01 and 03 at the same moment (``data/room_footprint.yaml``, or a file
-the presenter measured with ``--footprint-out`` and gives with ``--footprint``).  From it:
+the presenter measured with ``--footprint-out`` and gives with ``--footprint``).  Notebook 02,
+the convoy, with its worker processes, is not in the shipped footprint: a room that runs it
+measures it (``labkit hub loadtest --notebooks 02_the_convoy --footprint-out FILE``).  From it:
 
 memory per trainee (the pod's memory guarantee, which the scheduler reserves)
     the larger of the two peaks measured -- the sum of the trainee's processes' PSS (in the
@@ -18,7 +20,9 @@ CPU per trainee (the pod's CPU guarantee)
     run, the larger of median and max, rounded up to ``CPU_STEP``.  In the measured run the
     room's CPUs were shared by every trainee at once, so this is the share at which a node's
     trainees, all running a cell together, go at the pace that was measured; a pod's CPU
-    limit (above the guarantee) lets a trainee who runs alone go faster.
+    limit (above the guarantee) lets a trainee who runs alone go faster.  The rate measured
+    cannot exceed the test machine's share (8 trainees on 2 CPUs: 0.25 each): it is a floor
+    of what the workload takes, not what it would take on an idle node.
 a node
     its CPUs and memory less what Kubernetes keeps for itself (``reserved_cpu`` and
     ``reserved_memory``: the kubelet's and the system's reservation and the eviction
@@ -29,8 +33,17 @@ a node
 
 A pod is never split across nodes: a node holds ``floor(cpu / cpu per trainee)`` trainees by
 CPU and ``floor(memory / memory per trainee)`` by memory, the smaller of the two, and the room
-needs ``max(ceil(N / by CPU), ceil(N / by memory))`` nodes.  The hub and its proxy are not in
-that count: the chart runs them in its own pods (their memory was measured too; it is printed).
+needs ``max(ceil(N / by CPU), ceil(N / by memory))`` nodes.  The chart's user-scheduler (on by
+default) packs pods onto the busiest node that has room, so a node holds as many as fit: what
+each trainee has when all of a node's run a cell at once is computed for a full node.  Not in
+the count: the hub, the proxy and the user-scheduler (the chart's own pods; the hub and
+proxy's memory was measured and is printed), and in the shared mode the database server.
+
+The scheduler places pods by their guarantees; a pod may use up to its limit.  When a full
+node's pods x the memory limit is more than the node has for them, the plan warns: if they all
+use more than their guarantee at once (a notebook not in the footprint, a trainee's own
+experiment), the node runs short of memory and the kubelet evicts pods that use more than they
+asked for.
 """
 
 from __future__ import annotations
@@ -52,6 +65,7 @@ MEMORY_MARGIN = 0.25            # over the larger measured peak: see the module'
 MEMORY_STEP_MIB = 32
 CPU_STEP = 0.05
 CPU_LIMIT = 1.0                 # what one trainee may burst to (values.yaml: singleuser.cpu.limit)
+MEMORY_LIMIT_MIB = 1536         # what one trainee's pod may take (values.yaml: singleuser.memory.limit)
 DAEMONSET_CPU = 0.1             # kube-proxy, the network plugin, a log shipper: assumed
 DAEMONSET_MIB = 256
 EVICTION_MIB = 100              # the kubelet's default hard eviction threshold (memory.available)
@@ -60,13 +74,17 @@ MIB = 1024 ** 2
 
 UNITS = {"": 1, "k": 1000, "K": 1000, "M": 1000 ** 2, "G": 1000 ** 3, "T": 1000 ** 4,
          "Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3, "Ti": 1024 ** 4}
-MEMORY_FIX = "write the node's memory as Kubernetes does: 16Gi, 16G or 16384Mi (a bare number is bytes)."
+# For the command's help and its refusals: the units as Kubernetes reads them.
+MEMORY_UNITS = "Gi, Mi and Ti are powers of 2, 1Gi = 2^30 bytes; G, M and T powers of 10, 1G = 10^9 bytes, and 16GB is 16G"
+MEMORY_FIX = (f"write the node's memory as Kubernetes does: 16Gi, 16G or 16384Mi (a bare number is bytes; "
+              f"{MEMORY_UNITS}).")
 
 
 def quantity_bytes(text: str | int | float) -> int | None:
     """Bytes, from a Kubernetes quantity (``16Gi``, ``16G``, ``16384M``, ``480Mi``, or bytes);
-    None when ``text`` is not one."""
-    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|k|K|M|G|T)?\s*", str(text))
+    a unit may end in B as people write it (``16GB`` is ``16G``, ``16GiB`` is ``16Gi``).  None
+    when ``text`` is not one."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:(Ki|Mi|Gi|Ti|k|K|M|G|T)B?)?\s*", str(text))
     return int(float(found.group(1)) * UNITS[found.group(2) or ""]) if found else None
 
 
@@ -206,9 +224,13 @@ class Plan:
     nodes_by_memory: int
     nodes: int
     bound_by: str
-    trainees_per_node: int
-    cpu_each_when_all_run: float
+    trainees_per_node: int              # as many as fit: the user-scheduler fills one node before the next
+    trainees_on_each_node: list         # the fullest first
+    cpu_each_when_all_run: float        # the fullest node's CPUs over its trainees, at most CPU_LIMIT
     measured_cpu_each_when_all_ran: float
+    memory_limit_mib: int
+    memory_limits_on_the_fullest_node_mib: int
+    warnings: list
 
 
 def cpu_per_trainee(fp: Footprint) -> float:
@@ -243,36 +265,58 @@ def plan(*, trainees: int, node_cpus: float, node_memory: int, fp: Footprint,
     by_mem = math.floor(alloc_mib / mib) if alloc_mib > 0 else 0
     if by_cpu < 1 or by_mem < 1:
         short = "CPUs" if by_cpu < 1 else "memory"
-        raise LabkitError(f"A node of {node_cpus:g} CPUs and {node_mib / 1024:.3g} GiB cannot hold one trainee "
+        raise LabkitError(f"A node of {_cpus(node_cpus)} and {_gib(node_mib)} cannot hold one trainee "
                           f"({cpu:g} CPU and {mib} MiB each, after what Kubernetes keeps: "
-                          f"{max(alloc_cpus, 0):.2f} CPUs and {max(alloc_mib, 0):.0f} MiB left).",
+                          f"{max(alloc_cpus, 0):.2f} CPU and {max(alloc_mib, 0):.0f} MiB left).",
                           f"give a node with more {short} (--node-cpus, --node-memory).")
     nodes_cpu, nodes_mem = math.ceil(trainees / by_cpu), math.ceil(trainees / by_mem)
     nodes = max(nodes_cpu, nodes_mem)
-    per_node = math.ceil(trainees / nodes)          # spread evenly over the nodes
+    # The chart's user-scheduler packs pods onto the busiest node that has room: every node
+    # but the last is full.
+    fit = min(by_cpu, by_mem)
+    on_each = [fit] * (nodes - 1) + [trainees - fit * (nodes - 1)]
+    fullest = on_each[0]
+    limits_mib = fullest * MEMORY_LIMIT_MIB
+    warnings = []
+    if limits_mib > alloc_mib:
+        warnings.append(
+            f"memory is overcommitted: the fullest node's {fullest} trainees may take up to "
+            f"{fullest} x {MEMORY_LIMIT_MIB} MiB (the memory limit) = {limits_mib} MiB, and it has "
+            f"{alloc_mib:.0f} MiB for them. The guarantees fit; if the trainees use more than their "
+            f"guarantee ({mib} MiB) at the same moment ("
+            + ("" if any(n.startswith("02") for n in fp.notebooks) else
+               "a notebook not in this footprint, such as 02 with its worker processes, or ")
+            + "a trainee's own experiment), the node runs short of memory and the kubelet evicts pods that use "
+            "more than they asked for (their servers stop; their volumes stay). Measure the notebooks your "
+            "room runs and plan with --footprint FILE, or give nodes more memory.")
     return Plan(trainees=trainees, mode=fp.mode, node_cpus=node_cpus, node_memory_mib=round(node_mib),
                 allocatable_cpus=round(alloc_cpus, 3), allocatable_mib=round(alloc_mib),
                 cpu_per_trainee=cpu, memory_mib_per_trainee=mib, per_node_by_cpu=by_cpu,
                 per_node_by_memory=by_mem, nodes_by_cpu=nodes_cpu, nodes_by_memory=nodes_mem, nodes=nodes,
-                bound_by="CPU" if nodes_cpu >= nodes_mem else "memory", trainees_per_node=per_node,
-                cpu_each_when_all_run=round(alloc_cpus / per_node, 3),
-                measured_cpu_each_when_all_ran=round(fp.cpus / fp.trainees, 3))
+                bound_by="CPU" if nodes_cpu >= nodes_mem else "memory", trainees_per_node=fit,
+                trainees_on_each_node=on_each,
+                cpu_each_when_all_run=round(min(alloc_cpus / fullest, CPU_LIMIT), 3),
+                measured_cpu_each_when_all_ran=round(fp.cpus / fp.trainees, 3),
+                memory_limit_mib=MEMORY_LIMIT_MIB, memory_limits_on_the_fullest_node_mib=limits_mib,
+                warnings=warnings)
 
 
 # -- the command --------------------------------------------------------------------------
 
 def text(p: Plan, fp: Footprint, allocatable: bool) -> str:
-    nb = ", ".join(n.split("_")[0] for n in fp.notebooks)
-    lines = [f"a room of {p.trainees} trainees ({p.mode} mode) needs {p.nodes} node{'s' if p.nodes != 1 else ''} "
-             f"of {p.node_cpus:g} CPUs and {p.node_memory_mib / 1024:.3g} GiB "
-             f"(bound by {p.bound_by}: {p.nodes_by_cpu} by CPU, {p.nodes_by_memory} by memory)",
-             "",
-             f"measured ({fp.source}, {fp.date}: {fp.machine}):",
-             f"  {fp.trainees} trainees at once ran notebooks {nb} on {fp.cpus} CPUs in {fp.wall_s:g} s",
-             f"  CPU time per trainee: median {fp.cpu_seconds_median:g} s, at most {fp.cpu_seconds_max:g} s",
-             f"  memory per trainee, peak: PSS median {fp.peak_memory_mb_median:g} MiB, at most "
-             f"{fp.peak_memory_mb_max:g} MiB" + (f"; working set at most {fp.working_set_mb_max:g} MiB"
-                                                 if fp.working_set_mb_max else "")]
+    nb = _and([n.split("_")[0] for n in fp.notebooks])
+    lines = [f"a room of {p.trainees} {_plural(p.trainees, 'trainee')} ({p.mode} mode) needs {p.nodes} "
+             f"{_plural(p.nodes, 'node')} of {_cpus(p.node_cpus)} and {_gib(p.node_memory_mib)} "
+             f"(bound by {p.bound_by}: {p.nodes_by_cpu} by CPU, {p.nodes_by_memory} by memory)"]
+    lines += [f"warning: {w}" for w in p.warnings]
+    lines += ["",
+              f"measured ({fp.source}, {fp.date}: {fp.machine}):",
+              f"  {fp.trainees} {_plural(fp.trainees, 'trainee')} at once ran {_plural(len(fp.notebooks), 'notebook')} "
+              f"{nb} on {_cpus(fp.cpus)} in {fp.wall_s:g} s",
+              f"  CPU time per trainee: median {fp.cpu_seconds_median:g} s, at most {fp.cpu_seconds_max:g} s",
+              f"  memory per trainee, peak: PSS median {fp.peak_memory_mb_median:g} MiB, at most "
+              f"{fp.peak_memory_mb_max:g} MiB" + (f"; working set at most {fp.working_set_mb_max:g} MiB"
+                                                  if fp.working_set_mb_max else "")]
     if fp.mode == "shared":
         lines.append(f"  on the shared server, per trainee (not in the pods): CPU "
                      f"{_or_unknown(fp.server_cpu_seconds_per_trainee, 's')} (the server's, divided by the "
@@ -282,27 +326,63 @@ def text(p: Plan, fp: Footprint, allocatable: bool) -> str:
     reserve = ("none (--allocatable: the sizes given are the node's Allocatable)" if allocatable else
                f"the kubelet's and the system's, by GKE's tiers, and the eviction threshold: "
                f"{reserved_cpu(p.node_cpus):.2f} CPU, {reserved_memory(int(p.node_memory_mib * MIB)) / MIB:.0f} MiB")
+    share = fp.cpus / fp.trainees
+    fullest, each = p.trainees_on_each_node[0], p.cpu_each_when_all_run
+    capped = p.allocatable_cpus / fullest > CPU_LIMIT
+    when = ("the one trainee on a node has" if fullest == 1 else
+            f"when all {fullest} on the fullest node run a cell at the same moment, each has")
     lines += [
         "assumed:",
         f"  per node, kept by Kubernetes: {reserve}",
         f"  per node, DaemonSets: {DAEMONSET_CPU:g} CPU, {DAEMONSET_MIB} MiB",
+        "  not counted: the hub, the proxy and the user-scheduler (the chart's own pods, on a node of their "
+        "own or beside the trainees')" + ("; the shared database server" if fp.mode == "shared" else ""),
         f"  memory per trainee = the larger peak x {1 + MEMORY_MARGIN:g}, rounded up to {MEMORY_STEP_MIB} MiB "
         f"(PSS splits shared pages; a pod shares its memory with no one)"
         + ("; the PSS less the trainee's backends, which are the shared server's" if fp.mode == "shared" else ""),
-        f"  CPU per trainee = CPU seconds (max) / wall time, rounded up to {CPU_STEP:g}",
+        f"  CPU per trainee = CPU seconds (max) / wall time, rounded up to {CPU_STEP:g}; the measured rate cannot "
+        f"exceed the test machine's share ({fp.trainees} {_plural(fp.trainees, 'trainee')} on {_cpus(fp.cpus)}: "
+        f"{share:.3g} each), so it is a floor of what was measured, not what the notebooks would take on an idle node",
+        f"  the notebooks measured are the only load: {nb}"
+        + ("" if any(n.startswith("02") for n in fp.notebooks) else
+           " (not notebook 02, the convoy, with its worker processes: `labkit hub loadtest --notebooks "
+           "02_the_convoy --footprint-out FILE` measures it)"),
         "computed:",
         f"  each trainee's pod asks for {p.cpu_per_trainee:g} CPU and {p.memory_mib_per_trainee} MiB "
         f"({'values-shared' if p.mode == 'shared' else 'values'}.yaml: singleuser.cpu.guarantee, "
         "singleuser.memory.guarantee)",
-        f"  a node has {p.allocatable_cpus:g} CPUs and {p.allocatable_mib:g} MiB for trainees: "
+        f"  a node has {p.allocatable_cpus:g} CPU and {p.allocatable_mib:.0f} MiB for trainees: "
         f"{p.per_node_by_cpu} by CPU, {p.per_node_by_memory} by memory",
-        f"  {p.trainees} trainees on {p.nodes} node{'s' if p.nodes != 1 else ''}: at most {p.trainees_per_node} "
-        f"on one; when all of them run a cell at the same moment, each has {p.cpu_each_when_all_run:g} CPU "
-        f"(the measured room had {p.measured_cpu_each_when_all_ran:g}: "
-        + ("as fast or faster than measured" if p.cpu_each_when_all_run >= p.measured_cpu_each_when_all_ran
-           else "slower than measured") + f"); a trainee alone may use up to {CPU_LIMIT:g} CPU (the limit)",
+        f"  the chart's user-scheduler fills the busiest node that has room first, so a node holds as many as "
+        f"fit: {p.trainees_per_node}; {p.trainees} on {p.nodes} {_plural(p.nodes, 'node')}: "
+        f"{_and([str(n) for n in p.trainees_on_each_node])}",
+        f"  {when} {each:g} CPU"
+        + (f" (its limit: the node's {p.allocatable_cpus:g} CPU are more than {fullest} can use)" if capped else "")
+        + f"; the measured room had {p.measured_cpu_each_when_all_ran:g} each: "
+        + ("as fast or faster than measured" if each >= p.measured_cpu_each_when_all_ran
+           else "slower than measured") + f". A trainee alone may use up to {CPU_LIMIT:g} CPU (the limit)",
+        f"  the fullest node's memory limits: {fullest} x {p.memory_limit_mib} MiB = "
+        f"{p.memory_limits_on_the_fullest_node_mib} MiB, against {p.allocatable_mib:.0f} MiB for trainees"
+        + (" (overcommitted: see the warning above)" if p.warnings else ""),
     ]
     return "\n".join(lines)
+
+
+def _plural(count: float, word: str) -> str:
+    return word if count == 1 else word + "s"
+
+
+def _cpus(count: float) -> str:
+    return f"{count:g} {_plural(count, 'CPU')}"
+
+
+def _gib(mib: float) -> str:
+    gib = mib / 1024
+    return f"{gib:.3g} GiB" if gib < 1000 else f"{gib:.0f} GiB"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _or_unknown(value: float | None, unit: str) -> str:
