@@ -84,7 +84,7 @@ def test_the_known_solution_breaks_the_promise_from_the_command_line(db, name, r
     assert got["invariant"] == p.invariant
     # The command wrote the play into the learner's record.
     with db.connect() as c:
-        assert pz.progress(c, c.info.user)[name]["fewest_moves"] == len(p.shortest)
+        assert pz.progress(c, c.info.user, schema=pz.record_schema())[name]["fewest_moves"] == len(p.shortest)
 
 
 @pytest.mark.parametrize("name", BREAKABLE)
@@ -107,7 +107,7 @@ def test_a_promise_broken_once_stays_broken_and_the_record_keeps_the_move_that_b
     assert pushed.invariant_broken and pushed.broken_after == 3 and not pushed.broken_now
     pz.record(lab.admin, pushed)
     with db.connect() as c:
-        assert pz.progress(c, c.info.user)["held_lock_drain"] == {"plays": 1, "fewest_moves": 3}
+        assert pz.progress(c, c.info.user, schema=pz.record_schema())["held_lock_drain"] == {"plays": 1, "fewest_moves": 3}
 
 
 def test_the_command_says_false_for_an_ordering_that_keeps_the_promise(record_user):
@@ -205,7 +205,7 @@ def test_the_seat_widget_plays_by_clicks_and_reads_as_text(lab, db, record_user,
         assert seat.buttons["A"].disabled and seat.buttons["A"].description == "A: done"
         assert "BROKEN after move 4" in seat.out.outputs[0]["text"]
         with db.connect() as c:     # the play went into the record once it broke
-            assert pz.progress(c, c.info.user)["unfenced_zombie"] == {"plays": 1, "fewest_moves": 4}
+            assert pz.progress(c, c.info.user, schema=pz.record_schema())["unfenced_zombie"] == {"plays": 1, "fewest_moves": 4}
         seat.again.click()
         assert "holds after 0 moves" in seat.text() and not seat.buttons["A"].disabled
     finally:

@@ -627,14 +627,16 @@ def record(conn: psycopg.Connection, r: Play) -> None:
         schema=schema, summary=sql.Literal(summary)))
 
 
-def progress(conn: psycopg.Connection, role: str) -> dict[str, dict[str, Any]]:
+def progress(conn: psycopg.Connection, role: str, *, schema: str | None = None) -> dict[str, dict[str, Any]]:
     """What ``role`` has played, as the presenter's screen shows it: per puzzle its plays and
     the fewest moves that broke it.  It reads the record schemas' comments from the catalogue
     only (no table of the trainee's is opened, so nothing a trainee wrote runs as the
-    presenter); a comment that is not a summary, or names no puzzle, is passed over."""
+    presenter); a comment that is not a summary, or names no puzzle, is passed over.  A role
+    that played under several names (LABKIT_USER) has a record for each, and they add up;
+    ``schema`` reads one of them alone."""
     plays: dict[str, dict[str, Any]] = {}
     for (comment,) in conn.execute(query(SQL_FILE, "record_read").sql,
-                                   {"role": role, "longest": MAX_SUMMARY_CHARS}).fetchall():
+                                   {"role": role, "longest": MAX_SUMMARY_CHARS, "schema": schema}).fetchall():
         for name, (n, fewest) in _summary(comment).items():
             got = plays.setdefault(name, {"plays": 0, "fewest_moves": None})
             got["plays"] += n

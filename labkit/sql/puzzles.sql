@@ -326,5 +326,6 @@ SELECT d.description
  WHERE r.rolname = %(role)s
    AND n.nspname LIKE 'claimlab\_record\_%%'
    AND pg_catalog.length(d.description) <= %(longest)s
+   AND (%(schema)s::text IS NULL OR n.nspname = %(schema)s)
  ORDER BY n.nspname
  LIMIT 20;
