@@ -327,7 +327,7 @@ def _pids_stat(trainee: Trainee) -> tuple[int, int]:
     return int((folder / "pids.current").read_text()), int(events.get("max", 0))
 
 
-def _memory_attack(python: str, a: Trainee, seconds: float = 3.0) -> list:
+def _memory_attack(python: str, a: Trainee, seconds: float = 1.5) -> list:
     """A's runaway cell, run again and again (as a hostile trainee would) for ``seconds`` and
     three times at least: [(exit code, the most it held, seconds to its end)]."""
     rounds = []
@@ -349,7 +349,7 @@ def test_a_runaway_allocation_is_killed_inside_its_group_and_the_neighbour_works
     # The neighbour's rate is a shape measured against the machine's other work: measured
     # again, up to three times, before it is called broken (the limits are checked every time).
     for _attempt in range(3):
-        before, _, _ = bystander.measure(1.5)
+        before, _, _ = bystander.measure(1.0)
         t0 = time.monotonic()
         these = _memory_attack(python, a)
         t1 = time.monotonic()
@@ -441,13 +441,13 @@ def _cpu_of(pids) -> float:
 def test_cpu_hogs_in_one_group_leave_the_neighbour_its_share(room):
     python, a, b, bystander = room
     for _attempt in range(3):             # a shape: measured again before it is called broken
-        before, _, _ = bystander.measure(1.0)
+        before, _, _ = bystander.measure(0.5)
         hogs = [_start(python, a, CPU_HOG) for _ in range(8)]
         try:
             time.sleep(0.3)
             mine = [bystander.proc.pid]
             a0, b0, t0 = _cpu_of(h.pid for h in hogs), _cpu_of(mine), time.monotonic()
-            time.sleep(1.5)
+            time.sleep(1.0)
             a1, b1, t1 = _cpu_of(h.pid for h in hogs), _cpu_of(mine), time.monotonic()
             bystander.wait_for(t1)
             during, gap = bystander.rate(t0, t1), bystander.longest_gap(t0, t1)

@@ -115,6 +115,7 @@ LONG_FIRST = (
     "notebooks/21_other_engines.ipynb", "tests/test_mysql.py", "tests/test_physics.py",
     "tests/test_security.py", "tests/test_install.py", "tests/test_drill.py",
     "notebooks/06_outbox_relay.ipynb", "tests/test_bench.py", "tests/test_load.py",
+    "notebooks/20_interview_drill.ipynb",
     "tests/test_layers.py", "tests/test_lint.py", "notebooks/02_the_convoy.ipynb",
     "notebooks/16_how_fast.ipynb", "notebooks/11_failures_heartbeats_schedules.ipynb",
     "tests/test_signals.py", "tests/test_ordering.py", "tests/test_foundation.py",
