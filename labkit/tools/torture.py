@@ -189,16 +189,28 @@ class TortureReport:
 IDLE_EXIT_S = 1.0
 
 
+# A publish that waits for the broker's confirm takes a round trip; the in-memory broker's takes
+# microseconds, and a whole batch could then be published between two of the killer's looks
+# (every 20 ms), so that a kill planned mid-batch landed after it.  Each publish takes this long.
+PUBLISH_S = 0.005
+
+
 def relay_until_idle(ctx: Context, *, dsn: str, schema: str, broker: dict, role: str, batch: int,
-                     order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S) -> int:
+                     order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S,
+                     publish_s: float = PUBLISH_S) -> int:
     """The outbox relay (:class:`labkit.labs.relay.Relay`) in its own process; reports every
-    publish.  A broker outage is ridden out by the relay's own backoff."""
+    publish, each taking ``publish_s`` as a broker's confirm would.  A broker outage is ridden
+    out by the relay's own backoff."""
     conn = rl.relay_connection(dsn, schema, role)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
     try:
         ctx.emit("connected", pid=conn.info.backend_pid)
-        relay = rl.Relay(conn, bk, batch=batch, order=order,
-                         hook=lambda kind, **d: ctx.emit(kind, **d) if kind == "published" else None)
+        def published(kind: str, **d: object) -> None:
+            if kind == "published":
+                ctx.emit(kind, **d)
+                time.sleep(publish_s)
+
+        relay = rl.Relay(conn, bk, batch=batch, order=order, hook=published)
         return _until_idle(lambda: relay.run(backoff_s=backoff_s), idle_exit_s)
     finally:
         bk.close()
