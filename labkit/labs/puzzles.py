@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json as _json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -354,12 +355,15 @@ class Board:
         program = self.puzzle.programs[session]
         return program[self.position[session]] if self.position[session] < len(program) else None
 
+    def _not_a_move(self, token: str) -> LabkitError:
+        return LabkitError(f"Move {len(self.moves) + 1}: {token!r} is not a move.",
+                           f"a move is a session's name ({', '.join(self.puzzle.sessions)}), with one "
+                           f"{CRASH} after it to kill its process where the puzzle allows.")
+
     def _refuse(self, token: str) -> None:
         session = token.rstrip(CRASH)
         if token.count(CRASH) > 1 or (CRASH in token and not token.endswith(CRASH)):
-            raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} is not a move.",
-                              f"a move is a session's name ({', '.join(self.puzzle.sessions)}), with one "
-                              f"{CRASH} after it to kill its process where the puzzle allows.")
+            raise self._not_a_move(token)
         if not session:
             raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} names no session.",
                               f"write {CRASH} right after the session's name, with no space: "
@@ -386,9 +390,7 @@ class Board:
         if token.endswith(CRASH) and self.position[session] == 0:
             raise LabkitError(f"Move {len(self.moves) + 1}: {session} has not started; killing it changes nothing.",
                               f"move {session} first.")
-        raise LabkitError(f"Move {len(self.moves) + 1}: {token!r} is not a move.",
-                          f"a move is a session's name ({', '.join(self.puzzle.sessions)}), with one "
-                          f"{CRASH} after it to kill its process where the puzzle allows.")
+        raise self._not_a_move(token)
 
     # -- a move ---------------------------------------------------------------------------------
     def move(self, token: str) -> dict[str, Any]:
@@ -525,7 +527,6 @@ class Board:
 
 
 def _placeholders(text: str) -> set[str]:
-    import re
     return set(re.findall(r"%\((\w+)\)s", text))
 
 
@@ -650,6 +651,13 @@ MAX_PLAYS = 10**6
 MAX_MOVES = 10**3
 
 
+def _counts_ok(plays: object, fewest: object) -> bool:
+    """Whether a summary's counts are what a play records: a whole number of plays, and the
+    fewest moves that broke the promise, a whole number or None, both within bounds."""
+    return type(plays) is int and 0 <= plays <= MAX_PLAYS and \
+        (fewest is None or (type(fewest) is int and 0 <= fewest <= MAX_MOVES))
+
+
 def _summary(comment: str | None) -> dict[str, tuple[int, int | None]]:
     if not comment or len(comment) > MAX_SUMMARY_CHARS:
         return {}
@@ -661,9 +669,7 @@ def _summary(comment: str | None) -> dict[str, tuple[int, int | None]]:
         return {}
     out = {}
     for name, value in data.items():
-        if name in PUZZLES and isinstance(value, list) and len(value) == 2 \
-                and type(value[0]) is int and 0 <= value[0] <= MAX_PLAYS \
-                and (value[1] is None or (type(value[1]) is int and 0 <= value[1] <= MAX_MOVES)):
+        if name in PUZZLES and isinstance(value, list) and len(value) == 2 and _counts_ok(*value):
             out[name] = (value[0], value[1])
     return out
 
@@ -679,8 +685,7 @@ def checked_progress(value: Any) -> dict[str, dict[str, Any]]:
     for name, got in value.items():
         if name in PUZZLES and isinstance(got, dict):
             plays, fewest = got.get("plays"), got.get("fewest_moves")
-            if type(plays) is int and 0 <= plays <= MAX_PLAYS and \
-                    (fewest is None or (type(fewest) is int and 0 <= fewest <= MAX_MOVES)):
+            if _counts_ok(plays, fewest):
                 out[name] = {"plays": plays, "fewest_moves": fewest}
     return out
 
