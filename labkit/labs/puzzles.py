@@ -545,7 +545,7 @@ def play(lab: Lab, name: str, steps: list[str]) -> Play:
 
 
 # -- every ordering -------------------------------------------------------------------------------------
-def search(lab: Lab, name: str, *, progress: Callable[[int], None] | None = None) -> Search:
+def search(lab: Lab, name: str) -> Search:
     """Play every ordering of puzzle ``name`` that the server lets happen, checking the promise
     after every move; the shortest that breaks it, if any.
 
@@ -576,8 +576,6 @@ def search(lab: Lab, name: str, *, progress: Callable[[int], None] | None = None
                 broken += 1
                 if best is None or len(board.moves) < len(best):
                     best = list(board.moves)
-        if progress:
-            progress(played)
     return Search(puzzle=name, orderings_played=played, moves_played=moves, broken_by=broken,
                   shortest=best, took_s=round(time.monotonic() - start, 2))
 
