@@ -288,14 +288,20 @@ def test_the_isolation_probe_fails_when_a_home_is_open(room_users, tmp_path):
         hub.ensure_user(name)
     entries = [pwd.getpwnam(hub.system_user(n)) for n in room.names]
 
-    def reach(who, other) -> str:
-        done = subprocess.run(roomload.probe_argv(python, other.pw_dir, "/proc/1/environ"),
+    def reach(who, other, *environ: str) -> str:
+        done = subprocess.run(roomload.probe_argv(python, other.pw_dir, *(environ or ("/proc/1/environ",))),
                               env=hub.user_env(who, room.bin), preexec_fn=hub.as_user(who),
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr          # the trainee ran the probe itself
         return done.stdout.strip()
 
     assert reach(entries[0], entries[1]) == ""
+    # a process of the neighbour's that ended before the probe read it is passed over, and
+    # the next one is read; with none left, the probe says it checked nothing
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert reach(entries[0], entries[1], f"/proc/{gone.pid}/environ", "/proc/1/environ") == ""
+    assert "checked no process's environment" in reach(entries[0], entries[1], f"/proc/{gone.pid}/environ")
     os.chmod(entries[1].pw_dir, 0o755)
     assert "reached home of another trainee" in reach(entries[0], entries[1])
 

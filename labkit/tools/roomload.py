@@ -554,11 +554,11 @@ def _stop(running: _Running) -> None:
 PROBE = Path(__file__).resolve().with_name("_roomload_probe.py")
 
 
-def probe_argv(python: str, other_home: str, environ: str) -> list[str]:
+def probe_argv(python: str, other_home: str, *environ: str) -> list[str]:
     """The command that runs :data:`PROBE` as a trainee: its source given with ``-c``, so the
     trainee needs no right to read the checkout (a clone in a home or a folder only its owner
     may enter is the usual case)."""
-    return [python, "-c", PROBE.read_text(encoding="utf-8"), other_home, environ]
+    return [python, "-c", PROBE.read_text(encoding="utf-8"), other_home, *environ]
 
 
 def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]:
@@ -579,9 +579,10 @@ def verify(room: hub.Room, folder: Path, notebooks: list[str]) -> dict[str, str]
         other = entries[names[(i + 1) % len(names)]]
         if other.pw_name == entries[name].pw_name:
             break                                   # a room of one has no neighbour
-        pids = hub._pids_of(other.pw_uid)
-        environ = f"/proc/{pids[0]}/environ" if pids else "/proc/1/environ"
-        probe = subprocess.run(probe_argv(str(Path(room.bin) / "python"), other.pw_dir, environ),
+        # any of the neighbour's processes may end before the probe reads it: it is given
+        # them all, and init's (root's, as closed to a trainee) last
+        environ = [f"/proc/{pid}/environ" for pid in hub._pids_of(other.pw_uid)] + ["/proc/1/environ"]
+        probe = subprocess.run(probe_argv(str(Path(room.bin) / "python"), other.pw_dir, *environ),
                                env=hub.user_env(entries[name], room.bin),
                                preexec_fn=hub.as_user(entries[name]), capture_output=True, text=True, timeout=60)
         if probe.returncode != 0 or probe.stdout.strip():
