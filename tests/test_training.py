@@ -47,10 +47,10 @@ def decks(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Every notebook's handout page, from its committed outputs (built once)."""
-    return training.book([str(p) for p in ALL], out=tmp_path_factory.mktemp("book"), execute=False,
-                         quiet=True)
+def pages(handouts):
+    """Every notebook's handout page, from its committed outputs: the book `labkit book` built
+    with no server and no kernel (the ``handouts`` fixture below), built once for both."""
+    return [handouts / f"{p.stem}.html" for p in ALL]
 
 
 @pytest.fixture(scope="module")
