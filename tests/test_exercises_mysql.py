@@ -108,6 +108,26 @@ def test_the_right_statements_under_repeatable_read_wait_in_the_gaps_and_say_so(
 
 
 @pytest.mark.needs_mysql
+def test_a_wait_that_ends_late_on_a_loaded_machine_is_still_a_wait_not_a_timeout(mylab, monkeypatch):
+    # Under load the holder's way to its COMMIT (its last statements, then the NOWAIT probe of
+    # every job) has taken seconds: the waiting workers must still be waiting when it commits,
+    # and the verdict the same as on an idle machine.
+    import time
+
+    probe = checks._locked_jobs
+
+    def slow_probe(*args, **kwargs):
+        time.sleep(2.5)
+        return probe(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "_locked_jobs", slow_probe)
+    check = checks.check_claim_mark(mylab, ANSWER, isolation="REPEATABLE READ")
+    [text] = wrong(check)
+    assert text.startswith("worker(s) waited for another one's lock: B for A")
+    assert check.hint == checks.GAP_HINT
+
+
+@pytest.mark.needs_mysql
 def test_a_claim_that_never_marks_fails_on_the_table_after_commit(mylab):
     claim_only = "SELECT id FROM job WHERE status = 'PENDING' ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
     check = checks.check_claim_mark(mylab, claim_only)
