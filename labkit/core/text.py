@@ -31,6 +31,11 @@ def fill(text: str, width: int = TEXT_WIDTH, indent: str = "", first: str = "") 
     return "\n".join(line for part in text.split("\n") for line in wrap(part, width, indent, first))
 
 
+def and_list(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``: items named in a sentence (one at least)."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def column_widths(natural: Sequence[int], least: Sequence[int], room: int) -> list[int]:
     """Widths for columns that share ``room`` characters: each keeps its ``natural`` width if
     all fit; otherwise the widest are narrowed to one common cap, never below ``least`` (the

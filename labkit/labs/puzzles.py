@@ -501,12 +501,18 @@ class Board:
     def transcript(self) -> Transcript:
         return self.run.transcript()
 
+    @property
+    def read_at_verdict(self) -> dict[str, Any]:
+        """What the check read for the verdict, by column: after the move that broke the promise,
+        or after the last move while it holds."""
+        seen = self.at_break if self.at_break is not None else self.observed
+        return {k: v for k, v in seen.items() if k != "broken"}
+
     def result(self) -> Play:
         p = self.puzzle
-        seen = self.at_break if self.at_break is not None else self.observed
         return Play(puzzle=p.name, steps=list(self.moves), moves=len(self.moves), invariant=p.invariant,
                     invariant_broken=self.broken_after is not None, broken_after=self.broken_after,
-                    observed={k: v for k, v in seen.items() if k != "broken"},
+                    observed=self.read_at_verdict,
                     broken_now=bool(self.observed["broken"]),
                     shortest=len(p.shortest) if p.shortest else None, transcript=self.transcript())
 
@@ -823,10 +829,9 @@ class Seat:
         lines = [describe(self.puzzle), ""]
         if board.moves:
             lines += [board.transcript().to_lines(), ""]
-        seen = board.at_break if board.at_break is not None else board.observed
         if board.broken_after is not None:
             lines.append(f"after move {board.broken_after}, the check read:")
-        lines += [f"    {k}: {v}" for k, v in seen.items() if k != "broken"]
+        lines += [f"    {k}: {v}" for k, v in board.read_at_verdict.items()]
         if board.broken_after is not None:
             lines.append(f"BROKEN after move {board.broken_after}: {','.join(board.moves[:board.broken_after])}"
                          + (f" (the shortest known takes {len(self.puzzle.shortest)})"
@@ -854,9 +859,9 @@ class Seat:
             session = token.rstrip(CRASH)
             nxt = board.next_step(session)
             if not token.endswith(CRASH):
-                ended = {"finished": "done", "crashed": "crashed", "found no work": "found no work"}
+                state = board.ended.get(session, "finished")     # "crashed" and "found no work" as said
                 button.description = (f"{session}: {nxt.label}" if nxt and session not in board.ended
-                                      else f"{session}: {ended.get(board.ended.get(session, ''), 'done')}")
+                                      else f"{session}: {'done' if state == 'finished' else state}")
         # Written into the widget's own model, not printed (see Trace.replay).
         self.out.outputs = ()
         self.out.append_stdout(self.text(note) + "\n")

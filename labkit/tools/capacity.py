@@ -57,6 +57,7 @@ from pathlib import Path
 from ..core.errors import LabkitError
 from ..core.files import data_file
 from ..core.limits import number
+from ..core.text import and_list
 
 FOOTPRINT = "room_footprint.yaml"
 MODES = ("embedded", "shared")
@@ -160,6 +161,11 @@ class Footprint:
     server_cpu_seconds_per_trainee: float | None = None
     backend_memory_mb_max: float | None = None
     source: str = ""
+
+    @property
+    def measures_the_convoy(self) -> bool:
+        """Whether notebook 02, the convoy with its worker processes, was among those measured."""
+        return any(n.startswith("02") for n in self.notebooks)
 
 
 def default_footprint() -> Path:
@@ -284,7 +290,7 @@ def plan(*, trainees: int, node_cpus: float, node_memory: int, fp: Footprint,
             f"{fullest} x {MEMORY_LIMIT_MIB} MiB (the memory limit) = {limits_mib} MiB, and it has "
             f"{alloc_mib:.0f} MiB for them. The guarantees fit; if the trainees use more than their "
             f"guarantee ({mib} MiB) at the same moment ("
-            + ("" if any(n.startswith("02") for n in fp.notebooks) else
+            + ("" if fp.measures_the_convoy else
                "a notebook not in this footprint, such as 02 with its worker processes, or ")
             + "a trainee's own experiment), the node runs short of memory and the kubelet evicts pods that use "
             "more than they asked for (their servers stop; their volumes stay). Measure the notebooks your "
@@ -304,7 +310,7 @@ def plan(*, trainees: int, node_cpus: float, node_memory: int, fp: Footprint,
 # -- the command --------------------------------------------------------------------------
 
 def text(p: Plan, fp: Footprint, allocatable: bool) -> str:
-    nb = _and([n.split("_")[0] for n in fp.notebooks])
+    nb = and_list([n.split("_")[0] for n in fp.notebooks])
     lines = [f"a room of {p.trainees} {_plural(p.trainees, 'trainee')} ({p.mode} mode) needs {p.nodes} "
              f"{_plural(p.nodes, 'node')} of {_cpus(p.node_cpus)} and {_gib(p.node_memory_mib)} "
              f"(bound by {p.bound_by}: {p.nodes_by_cpu} by CPU, {p.nodes_by_memory} by memory)"]
@@ -344,7 +350,7 @@ def text(p: Plan, fp: Footprint, allocatable: bool) -> str:
         f"exceed the test machine's share ({fp.trainees} {_plural(fp.trainees, 'trainee')} on {_cpus(fp.cpus)}: "
         f"{share:.3g} each), so it is a floor of what was measured, not what the notebooks would take on an idle node",
         f"  the notebooks measured are the only load: {nb}"
-        + ("" if any(n.startswith("02") for n in fp.notebooks) else
+        + ("" if fp.measures_the_convoy else
            " (not notebook 02, the convoy, with its worker processes: `labkit hub loadtest --notebooks "
            "02_the_convoy --footprint-out FILE` measures it)"),
         "computed:",
@@ -355,7 +361,7 @@ def text(p: Plan, fp: Footprint, allocatable: bool) -> str:
         f"{p.per_node_by_cpu} by CPU, {p.per_node_by_memory} by memory",
         f"  the chart's user-scheduler fills the busiest node that has room first, so a node holds as many as "
         f"fit: {p.trainees_per_node}; {p.trainees} on {p.nodes} {_plural(p.nodes, 'node')}: "
-        f"{_and([str(n) for n in p.trainees_on_each_node])}",
+        f"{and_list([str(n) for n in p.trainees_on_each_node])}",
         f"  {when} {each:g} CPU"
         + (f" (its limit: the node's {p.allocatable_cpus:g} CPU are more than {fullest} can use)" if capped else "")
         + f"; the measured room had {p.measured_cpu_each_when_all_ran:g} each: "
@@ -379,10 +385,6 @@ def _cpus(count: float) -> str:
 def _gib(mib: float) -> str:
     gib = mib / 1024
     return f"{gib:.3g} GiB" if gib < 1000 else f"{gib:.0f} GiB"
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _or_unknown(value: float | None, unit: str) -> str:

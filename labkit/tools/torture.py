@@ -196,10 +196,9 @@ PUBLISH_S = 0.005
 
 
 def relay_until_idle(ctx: Context, *, dsn: str, schema: str, broker: dict, role: str, batch: int,
-                     order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S,
-                     publish_s: float = PUBLISH_S) -> int:
+                     order: str = "outbox", backoff_s: float = 0.01, idle_exit_s: float = IDLE_EXIT_S) -> int:
     """The outbox relay (:class:`labkit.labs.relay.Relay`) in its own process; reports every
-    publish, each taking ``publish_s`` as a broker's confirm would.  A broker outage is ridden
+    publish, each taking :data:`PUBLISH_S` as a broker's confirm would.  A broker outage is ridden
     out by the relay's own backoff."""
     conn = rl.relay_connection(dsn, schema, role)
     bk = brokers.from_spec(broker, role=f"broker:{role}")
@@ -208,7 +207,7 @@ def relay_until_idle(ctx: Context, *, dsn: str, schema: str, broker: dict, role:
         def published(kind: str, **d: object) -> None:
             if kind == "published":
                 ctx.emit(kind, **d)
-                time.sleep(publish_s)
+                time.sleep(PUBLISH_S)
 
         relay = rl.Relay(conn, bk, batch=batch, order=order, hook=published)
         return _until_idle(lambda: relay.run(backoff_s=backoff_s), idle_exit_s)

@@ -34,6 +34,7 @@ from ...core.db import Guards, hide, open_connection, wait_backends_gone
 from ...core.errors import LabkitError
 from ...core.lab import Lab
 from ...core.queries import query as named_query
+from ...core.text import and_list
 from ...labs import cdc
 from . import Check, Solo, bind, scratch
 
@@ -235,10 +236,6 @@ def _who(slots: tuple[str, str, str]) -> dict[str, str]:
             physical: "the physical slot nobody reads"}
 
 
-def _and(parts: list[str]) -> str:
-    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
-
-
 def _name_column(rows: list[tuple], ours: set[str]) -> int | None:
     """The first of the three columns that names one of the checker's slots, if any does."""
     return next((c for c in range(3) if any(isinstance(r[c], str) and r[c] in ours
@@ -255,7 +252,7 @@ def _judge_listed(check: Check, rows: list[tuple], name_col: int,
     twice = [name for name in seen if len(seen[name]) > 1]
     check.add(not missing and not twice,
               "every slot is listed once, by its name" if not missing and not twice else
-              f"a slot is missing ({_and([who[n] for n in missing])}): an alert lists every "
+              f"a slot is missing ({and_list([who[n] for n in missing])}): an alert lists every "
               "slot, logical or physical, and a WHERE clause hid it" if missing else
               "a slot is listed more than once: one row per slot")
     return {name: found[0] for name, found in seen.items() if found}, missing
@@ -277,13 +274,13 @@ def _judge_connected(check: Check, row: dict[str, tuple], flag: int,
     says = {name: r[flag] for name, r in row.items()}
     wrong = [name for name in says if says[name] is not expected[name]]
     if not wrong:
-        said = _and([f"{'true' if expected[n] else 'false'} for {who[n]}" for n in says])
+        said = and_list([f"{'true' if expected[n] else 'false'} for {who[n]}" for n in says])
         check.add(True, f"the connected column is {said}{only}")
         return
     why = ("it should say whether a session is reading the slot at this moment, and "
            + ("that slot is a permanent one, which a session reads all the same"
               if connected in wrong else "nobody reads the slot"))
-    said = _and([f"{'true' if says[n] else 'false'} for {who[n]}" for n in wrong])
+    said = and_list([f"{'true' if says[n] else 'false'} for {who[n]}" for n in wrong])
     check.add(False, f"the connected column is {said}: {why}")
 
 
@@ -323,7 +320,7 @@ def _judge(check: Check, rows: list[tuple], width: int, slots: tuple[str, str, s
     who = _who(slots)
     only = ("" if not missing else " (the one slot listed)" if len(row) == 1
             else " (the slots listed)")
-    listed = "each slot" if not missing else f"{_and([who[n] for n in row])}{only}"
+    listed = "each slot" if not missing else f"{and_list([who[n] for n in row])}{only}"
     flag = _flag_column(row, name_col)
     if flag is None:
         check.add(False, "no column says true or false whether a consumer is connected "
