@@ -56,6 +56,41 @@ def test_producer_writes_order_and_outbox_row_together(lab):
         ("evt-0003", "shop_order:3", "order_placed")]
 
 
+def test_orders_placed_together_land_in_one_transaction_and_each_alone_in_its_own(lab):
+    relay.create_outbox(lab)
+    relay.place_orders(lab, 5, together=True)
+    relay.place_orders(lab, 3, start=6)
+    writers = lab.execute("SELECT xmin::text FROM outbox ORDER BY id")
+    assert len({x for (x,) in writers[:5]}) == 1           # the burst: one commit for all five
+    assert len({x for (x,) in writers[5:]}) == 3 and writers[5] != writers[4]
+    # together means all or nothing: order 0 is new, order 1 clashes and takes order 0 with it
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        relay.place_orders(lab, 2, start=0, together=True)
+    assert lab.execute("SELECT count(*), min(id) FROM shop_order") == [(8, 1)]
+    assert lab.execute("SELECT count(*) FROM outbox") == [(8,)]
+
+
+def test_a_broker_told_not_to_wait_for_the_disk_commits_without_a_flush_and_says_so(lab):
+    with brokers.RecordingBroker.for_lab(lab).reset() as durable:
+        assert durable.conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        quick = brokers.from_spec(durable.spec() | {"wait_for_disk": False})
+        try:
+            assert quick.conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+            assert quick.spec()["wait_for_disk"] is False
+            # what it published is there for every other session at once, like any commit
+            quick.publish("evt-9", {"n": 9})
+            assert durable.depth() == 1
+        finally:
+            quick.close()
+        # a spec from before the setting existed rebuilds the broker that waits
+        old = {k: v for k, v in durable.spec().items() if k != "wait_for_disk"}
+        again = brokers.from_spec(old)
+        try:
+            assert again.conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        finally:
+            again.close()
+
+
 def test_a_publish_is_not_undone_by_the_relays_rollback(lab, broker):
     relay.create_outbox(lab)
     relay.place_orders(lab, 2)
@@ -207,10 +242,11 @@ def test_a_burst_raises_the_depth_not_the_age_a_freeze_raises_both(lab):
         assert df.attrs["burst"] == (0.3, 150) and df.attrs["pause"] == (1.4, 2.0)
         burst = df[(df.t_s >= 0.3) & (df.t_s < 1.0)]
         frozen = df[df.relay == "paused"]
-        # the burst lands while the relay runs: the depth jumps past anything the freeze piles up
-        # (40/s for 0.6 s, about 24 rows), yet the oldest row is never older than a few ticks, the
-        # freeze's is. The sample right after the burst sees at least 150 - 40 per tick the
-        # relay got in between: past the freeze's pile unless three ticks (0.3 s) slipped by.
+        # the burst lands at once, in one transaction, while the relay runs: the depth jumps past
+        # anything the freeze piles up (40/s for 0.6 s, about 24 rows), yet the oldest row is
+        # never older than a few ticks, the freeze's is. The sample right after the burst sees at
+        # least 150 - 40 per tick the relay got in between: past the freeze's pile unless three
+        # ticks (0.3 s) slipped by.
         holds = (burst.depth.max() > frozen.depth.max()
                  and burst.oldest_age_s.max() < frozen.oldest_age_s.max())
         return holds, (f"burst: depth {burst.depth.max()}, age {burst.oldest_age_s.max():.2f} s; "

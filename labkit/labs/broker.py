@@ -97,9 +97,13 @@ class RecordingBroker(Broker):
     kind = "recording"
     SQL = "outbox_recording_broker.sql"
 
-    def __init__(self, dsn: str, schema: str, *, role: str = "broker"):
-        self.dsn, self.schema = dsn, schema
+    def __init__(self, dsn: str, schema: str, *, role: str = "broker", wait_for_disk: bool = True):
+        self.dsn, self.schema, self.wait_for_disk = dsn, schema, wait_for_disk
         self.conn = open_connection(dsn, schema=schema, role=role, guards=WORKER_GUARDS)
+        if not wait_for_disk:
+            # a publish commits without waiting for its WAL flush, as a broker that flushes
+            # many messages at once does: kept through any client's death, not a server crash
+            self.conn.execute("SET synchronous_commit = off")
 
     @classmethod
     def for_lab(cls, lab: Lab) -> RecordingBroker:
@@ -129,7 +133,7 @@ class RecordingBroker(Broker):
         self.conn.execute(query(self.SQL, "switch").sql, {"up": bool(up)})
 
     def spec(self) -> dict:
-        return {"kind": self.kind, "dsn": self.dsn, "schema": self.schema}
+        return {"kind": self.kind, "dsn": self.dsn, "schema": self.schema, "wait_for_disk": self.wait_for_disk}
 
     def describe(self) -> str:
         return "recording broker: table broker_message, written over its own autocommit connection"
@@ -354,7 +358,8 @@ def used_by(lab: Lab, broker: Broker | str | None, *, reset: bool = False) -> It
 def from_spec(spec: dict[str, Any], *, role: str = "broker") -> Broker:
     """Rebuild a broker (in a relay process) from :meth:`Broker.spec`; nothing is reset."""
     if spec["kind"] == "recording":
-        return RecordingBroker(spec["dsn"], spec["schema"], role=role)
+        return RecordingBroker(spec["dsn"], spec["schema"], role=role,
+                               wait_for_disk=spec.get("wait_for_disk", True))
     if spec["kind"] == "rabbitmq":
         return RabbitBroker(spec["url"], spec["queue"])
     raise LabkitError(f"No broker kind {spec['kind']!r}.", "use 'recording' or 'rabbitmq'.")

@@ -26,7 +26,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -87,22 +87,26 @@ def create_outbox(lab: Lab) -> None:
     lab.run_file("outbox_tables.sql")
 
 
-def place_orders(lab: Lab, n: int, *, start: int = 1, conn: psycopg.Connection | None = None) -> list[str]:
-    """The producer: ``n`` orders, each with its outbox row in one transaction.
-    Returns the event ids written."""
+def place_orders(lab: Lab, n: int, *, start: int = 1, conn: psycopg.Connection | None = None,
+                 together: bool = False) -> list[str]:
+    """The producer: ``n`` orders, each with its outbox row in one transaction; with
+    ``together``, all ``n`` in a single transaction (a bulk import: they land at once, with one
+    commit).  Returns the event ids written."""
     if n < 0:
         raise LabkitError(f"Cannot place {n} orders.", "pass n=0 or more.")
     own = conn is None
     conn = conn or lab.connect(role="producer")
     try:
         ids = []
-        for order_id in range(start, start + n):
-            eid = event_id(order_id)
-            params = {"order_id": order_id, "item": ITEMS[order_id % len(ITEMS)], "event_id": eid}
-            with conn.transaction():
-                for stmt in PRODUCE:
-                    conn.execute(stmt, params)
-            ids.append(eid)
+        whole, each = (conn.transaction, nullcontext) if together else (nullcontext, conn.transaction)
+        with whole():
+            for order_id in range(start, start + n):
+                eid = event_id(order_id)
+                params = {"order_id": order_id, "item": ITEMS[order_id % len(ITEMS)], "event_id": eid}
+                with each():
+                    for stmt in PRODUCE:
+                        conn.execute(stmt, params)
+                ids.append(eid)
         return ids
     finally:
         if own:
@@ -1260,7 +1264,7 @@ def measure_lag(lab: Lab, broker: Broker | None = None, *, rate_per_s: float = 4
                 batch: int = 100, burst: tuple[float, int] | None = None) -> pd.DataFrame:
     """Orders arrive at ``rate_per_s``; a relay process ticks every ``interval_s``; it is
     frozen (SIGSTOP) during ``pause`` and thawed (SIGCONT) after.  ``burst=(t, n)`` places n
-    more orders at once at time t, the relay running.  Samples depth and the oldest row's age
+    more orders at once (one transaction) at time t, the relay running.  Samples depth and the oldest row's age
     every ``sample_s``.  Returns a DataFrame (t_s, depth, oldest_age_s, relay); ``df.attrs``
     keeps ``pause`` and ``burst`` for :func:`plot_lag`."""
     if min(rate_per_s, interval_s, sample_s, run_s, batch) <= 0:
@@ -1290,8 +1294,11 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
     import pandas as pd
 
     _fresh_outbox(lab, broker, 0)
+    # the relay's pace is its ticks, not this machine's disk: the recording broker's publishes
+    # do not each wait for a WAL flush, as a broker that flushes many messages at once does not
+    spec = broker.spec() | ({"wait_for_disk": False} if broker.kind == "recording" else {})
     w = Worker(timed_relay_process, name="timed relay", dsn=lab.db.dsn, schema=lab.schema,
-               broker=broker.spec(), batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
+               broker=spec, batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
     rows, stopped, placed, next_id = [], False, 0.0, 1
     producer = lab.connect(role="producer")
     try:
@@ -1307,7 +1314,7 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
                 stopped = False
             due = int(t * rate_per_s) - int(placed)
             if burst is not None and t >= burst[0]:
-                place_orders(lab, burst[1], start=next_id, conn=producer)
+                place_orders(lab, burst[1], start=next_id, conn=producer, together=True)
                 next_id += burst[1]
                 burst = None
             if due > 0:
@@ -1315,7 +1322,8 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
                 next_id += due
                 placed += due
             depth, age = metrics(lab)
-            rows.append((round(t, 3), depth, age, "paused" if stopped else "running"))
+            # stamped when read: a placement that took long must not date its depth back
+            rows.append((round(time.monotonic() - t0, 3), depth, age, "paused" if stopped else "running"))
             time.sleep(max(0.0, sample_s - (time.monotonic() - t0 - t)))
     finally:
         if stopped and w.alive:
