@@ -101,8 +101,9 @@ class RecordingBroker(Broker):
         self.dsn, self.schema, self.wait_for_disk = dsn, schema, wait_for_disk
         self.conn = open_connection(dsn, schema=schema, role=role, guards=WORKER_GUARDS)
         if not wait_for_disk:
-            # a publish commits without waiting for its WAL flush, as a broker that flushes
-            # many messages at once does: kept through any client's death, not a server crash
+            # a publish commits without waiting for its WAL flush: kept through any client's
+            # death, not through a crash of the server (unless a later commit that waited for
+            # its flush, such as the relay's marks in the same log, came after it)
             self.conn.execute("SET synchronous_commit = off")
 
     @classmethod

@@ -1295,7 +1295,7 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
 
     _fresh_outbox(lab, broker, 0)
     # the relay's pace is its ticks, not this machine's disk: the recording broker's publishes
-    # do not each wait for a WAL flush, as a broker that flushes many messages at once does not
+    # do not each wait for a WAL flush; the relay's commit of its marks flushes them with it
     spec = broker.spec() | ({"wait_for_disk": False} if broker.kind == "recording" else {})
     w = Worker(timed_relay_process, name="timed relay", dsn=lab.db.dsn, schema=lab.schema,
                broker=spec, batch=batch, interval_s=interval_s, run_for_s=run_s + 1.0)
@@ -1309,9 +1309,6 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
             if not stopped and pause[0] <= t < pause[1]:
                 os.kill(started_pid(w), signal.SIGSTOP)
                 stopped = True
-            elif stopped and t >= pause[1]:
-                os.kill(started_pid(w), signal.SIGCONT)
-                stopped = False
             due = int(t * rate_per_s) - int(placed)
             if burst is not None and t >= burst[0]:
                 place_orders(lab, burst[1], start=next_id, conn=producer, together=True)
@@ -1324,6 +1321,9 @@ def _measure_lag(lab: Lab, broker, rate_per_s, interval_s, run_s, pause, sample_
             depth, age = metrics(lab)
             # stamped when read: a placement that took long must not date its depth back
             rows.append((round(time.monotonic() - t0, 3), depth, age, "paused" if stopped else "running"))
+            if stopped and t >= pause[1]:       # thawed after the last sample read while frozen
+                os.kill(started_pid(w), signal.SIGCONT)
+                stopped = False
             time.sleep(max(0.0, sample_s - (time.monotonic() - t0 - t)))
     finally:
         if stopped and w.alive:
