@@ -1,5 +1,7 @@
 """Fixtures: a real PostgreSQL every time (embedded by default, LABKIT_DSN if set)."""
 
+import _thread
+import gc
 import os
 import re
 import signal
@@ -184,12 +186,49 @@ def child_pids() -> set[int]:
     return {p.pid for p in child_processes()}
 
 
+_PRESSED_WHILE_GC_RAN: list[bool] = []
+
+
+def press_ctrl_c(*, as_signal: bool = False) -> None:
+    """Ctrl-C for the main thread, from another thread: a KeyboardInterrupt (or a real SIGINT to
+    this process, ``as_signal``).  The test asks for the ``gc_paused`` fixture: Python ignores an
+    exception raised in a gc callback (hypothesis registers one), so an interrupt that lands
+    while the collector runs is lost, and with it the interrupt the test waits for."""
+    if gc.isenabled():
+        _PRESSED_WHILE_GC_RAN.append(True)
+    if as_signal:
+        os.kill(os.getpid(), signal.SIGINT)
+    else:
+        _thread.interrupt_main()
+
+
+@pytest.fixture
+def gc_paused():
+    """No automatic garbage collection for the test, so no gc callback is running when
+    :func:`press_ctrl_c` presses (one already running when it pressed would swallow it)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_only_with_gc_paused():
+    """A test that pressed Ctrl-C without ``gc_paused`` fails, even when the press landed."""
+    _PRESSED_WHILE_GC_RAN.clear()
+    yield
+    pressed, _PRESSED_WHILE_GC_RAN[:] = list(_PRESSED_WHILE_GC_RAN), []
+    assert not pressed, ("this test pressed Ctrl-C with garbage collection on: mark it "
+                         "@pytest.mark.usefixtures(\"gc_paused\")")
+
+
 def interrupt_when(connect, ready, sent: list, *, timeout: float = 60, poll_s: float = 0.02):
     """Ctrl-C for the main thread (a KeyboardInterrupt, as the key gives a reader) once
     ``ready(conn)`` is true on a connection from ``connect()`` -- a state read from the server,
     never a fixed delay a slow machine may not have reached -- or after ``timeout`` seconds.
-    The moment is appended to ``sent``.  Returns the watcher thread, started."""
-    import _thread
+    The moment is appended to ``sent``.  Returns the watcher thread, started.  The test asks
+    for the ``gc_paused`` fixture (see :func:`press_ctrl_c`)."""
     import threading
     import time
 
@@ -199,7 +238,7 @@ def interrupt_when(connect, ready, sent: list, *, timeout: float = 60, poll_s: f
             while time.monotonic() < deadline and not ready(conn):
                 time.sleep(poll_s)
         sent.append(time.monotonic())
-        _thread.interrupt_main()
+        press_ctrl_c()
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()

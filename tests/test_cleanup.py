@@ -8,7 +8,6 @@
   trace, a convoy and a torture run.
 """
 
-import _thread
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import time
 
 import psutil
 import pytest
-from conftest import child_processes
+from conftest import child_processes, press_ctrl_c
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -77,13 +76,14 @@ def _interrupt_once_running(lab, sent: list, settle_s: float = 1.0, timeout: flo
                 time.sleep(0.05)
         time.sleep(settle_s)
         sent.append(time.monotonic())
-        _thread.interrupt_main()
+        press_ctrl_c()
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_keyboard_interrupt_mid_torture_leaves_no_process_session_or_lock(lab, db):
     before = {p.pid for p in child_processes(psutil.Process())}
     sent: list = []

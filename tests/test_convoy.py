@@ -4,7 +4,6 @@ Throughput bounds are loose on purpose (2 cores, other test runs at the same tim
 the benchmark (`labkit convoy --check`) holds the tight goals.
 """
 
-import _thread
 import json
 import os
 import random
@@ -12,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import backends_gone
+from conftest import backends_gone, press_ctrl_c
 
 from labkit import cli
 from labkit.core import load
@@ -195,9 +194,10 @@ def test_command_line_rejects_bad_input(capsys):
     assert "Fix:" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_keyboard_interrupt_stops_and_joins_every_worker(lab, db):
     before = {t.name for t in threading.enumerate()}
-    timer = threading.Timer(0.4, _thread.interrupt_main)
+    timer = threading.Timer(0.4, press_ctrl_c)
     timer.start()
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):

@@ -184,6 +184,7 @@ def test_backstop_trace_names_the_fix_for_bad_parameters(lab, kw, match):
     assert info.value.fix
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_hang_leaves_no_process_session_or_lock(lab, db, kind):
     before = child_pids()
     sent: list[float] = []

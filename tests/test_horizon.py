@@ -171,6 +171,7 @@ def test_command_prints_json_and_drops_its_lab(db, capsys):
     assert backends_gone(db, f"labkit:{schema}:%") == []
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_run_leaves_no_worker_report_or_session(lab, db):
     before = child_pids()
     sent: list[float] = []
@@ -319,6 +320,7 @@ def test_a_snapshot_in_another_database_holds_only_its_own(lab, db):
     assert name not in _databases(db)
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_with_the_writer_open_drops_the_other_database(lab, db):
     before = child_pids()
     sent: list[float] = []

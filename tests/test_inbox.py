@@ -146,6 +146,7 @@ def test_the_command_prints_json_and_text_and_drops_its_lab(db, capsys):
 CONNECTED = "SELECT 1 FROM pg_stat_activity WHERE application_name = %s"
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_while_a_consumer_runs_leaves_nothing(lab, db):
     before, sent = child_pids(), []
     # the inbox consumer's process 1 is connected: it handles its deliveries, or is paused
@@ -159,6 +160,7 @@ def test_ctrl_c_while_a_consumer_runs_leaves_nothing(lab, db):
     _nothing_left(db, lab.schema, before)
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_command_drops_its_lab(db):
     before, sent = child_pids(), []
     name = f"t_inbox_ctrl_c_{id(sent)}"

@@ -224,6 +224,7 @@ def test_the_commands_print_their_summaries_and_drop_their_labs(db, capsys):
     assert left == []
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_while_a_worker_is_frozen_leaves_no_process_or_session(lab, db):
     before, sent = child_pids(), []
     # worker 2 has re-claimed the job: worker 1 is frozen (SIGSTOP) right now
@@ -236,6 +237,7 @@ def test_ctrl_c_while_a_worker_is_frozen_leaves_no_process_or_session(lab, db):
     _nothing_left(db, lab.schema, before)
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_shutdown_command_drops_its_lab(db):
     before, sent = child_pids(), []
     name = f"lifecycle_ctrl_c_{id(sent)}"

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from conftest import press_ctrl_c
 
 from labkit.core import load, mysql
 from labkit.core.errors import ServerError
@@ -388,9 +389,10 @@ def test_closing_a_run_ends_its_waiting_statements_and_leaves_no_session(mylab):
 
 
 @pytest.mark.needs_mysql
+@pytest.mark.usefixtures("gc_paused")
 def test_an_interrupted_convoy_leaves_no_worker_behind(mylab):
     mylab.isolation = "READ COMMITTED"
-    stop = threading.Timer(0.5, lambda: _interrupt_main())
+    stop = threading.Timer(0.5, press_ctrl_c)
     stop.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -407,12 +409,6 @@ def test_an_interrupted_convoy_leaves_no_worker_behind(mylab):
             break
         time.sleep(0.05)
     assert left == [(0,)]
-
-
-def _interrupt_main() -> None:
-    import _thread
-
-    _thread.interrupt_main()
 
 
 def test_doctor_names_the_appendix_skip_without_calling_it_a_problem():

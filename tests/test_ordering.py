@@ -267,6 +267,7 @@ def test_command_prints_json_and_drops_its_lab(db, capsys):
     assert "consumer in_order:" in text
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_run_leaves_no_relay_process_or_session(lab, db):
     before = child_pids()
     sent: list[float] = []

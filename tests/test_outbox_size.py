@@ -202,6 +202,7 @@ def test_the_command_prints_json_and_drops_its_lab(db, capsys):
         assert backends_gone(db, f"labkit:{s}:%") == []
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_command_drops_its_lab_and_leaves_no_session(db):
 
     from labkit.core.lab import schema_name

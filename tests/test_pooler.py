@@ -7,7 +7,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import psycopg
 import pytest
-from conftest import backends_gone, backends_of
+from conftest import backends_gone, backends_of, press_ctrl_c
 
 from labkit import Lab
 from labkit.core.errors import LabkitError
@@ -190,6 +189,7 @@ def test_a_server_that_refuses_it_is_reported_with_its_log(db, monkeypatch, laun
 
 
 @needs_pgbouncer
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_run_leaves_no_pgbouncer_and_no_backend(lab, db, launched):
     seen: dict = {}
 
@@ -198,7 +198,7 @@ def test_ctrl_c_mid_run_leaves_no_pgbouncer_and_no_backend(lab, db, launched):
         while time.monotonic() < deadline:     # polled on the server: the listen step began
             if backends_of(db, f"labkit:{lab.schema}:pooler-listen"):
                 seen["pooled"] = backends_of(db, f"labkit:{lab.schema}:pooler-%")
-                os.kill(os.getpid(), signal.SIGINT)
+                press_ctrl_c(as_signal=True)
                 return
             time.sleep(0.02)
 

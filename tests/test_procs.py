@@ -129,3 +129,33 @@ def test_a_signal_during_a_deferred_section_lands_after_it():
             done.append("the section ran to its end")
     assert done == ["the section ran to its end"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("gc_paused")
+def test_a_ctrl_c_pressed_from_another_thread_is_not_lost_in_a_gc_callback():
+    """The tests that press Ctrl-C mid-run do it with conftest's press_ctrl_c, under the
+    gc_paused fixture.  Python ignores an exception raised in a gc callback, so an interrupt that
+    lands while one runs is lost and the run goes on; here a slow callback runs at every
+    collection, and the busy loop would make many, so without the pause nearly every press
+    would be lost."""
+    import gc
+    import threading
+
+    from conftest import press_ctrl_c
+
+    def slow(phase, info):
+        if phase == "start":
+            time.sleep(0.01)
+
+    gc.callbacks.append(slow)
+    timer = threading.Timer(0.3, press_ctrl_c)
+    try:
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            while time.monotonic() - t0 < 10:
+                _ = [[i] for i in range(2000)]        # containers: collections, one after another
+        assert time.monotonic() - t0 < 5
+    finally:
+        timer.cancel()
+        gc.callbacks.remove(slow)

@@ -5,13 +5,13 @@ real; nothing is mocked.  One run with the defaults is shared by the tests that 
 shorter run through the command, and a run interrupted by Ctrl-C, are their own.
 """
 
-import _thread
 import json
 import os
 import threading
 import time
 
 import pytest
+from conftest import press_ctrl_c
 
 from labkit.core import replica
 from labkit.core.errors import LabkitError
@@ -145,6 +145,7 @@ def test_the_command_prints_json_for_a_shorter_run(capsys):
     assert _nothing_left() == {"threads": [], "servers": [], "processes": []}
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_ctrl_c_mid_run_stops_the_workers_and_the_server():
     def press_once_watching() -> None:
         deadline = time.monotonic() + 30
@@ -152,7 +153,7 @@ def test_ctrl_c_mid_run_stops_the_workers_and_the_server():
                 t.name == "relisten-naive" for t in threading.enumerate()):
             time.sleep(0.01)
         time.sleep(1.5)                  # past the restart: the watch is under way
-        _thread.interrupt_main()
+        press_ctrl_c()
 
     presser = threading.Thread(target=press_once_watching, daemon=True)
     presser.start()

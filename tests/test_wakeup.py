@@ -187,6 +187,7 @@ def test_command_prints_json_and_text_and_drops_its_lab(db, capsys):
             assert backends_gone(db, f"labkit:{lab.schema}:%") == []
 
 
+@pytest.mark.usefixtures("gc_paused")
 def test_keyboard_interrupt_mid_run_leaves_no_worker_and_no_session(lab, db):
     before = {p.pid for p in child_processes()}
     sent: list[float] = []
