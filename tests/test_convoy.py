@@ -132,9 +132,10 @@ def test_claim_mark_commit_lets_even_the_wait_policy_scale(lab):
     holds, seen = scales(held, short)
     load.shape(holds, "4 workers that release the lock before the job do over twice the jobs, "
                "with over 2.5 of them busy", measured=seen, again=lambda: scales(*both()))
-    # the lock was released before the job ran: a claim holds it for far less than d
-    lock_ms = sorted((c.released - c.claimed) * 1e3 for c in short.claims)
-    assert lock_ms[len(lock_ms) // 2] < D_MS / 4
+    # the lock was released before the job ran: the whole of d lies after each release (how
+    # short the hold is depends on the commit's flush, which a slow disk stretches)
+    assert short.claims and all(c.done - c.released >= D_MS / 1e3 for c in short.claims)
+    assert all(c.released >= c.claimed for c in short.claims)
     assert lab.execute("SELECT count(*) FROM job WHERE status = 'IN_PROGRESS'")[0][0] == 0
 
 

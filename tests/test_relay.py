@@ -238,15 +238,14 @@ def test_lag_grows_while_the_relay_is_paused(lab):
 
 def test_a_burst_raises_the_depth_not_the_age_a_freeze_raises_both(lab):
     def measure():
-        df = relay.measure_lag(lab, rate_per_s=40, run_s=2.4, pause=(1.4, 2.0), burst=(0.3, 150), batch=40)
+        df = relay.measure_lag(lab, rate_per_s=40, run_s=2.4, pause=(1.4, 2.0), burst=(0.3, 150))
         assert df.attrs["burst"] == (0.3, 150) and df.attrs["pause"] == (1.4, 2.0)
         burst = df[(df.t_s >= 0.3) & (df.t_s < 1.0)]
         frozen = df[df.relay == "paused"]
         # the burst lands at once, in one transaction, while the relay runs: the depth jumps past
         # anything the freeze piles up (40/s for 0.6 s, about 24 rows), yet the oldest row is
-        # never older than a few ticks, the freeze's is. The sample right after the burst sees at
-        # least 150 - 40 per tick the relay got in between: past the freeze's pile unless three
-        # ticks (0.3 s) slipped by.
+        # never older than the two ticks that drain it (100 rows a tick), the freeze's is. The
+        # sample right after the burst sees 150 less what one tick took if it got in between.
         holds = (burst.depth.max() > frozen.depth.max()
                  and burst.oldest_age_s.max() < frozen.oldest_age_s.max())
         return holds, (f"burst: depth {burst.depth.max()}, age {burst.oldest_age_s.max():.2f} s; "
